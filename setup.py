@@ -1,0 +1,53 @@
+"""Low-precision numerics toolkit for Megatron-LM: capture, emulation, visualization, monitoring.
+
+Install with ``pip install -e .`` (torch first: ``pip install torch==2.13.0`` on a CPU machine).
+Packages: quant (numerics core), tensor_capture (what megatron/core/tensor_saver.py uses),
+tensor_viz (plots and reports), training_driver (training on megatron-core),
+training_profiler (static checker, monitor, analyzers).
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron-lowp-tools",
+    version="0.1.0",
+    description="Capture, emulate and visualize FP8/MXFP/HiFP8 numerics in Megatron-LM training",
+    python_requires=">=3.10",
+    packages=find_packages(
+        include=["quant", "quant.*", "tensor_capture", "tensor_capture.*", "tensor_viz",
+                 "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
+                 "training_profiler.*"]
+    ),
+    package_data={"training_driver": ["data/*"], "tensor_viz": ["templates/*"]},
+    install_requires=[
+        # A range, not a pin: users bring their own CUDA build of torch.
+        "torch>=2.4",
+        "megatron-core>=0.12",
+        "numpy>=1.24",
+        "matplotlib>=3.7",
+        "tqdm>=4.60",
+        "pyyaml>=6.0",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
+                 "safetensors>=0.4", "scipy>=1.10", "tensorboard>=2.10"],
+        # GPU-only extras; nothing imports them unconditionally.
+        "gpu": ["transformer-engine[pytorch]"],
+        "tensorboard": ["tensorboard>=2.10"],
+        "safetensors": ["safetensors>=0.4"],
+    },
+    entry_points={
+        "console_scripts": [
+            "mxfp-scaling-test=quant.mxfp_scaling_test:main",
+            "quant-demo=quant.demo:main",
+            "megatron-tensor-patch=tensor_capture.patcher:main",
+            "enhanced-tensor-visualizer=tensor_viz.enhanced_visualizer:main",
+            "quick-visualize=tensor_viz.quick:main",
+            "visualize-tensors=tensor_viz.full:main",
+            "llama-train=training_driver.train:main",
+            "preprocess-corpus=training_driver.preprocess:main",
+            "amp-static-check=training_profiler.static_checker:main",
+            "analyze-tensor=training_profiler.tensor_analyzer:main",
+            "precision-diff=training_profiler.layer_diff:main",
+        ]
+    },
+)

@@ -1,0 +1,286 @@
+"""The on-disk format of captured tensors: file names, metadata keys, manifest records.
+
+Every writer builds names here and every reader parses them here; nothing else
+splits a file name on underscores.
+
+Current file name (seed enhanced_tensor_analysis_summary.md, item 6)::
+
+    {YYYYMMDD_HHMMSS}_{counter:04d}_iter{iteration}_{layer_type}_L{layer_idx}_{operation}_
+    {phase}_{component}_{quant_type}_rank{rank}_sample{sample_idx}_{tensor_name}.pt
+
+``None`` in an integer field is written ``NA`` (``LNA`` for a linear outside any
+transformer layer, ``sampleNA`` when the micro-batch is unknown). ``layer_idx`` is
+0-based, matching the module path ``decoder.layers.{i}``.
+
+Older names still parse (fields they lack come back as ``None`` / ``"unknown"``):
+
+- v2 (tensor_naming_rules.md): ``{ts}_{counter}_{layer_type}_L{idx}_{operation}_{phase}_{component}_{quant}_{tensor}.pt``
+- v1 (enhanced_tensor_saving_summary.md): ``{ts}_{counter}_{layer_type}[_L{idx}]_{operation}_{quant}_{tensor}.pt``
+
+A saved file holds ``{"tensor": <CPU tensor, original dtype>, "metadata": {...}}``.
+Each rank appends one JSON object per saved tensor to ``manifest_rank{rank}.jsonl``
+in the save directory: the metadata plus ``file`` (the name relative to the
+directory, or ``None`` in stats-only mode).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 3
+
+LAYER_TYPES = ("attention", "linear")
+OPERATIONS = ("forward", "backward")
+PHASES = ("pre", "post", "unknown")
+COMPONENTS = ("FA", "linear", "unknown")
+
+MANIFEST_GLOB = "manifest_rank*.jsonl"
+TENSOR_SUFFIX = ".pt"
+
+# Quant-type names that contain underscores; only needed to split the ambiguous
+# older names (v1/v2), where quant_type and tensor_name are both free text.
+_UNDERSCORED_QUANT_TYPES = (
+    "fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3",
+    "fp4_e2m1", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3",
+)
+
+
+@dataclass(frozen=True)
+class TensorName:
+    """Every field a captured tensor's file name carries."""
+
+    layer_type: str
+    operation: str
+    tensor_name: str
+    quant_type: str = "unknown"
+    layer_idx: int | None = None
+    phase: str = "unknown"
+    component: str = "unknown"
+    iteration: int | None = None
+    rank: int | None = None
+    sample_idx: int | None = None
+    timestamp: str = "00000000_000000"
+    counter: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+NAME_FIELDS = tuple(f.name for f in fields(TensorName))
+
+
+def _fmt_int(value: int | None) -> str:
+    return "NA" if value is None else str(int(value))
+
+
+def _parse_int(text: str | None) -> int | None:
+    if text is None or text == "NA":
+        return None
+    return int(text)
+
+
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _check_token(field_name: str, value: str, allow_underscore: bool = True) -> None:
+    if not isinstance(value, str) or not _SAFE_TOKEN.match(value) or (
+        not allow_underscore and "_" in value
+    ):
+        raise ValueError(
+            f"{field_name}={value!r} cannot go into a tensor file name: use letters, digits, '.', '-'"
+            + (" and '_'" if allow_underscore else "")
+        )
+
+
+def build_filename(name: TensorName) -> str:
+    """The current-format file name for ``name`` (validates every field)."""
+    _check_token("layer_type", name.layer_type, allow_underscore=False)
+    _check_token("operation", name.operation, allow_underscore=False)
+    _check_token("phase", name.phase, allow_underscore=False)
+    _check_token("component", name.component, allow_underscore=False)
+    _check_token("quant_type", name.quant_type)
+    _check_token("tensor_name", name.tensor_name)
+    if not re.fullmatch(r"\d{8}_\d{6}", name.timestamp):
+        raise ValueError(f"timestamp={name.timestamp!r} must look like YYYYMMDD_HHMMSS")
+    return (
+        f"{name.timestamp}_{name.counter:04d}_iter{_fmt_int(name.iteration)}_{name.layer_type}"
+        f"_L{_fmt_int(name.layer_idx)}_{name.operation}_{name.phase}_{name.component}"
+        f"_{name.quant_type}_rank{_fmt_int(name.rank)}_sample{_fmt_int(name.sample_idx)}"
+        f"_{name.tensor_name}{TENSOR_SUFFIX}"
+    )
+
+
+_INT = r"(?:\d+|NA)"
+_V3 = re.compile(
+    rf"^(?P<timestamp>\d{{8}}_\d{{6}})_(?P<counter>\d+)_iter(?P<iteration>{_INT})"
+    rf"_(?P<layer_type>[A-Za-z0-9.-]+)_L(?P<layer_idx>{_INT})_(?P<operation>[A-Za-z0-9.-]+)"
+    rf"_(?P<phase>[A-Za-z0-9.-]+)_(?P<component>[A-Za-z0-9.-]+)_(?P<quant_type>.+?)"
+    rf"_rank(?P<rank>{_INT})_sample(?P<sample_idx>{_INT})_(?P<tensor_name>.+)\.pt$"
+)
+_V2 = re.compile(
+    r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d+)_(?P<layer_type>[A-Za-z0-9.-]+)"
+    r"_L(?P<layer_idx>\d+)_(?P<operation>forward|backward)_(?P<phase>pre|post|unknown)"
+    r"_(?P<component>[A-Za-z0-9.-]+)_(?P<rest>.+)\.pt$"
+)
+_V1 = re.compile(
+    r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d+)_(?P<layer_type>[A-Za-z0-9.-]+)"
+    r"(?:_L(?P<layer_idx>\d+))?_(?P<operation>forward|backward)_(?P<rest>.+)\.pt$"
+)
+
+
+def _split_quant_and_tensor(rest: str) -> tuple[str, str]:
+    for quant in _UNDERSCORED_QUANT_TYPES:
+        if rest.startswith(quant + "_") and len(rest) > len(quant) + 1:
+            return quant, rest[len(quant) + 1:]
+    quant, sep, tensor = rest.partition("_")
+    if not sep or not tensor:
+        raise ValueError("no tensor name after the quant type")
+    return quant, tensor
+
+
+def parse_filename(filename: str | os.PathLike[str]) -> TensorName:
+    """Parse a captured tensor's file name (any schema version); ValueError if it is not one."""
+    base = os.path.basename(os.fspath(filename))
+    m = _V3.match(base)
+    if m:
+        g = m.groupdict()
+        return TensorName(
+            layer_type=g["layer_type"], operation=g["operation"], tensor_name=g["tensor_name"],
+            quant_type=g["quant_type"], layer_idx=_parse_int(g["layer_idx"]), phase=g["phase"],
+            component=g["component"], iteration=_parse_int(g["iteration"]),
+            rank=_parse_int(g["rank"]), sample_idx=_parse_int(g["sample_idx"]),
+            timestamp=g["timestamp"], counter=int(g["counter"]), schema_version=3,
+        )
+    for version, pattern in ((2, _V2), (1, _V1)):
+        m = pattern.match(base)
+        if not m:
+            continue
+        g = m.groupdict()
+        try:
+            quant, tensor = _split_quant_and_tensor(g["rest"])
+        except ValueError:
+            continue
+        return TensorName(
+            layer_type=g["layer_type"], operation=g["operation"], tensor_name=tensor,
+            quant_type=quant, layer_idx=_parse_int(g.get("layer_idx")),
+            phase=g.get("phase") or "unknown", component=g.get("component") or "unknown",
+            timestamp=g["timestamp"], counter=int(g["counter"]), schema_version=version,
+        )
+    raise ValueError(f"{base}: not a captured tensor file name (expected {_EXAMPLE})")
+
+
+_EXAMPLE = build_filename(TensorName(
+    layer_type="linear", operation="forward", tensor_name="input", quant_type="hifp8",
+    layer_idx=1, phase="pre", component="linear", iteration=0, rank=0, sample_idx=0,
+    timestamp="20250908_095220", counter=5,
+))
+
+
+def is_tensor_filename(filename: str | os.PathLike[str]) -> bool:
+    try:
+        parse_filename(filename)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata: keys the saver writes beside the naming fields. Readers use these names.
+# ---------------------------------------------------------------------------------------------
+META_SHAPE = "shape"                  # list[int], of the full tensor (before row sampling)
+META_DTYPE = "dtype"                  # e.g. "torch.bfloat16"
+META_MODULE_PATH = "module_path"      # e.g. "decoder.layers.3.mlp.linear_fc1"
+META_SUBMODULE = "submodule"          # linear_qkv | linear_proj | linear_fc1 | linear_fc2 | core_attention
+META_VARIANT = "variant"              # "hp" (high precision) or "quantized" (operand the GEMM saw)
+META_STATS = "stats"                  # dict, see STAT_KEYS
+META_SAMPLED_ROWS = "sampled_rows"    # None, or the number of rows kept in the file
+META_PARALLEL = ("tp_rank", "pp_rank", "dp_rank", "world_size")
+META_MCORE_VERSION = "megatron_core_version"
+MANIFEST_FILE = "file"                # relative file name, None in stats-only mode
+
+# Statistics computed on the whole tensor before any copy or sampling.
+STAT_KEYS = (
+    "numel", "min", "max", "mean", "std", "absmax", "min_nonzero_abs",
+    "zero_count", "nan_count", "inf_count",
+)
+# Overflow/underflow against a dtype or quant format, stored under stats["range"][name]:
+# {"upper_overflow_count", "lower_overflow_count", "overflow_count", "underflow_count",
+#  "flush_to_zero_count", and "*_ratio" for each} where upper = x > max, lower = x < -max,
+# underflow = 0 < |x| < min_normal, flush_to_zero = 0 < |x| < min_subnormal / 2.
+STAT_RANGE = "range"
+# log2-magnitude histogram of finite nonzero values: {"min_exp": e0, "counts": [n_e0, n_e0+1, ...]}
+# where a value x falls in bin floor(log2(|x|)).
+STAT_LOG2_HIST = "log2_hist"
+
+
+def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:
+    return Path(directory) / f"manifest_rank{_fmt_int(rank)}.jsonl"
+
+
+def append_manifest(directory: str | os.PathLike[str], rank: int | None, record: dict[str, Any]) -> None:
+    """Append one record as a single write of one line (O_APPEND keeps lines whole)."""
+    line = (json.dumps(record, default=str, allow_nan=True) + "\n").encode()
+    fd = os.open(manifest_path(directory, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Every record of every rank's manifest; a torn last line (crash mid-write) is skipped."""
+    for path in sorted(Path(directory).glob(MANIFEST_GLOB)):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+
+
+def record_name(record: dict[str, Any]) -> TensorName:
+    """The naming fields of a manifest record or a file's metadata."""
+    known = {k: record[k] for k in NAME_FIELDS if k in record}
+    for required in ("layer_type", "operation", "tensor_name"):
+        known.setdefault(required, "unknown")
+    return TensorName(**known)
+
+
+def load_tensor_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+    """Load a captured file safely (weights_only). Returns (tensor, metadata).
+
+    Accepts the saver's ``{"tensor", "metadata"}`` dict or a bare tensor (metadata
+    then comes from the file name when it parses, else is empty). Raises ValueError
+    with the file name for anything else: unreadable, corrupt, or a pickle that would
+    need code to run.
+    """
+    import torch
+
+    p = os.fspath(path)
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt, truncated, or refused by weights_only
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{p}: cannot be read as a tensor file ({reason[:200]})") from None
+    if isinstance(obj, torch.Tensor):
+        try:
+            meta: dict[str, Any] = parse_filename(p).to_dict()
+        except ValueError:
+            meta = {}
+        return obj, meta
+    if isinstance(obj, dict) and isinstance(obj.get("tensor"), torch.Tensor):
+        meta = obj.get("metadata") or {}
+        if not isinstance(meta, dict):
+            meta = {}
+        return obj["tensor"], meta
+    raise ValueError(f"{p}: holds a {type(obj).__name__}, not a tensor or a {{'tensor', 'metadata'}} dict")

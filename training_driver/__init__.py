@@ -1,0 +1,1 @@
+"""Training entry points on megatron-core: a small, clear loop, data, and CPU shims."""
