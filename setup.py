@@ -38,7 +38,6 @@ setup(
     entry_points={
         "console_scripts": [
             "mxfp-scaling-test=quant.mxfp_scaling_test:main",
-            "quant-demo=quant.demo:main",
             "megatron-tensor-patch=tensor_capture.patcher:main",
             "enhanced-tensor-visualizer=tensor_viz.enhanced_visualizer:main",
             "quick-visualize=tensor_viz.quick:main",
