@@ -1,0 +1,122 @@
+"""Static AMP checker: golden output per rule, formats, suppression, selection, exit codes."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training_profiler import static_checker as sc
+from training_profiler.amp_rules import RULES, Severity
+
+GOLDEN = Path(__file__).parent / "profiler_golden"
+CASES = sorted(GOLDEN.glob("*.py"))
+
+
+def _line_output(path: Path) -> str:
+    findings, err = sc.check_source(path.read_text(), path.name)
+    report = sc.Report(findings=findings, errors=[err] if err else [], files_checked=1)
+    return sc.format_line(report)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_golden(case: Path) -> None:
+    expected = case.with_suffix(".expected").read_text().strip()
+    assert _line_output(case) == expected
+
+
+def test_every_rule_has_a_golden_file_that_fires_it() -> None:
+    fired = set()
+    for case in CASES:
+        fired |= set(re.findall(r" (AMP\d{3}) ", case.with_suffix(".expected").read_text()))
+    assert fired == {r.id for r in RULES}
+    for r in RULES:  # every rule is fully described
+        assert r.explanation and r.suggestion and isinstance(r.severity, Severity)
+
+
+def test_alias_resolution_and_scope() -> None:
+    src = (
+        "import torch as T\n"
+        "import torch.nn.functional as Fn\n"
+        "from torch import autocast as ac\n"
+        "with ac('cpu', dtype=T.bfloat16):\n"
+        "    y = Fn.softmax(T.randn(2, 2), -1)\n"
+        "    z = Fn.softmax(T.randn(2, 2), -1, dtype=T.float32)\n"
+        "@T.autocast('cpu')\n"
+        "def f(x):\n"
+        "    return T.nn.functional.log_softmax(x, 0)\n"
+    )
+    findings, err = sc.check_source(src)
+    assert err is None
+    assert [(f.rule_id, f.line) for f in findings] == [("AMP004", 5), ("AMP004", 9)]
+
+
+def test_suppression_forms() -> None:
+    base = "import torch\nscaler = torch.amp.GradScaler('cuda')\nx = torch.ones(2).half(){}\n"
+    assert len(sc.check_source(base.format(""))[0]) == 1
+    assert sc.check_source(base.format("  # amp-check: ignore"))[0] == []
+    assert sc.check_source(base.format("  # amp-check: ignore[AMP001]"))[0] == []
+    assert sc.check_source(base.format("  # amp-check: ignore[manual-cast]"))[0] == []
+    assert len(sc.check_source(base.format("  # amp-check: ignore[AMP004]"))[0]) == 1
+
+
+def test_rule_selection() -> None:
+    src = (GOLDEN / "AMP005_reduction.py").read_text()
+    only = sc.select_rules(["AMP001"])
+    assert {f.rule_id for f in sc.check_source(src, rules=only)[0]} == {"AMP001"}
+    without = sc.select_rules(None, ["reduction-outside-autocast"])
+    assert {f.rule_id for f in sc.check_source(src, rules=without)[0]} == {"AMP001"}
+    with pytest.raises(ValueError, match="unknown rule 'AMP999'"):
+        sc.select_rules(["AMP999"])
+
+
+def test_text_format_matches_seed_layout() -> None:
+    report = sc.check_paths([GOLDEN / "AMP002_bce.py"])
+    text = sc.format_text(report)
+    assert text.startswith(f"File: {GOLDEN / 'AMP002_bce.py'}\n")
+    assert "Line 5: [HIGH] AMP002 BCELoss usage in AMP code\n  -> " in text
+    assert "\n  -> Suggestion: Use binary_cross_entropy_with_logits" in text
+
+
+def test_json_format_round_trips() -> None:
+    report = sc.check_paths([GOLDEN / "AMP010_clip.py", GOLDEN / "syntax_error.py"])
+    data = json.loads(sc.format_json(report))
+    assert data["files_checked"] == 2
+    assert [(f["rule"], f["line"], f["severity"]) for f in data["findings"]] == [("AMP010", 7, "MEDIUM")]
+    assert data["errors"][0]["path"].endswith("syntax_error.py") and data["errors"][0]["line"] == 2
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training_profiler.static_checker", *args],
+                          capture_output=True, text=True)
+
+
+def test_cli_exit_codes_and_threshold() -> None:
+    medium_only = str(GOLDEN / "AMP010_clip.py")
+    assert _cli(medium_only).returncode == 0                      # default --fail-on high
+    assert _cli(medium_only, "--fail-on", "medium").returncode == 1
+    assert _cli(str(GOLDEN / "AMP008_bf16_ok.py"), "--fail-on", "low").returncode == 0
+    r = _cli(str(GOLDEN / "AMP001_manual_cast.py"), "--format", "line")
+    assert r.returncode == 1 and r.stdout.count(": AMP001 ") == 4
+
+
+def test_cli_syntax_error_is_reported_and_skipped(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    (tmp_path / "ok.py").write_text("import torch\nwith torch.autocast('cpu'):\n    y = torch.ones(2).half()\n")
+    r = _cli(str(tmp_path), "--format", "line")
+    assert r.returncode == 1
+    assert "ok.py:3:9: AMP001" in r.stdout
+    assert "bad.py:1:0: E999 syntax error" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_usage_errors_are_one_line() -> None:
+    r = _cli("does/not/exist.py")
+    assert r.returncode == 2 and "does/not/exist.py: no such file" in r.stderr and "Traceback" not in r.stderr
+    r = _cli(str(GOLDEN), "--select", "NOPE")
+    assert r.returncode == 2 and "unknown rule 'NOPE'" in r.stderr
+    assert _cli("--help").returncode == 0
+    assert "AMP012" in _cli("--list-rules").stdout

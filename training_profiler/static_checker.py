@@ -1,0 +1,228 @@
+"""P0: static AMP checker. Parses Python files (never runs them) and reports mixed-precision
+mistakes before a GPU hour is spent.
+
+    python -m training_profiler.static_checker train.py src/ --format text --fail-on high
+
+Exit codes: 0 no finding at/above --fail-on and every file parsed; 1 findings at/above it, or a
+file that could not be parsed (reported, then skipped); 2 a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import os
+import re
+import sys
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from training_profiler.amp_context import FileContext
+from training_profiler.amp_rules import RULES, RULES_BY_ID, RULES_BY_NAME, Finding, Rule, Severity
+
+_SUPPRESS = re.compile(r"#\s*amp-check:\s*ignore(?:\[([^\]]*)\])?", re.I)
+_SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
+
+
+@dataclass
+class FileError:
+    path: str
+    line: int
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "line": self.line, "error": self.message}
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[FileError] = field(default_factory=list)
+    files_checked: int = 0
+
+
+def select_rules(select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> list[Rule]:
+    """Rules chosen by id (AMP004) or name (softmax-without-dtype); ValueError names a bad one."""
+    def resolve(tokens: Iterable[str]) -> set[str]:
+        out = set()
+        for t in tokens:
+            t = t.strip()
+            if not t:
+                continue
+            rule = RULES_BY_ID.get(t.upper()) or RULES_BY_NAME.get(t.lower())
+            if rule is None:
+                raise ValueError(f"unknown rule {t!r}; known: {', '.join(r.id for r in RULES)}")
+            out.add(rule.id)
+        return out
+
+    chosen = resolve(select) or {r.id for r in RULES} if select else {r.id for r in RULES}
+    dropped = resolve(ignore) if ignore else set()
+    return [r for r in RULES if r.id in chosen and r.id not in dropped]
+
+
+def _suppressions(source: str) -> dict[int, set[str] | None]:
+    """line -> suppressed rule ids (None = every rule) from `# amp-check: ignore[...]` comments."""
+    out: dict[int, set[str] | None] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                m = _SUPPRESS.search(tok.string)
+                if m:
+                    ids = {x.strip().upper() for x in (m.group(1) or "").split(",") if x.strip()}
+                    names = {RULES_BY_NAME[i.lower()].id for i in ids if i.lower() in RULES_BY_NAME}
+                    out[tok.start[0]] = (ids | names) or None
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return out
+
+
+def _suppressed(sup: dict[int, set[str] | None], node: ast.AST, rule_id: str) -> bool:
+    start = getattr(node, "lineno", 0)
+    end = getattr(node, "end_lineno", start) or start
+    for line in range(start, end + 1):
+        if line in sup and (sup[line] is None or rule_id in sup[line]):  # type: ignore[operator]
+            return True
+    return False
+
+
+def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | None = None
+                 ) -> tuple[list[Finding], FileError | None]:
+    """Findings for one file's text, sorted by position; a syntax error comes back as FileError."""
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        return [], FileError(path, exc.lineno or 0, f"syntax error: {exc.msg}")
+    ctx = FileContext(tree)
+    sup = _suppressions(source)
+    findings: list[Finding] = []
+    seen: set[tuple[str, int, int]] = set()
+    for rule in rules if rules is not None else RULES:
+        for node, message in rule.visitor(ctx).run():
+            key = (rule.id, node.lineno, node.col_offset)
+            if key in seen or _suppressed(sup, node, rule.id):
+                continue
+            seen.add(key)
+            findings.append(Finding(rule.id, rule.severity, path, node.lineno, node.col_offset + 1,
+                                    message, rule.explanation, rule.suggestion))
+    findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
+    return findings, None
+
+
+def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]:
+    """Every .py file under the given files/folders, in a stable order."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            for sub in sorted(p.rglob("*.py")):
+                if not any(part in _SKIP_DIRS or part.startswith(".") for part in sub.relative_to(p).parts[:-1]):
+                    yield sub
+        elif p.is_file():
+            yield p
+        else:
+            raise FileNotFoundError(f"{p}: no such file or directory")
+
+
+def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] | None = None) -> Report:
+    report = Report()
+    for f in iter_python_files(paths):
+        try:
+            with tokenize.open(f) as fh:
+                source = fh.read()
+        except (UnicodeDecodeError, SyntaxError, OSError) as exc:
+            report.errors.append(FileError(str(f), 0, f"cannot read: {exc}"))
+            continue
+        findings, err = check_source(source, str(f), rules)
+        report.files_checked += 1
+        report.findings.extend(findings)
+        if err:
+            report.errors.append(err)
+    return report
+
+
+# ---- output formats ------------------------------------------------------------------------
+def format_text(report: Report) -> str:
+    lines: list[str] = []
+    by_file: dict[str, list] = {}
+    for f in report.findings:
+        by_file.setdefault(f.path, []).append(f)
+    for e in report.errors:
+        by_file.setdefault(e.path, []).append(e)
+    for path, items in by_file.items():
+        lines.append(f"File: {path}")
+        for it in sorted(items, key=lambda x: x.line):
+            if isinstance(it, FileError):
+                lines.append(f"Line {it.line}: [SKIPPED] {it.message}")
+            else:
+                lines.append(f"Line {it.line}: [{it.severity.name}] {it.rule_id} {it.message}")
+                lines.append(f"  -> {it.explanation}")
+                lines.append(f"  -> Suggestion: {it.suggestion}")
+            lines.append("")
+    counts = {s.name: sum(1 for f in report.findings if f.severity == s) for s in Severity}
+    lines.append(f"{report.files_checked} file(s) checked, {len(report.findings)} finding(s) "
+                 f"(HIGH {counts['HIGH']}, MEDIUM {counts['MEDIUM']}, LOW {counts['LOW']}), "
+                 f"{len(report.errors)} file(s) skipped")
+    return "\n".join(lines)
+
+
+def format_line(report: Report) -> str:
+    out = [f"{f.path}:{f.line}:{f.col}: {f.rule_id} {f.message}" for f in report.findings]
+    out += [f"{e.path}:{e.line}:0: E999 {e.message}" for e in report.errors]
+    return "\n".join(out)
+
+
+def format_json(report: Report) -> str:
+    return json.dumps({"files_checked": report.files_checked,
+                       "findings": [f.to_dict() for f in report.findings],
+                       "errors": [e.to_dict() for e in report.errors]}, indent=2)
+
+
+FORMATTERS = {"text": format_text, "line": format_line, "json": format_json}
+
+
+def exit_code(report: Report, fail_on: Severity) -> int:
+    if report.errors or any(f.severity >= fail_on for f in report.findings):
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="amp-static-check",
+        description="Static checker for PyTorch automatic-mixed-precision mistakes (never runs the code).",
+        epilog="Rules: " + "; ".join(f"{r.id} {r.name} [{r.severity.name}]" for r in RULES)
+        + ". Suppress one line with `# amp-check: ignore[AMP001]` (or `# amp-check: ignore`).")
+    p.add_argument("paths", nargs="+", help="Python files or folders to scan")
+    p.add_argument("--format", choices=sorted(FORMATTERS), default="text", help="output format (default text)")
+    p.add_argument("--select", default="", help="comma-separated rule ids or names to run (default all)")
+    p.add_argument("--ignore", default="", help="comma-separated rule ids or names to skip")
+    p.add_argument("--fail-on", default="high", choices=["low", "medium", "high"],
+                   help="exit 1 when a finding at or above this severity exists (default high)")
+    p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--list-rules" in argv:
+        for r in RULES:
+            print(f"{r.id}  {r.name:34s} {r.severity.name:6s} {r.explanation}")
+        return 0
+    args = build_parser().parse_args(argv)
+    try:
+        rules = select_rules(args.select.split(","), args.ignore.split(","))
+        report = check_paths(args.paths, rules)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"amp-static-check: error: {exc}", file=sys.stderr)
+        return 2
+    text = FORMATTERS[args.format](report)
+    if text:
+        print(text)
+    for e in report.errors:
+        print(f"amp-static-check: skipped {e.path}: line {e.line}: {e.message}", file=sys.stderr)
+    return exit_code(report, Severity.parse(args.fail_on))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
