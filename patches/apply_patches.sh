@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Put the tensor-capture / CUSTOM_QUANT_TYPE emulation calls into a Megatron tree.
+#
+#   patches/apply_patches.sh MEGATRON_TREE            apply (idempotent)
+#   patches/apply_patches.sh MEGATRON_TREE --check    exit 0 patched, 1 not patched, 2 problem
+#   patches/apply_patches.sh MEGATRON_TREE --revert   undo
+#
+# MEGATRON_TREE is a Megatron-LM checkout or any directory containing megatron/core
+# (e.g. a copy of the installed megatron-core; never patch site-packages in place).
+# The edits are defined in tensor_capture/patcher.py; this is a thin wrapper around it.
+set -euo pipefail
+if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
+    exec python -m tensor_capture.patcher --help
+fi
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}" exec python -m tensor_capture.patcher "$@"

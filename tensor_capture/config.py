@@ -1,0 +1,270 @@
+"""Capture configuration: environment variables plus an optional YAML file, validated once.
+
+Why validate up front: a typo in a 10-hour run's capture settings should fail in the first
+second with one line naming the setting and the fix, not silently capture nothing.
+
+Precedence: defaults < YAML file < environment variables < explicit keyword overrides.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_ENABLED = "TENSOR_SAVE_ENABLED"
+ENV_DIR = "TENSOR_SAVE_DIR"
+ENV_ITERATION = "TENSOR_SAVER_ITERATION"
+ENV_QUANT = "CUSTOM_QUANT_TYPE"
+ENV_CONFIG = "TENSOR_SAVE_CONFIG"
+
+# Values of CUSTOM_QUANT_TYPE that mean "no emulation" (the label still goes into file names).
+NO_QUANT = ("fp32", "none", "")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+_OPERATIONS = ("forward", "backward")
+_PHASES = ("pre", "post")
+_LAYER_TYPES = ("attention", "linear")
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+class ConfigError(ValueError):
+    """A capture setting is invalid; the message names it and says how to fix it."""
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Every capture setting. YAML keys are these field names."""
+
+    enabled: bool = False                     # TENSOR_SAVE_ENABLED
+    save_dir: str = "./tensor_logs"           # TENSOR_SAVE_DIR
+    iteration: int = 0                        # TENSOR_SAVER_ITERATION: the starting iteration
+    quant_type: str | None = None             # CUSTOM_QUANT_TYPE (None: no emulation)
+    iter_start: int = 0                       # save iterations start..end (inclusive) every N
+    iter_end: int | None = None
+    iter_every: int = 1
+    min_iterations: int = 1                   # the byte budget never cuts these short
+    max_iterations: int | None = None         # stop after this many saved iterations
+    layers: tuple[int, ...] | None = None     # 0-based transformer layer indexes
+    module_regex: str | None = None           # re.search on the module path
+    operations: tuple[str, ...] = _OPERATIONS
+    phases: tuple[str, ...] = _PHASES
+    layer_types: tuple[str, ...] = _LAYER_TYPES
+    tensor_names: tuple[str, ...] | None = None
+    ranks: tuple[int, ...] | None = None      # global ranks that save (None: all)
+    byte_budget: int | None = None            # tensor bytes per rank; then stats only
+    max_rows: int | None = None               # keep at most this many rows in a file
+    stats_only: bool = False                  # manifest records only, no tensor files
+    save_quantized: bool = False              # also save the operand the GEMM saw
+    emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
+    range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
+    queue_size: int = 64                      # background writer queue (items)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def emulating(self) -> bool:
+        return self.quant_type is not None and self.quant_type not in NO_QUANT
+
+
+_FIELD_NAMES = {f.name for f in fields(CaptureConfig)} - {"extra"}
+# YAML may group the iteration schedule: iterations: {start, end, every}
+_NESTED = {"iterations": {"start": "iter_start", "end": "iter_end", "every": "iter_every"}}
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean: use true/false (or 1/0)")
+
+
+def _int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be an integer")
+    try:
+        out = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} must be an integer") from None
+    if minimum is not None and out < minimum:
+        raise ConfigError(f"{name}={out} must be >= {minimum}")
+    return out
+
+
+def _size(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{name}={value} must be >= 0")
+        return value
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ConfigError(f"{name}={value!r} is not a size: write bytes or e.g. '500MB', '2GiB'")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _choices(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    items = (value,) if isinstance(value, str) else tuple(value or ())
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise ConfigError(f"{name}={list(items)!r}: choose from {list(allowed)}")
+    return tuple(items)
+
+
+def _int_list(name: str, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, (int, str)) else tuple(value)
+    return tuple(_int(name, v, minimum=0) for v in items)  # type: ignore[misc]
+
+
+def valid_quant_names() -> list[str]:
+    import quant  # the numerics core; capture cannot emulate without it
+
+    return sorted(quant.FORMATS)
+
+
+def _quant(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text.lower() in NO_QUANT:
+        return text.lower() or None
+    try:
+        names = valid_quant_names()
+    except ImportError as exc:
+        raise ConfigError(f"{ENV_QUANT}={text!r} needs the quant package, which failed to import: {exc}") from None
+    if text not in names:
+        raise ConfigError(f"{ENV_QUANT}={text!r} is not a known format; valid names: "
+                          + ", ".join(names + ["fp32 (no quantization)"]))
+    return text
+
+
+def _check_formats(names: Any) -> tuple[str, ...]:
+    items = (names,) if isinstance(names, str) else tuple(names or ())
+    if not items:
+        return ()
+    known = valid_quant_names()
+    bad = [n for n in items if n not in known]
+    if bad:
+        raise ConfigError(f"range_formats={bad!r}: unknown format; valid names: {', '.join(known)}")
+    return items
+
+
+def _validate(raw: dict[str, Any]) -> CaptureConfig:
+    unknown = sorted(set(raw) - _FIELD_NAMES)
+    if unknown:
+        raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(_FIELD_NAMES | set(_NESTED))}")
+    cfg: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ("enabled", "stats_only", "save_quantized", "emulate_attention"):
+            cfg[key] = _bool(key, value)
+        elif key == "save_dir":
+            if not str(value).strip():
+                raise ConfigError(f"{ENV_DIR} (save_dir) is empty: give a directory")
+            cfg[key] = str(value)
+        elif key in ("iteration", "iter_start"):
+            cfg[key] = _int(key, value, minimum=0)
+        elif key in ("iter_every", "min_iterations", "queue_size"):
+            cfg[key] = _int(key, value, minimum=1 if key != "min_iterations" else 0)
+        elif key in ("iter_end", "max_iterations", "max_rows"):
+            cfg[key] = _int(key, value, minimum=0 if key == "iter_end" else 1, allow_none=True)
+        elif key == "quant_type":
+            cfg[key] = _quant(value)
+        elif key == "layers":
+            cfg[key] = _int_list(key, value)
+        elif key == "ranks":
+            cfg[key] = _int_list(key, value)
+        elif key == "module_regex":
+            if value is not None:
+                try:
+                    re.compile(str(value))
+                except re.error as exc:
+                    raise ConfigError(f"module_regex={value!r} is not a regular expression ({exc})") from None
+                value = str(value)
+            cfg[key] = value
+        elif key == "operations":
+            cfg[key] = _choices(key, value, _OPERATIONS)
+        elif key == "phases":
+            cfg[key] = _choices(key, value, _PHASES)
+        elif key == "layer_types":
+            cfg[key] = _choices(key, value, _LAYER_TYPES)
+        elif key == "tensor_names":
+            cfg[key] = None if value is None else tuple(str(v) for v in (
+                [value] if isinstance(value, str) else value))
+        elif key == "byte_budget":
+            cfg[key] = _size(key, value)
+        elif key == "range_formats":
+            cfg[key] = _check_formats(value)
+    out = CaptureConfig(**cfg)
+    if out.iter_end is not None and out.iter_end < out.iter_start:
+        raise ConfigError(f"iterations end={out.iter_end} is before start={out.iter_start}")
+    return out
+
+
+def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the capture config ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the capture config must be a mapping of settings, got {type(data).__name__}")
+    data = dict(data.get("tensor_capture", data)) if "tensor_capture" in data else dict(data)
+    for group, mapping in _NESTED.items():
+        if group in data:
+            sub = data.pop(group) or {}
+            if not isinstance(sub, dict):
+                raise ConfigError(f"{p}: '{group}' must be a mapping with keys {sorted(mapping)}")
+            bad = sorted(set(sub) - set(mapping))
+            if bad:
+                raise ConfigError(f"{p}: unknown key(s) {bad} under '{group}'; known: {sorted(mapping)}")
+            for k, v in sub.items():
+                data[mapping[k]] = v
+    return data
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for var, key in ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"),
+                     (ENV_ITERATION, "iteration"), (ENV_QUANT, "quant_type")):
+        if var in env:
+            out[key] = env[var]
+    return out
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+                **overrides: Any) -> CaptureConfig:
+    """Build and validate the configuration. Raises ConfigError with one clear line."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    path = path if path is not None else (env.get(ENV_CONFIG) or None)
+    if path:
+        raw.update(_read_yaml(path))
+    raw.update(_from_env(env))
+    raw.update(overrides)
+    try:
+        return _validate(raw)
+    except ConfigError as exc:
+        where = f" (config file {path})" if path else ""
+        raise ConfigError(f"tensor capture: {exc}{where}") from None
+
+
+def with_overrides(config: CaptureConfig, **changes: Any) -> CaptureConfig:
+    return replace(config, **changes)

@@ -1,0 +1,249 @@
+"""Whole-tensor statistics computed on the tensor's device, without a host sync.
+
+Why a packed vector: the saver computes statistics where the tensor lives (GPU
+during real training), copies one small float64 vector to the host together with
+the tensor (non_blocking), and the background writer decodes it into the metadata
+dict. Nothing here calls ``.item()``, so capture does not stall the device stream.
+
+Layout of the vector (see :func:`decode`): the scalar block (``schema.STAT_KEYS``
+order minus ``absmax``, which is derived), then 4 counts per range spec (upper
+overflow, lower overflow, underflow, flush-to-zero), then the log2 histogram bins
+for exponents ``HIST_MIN_EXP .. HIST_MAX_EXP``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from . import schema
+
+HIST_MIN_EXP = -1100   # covers float64 subnormals (2^-1074)
+HIST_MAX_EXP = 1024
+_HIST_BINS = HIST_MAX_EXP - HIST_MIN_EXP + 1
+# Scalars in the packed vector, in this order.
+_SCALARS = ("numel", "min", "max", "mean", "std", "min_nonzero_abs",
+            "zero_count", "nan_count", "inf_count")
+_RANGE_COUNTS = ("upper_overflow_count", "lower_overflow_count", "underflow_count",
+                 "flush_to_zero_count")
+
+
+@dataclass(frozen=True)
+class RangeSpec:
+    """Thresholds of one number format: largest finite, smallest normal, smallest subnormal."""
+
+    name: str
+    max_normal: float
+    min_normal: float
+    min_subnormal: float
+
+
+_DTYPE_FORMAT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def dtype_range(dtype: torch.dtype) -> RangeSpec | None:
+    """Thresholds of a torch floating dtype, from quant's format table (float64 from finfo)."""
+    name = _DTYPE_FORMAT.get(dtype)
+    label = str(dtype).replace("torch.", "")
+    if name is not None:
+        spec = _quant_spec(name)
+        if spec is not None:
+            return RangeSpec(label, float(spec.max_normal), float(spec.min_normal),
+                             float(spec.min_subnormal))
+    if dtype.is_floating_point:  # float64, or quant not importable
+        fi = torch.finfo(dtype)
+        return RangeSpec(label, float(fi.max), float(fi.tiny), float(fi.tiny) * float(fi.eps))
+    return None
+
+
+def format_range(fmt_name: str) -> RangeSpec | None:
+    """Element thresholds of a quant format (for scaled formats: of the element grid)."""
+    spec = _quant_spec(fmt_name)
+    if spec is None:
+        return None
+    return RangeSpec(fmt_name, float(spec.max_normal), float(spec.min_normal),
+                     float(spec.min_subnormal))
+
+
+def _quant_spec(name: str) -> Any:
+    try:
+        import quant
+    except ImportError:
+        return None
+    try:
+        return quant.get_format(name)
+    except (KeyError, ValueError):
+        return None
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = ()) -> torch.Tensor:
+    """Packed statistics of ``x`` (any shape, any stride) as a float64 vector on x's device.
+
+    Min/max/mean/std are over finite values; counts are exact. Decode with :func:`decode`.
+    """
+    dev = x.device
+    ct = _compute_dtype(x)
+    a = x.detach().reshape(-1)
+    if a.dtype != ct:
+        a = a.to(ct)
+    n = a.numel()
+    nr = len(ranges)
+    if n == 0:
+        out = torch.zeros(len(_SCALARS) + 4 * nr + _HIST_BINS, dtype=torch.float64, device=dev)
+        out[1:6] = float("nan")
+        return out
+    finite = torch.isfinite(a)
+    nf = finite.sum()
+    nan_count = torch.isnan(a).sum()
+    inf_count = n - nf - nan_count
+    fa = torch.where(finite, a, 0.0)
+    absf = fa.abs()
+    inf_t = torch.tensor(math.inf, dtype=ct, device=dev)
+    mn = torch.where(finite, a, inf_t).amin()
+    mx = torch.where(finite, a, -inf_t).amax()
+    total = fa.sum(dtype=torch.float64)
+    nf64 = nf.to(torch.float64)
+    mean = total / nf64
+    dev_ = torch.where(finite, fa - mean.to(ct), 0.0)
+    var = (dev_ * dev_).sum(dtype=torch.float64) / (nf64 - 1).clamp_min(1)
+    std = torch.where(nf64 > 1, var.sqrt(), torch.zeros_like(var))
+    nonzero = absf > 0
+    min_nz = torch.where(nonzero, absf, inf_t).amin()
+    zero_fa = n - nonzero.sum()            # zeros plus the non-finite values zeroed above
+    zero_count = zero_fa - (n - nf)
+    scalars = torch.stack([
+        torch.tensor(float(n), dtype=torch.float64, device=dev), mn.double(), mx.double(),
+        mean, std, min_nz.double(), zero_count.double(), nan_count.double(), inf_count.double(),
+    ])
+    parts = [scalars]
+    if nr:
+        parts.append(_range_counts(fa, ranges, zero_fa, ct))
+    _, exp = torch.frexp(absf)                       # |x| = m * 2^e, m in [0.5, 1)
+    idx = torch.where(nonzero, exp.to(torch.int64) - 1 - HIST_MIN_EXP + 1, 0)
+    hist = torch.bincount(idx, minlength=_HIST_BINS + 1)[1:_HIST_BINS + 1]
+    parts.append(hist.to(torch.float64))
+    return torch.cat(parts)
+
+
+def _range_counts(fa: torch.Tensor, ranges: Sequence[RangeSpec], zero_fa: torch.Tensor,
+                  ct: torch.dtype) -> torch.Tensor:
+    """Overflow/underflow counts for every spec with one bucketize and one bincount.
+
+    Strict comparisons (x > max, x < -max, 0 < |x| < t) become half-open buckets
+    ``b[k-1] <= x < b[k]`` by moving each boundary to the neighbouring value of the
+    compute dtype; a bound the dtype cannot reach is decided analytically.
+    """
+    fi = torch.finfo(ct)
+    smallest = fi.tiny * fi.eps
+    dev = fa.device
+    bounds: list[float] = []
+    plan: list[list[Any]] = []
+
+    def add(value: float) -> int:
+        bounds.append(value)
+        return len(bounds) - 1
+
+    for spec in ranges:
+        entry: list[Any] = []
+        if spec.max_normal < fi.max:
+            up = _next_above(spec.max_normal, ct)                 # x > M  <=>  x >= up
+            entry.append(add(up))
+            entry.append(add(_step(-up, math.inf, ct)))            # x < -M <=>  x < next(-up)
+        else:
+            entry.extend([None, None])
+        for t in (spec.min_normal, spec.min_subnormal / 2):
+            if t <= smallest:
+                entry.append(None)                                 # 0 < |x| < t impossible
+                continue
+            te = _round_up(t, ct)                                  # |x| < t <=> |x| < te
+            entry.append((add(_step(-te, 0.0, ct)), add(te)))      # -te < x < te
+        plan.append(entry)
+    if not bounds:
+        return torch.zeros(4 * len(ranges), dtype=torch.float64, device=dev)
+    order = sorted(range(len(bounds)), key=lambda i: bounds[i])
+    pos = {orig: k for k, orig in enumerate(order)}
+    b = torch.tensor([bounds[i] for i in order], dtype=ct, device=dev)
+    idx = torch.bucketize(fa, b, right=True)                       # b[k-1] <= x < b[k] -> k
+    cum = torch.bincount(idx, minlength=len(bounds) + 1).cumsum(0)  # cum[k] = #(x < b[k])
+    n = fa.numel()
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    out = []
+    for upper, lower, normal_pair, ftz_pair in plan:
+        out.append(n - cum[pos[upper]] if upper is not None else zero)
+        out.append(cum[pos[lower]] if lower is not None else zero)
+        for pair in (normal_pair, ftz_pair):
+            out.append(zero if pair is None else cum[pos[pair[1]]] - cum[pos[pair[0]]] - zero_fa)
+    return torch.stack([o.to(torch.float64) for o in out])
+
+
+def _step(v: float, toward: float, ct: torch.dtype) -> float:
+    return torch.nextafter(torch.tensor(v, dtype=ct), torch.tensor(toward, dtype=ct)).item()
+
+
+def _next_above(t: float, ct: torch.dtype) -> float:
+    """Smallest value of dtype ct strictly greater than t."""
+    v = torch.tensor(t, dtype=ct)
+    if v.item() <= t:
+        v = torch.nextafter(v, torch.tensor(math.inf, dtype=ct))
+    return v.item()
+
+
+def _round_up(t: float, ct: torch.dtype) -> float:
+    """Smallest value of dtype ct that is >= t, so |x| < t keeps its meaning for ct values."""
+    v = torch.tensor(t, dtype=ct)
+    if v.item() < t:
+        v = torch.nextafter(v, torch.tensor(math.inf, dtype=ct))
+    return v.item()
+
+
+def decode(vec: torch.Tensor | Sequence[float], ranges: Sequence[RangeSpec] = ()) -> dict[str, Any]:
+    """The metadata ``stats`` dict (keys per schema.STAT_KEYS, STAT_RANGE, STAT_LOG2_HIST)."""
+    v = vec.tolist() if isinstance(vec, torch.Tensor) else list(vec)
+    s = dict(zip(_SCALARS, v[:len(_SCALARS)]))
+    out: dict[str, Any] = {}
+    for key in schema.STAT_KEYS:
+        if key == "absmax":
+            lo, hi = s["min"], s["max"]
+            out[key] = max(abs(lo), abs(hi)) if not (math.isnan(lo) or math.isinf(lo)) else (
+                float("nan") if s["numel"] == 0 or math.isnan(lo) else 0.0)
+        elif key in ("numel", "zero_count", "nan_count", "inf_count"):
+            out[key] = int(s[key])
+        else:
+            out[key] = s[key]
+    n = max(int(s["numel"]), 1)
+    if out["min_nonzero_abs"] == math.inf:
+        out["min_nonzero_abs"] = None
+    if s["min"] == math.inf:         # no finite value at all
+        out["min"] = out["max"] = out["absmax"] = None
+    rng: dict[str, Any] = {}
+    base = len(_SCALARS)
+    for i, spec in enumerate(ranges):
+        c = [int(x) for x in v[base + 4 * i: base + 4 * i + 4]]
+        rec = dict(zip(_RANGE_COUNTS, c))
+        rec["overflow_count"] = rec["upper_overflow_count"] + rec["lower_overflow_count"]
+        for k in list(rec):
+            rec[k.replace("_count", "_ratio")] = rec[k] / n
+        rec["max_normal"] = spec.max_normal
+        rec["min_normal"] = spec.min_normal
+        rec["min_subnormal"] = spec.min_subnormal
+        rng[spec.name] = rec
+    out[schema.STAT_RANGE] = rng
+    hist = [int(x) for x in v[base + 4 * len(ranges):]]
+    nz = [i for i, c in enumerate(hist) if c]
+    if nz:
+        out[schema.STAT_LOG2_HIST] = {"min_exp": HIST_MIN_EXP + nz[0],
+                                      "counts": hist[nz[0]: nz[-1] + 1]}
+    else:
+        out[schema.STAT_LOG2_HIST] = {"min_exp": 0, "counts": []}
+    return out
+
+
+def tensor_stats(x: torch.Tensor, ranges: Sequence[RangeSpec] = ()) -> dict[str, Any]:
+    """Convenience: compute and decode at once (syncs; for tests and offline tools)."""
+    return decode(compute(x, ranges).cpu(), ranges)

@@ -1,0 +1,140 @@
+"""Background writer: a bounded queue drained by one thread; atomic files; flush on exit.
+
+Why a thread: torch.save of a large tensor takes milliseconds to seconds; the training
+step must not wait for the disk. The queue is bounded so a slow disk applies back-pressure
+instead of exhausting host memory. Each file is written under a temporary name in the
+same directory and renamed (os.replace), so a crash never leaves a half-written ``.pt``;
+the manifest line is appended only after the rename.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import schema, stats
+
+
+@dataclass
+class WriteItem:
+    """One captured tensor on its way to disk (tensor and stats already on the host)."""
+
+    directory: Path
+    rank: int | None
+    filename: str | None            # None: stats only
+    tensor: torch.Tensor | None
+    stats_vec: torch.Tensor
+    ranges: Sequence[stats.RangeSpec]
+    metadata: dict[str, Any]
+    event: Any = None               # CUDA event recorded after the device-to-host copies
+    done: Callable[[], None] | None = field(default=None, repr=False)
+
+
+_STOP = object()
+_LIVE: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+
+
+def _flush_all_at_exit() -> None:
+    for w in list(_LIVE):
+        try:
+            w.close()
+        except Exception:  # exiting: never raise from atexit
+            pass
+
+
+atexit.register(_flush_all_at_exit)
+
+
+class BackgroundWriter:
+    """Writes WriteItems in submission order on a daemon thread."""
+
+    def __init__(self, queue_size: int = 64, on_error: Callable[[str], None] | None = None):
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
+        self._on_error = on_error
+        self.failed: str | None = None
+        self.files_written = 0
+        self.records_written = 0
+        self._thread = threading.Thread(target=self._run, name="tensor-capture-writer", daemon=True)
+        self._closed = False
+        self._thread.start()
+        _LIVE.add(self)
+
+    def submit(self, item: WriteItem) -> bool:
+        """Queue an item (blocks while the queue is full). False once writing has failed."""
+        if self.failed or self._closed:
+            return False
+        self._q.put(item)
+        return True
+
+    def flush(self) -> None:
+        """Wait until everything submitted so far is on disk."""
+        if self._thread.is_alive():
+            self._q.join()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            self._q.put(_STOP)
+            self._thread.join()
+        _LIVE.discard(self)
+
+    # -- worker ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is _STOP:
+                    return
+                if not self.failed:
+                    self._write(item)
+            except OSError as exc:
+                self._fail(item, exc)
+            except Exception as exc:  # a bug must not kill training either; report it once
+                self._fail(item, exc)
+            finally:
+                self._q.task_done()
+
+    def _fail(self, item: WriteItem, exc: BaseException) -> None:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        self.failed = (f"tensor capture: cannot write to {item.directory} ({reason}); "
+                       "saving is now disabled, training continues. Fix: point TENSOR_SAVE_DIR "
+                       "at a writable directory with free space.")
+        if self._on_error is not None:
+            self._on_error(self.failed)
+        else:
+            print(self.failed, file=sys.stderr)
+
+    def _write(self, item: WriteItem) -> None:
+        if item.event is not None:
+            item.event.synchronize()
+        meta = dict(item.metadata)
+        meta[schema.META_STATS] = stats.decode(item.stats_vec, item.ranges)
+        if item.filename is not None and item.tensor is not None:
+            final = item.directory / item.filename
+            tmp = item.directory / f".{item.filename}.tmp{os.getpid()}"
+            try:
+                torch.save({"tensor": item.tensor, "metadata": meta}, tmp)
+                os.replace(tmp, final)
+            except BaseException:
+                try:
+                    tmp.unlink()
+                except OSError:
+                    pass
+                raise
+            self.files_written += 1
+        record = dict(meta)
+        record[schema.MANIFEST_FILE] = item.filename if item.tensor is not None else None
+        schema.append_manifest(item.directory, item.rank, record)
+        self.records_written += 1
+        if item.done is not None:
+            item.done()
