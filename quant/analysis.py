@@ -1,0 +1,226 @@
+"""Pre-quantization analysis: overflow, underflow and flush-to-zero, per tensor and per block.
+
+Definitions (all counts are over the input's elements; ratios divide by the element count):
+- overflow: +-Inf inputs, and finite values whose scaled magnitude rounds beyond max_normal
+  (they saturate to max_normal, or become Inf/NaN with saturate=False);
+- underflow: finite nonzero values whose scaled magnitude is below the element's min_normal
+  (they land in the subnormal range or flush to zero);
+- flush_to_zero: finite nonzero values whose quantized value is 0 (a subset of underflow).
+"Scaled" means after the block / tensor scale the format applies (MX, NVFP4, *_tensor).
+Severity (seed rule): high above 1 %, medium above 0.1 %, otherwise none.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Union
+
+import torch
+
+from .elemwise import ElemParams, pow2_any, round_magnitude
+from .formats import SCALING_MX, SCALING_NVFP4, SCALING_TENSOR, FormatSpec, get_format
+from .quantize import _check_input, quantize, resolve_options, to_blocks
+from .scaling import (mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale,
+                      tensor_scale)
+
+HIGH_THRESHOLD = 0.01
+MEDIUM_THRESHOLD = 0.001
+
+
+def severity(ratio: float) -> str:
+    """'high' above 1 %, 'medium' above 0.1 %, else 'none'."""
+    if ratio > HIGH_THRESHOLD:
+        return "high"
+    if ratio > MEDIUM_THRESHOLD:
+        return "medium"
+    return "none"
+
+
+@dataclass
+class QuantAnalysis:
+    """Result of analyze_quantization (see the module docstring for the definitions)."""
+
+    format: str
+    total: int
+    nonzero: int
+    nan_count: int
+    inf_count: int
+    overflow_count: int
+    underflow_count: int
+    flush_to_zero_count: int
+    overflow_ratio: float
+    underflow_ratio: float
+    flush_to_zero_ratio: float
+    overflow_severity: str
+    underflow_severity: str        # from the flush-to-zero ratio (what the warning uses)
+    range_before: tuple            # (min, max) over finite input values
+    range_after: tuple             # (min, max) over finite quantized values
+    absmax_before: float
+    absmax_after: float
+    min_nonzero_before: float      # smallest finite nonzero |x| (nan when none)
+    min_nonzero_after: float
+    max_normal: float
+    min_normal: float
+    min_subnormal: float
+    block_size: Optional[int] = None
+    nan_blocks: int = 0            # blocks turned NaN by a NaN/Inf inside them
+    # per block ([rows, nblocks], block axis moved last): counts and the scale of each block
+    per_block: Optional[dict] = field(default=None, repr=False)
+
+    def to_dict(self, include_blocks: bool = False) -> dict:
+        d = asdict(self)
+        if include_blocks and self.per_block is not None:
+            d["per_block"] = {k: v.tolist() for k, v in self.per_block.items()}
+        else:
+            d.pop("per_block")
+        return d
+
+    def warning_message(self) -> Optional[str]:
+        """The seed's underflow warning when flush-to-zero exceeds 0.1 %, else None."""
+        if self.underflow_severity == "none":
+            return None
+        icon = "🔴" if self.underflow_severity == "high" else "🟡"
+        sev = self.underflow_severity.upper()
+        lo, hi = self.range_before
+        return (f"{icon} UNDERFLOW WARNING before {self.format} quantization "
+                f"(severity {sev}):\n"
+                f"    Underflow: {self.underflow_count} ({self.underflow_ratio:.2%})\n"
+                f"    Flush to Zero: {self.flush_to_zero_count} "
+                f"({self.flush_to_zero_ratio:.2%})\n"
+                f"    Overflow: {self.overflow_count} ({self.overflow_ratio:.2%})\n"
+                f"    Min Normal: {self.min_normal:.2e}\n"
+                f"    Tensor Range: [{lo:.2e}, {hi:.2e}]\n"
+                f"    Severity: {sev}")
+
+
+def _minmax(t: torch.Tensor) -> tuple:
+    fin = t[torch.isfinite(t)]
+    if fin.numel() == 0:
+        return (float("nan"), float("nan"))
+    return (float(fin.min()), float(fin.max()))
+
+
+def _min_nonzero(t: torch.Tensor) -> float:
+    a = t.abs()
+    a = a[torch.isfinite(a) & (a > 0)]
+    return float(a.min()) if a.numel() else float("nan")
+
+
+def _absmax(t: torch.Tensor) -> float:
+    a = t.abs()
+    a = a[torch.isfinite(a)]
+    return float(a.max()) if a.numel() else float("nan")
+
+
+def _scaled_layout(x32, spec, axis, block, scale_mode):
+    """Scaled values in the layout the format works in, plus per-block scales and a restorer.
+
+    Returns (v, scales or None, restore or None, block_finite or None).
+    """
+    if spec.scaling == SCALING_TENSOR:
+        return x32 * tensor_scale(x32, spec.max_normal), None, None, None
+    if spec.scaling == SCALING_MX:
+        xb, restore = to_blocks(x32, axis, block)
+        amax = xb.abs().amax(dim=-1, keepdim=True)
+        s = mx_shared_exponent(amax, spec.emax, spec.max_normal, scale_mode)
+        return xb * pow2_any(-s), pow2_any(s), restore, torch.isfinite(amax)
+    if spec.scaling == SCALING_NVFP4:
+        s_t = nvfp4_tensor_scale(x32)
+        xb, restore = to_blocks(x32, axis, block)
+        amax = xb.abs().amax(dim=-1, keepdim=True)
+        denom = nvfp4_block_scale(amax, s_t) * s_t
+        return xb / denom, denom, restore, torch.isfinite(amax)
+    return x32, None, None, None
+
+
+def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
+                         block_size: Optional[int] = None, axis: int = -1,
+                         rounding: Optional[str] = None, scale_mode: str = "floor",
+                         saturate: bool = True,
+                         quantized: Optional[torch.Tensor] = None) -> QuantAnalysis:
+    """Count overflow / underflow / flush-to-zero of quantizing ``x`` to ``fmt``.
+
+    Same options as quantize(); pass ``quantized`` (the result of quantize with those options)
+    to avoid quantizing twice. Stochastic rounding is analysed with its nearest-even outcome for
+    overflow; flush-to-zero always comes from the actual quantized values.
+    """
+    _check_input(x, "analyze_quantization")
+    spec = get_format(fmt)
+    rounding, block = resolve_options(spec, rounding, scale_mode, block_size, None)
+    with torch.no_grad():
+        x = x.detach()
+        if quantized is None:
+            quantized = quantize(x, spec, block_size=block_size, axis=axis, rounding=rounding,
+                                 scale_mode=scale_mode, saturate=saturate, analyze=False)
+        if quantized.shape != x.shape:
+            raise ValueError(f"analyze_quantization: quantized has shape "
+                             f"{tuple(quantized.shape)}, x has {tuple(x.shape)}")
+        x32 = x.float()
+        y32 = quantized.detach().float()
+        scalar = x32.dim() == 0
+        if scalar:
+            x32, y32 = x32.reshape(1), y32.reshape(1)
+        total = x32.numel()
+        finite = torch.isfinite(x32)
+        nonzero = finite & (x32 != 0)
+        ftz = nonzero & (y32 == 0)
+        nan_count = int(torch.isnan(x32).sum())
+        inf_mask = torch.isinf(x32)
+
+        is_identity = spec.is_identity
+        v, scales, restore, block_finite = _scaled_layout(x32, spec, axis if not scalar else 0,
+                                                          block, scale_mode)
+        av = v.abs()
+        p = ElemParams.of(spec)
+        mode = "nearest_even" if rounding == "stochastic" else rounding
+        over_v = round_magnitude(av, p, mode) > spec.max_normal
+        under_v = av < spec.min_normal
+        if restore is not None:
+            over_el, under_el = restore(over_v), restore(under_v)
+        else:
+            over_el, under_el = over_v, under_v
+        if is_identity:
+            over_el = torch.zeros_like(finite)
+            under_el = x32.abs() < spec.min_normal
+        overflow = inf_mask | (finite & over_el)
+        underflow = nonzero & under_el
+
+        per_block, nan_blocks = None, 0
+        if restore is not None:
+            def blocks_of(mask):
+                b, _ = to_blocks(mask.to(torch.int32), axis if not scalar else 0, block)
+                return b.sum(dim=-1)
+            per_block = {"overflow": blocks_of(overflow), "underflow": blocks_of(underflow),
+                         "flush_to_zero": blocks_of(ftz), "scale": scales.squeeze(-1)}
+            nan_blocks = int((~block_finite).sum())
+
+        n_over, n_under, n_ftz = int(overflow.sum()), int(underflow.sum()), int(ftz.sum())
+        return QuantAnalysis(
+            format=spec.name, total=total, nonzero=int(nonzero.sum()), nan_count=nan_count,
+            inf_count=int(inf_mask.sum()), overflow_count=n_over, underflow_count=n_under,
+            flush_to_zero_count=n_ftz, overflow_ratio=n_over / total,
+            underflow_ratio=n_under / total, flush_to_zero_ratio=n_ftz / total,
+            overflow_severity=severity(n_over / total),
+            underflow_severity=severity(n_ftz / total),
+            range_before=_minmax(x32), range_after=_minmax(y32), absmax_before=_absmax(x32),
+            absmax_after=_absmax(y32), min_nonzero_before=_min_nonzero(x32),
+            min_nonzero_after=_min_nonzero(y32), max_normal=spec.max_normal,
+            min_normal=spec.min_normal, min_subnormal=spec.min_subnormal,
+            block_size=block or None, nan_blocks=nan_blocks, per_block=per_block)
+
+
+def warn_if_underflow(report: QuantAnalysis, stream=None) -> Optional[str]:
+    """Print the underflow warning when flush-to-zero exceeds 0.1 % (stderr by default)."""
+    msg = report.warning_message()
+    if msg is not None:
+        print(msg, file=stream if stream is not None else sys.stderr, flush=True)
+    return msg
+
+
+def _analyze_underflow_before_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec],
+                                           **kwargs) -> QuantAnalysis:
+    """Seed-compatible name: analyse ``x`` before quantizing to ``fmt`` and print the warning
+    when flush-to-zero exceeds 0.1 %. Never changes any quantized result."""
+    report = analyze_quantization(x, fmt, **kwargs)
+    warn_if_underflow(report)
+    return report

@@ -1,0 +1,116 @@
+"""Element casts on float32 tensors, computed in integer bit space (exact, vectorized).
+
+How: a magnitude ``a`` with float32 exponent e (from its bits, clamped to the format's grid range)
+lies on the grid 2^(e - m) where m is the mantissa width at e. ``q = a * 2^(m - e)`` is exact (a
+power-of-two scaling), the rounding mode turns q into an integer r, and ``r * 2^(e - m)`` is the
+format value. Powers of two are built from their exponent bits, so nothing depends on libm.
+NaN propagates through every step; +-Inf lands on the overflow path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .formats import FormatSpec
+
+
+@dataclass(frozen=True)
+class ElemParams:
+    """The scalar constants one element cast needs (hashable: used as a compile cache key)."""
+
+    grid_emin: int
+    grid_emax: int          # exponent clamp on top: values beyond it overflow anyway
+    mbits: int
+    tapered: bool
+    max_normal: float
+    overflow: str           # "inf" | "nan" | "max" when saturate=False
+    signed_zero: bool
+
+    @staticmethod
+    def of(spec: FormatSpec) -> "ElemParams":
+        return ElemParams(grid_emin=spec.grid_emin, grid_emax=min(spec.emax + 1, 127),
+                          mbits=spec.mbits, tapered=spec.tapered, max_normal=spec.max_normal,
+                          overflow=spec.overflow_value, signed_zero=spec.signed_zero)
+
+
+def pow2_from_exponent(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float32 for integer k in [-126, 127] (normal range), built from the bits."""
+    return ((k + 127) << 23).view(torch.float32)
+
+
+def pow2_any(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float32 for integer k in [-149, 127], including float32 subnormal powers."""
+    k = k.to(torch.int32)
+    normal = (k.clamp(min=-126) + 127) << 23
+    sub = torch.ones_like(k) << (k + 149).clamp(0, 22)
+    return torch.where(k >= -126, normal, sub).view(torch.float32)
+
+
+def float_exponent(a: torch.Tensor) -> torch.Tensor:
+    """Unbiased exponent floor(log2(a)) of non-negative float32 a from its bits (-127 for zero and
+    subnormals, 128 for Inf/NaN)."""
+    return (a.view(torch.int32) >> 23) - 127
+
+
+def _mantissa_bits(e: torch.Tensor, p: ElemParams):
+    if not p.tapered:
+        return p.mbits
+    # HiF8: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15, 0 for the denormal grid / beyond range
+    ae = e.abs()
+    return 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (ae >= 16).to(torch.int32)
+
+
+def round_magnitude(a: torch.Tensor, p: ElemParams, rounding: str,
+                    noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Round non-negative float32 magnitudes onto the format grid, without saturation.
+
+    ``noise`` (uniform [0, 1), same shape) is required for rounding="stochastic".
+    """
+    e = float_exponent(a).clamp_(p.grid_emin, p.grid_emax)
+    m = _mantissa_bits(e, p)
+    # q = a * 2^(m - e), split as 2^(1-e) * 2^(m-1) so every factor is a normal float32
+    if p.tapered:
+        up = pow2_from_exponent(m - 1)
+        down = pow2_from_exponent(-m)
+    else:
+        up = 2.0 ** (m - 1)
+        down = 2.0 ** (-m)
+    q = a * pow2_from_exponent(1 - e)
+    q = q * up
+    if rounding == "nearest_even":
+        r = torch.round(q)
+    elif rounding == "nearest_away":
+        r = torch.floor(q)  # q - floor(q) is exact; q + 0.5 would round for small q
+        r = r + ((q - r) >= 0.5).to(q.dtype)
+    elif rounding == "toward_zero":
+        r = torch.floor(q)
+    elif rounding == "stochastic":
+        if noise is None:
+            raise ValueError("stochastic rounding needs uniform noise")
+        r = torch.floor(q)
+        r = r + (noise < (q - r)).to(q.dtype)
+    else:  # validated by the caller; kept as a guard for direct use
+        raise ValueError(f"unknown rounding mode {rounding!r}")
+    return (r * down) * pow2_from_exponent(e)
+
+
+def finish(r: torch.Tensor, x: torch.Tensor, p: ElemParams, saturate: bool) -> torch.Tensor:
+    """Apply saturation / overflow encoding and the sign of x to rounded magnitudes r."""
+    if saturate or p.overflow == "max":
+        r = torch.clamp(r, max=p.max_normal)          # NaN stays NaN, Inf -> max_normal
+    else:
+        over = torch.full((), float("inf") if p.overflow == "inf" else float("nan"),
+                          dtype=r.dtype, device=r.device)
+        r = torch.where(r > p.max_normal, over, r)
+    r = torch.copysign(r, x)
+    if not p.signed_zero:
+        r = r + 0.0  # -0 -> +0 (HiF8 has a single zero code)
+    return r
+
+
+def cast_elements(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
+                  noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Fake-quantize float32 x element by element (no scaling)."""
+    return finish(round_magnitude(x.abs(), p, rounding, noise), x, p, saturate)

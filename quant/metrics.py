@@ -1,0 +1,101 @@
+"""Error metrics between a reference tensor and its quantized version (float32 math).
+
+One function per metric; every tool uses these so numbers agree across reports. Each returns a
+Python float. Inputs must have the same number of elements; non-finite inputs give NaN/Inf as
+the math says (they are not silently dropped).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["mse", "rmse", "mae", "max_abs_error", "relative_error", "cosine_similarity", "psnr",
+           "sqnr", "all_metrics"]
+
+
+def _pair(ref, test, name: str):
+    if not isinstance(ref, torch.Tensor) or not isinstance(test, torch.Tensor):
+        raise TypeError(f"{name}: both arguments must be torch tensors")
+    if ref.numel() != test.numel():
+        raise ValueError(f"{name}: element counts differ ({ref.numel()} vs {test.numel()})")
+    if ref.numel() == 0:
+        raise ValueError(f"{name}: empty tensors have no error metric")
+    a = ref.detach().reshape(-1).to(torch.float32)
+    b = test.detach().reshape(-1).to(device=a.device, dtype=torch.float32)
+    return a, b
+
+
+def mse(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Mean squared error."""
+    a, b = _pair(ref, test, "mse")
+    return float(torch.mean((a - b) ** 2))
+
+
+def rmse(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Root mean squared error."""
+    return math.sqrt(mse(ref, test))
+
+
+def mae(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Mean absolute error."""
+    a, b = _pair(ref, test, "mae")
+    return float(torch.mean((a - b).abs()))
+
+
+def max_abs_error(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Largest absolute error."""
+    a, b = _pair(ref, test, "max_abs_error")
+    return float((a - b).abs().max())
+
+
+def relative_error(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """||ref - test||_1 / ||ref||_1 (a fraction; x100 for percent). 0 when both are all zero,
+    inf when only ref is."""
+    a, b = _pair(ref, test, "relative_error")
+    num = float((a - b).abs().sum())
+    den = float(a.abs().sum())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def cosine_similarity(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Cosine of the angle between the flattened tensors; 1 when both are zero, 0 when one is."""
+    a, b = _pair(ref, test, "cosine_similarity")
+    # divide by the max magnitude first so neither the norms nor the dot product overflow
+    sa, sb = float(a.abs().max()), float(b.abs().max())
+    if sa == 0.0 or sb == 0.0:
+        return 1.0 if sa == sb else 0.0
+    a, b = a / sa, b / sb
+    return float(torch.dot(a, b) / (torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b)))
+
+
+def psnr(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Peak signal-to-noise ratio in dB with peak = max |ref|; inf when the error is zero."""
+    a, b = _pair(ref, test, "psnr")
+    err = float(torch.mean((a - b) ** 2))
+    peak = float(a.abs().max())
+    if err == 0.0:
+        return math.inf
+    if peak == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(peak * peak / err)
+
+
+def sqnr(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB: 10 log10(sum ref^2 / sum (ref - test)^2)."""
+    a, b = _pair(ref, test, "sqnr")
+    noise = float(torch.sum((a - b) ** 2))
+    signal = float(torch.sum(a * a))
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def all_metrics(ref: torch.Tensor, test: torch.Tensor) -> dict:
+    """Every metric above in one dict (keys are the function names)."""
+    return {f.__name__: f(ref, test) for f in (mse, rmse, mae, max_abs_error, relative_error,
+                                                cosine_similarity, psnr, sqnr)}

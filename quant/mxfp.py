@@ -1,0 +1,36 @@
+"""Seed-compatible MX helpers (the seed's tools import from quant/mxfp.py).
+
+Thin names over the public API: quant_mx fake-quantizes with an MX format; the underflow
+analysis runs before quantization and prints the seed's warning above 0.1 % flush-to-zero.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .analysis import _analyze_underflow_before_quantization  # noqa: F401  (seed name)
+from .quantize import quantize
+
+# element-format name (seed --elem-format values) -> MX format name
+MX_OF_ELEMENT = {"fp8_e4m3": "mxfp8", "fp8_e5m2": "mxfp8_e5m2", "fp6_e3m2": "mxfp6_e3m2",
+                 "fp6_e2m3": "mxfp6_e2m3", "fp4_e2m1": "mxfp4", "int8": "mxint8"}
+
+
+def mx_format_for(elem_format: str) -> str:
+    """MX format name for an element name ('fp8_e4m3' -> 'mxfp8'); MX names pass through."""
+    if elem_format in MX_OF_ELEMENT.values():
+        return elem_format
+    try:
+        return MX_OF_ELEMENT[elem_format]
+    except KeyError:
+        raise ValueError(f"unknown MX element format {elem_format!r}; valid: "
+                         f"{', '.join(MX_OF_ELEMENT)}") from None
+
+
+def quant_mx(x: torch.Tensor, elem_format: str = "fp8_e4m3", *, block_size: int = 32,
+             axis: int = -1, scale_mode: str = "floor", rounding: Optional[str] = None,
+             analyze: Optional[bool] = None) -> torch.Tensor:
+    """MX fake quantization by element-format name (see quant.quantize for the options)."""
+    return quantize(x, mx_format_for(elem_format), block_size=block_size, axis=axis,
+                    scale_mode=scale_mode, rounding=rounding, analyze=analyze)

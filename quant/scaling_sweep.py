@@ -1,0 +1,947 @@
+"""MXFP scale sweep: how one power-of-two scale per tensor changes quantization error.
+
+Why: an MX block scale is ``2^(floor(log2 amax_block) - emax_elem)``. Before trusting that
+rule for a tensor, a researcher wants to see the whole curve: every scale exponent from
+the one that aligns the tensor's largest magnitude with the element format's max normal
+(no overflow) to the one that aligns its smallest non-zero magnitude with the min normal
+(no underflow), and the error at each.
+
+How a level is applied (exactly, in float32): for scale exponent ``s`` (fractional values
+allowed) the factor is ``f = float32(2**s)``; the tensor ``x`` is divided by ``f``, cast
+element-wise to the element format (round to nearest even, saturating at +-max_normal, the
+same cast as ``quant.quantize(x / f, fmt)``), and multiplied back by ``f``. Larger ``s``
+means smaller scaled values. For integer ``s`` within the E8M0 range this is exactly one MX
+block whose shared scale is ``2^s``, applied to the whole tensor; the MX rule would pick
+``s = floor(log2 amax) - emax_elem`` (per block of 32), which is the max-alignment level
+here up to one binade (``emax_elem`` vs ``log2 max_normal``).
+
+All levels are computed in one batched pass over chunks of the tensor (``[levels, chunk]``
+tiles), accumulating per-level sufficient statistics in float64; metric values are then
+formed with the definitions of ``quant.metrics`` (the tests check every level against
+``quant.metrics``, ``quant.quantize`` and ``quant.analyze_quantization``). Pure torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+#: element formats the sweep accepts (the ``--elem-format`` choices)
+ELEMENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+
+#: composite-score weights (the seed's: MSE 30 %, cosine 30 %, PSNR 20 %, MAE 10 %, rel. 10 %)
+COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
+#: metrics where lower is better; the others (cosine, psnr) are higher-is-better
+LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_error"})
+#: metrics normalized in log10 space for the composite (errors span decades)
+LOG_NORMALIZED = frozenset({"mse", "mae", "relative_error"})
+
+#: severity classes on a ratio (fraction, not percent), checked top to bottom
+SEVERITY_CLASSES = (("HIGH", 0.01), ("MEDIUM", 0.001))
+SEVERITY_NONE = "NONE"
+
+#: elements per [levels, chunk] tile in the batched pass (512 KiB of float32: stays in cache)
+DEFAULT_CHUNK = 1 << 17
+
+METRIC_NAMES = ("mse", "rmse", "cosine", "psnr", "mae", "max_abs_error", "relative_error")
+
+
+class SweepInputError(ValueError):
+    """A user mistake in the sweep's input (message is one line, says the fix)."""
+
+
+# --------------------------------------------------------------------------------------
+# element grid from the format spec
+
+
+@dataclass(frozen=True)
+class ElementGrid:
+    """What the batched cast needs from a ``quant`` FormatSpec.
+
+    Floats: values are multiples of ``2^(max(e, emin) - mbits)`` for binade ``e``;
+    integers (fixed point): multiples of ``step``. ``max_normal`` saturates.
+    """
+
+    name: str
+    max_normal: float
+    min_normal: float
+    min_subnormal: float
+    mbits: int
+    emin: int          # exponent of min_normal (floats)
+    is_int: bool
+    step: float        # grid step (ints); min_subnormal for floats
+
+    @property
+    def bits_emin(self) -> int:
+        return (self.emin + 127) << 23
+
+
+def element_grid(spec: Any, name: str | None = None) -> ElementGrid:
+    """Read the element format's range and precision from a ``quant`` FormatSpec."""
+    name = name or getattr(spec, "name", "?")
+    maxn = float(spec.max_normal)
+    minn = float(spec.min_normal)
+    minsub = float(getattr(spec, "min_subnormal", 0.0) or minn)
+    ebits = int(getattr(spec, "ebits", 0) or 0)
+    mbits = int(spec.mbits)
+    if ebits == 0:  # fixed point: uniform grid
+        step = minsub
+        return ElementGrid(name, maxn, minn, minsub, mbits, 0, True, step)
+    emin = int(round(math.log2(minn)))
+    if 2.0 ** emin != minn or mbits > 22:
+        raise ValueError(f"{name}: min_normal {minn} is not a power of two or mbits {mbits} > 22")
+    return ElementGrid(name, maxn, minn, minsub, mbits, emin, False, minsub)
+
+
+def cast_scaled_(a: torch.Tensor, grid: ElementGrid, work: torch.Tensor) -> torch.Tensor:
+    """Round non-negative float32 magnitudes ``a`` onto the element grid, in place.
+
+    ``a`` must already be clamped to ``[0, max_normal]``. Round-to-nearest-even comes from
+    float32 addition: adding ``c = 2^(e_eff + 23 - mbits)`` leaves exactly ``mbits``
+    fraction bits for binade ``e_eff = max(floor(log2 a), emin)`` (the subnormal step below
+    min_normal), and subtracting ``c`` back is exact. ``work`` is an int32 buffer like ``a``.
+    """
+    if grid.is_int:
+        c = grid.step * float(2 ** 23)
+        return a.add_(c).sub_(c)
+    torch.bitwise_and(a.view(torch.int32), 0x7F800000, out=work)
+    work.clamp_(min=grid.bits_emin).add_((23 - grid.mbits) << 23)
+    c = work.view(torch.float32)
+    return a.add_(c).sub_(c)
+
+
+def cast_elements(v: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
+    """Cast already-scaled float32 values to the element format (saturating, RNE)."""
+    v = v.to(torch.float32)
+    a = v.abs().clamp_(max=grid.max_normal)
+    cast_scaled_(a, grid, torch.empty_like(a, dtype=torch.int32))
+    return torch.copysign(a, v)
+
+
+def cast_levels(x: torch.Tensor, factors: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
+    """Fake-quantize ``x`` (1-D float32) at every scale factor: returns ``[levels, n]``.
+
+    Row ``i`` equals ``quant.quantize(x / factors[i], fmt) * factors[i]``. Small inputs only
+    (it materializes all rows); the sweep itself never does.
+    """
+    f = factors.to(torch.float32)[:, None]
+    return cast_elements(x.to(torch.float32)[None, :] / f, grid).mul_(f)
+
+
+# --------------------------------------------------------------------------------------
+# input preparation and levels
+
+
+@dataclass
+class PreparedTensor:
+    """The finite values of a tensor as flat float32, plus what was excluded."""
+
+    values: torch.Tensor
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    nan_count: int
+    inf_count: int
+    zero_count: int
+
+    @property
+    def finite_count(self) -> int:
+        return int(self.values.numel())
+
+
+def prepare_tensor(t: Any, source: str = "input") -> PreparedTensor:
+    """Validate and flatten a tensor for the sweep; NaN/Inf are counted and dropped."""
+    if not isinstance(t, torch.Tensor):
+        raise SweepInputError(f"{source}: holds a {type(t).__name__}, not a tensor")
+    if t.is_complex() or not t.is_floating_point():
+        raise SweepInputError(
+            f"{source}: holds a {str(t.dtype).replace('torch.', '')} tensor; the sweep needs "
+            "floating-point values (save it as bf16/fp16/fp32, e.g. t.to(torch.bfloat16))")
+    if t.numel() == 0:
+        raise SweepInputError(f"{source}: the tensor is empty (shape {tuple(t.shape)}); "
+                              "pass a tensor with at least one element")
+    flat = t.detach().reshape(-1)
+    if flat.dtype != torch.float32:
+        flat = flat.to(torch.float32)
+    finite = torch.isfinite(flat)
+    nan_count = int(torch.isnan(flat).sum())
+    n_finite = int(finite.sum())
+    inf_count = int(flat.numel() - n_finite - nan_count)
+    if n_finite == 0:
+        raise SweepInputError(f"{source}: all {flat.numel()} values are NaN or Inf "
+                              f"({nan_count} NaN); nothing finite to sweep")
+    values = flat if n_finite == flat.numel() else flat[finite]
+    values = values.contiguous()
+    zero_count = int((values == 0).sum())
+    return PreparedTensor(values, tuple(t.shape), str(t.dtype).replace("torch.", ""),
+                          int(t.numel()), nan_count, inf_count, zero_count)
+
+
+@dataclass
+class Alignment:
+    """The two alignment exponents, or None where undefined (all values zero)."""
+
+    max_align: int | None      # floor(log2(amax / max_normal))
+    min_align: int | None      # ceil(log2(min_nonzero / min_normal))
+    amax: float
+    amin_nonzero: float | None
+
+
+def alignment_exponents(values: torch.Tensor, grid: ElementGrid) -> Alignment:
+    """Max alignment ``floor(log2(amax/max_normal))``; min alignment
+    ``ceil(log2(min_nonzero/min_normal))`` over finite non-zero values (float64 math)."""
+    a = values.abs()
+    if a.numel() == 0:
+        return Alignment(None, None, 0.0, None)
+    amax = float(a.max())
+    nz = a[a > 0]
+    if nz.numel() == 0:
+        return Alignment(None, None, amax, None)
+    amin = float(nz.min())
+    max_align = math.floor(math.log2(amax) - math.log2(grid.max_normal))
+    min_align = math.ceil(math.log2(amin) - math.log2(grid.min_normal))
+    return Alignment(max_align, min_align, amax, amin)
+
+
+def scale_exponent_limits(scale_bits: int) -> tuple[int, int]:
+    """Exponent range of an unsigned E{k}M0 scale (bias 2^(k-1)-1, all-ones code = NaN)."""
+    if scale_bits < 2 or scale_bits > 8:
+        raise SweepInputError(f"--scale-bits {scale_bits}: must be between 2 and 8 "
+                              "(an E8M0 scale has 8); pass e.g. --scale-bits 8")
+    bias = 2 ** (scale_bits - 1) - 1
+    return -bias, (2 ** scale_bits - 2) - bias
+
+
+@dataclass
+class LevelPlan:
+    """The exponents to sweep and how they were chosen."""
+
+    levels: list[float]
+    max_exp: float
+    min_exp: float
+    alignment: Alignment
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_levels(values: torch.Tensor, grid: ElementGrid, *, num_levels: int = 21,
+                max_scale_exp: float | None = None, min_scale_exp: float | None = None,
+                scale_bits: int = 8) -> LevelPlan:
+    """Choose ``num_levels`` evenly spaced exponents from ``min_exp`` to ``max_exp``.
+
+    Defaults come from the alignments; an all-zero tensor has none, so the defaults are
+    max 0 and min = -(the format's normal span in binades), said in ``notes``. When both
+    bounds are automatic and the tensor's range is narrower than the format's (min
+    alignment above max alignment), the two are swapped: every level between is then free
+    of both overflow and underflow. Levels beyond the E{scale_bits}M0 range are clipped.
+    """
+    if num_levels < 1:
+        raise SweepInputError(f"--num-levels {num_levels}: must be at least 1 (default 21)")
+    for flag, val in (("--max-scale-exp", max_scale_exp), ("--min-scale-exp", min_scale_exp)):
+        if val is not None and not math.isfinite(val):
+            raise SweepInputError(f"{flag} {val}: must be a finite number")
+    lo_lim, hi_lim = scale_exponent_limits(scale_bits)
+    al = alignment_exponents(values, grid)
+    notes: list[str] = []
+    span = math.ceil(math.log2(grid.max_normal / grid.min_normal)) if grid.min_normal > 0 else 8
+    auto_max = al.max_align
+    auto_min = al.min_align
+    if auto_max is None or auto_min is None:
+        notes.append("all values are zero: no max/min alignment exists; using defaults "
+                     f"max 0 and min {-span} (the format's normal range in binades)")
+        auto_max, auto_min = 0, -max(span, 1)
+    if max_scale_exp is None and min_scale_exp is None and auto_min > auto_max:
+        notes.append(f"min alignment {auto_min} is above max alignment {auto_max} (the tensor's "
+                     "range fits inside the format's normal range); sweeping between them")
+        auto_max, auto_min = auto_min, auto_max
+    max_exp = float(auto_max if max_scale_exp is None else max_scale_exp)
+    min_exp = float(auto_min if min_scale_exp is None else min_scale_exp)
+    if min_exp > max_exp:
+        src = lambda v, user: "given" if user is not None else "automatic"  # noqa: E731
+        raise SweepInputError(
+            f"--min-scale-exp {min_exp:g} ({src(min_exp, min_scale_exp)}) is greater than "
+            f"--max-scale-exp {max_exp:g} ({src(max_exp, max_scale_exp)}); pass a smaller "
+            "--min-scale-exp or a larger --max-scale-exp")
+    clipped_max, clipped_min = min(max(max_exp, lo_lim), hi_lim), min(max(min_exp, lo_lim), hi_lim)
+    if (clipped_max, clipped_min) != (max_exp, min_exp):
+        notes.append(f"exponents clipped to the {scale_bits}-bit scale range [{lo_lim}, {hi_lim}]: "
+                     f"[{min_exp:g}, {max_exp:g}] -> [{clipped_min:g}, {clipped_max:g}]")
+        max_exp, min_exp = clipped_max, clipped_min
+    if num_levels == 1 or max_exp == min_exp:
+        levels = [max_exp] * (1 if max_exp == min_exp else num_levels)
+        levels = sorted(set(levels))
+    else:
+        levels = torch.linspace(min_exp, max_exp, num_levels, dtype=torch.float64).tolist()
+    return LevelPlan(levels, max_exp, min_exp, al, notes)
+
+
+def scale_factors(levels: Sequence[float]) -> torch.Tensor:
+    """float32(2**s) for each level (the exact factor the sweep divides and multiplies by)."""
+    return torch.exp2(torch.tensor(list(levels), dtype=torch.float64)).to(torch.float32)
+
+
+# --------------------------------------------------------------------------------------
+# the batched sweep
+
+
+@dataclass
+class LevelStats:
+    """Per-level sums accumulated over chunks (float64)."""
+
+    n: int
+    sum_x2: float
+    sum_absx: float
+    sum_q2: torch.Tensor
+    sum_xq: torch.Tensor
+    sse: torch.Tensor
+    sae: torch.Tensor
+    max_err: torch.Tensor
+    overflow: torch.Tensor
+    underflow: torch.Tensor
+    flush_to_zero: torch.Tensor
+    amax: float
+    xmin: float
+    xmax: float
+
+
+def _below_step(c: float) -> float:
+    """Smallest positive gap between float32 ``c`` and any float32 below it."""
+    c32 = torch.tensor(c, dtype=torch.float32)
+    return float(c32 - torch.nextafter(c32, torch.tensor(0.0)))
+
+
+def _above_step(c: float) -> float:
+    """Smallest positive gap between float32 ``c`` and any float32 above it."""
+    c32 = torch.tensor(c, dtype=torch.float32)
+    return float(torch.nextafter(c32, torch.tensor(math.inf)) - c32)
+
+
+def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementGrid, *,
+                     chunk: int | None = None,
+                     progress: Callable[[int], None] | None = None) -> LevelStats:
+    """One pass over ``values`` computing every level's sums at once.
+
+    Works on magnitudes: the cast is symmetric, so ``|x - q| = ||x| - |q||`` and
+    ``x * q = |x| * |q|``. Per chunk, for all levels at once (a ``[L, chunk]`` tile that stays
+    in cache): ``v = |x| / f``; overflow ``v > max_normal``, underflow ``0 < |x|`` and
+    ``v < min_normal``, flush to zero ``x != 0`` and cast 0; then the cast, ``q * f`` and the
+    error sums. Counts use exact float arithmetic instead of boolean masks (several times
+    faster on CPU): ``clamp(v - t, 0, gap)`` is 0 or exactly ``gap`` (the float32 spacing at
+    the threshold ``t``), so its sum divided by ``gap`` is the count.
+    """
+    L = int(factors.numel())
+    f = factors.to(torch.float32)[:, None]
+    n = int(values.numel())
+    if chunk is None:
+        chunk = DEFAULT_CHUNK // max(L, 1)
+    chunk = max(256, min(chunk, max(n, 1)))
+    v = torch.empty(L, chunk)
+    t = torch.empty(L, chunk)
+    work = torch.empty(L, chunk, dtype=torch.int32)
+    z = lambda: torch.zeros(L, dtype=torch.float64)  # noqa: E731
+    sum_q2, sum_xq, sse, sae = z(), z(), z(), z()
+    max_err = torch.zeros(L, dtype=torch.float32)
+    over, under, nonzero_q = z(), z(), z()
+    gap_over = _above_step(grid.max_normal)
+    gap_under = _below_step(grid.min_normal)
+    sum_x2 = 0.0
+    sum_absx = 0.0
+    zeros = 0
+    for start in range(0, n, chunk):
+        ax = values[start:start + chunk].abs()
+        m = int(ax.numel())
+        vv, tt, ww = v[:, :m], t[:, :m], work[:, :m]
+        torch.div(ax[None, :], f, out=vv)
+        torch.sub(vv, grid.max_normal, out=tt).clamp_(0.0, gap_over)
+        over += tt.sum(1, dtype=torch.float64) / gap_over
+        torch.sub(vv, grid.min_normal, out=tt).clamp_(-gap_under, 0.0)
+        under -= tt.sum(1, dtype=torch.float64) / gap_under
+        vv.clamp_(max=grid.max_normal)
+        cast_scaled_(vv, grid, ww)                   # q (magnitudes)
+        torch.clamp(vv, max=grid.min_subnormal, out=tt)
+        nonzero_q += tt.sum(1, dtype=torch.float64) / grid.min_subnormal
+        vv.mul_(f)                                   # dequantized magnitudes
+        sum_xq += (vv @ ax).double()
+        sum_q2 += torch.linalg.vecdot(vv, vv).double()
+        sum_x2 += float(torch.dot(ax, ax))
+        sum_absx += float(ax.sum(dtype=torch.float64))
+        zeros += int(m - torch.count_nonzero(ax))
+        vv.sub_(ax)                                  # error (sign flipped: irrelevant)
+        sse += torch.linalg.vecdot(vv, vv).double()
+        lo, hi = torch.aminmax(vv, dim=1)
+        torch.maximum(max_err, torch.maximum(hi, lo.neg()), out=max_err)
+        sae += vv.abs_().sum(1, dtype=torch.float64)
+        if progress is not None:
+            progress(m)
+    amax = float(values.abs().max()) if n else 0.0
+    xmin = float(values.min()) if n else 0.0
+    xmax = float(values.max()) if n else 0.0
+    return LevelStats(n, sum_x2, sum_absx, sum_q2, sum_xq, sse, sae, max_err.double(),
+                      over.round(), (under - zeros).round(), (n - zeros - nonzero_q).round(),
+                      amax, xmin, xmax)
+
+
+# --------------------------------------------------------------------------------------
+# per-level results
+
+
+@dataclass
+class LevelResult:
+    """Everything the reports say about one scale exponent."""
+
+    scale_exp: float
+    scale_factor: float
+    metrics: dict[str, float]
+    overflow_count: int
+    underflow_count: int
+    flush_to_zero_count: int
+    overflow_ratio: float
+    underflow_ratio: float
+    flush_to_zero_ratio: float
+    overflow_severity: str
+    underflow_severity: str
+    scaled_range: tuple[float, float]       # of x / f, before the cast
+    quantized_range: tuple[float, float]    # of the cast values (before multiplying back)
+    mx_scale: bool                           # integer exponent: representable as an E8M0 scale
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["metrics"] = dict(self.metrics)
+        d["scaled_range"] = list(self.scaled_range)
+        d["quantized_range"] = list(self.quantized_range)
+        return d
+
+
+def severity(ratio: float) -> str:
+    """HIGH above 1 %, MEDIUM from 0.1 % to 1 %, NONE below 0.1 %."""
+    for name, threshold in SEVERITY_CLASSES:
+        if ratio > threshold or (name == "MEDIUM" and ratio >= threshold):
+            return name
+    return SEVERITY_NONE
+
+
+def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
+    """Metric values per level from the accumulated sums.
+
+    These are ``quant.metrics``' definitions (relative error = ||x - q||_1 / ||x||_1 as a
+    fraction; PSNR peak = max |x|; cosine 1 when both vectors are zero, 0 when one is)
+    rewritten over sums so that one pass serves every level; ``tests/test_scaling_sweep.py``
+    checks every level against ``quant.metrics`` on the materialized tensors.
+    """
+    n = max(st.n, 1)
+    mse = st.sse / n
+    rmse = mse.sqrt()
+    mae = st.sae / n
+    nx = math.sqrt(st.sum_x2)
+    nq = st.sum_q2.sqrt()
+    cosine = torch.where((nq > 0) & (nx > 0), st.sum_xq / (nq * nx).clamp_min(1e-300),
+                         torch.where((nq == 0) & (nx == 0), 1.0, 0.0))
+    peak2 = st.amax ** 2
+    if peak2 > 0:
+        psnr = torch.where(mse > 0, 10 * torch.log10(peak2 / mse.clamp_min(1e-300)), math.inf)
+    else:
+        psnr = torch.where(mse > 0, -math.inf, math.inf)
+    if st.sum_absx > 0:
+        rel = st.sae / st.sum_absx
+    else:
+        rel = torch.where(st.sae > 0, math.inf, 0.0).to(torch.float64)
+    return {"mse": mse, "rmse": rmse, "cosine": cosine.to(torch.float64), "psnr": psnr,
+            "mae": mae, "max_abs_error": st.max_err.clone(), "relative_error": rel}
+
+
+# --------------------------------------------------------------------------------------
+# analyses
+
+
+def composite_scores(metrics: dict[str, Sequence[float]],
+                     weights: dict[str, float] = COMPOSITE_WEIGHTS) -> list[float]:
+    """Weighted sum of per-metric scores in [0, 1] (1 = best level for that metric).
+
+    Normalization, per metric across the swept levels: min-max, ``(worst - v) / (worst -
+    best)`` for lower-is-better metrics and ``(v - worst) / (best - worst)`` for cosine and
+    PSNR. MSE, MAE and relative error are normalized on log10 of their values (they span
+    decades; a linear scale would let one saturating level flatten all the others); cosine
+    and PSNR (already logarithmic) linearly. An exact level (error 0, PSNR +inf) scores 1;
+    an undefined value (NaN) scores 0; if all levels tie, all score 1.
+    """
+    n = len(next(iter(metrics.values())))
+    total = [0.0] * n
+    for name, w in weights.items():
+        for i, sc in enumerate(_metric_scores(name, [float(v) for v in metrics[name]])):
+            total[i] += w * sc
+    return total
+
+
+def _metric_scores(name: str, vals: list[float]) -> list[float]:
+    lower = name in LOWER_IS_BETTER
+    if name in LOG_NORMALIZED:
+        vals = [(-math.inf if v == 0 else math.log10(v)) if v >= 0 else math.nan for v in vals]
+    exact = -math.inf if lower else math.inf
+    finite = [v for v in vals if math.isfinite(v)]
+    best = (min(finite) if lower else max(finite)) if finite else 0.0
+    worst = (max(finite) if lower else min(finite)) if finite else 0.0
+    out = []
+    for v in vals:
+        if v == exact:
+            out.append(1.0)
+        elif not math.isfinite(v):
+            out.append(0.0)
+        elif best == worst:
+            out.append(1.0)
+        else:
+            out.append((worst - v) / (worst - best) if lower else (v - worst) / (best - worst))
+    return out
+
+
+def _best_index(vals: Sequence[float], lower: bool) -> int | None:
+    """Index of the best value (NaN never wins; ties go to the first)."""
+    idx = [i for i, v in enumerate(vals) if not math.isnan(v)]
+    if not idx:
+        return None
+    return min(idx, key=lambda i: vals[i]) if lower else max(idx, key=lambda i: vals[i])
+
+
+#: stability rules: (metric, statistic, [(threshold, message)...], fallback message)
+STABILITY_RULES = (
+    ("mse", "ratio", ((2.0, "⚠️  MSE varies significantly with scaling - choose the recommended "
+                            "factor carefully"),),
+     "✅ MSE is stable across scaling factors (max/min below 2x)"),
+    ("cosine", "delta", ((0.05, "⚠️  Cosine similarity varies significantly - scaling strongly "
+                                "affects direction preservation"),
+                         (0.01, "ℹ️  Cosine similarity is moderately sensitive to scaling")),
+     "✅ Cosine similarity is very stable - scaling factor has minimal impact on direction "
+     "preservation"),
+    ("psnr", "delta", ((20.0, "⚠️  Large PSNR range - scaling factor strongly affects quality"),
+                       (10.0, "ℹ️  Moderate PSNR range - scaling factor noticeably affects "
+                              "quality")),
+     "✅ Small PSNR range - scaling factor has limited impact on quality"),
+)
+
+
+def stability_analysis(metrics: dict[str, Sequence[float]]) -> dict[str, Any]:
+    """Ranges, deltas and standard deviations (population) of the key metrics, with the
+    rule-table messages. Non-finite values are left out of the statistics."""
+    out: dict[str, Any] = {"messages": []}
+    for name in ("mse", "cosine", "psnr", "mae", "relative_error"):
+        vals = [float(v) for v in metrics[name] if math.isfinite(float(v))]
+        if not vals:
+            out[name] = None
+            continue
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        lo, hi = min(vals), max(vals)
+        ratio = hi / lo if lo > 0 else (math.inf if hi > 0 else 1.0)
+        out[name] = {"min": lo, "max": hi, "delta": hi - lo, "std": std, "ratio": ratio}
+    for name, stat, rules, fallback in STABILITY_RULES:
+        st = out.get(name)
+        if st is None:
+            out["messages"].append(f"ℹ️  {name}: no finite values to judge stability")
+            continue
+        msg = next((m for thr, m in rules if st[stat] > thr), fallback)
+        out["messages"].append(msg)
+    return out
+
+
+#: where the recommended level sits between min (0) and max (1) alignment
+POSITION_RULES = (
+    (0.8, "📍 Close to max alignment: large values are protected from overflow; the smallest "
+          "values may underflow"),
+    (0.2, "📍 This is a balanced middle ground between overflow and underflow"),
+    (-math.inf, "📍 Close to min alignment: small values are preserved; the largest values may "
+                "saturate (overflow)"),
+)
+
+
+def overflow_summary(levels: Sequence[LevelResult]) -> dict[str, Any]:
+    """Which levels overflow/underflow significantly, the extremes, and the least bad level."""
+    sig = [lv for lv in levels
+           if lv.overflow_severity != SEVERITY_NONE or lv.underflow_severity != SEVERITY_NONE]
+    over = [lv for lv in levels if lv.overflow_severity != SEVERITY_NONE]
+    under = [lv for lv in levels if lv.underflow_severity != SEVERITY_NONE]
+    clean = [lv for lv in levels if lv not in sig]
+    by_over = sorted(levels, key=lambda lv: (lv.overflow_ratio, -lv.scale_exp))
+    by_under = sorted(levels, key=lambda lv: (lv.underflow_ratio, lv.flush_to_zero_ratio))
+    least = min(levels, key=lambda lv: (lv.overflow_ratio + lv.underflow_ratio,
+                                        lv.overflow_ratio)) if levels else None
+    return {
+        "significant": sig, "overflow_levels": over, "underflow_levels": under,
+        "clean_levels": clean,
+        "worst_overflow": by_over[-1] if levels else None,
+        "best_overflow": by_over[0] if levels else None,
+        "worst_underflow": by_under[-1] if levels else None,
+        "best_underflow": by_under[0] if levels else None,
+        "least_problematic": least,
+        "any_high": any(lv.overflow_severity == "HIGH" or lv.underflow_severity == "HIGH"
+                        for lv in levels),
+    }
+
+
+@dataclass
+class Recommendation:
+    index: int
+    scale_exp: float
+    scale_factor: float
+    composite_score: float
+    position: float            # 0 = min alignment end of the sweep, 1 = max alignment end
+    position_message: str
+    best_by_metric: dict[str, int]
+
+
+def recommend(levels: Sequence[LevelResult], scores: Sequence[float],
+              min_exp: float, max_exp: float) -> Recommendation:
+    """The composite-best level (ties: the larger exponent, i.e. the overflow-safe side)."""
+    metrics = {k: [lv.metrics[k] for lv in levels] for k in METRIC_NAMES}
+    best = {k: _best_index(metrics[k], k in LOWER_IS_BETTER) for k in METRIC_NAMES}
+    idx = max(range(len(levels)), key=lambda i: (round(scores[i], 12), levels[i].scale_exp))
+    lv = levels[idx]
+    pos = 0.5 if max_exp == min_exp else (lv.scale_exp - min_exp) / (max_exp - min_exp)
+    msg = next(m for thr, m in POSITION_RULES if pos > thr or thr == -math.inf)
+    return Recommendation(idx, lv.scale_exp, lv.scale_factor, scores[idx], pos, msg,
+                          {k: v for k, v in best.items() if v is not None})
+
+
+# --------------------------------------------------------------------------------------
+# the whole sweep
+
+
+@dataclass
+class SweepResult:
+    """A finished sweep: inputs, per-level results and the analyses."""
+
+    format_name: str
+    grid: ElementGrid
+    tensor: dict[str, Any]
+    plan: LevelPlan
+    levels: list[LevelResult]
+    scores: list[float]
+    stability: dict[str, Any]
+    overflow: dict[str, Any]
+    recommendation: Recommendation
+    scale_bits: int
+
+    def metric(self, name: str) -> list[float]:
+        return [lv.metrics[name] for lv in self.levels]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (inf/nan become strings so every JSON reader accepts them)."""
+        rec = self.recommendation
+        ov = self.overflow
+        ref = lambda lv: None if lv is None else lv.scale_exp  # noqa: E731
+        return _jsonable({
+            "format": self.format_name,
+            "element": {"max_normal": self.grid.max_normal, "min_normal": self.grid.min_normal,
+                        "min_subnormal": self.grid.min_subnormal},
+            "scale_bits": self.scale_bits,
+            "tensor": self.tensor,
+            "max_alignment_exp": self.plan.alignment.max_align,
+            "min_alignment_exp": self.plan.alignment.min_align,
+            "max_scale_exp": self.plan.max_exp, "min_scale_exp": self.plan.min_exp,
+            "notes": self.plan.notes,
+            "levels": [dict(lv.to_dict(), composite_score=s)
+                       for lv, s in zip(self.levels, self.scores)],
+            "best_by_metric": {k: self.levels[i].scale_exp
+                               for k, i in rec.best_by_metric.items()},
+            "recommendation": {"scale_exp": rec.scale_exp, "scale_factor": rec.scale_factor,
+                               "composite_score": rec.composite_score,
+                               "position": rec.position, "note": rec.position_message},
+            "stability": {k: v for k, v in self.stability.items()},
+            "overflow_summary": {
+                "significant_levels": [lv.scale_exp for lv in ov["significant"]],
+                "clean_levels": [lv.scale_exp for lv in ov["clean_levels"]],
+                "worst_overflow": ref(ov["worst_overflow"]),
+                "worst_underflow": ref(ov["worst_underflow"]),
+                "best_underflow": ref(ov["best_underflow"]),
+                "least_problematic": ref(ov["least_problematic"]),
+            },
+        })
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def get_element_grid(elem_format: str) -> ElementGrid:
+    """The element grid of one of ``ELEMENT_FORMATS`` from ``quant.get_format``."""
+    if elem_format not in ELEMENT_FORMATS:
+        raise SweepInputError(f"--elem-format {elem_format!r}: not supported; choose one of "
+                              + ", ".join(ELEMENT_FORMATS))
+    import quant
+
+    get_format = getattr(quant, "get_format", None)
+    if get_format is None:  # quant/__init__.py not landed yet: same function, its module
+        from quant.formats import get_format
+    return element_grid(get_format(elem_format), elem_format)
+
+
+def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 21,
+              max_scale_exp: float | None = None, min_scale_exp: float | None = None,
+              scale_bits: int = 8, chunk: int | None = None, source: str = "input",
+              progress: Callable[[int], None] | None = None) -> SweepResult:
+    """Sweep ``num_levels`` scale exponents over ``tensor`` and analyze the results."""
+    grid = get_element_grid(elem_format)
+    prep = prepare_tensor(tensor, source)
+    plan = plan_levels(prep.values, grid, num_levels=num_levels, max_scale_exp=max_scale_exp,
+                       min_scale_exp=min_scale_exp, scale_bits=scale_bits)
+    factors = scale_factors(plan.levels)
+    st = accumulate_stats(prep.values, factors, grid, chunk=chunk, progress=progress)
+    mets = {k: v.tolist() for k, v in metrics_from_stats(st).items()}
+    n = max(st.n, 1)
+    lo_lim, hi_lim = scale_exponent_limits(scale_bits)
+    ends = torch.tensor([st.xmin, st.xmax], dtype=torch.float32)
+    levels: list[LevelResult] = []
+    for i, s in enumerate(plan.levels):
+        f = factors[i:i + 1]
+        scaled = ends / f
+        quantized = cast_elements(scaled, grid)
+        o, u, z = int(st.overflow[i]), int(st.underflow[i]), int(st.flush_to_zero[i])
+        levels.append(LevelResult(
+            float(s), float(factors[i]), {k: float(mets[k][i]) for k in METRIC_NAMES},
+            o, u, z, o / n, u / n, z / n, severity(o / n), severity(u / n),
+            (float(scaled[0]), float(scaled[1])), (float(quantized[0]), float(quantized[1])),
+            float(s).is_integer() and lo_lim <= s <= hi_lim))
+    scores = composite_scores(mets)
+    info = {"shape": list(prep.shape), "dtype": prep.dtype, "numel": prep.numel,
+            "finite": prep.finite_count, "nan": prep.nan_count, "inf": prep.inf_count,
+            "zeros": prep.zero_count, "min": st.xmin, "max": st.xmax, "amax": st.amax,
+            "min_nonzero_abs": plan.alignment.amin_nonzero}
+    rec = recommend(levels, scores, plan.min_exp, plan.max_exp)
+    return SweepResult(elem_format, grid, info, plan, levels, scores,
+                       stability_analysis(mets), overflow_summary(levels), rec, scale_bits)
+
+
+# --------------------------------------------------------------------------------------
+# text reports (the log and the results file say the same)
+
+RULE = "=" * 80
+SUBRULE = "-" * 80
+SHORT = "-" * 40
+
+
+def fmt_factor(f: float) -> str:
+    """The seed prints factors with 6 decimals; tiny or huge ones need an exponent."""
+    return f"{f:.6f}" if 1e-4 <= abs(f) < 1e7 else f"{f:.6e}"
+
+
+def format_tensor_info(res: SweepResult) -> list[str]:
+    t = res.tensor
+    lines = [f"Tensor shape: {tuple(t['shape'])}, dtype: {t['dtype']}, elements: {t['numel']}",
+             f"Value range: [{t['min']:.6e}, {t['max']:.6e}], max |x|: {t['amax']:.6e}, "
+             f"min non-zero |x|: "
+             + ("none" if t["min_nonzero_abs"] is None else f"{t['min_nonzero_abs']:.6e}"),
+             f"Zeros: {t['zeros']}"]
+    if t["nan"] or t["inf"]:
+        lines.append(f"⚠️  Excluded non-finite values: {t['nan']} NaN, {t['inf']} Inf "
+                     f"({(t['nan'] + t['inf']) / t['numel'] * 100:.4f}% of elements); "
+                     f"metrics use the {t['finite']} finite values")
+    return lines
+
+
+def format_parameters(res: SweepResult) -> list[str]:
+    p, g = res.plan, res.grid
+    al = p.alignment
+    lines = [f"Format: {res.format_name} (max normal {g.max_normal:.6g}, min normal "
+             f"{g.min_normal:.6g}, min subnormal {g.min_subnormal:.6g})",
+             f"Scale bits: {res.scale_bits} (E{res.scale_bits}M0 exponents "
+             f"{list(scale_exponent_limits(res.scale_bits))})",
+             "Max alignment exponent floor(log2(amax/max_normal)): "
+             + ("undefined" if al.max_align is None else str(al.max_align)),
+             "Min alignment exponent ceil(log2(min_nonzero/min_normal)): "
+             + ("undefined" if al.min_align is None else str(al.min_align)),
+             f"Scale exponent range: {p.min_exp:.2f} to {p.max_exp:.2f}, {len(p.levels)} levels"]
+    lines += [f"Note: {n}" for n in p.notes]
+    return lines
+
+
+def format_level_line(i: int, lv: LevelResult, total: int) -> str:
+    m = lv.metrics
+    return (f"Level {i + 1}/{total}: Scale Exp {lv.scale_exp:.2f} (Factor "
+            f"{fmt_factor(lv.scale_factor)}) MSE {m['mse']:.6e}, Cosine {m['cosine']:.6f}, "
+            f"PSNR {m['psnr']:.2f} dB, MAE {m['mae']:.6e}, MaxErr {m['max_abs_error']:.6e}, "
+            f"RelErr {m['relative_error'] * 100:.2f}% | overflow {lv.overflow_ratio * 100:.2f}%, "
+            f"underflow {lv.underflow_ratio * 100:.2f}%, flushed {lv.flush_to_zero_ratio * 100:.2f}%")
+
+
+def _metric_trio(lv: LevelResult) -> str:
+    m = lv.metrics
+    return f"MSE: {m['mse']:.6e}, Cosine: {m['cosine']:.6f}, PSNR: {m['psnr']:.2f} dB"
+
+
+OPTIMA_LINES = (("mse", "🏆 Best MSE"), ("cosine", "🎯 Best Cosine Similarity"),
+                ("psnr", "📊 Best PSNR"), ("mae", "📉 Best MAE"),
+                ("relative_error", "📐 Best Relative Error"))
+
+
+def format_analysis(res: SweepResult) -> list[str]:
+    """SCALING FACTOR ANALYSIS & RECOMMENDATIONS (the seed's sections, in its order)."""
+    rec, lv_all, st = res.recommendation, res.levels, res.stability
+    p = res.plan
+    out = [RULE, "SCALING FACTOR ANALYSIS & RECOMMENDATIONS", RULE,
+           f"Format: {res.format_name}",
+           f"Tested {len(lv_all)} scaling levels from {p.min_exp:.2f} to {p.max_exp:.2f}",
+           SUBRULE, "INDIVIDUAL METRIC OPTIMA:", SHORT]
+    for key, label in OPTIMA_LINES:
+        i = rec.best_by_metric.get(key)
+        if i is None:
+            out.append(f"{label}: undefined at every level")
+            continue
+        lv = lv_all[i]
+        out += [f"{label}: Scale Exp = {lv.scale_exp:.2f}, Factor = {fmt_factor(lv.scale_factor)}",
+                f"    {_metric_trio(lv)}"]
+    lv = lv_all[rec.index]
+    m = lv.metrics
+    out += [SUBRULE, "COMPOSITE RECOMMENDATION:", SHORT,
+            f"⭐ RECOMMENDED Scaling Factor: {fmt_factor(lv.scale_factor)}",
+            f"   Scale Exponent: {lv.scale_exp:.2f}",
+            f"   Composite Score: {rec.composite_score:.4f} (MSE 30%, cosine 30%, PSNR 20%, "
+            "MAE 10%, relative error 10%; each min-max normalized over the levels)",
+            "   Balanced Performance:",
+            f"     - MSE: {m['mse']:.6e}", f"     - Cosine Similarity: {m['cosine']:.6f}",
+            f"     - PSNR: {m['psnr']:.2f} dB", f"     - MAE: {m['mae']:.6e}",
+            f"     - Relative Error: {m['relative_error'] * 100:.2f}%",
+            SUBRULE, "PERFORMANCE ANALYSIS:", SHORT]
+    for key, label, fmt, unit in (("mse", "MSE", ".6e", ""), ("cosine", "Cosine", ".6f", ""),
+                                  ("psnr", "PSNR", ".2f", " dB")):
+        s = st.get(key)
+        if s is None:
+            out.append(f"{label} Range: no finite values")
+            continue
+        out.append(f"{label} Range: {s['min']:{fmt}} to {s['max']:{fmt}}{unit} "
+                   f"(Δ: {s['delta']:{fmt}}{unit})")
+    for key, label, fmt in (("mse", "MSE", ".6e"), ("cosine", "Cosine", ".6f")):
+        s = st.get(key)
+        if s is not None:
+            out.append(f"{label} Stability (std): {s['std']:{fmt}}")
+    out += [SUBRULE, "RECOMMENDATIONS:", SHORT] + list(st["messages"])
+    out += [SUBRULE, "FINAL RECOMMENDATION:", SHORT,
+            f"🎯 Use scaling factor: {fmt_factor(lv.scale_factor)}",
+            f"   This provides the best balance of accuracy and stability for "
+            f"{res.format_name} quantization",
+            f"   Scale exponent: {lv.scale_exp:.2f}"
+            + ("" if lv.mx_scale else " (not an integer: no E8M0 scale encodes it; nearest "
+               f"MX scales are 2^{math.floor(lv.scale_exp)} and 2^{math.ceil(lv.scale_exp)})"),
+            f"   {rec.position_message}"]
+    if lv.overflow_severity != SEVERITY_NONE or lv.underflow_severity != SEVERITY_NONE:
+        out.append(f"   ⚠️  At this level: overflow {lv.overflow_ratio * 100:.2f}% "
+                   f"({lv.overflow_severity}), underflow {lv.underflow_ratio * 100:.2f}% "
+                   f"({lv.underflow_severity})")
+    out.append(RULE)
+    return out
+
+
+def format_overflow_summary(res: SweepResult) -> list[str]:
+    """OVERFLOW/UNDERFLOW ANALYSIS SUMMARY (issues per level, extremes, recommendations)."""
+    ov, g = res.overflow, res.grid
+    rng = lambda lv: f"[{lv.scaled_range[0]:.2e}, {lv.scaled_range[1]:.2e}]"  # noqa: E731
+    qrng = lambda lv: f"[{lv.quantized_range[0]:.2e}, {lv.quantized_range[1]:.2e}]"  # noqa: E731
+    out = [RULE, "OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", RULE, f"Format: {res.format_name}",
+           f"Analyzed {len(res.levels)} scaling levels",
+           f"Significant overflow/underflow detected in {len(ov['significant'])} levels", SUBRULE]
+    if ov["overflow_levels"]:
+        out += ["🔴 OVERFLOW ISSUES:", SHORT]
+        for lv in ov["overflow_levels"]:
+            out += [f"  Scale Exp: {lv.scale_exp:.2f} (Factor: {fmt_factor(lv.scale_factor)})",
+                    f"    Overflow: {lv.overflow_count} ({lv.overflow_ratio * 100:.2f}%)",
+                    f"    Max Normal: {g.max_normal:.2e}",
+                    f"    Tensor Range: {rng(lv)} (after quantization {qrng(lv)})",
+                    f"    Severity: {lv.overflow_severity}"]
+        out.append("")
+    if ov["underflow_levels"]:
+        out += ["🟡 UNDERFLOW ISSUES:", SHORT]
+        for lv in ov["underflow_levels"]:
+            out += [f"  Scale Exp: {lv.scale_exp:.2f} (Factor: {fmt_factor(lv.scale_factor)})",
+                    f"    Underflow: {lv.underflow_count} ({lv.underflow_ratio * 100:.2f}%)",
+                    f"    Flush to Zero: {lv.flush_to_zero_count} "
+                    f"({lv.flush_to_zero_ratio * 100:.2f}%)",
+                    f"    Min Normal: {g.min_normal:.2e}",
+                    f"    Tensor Range: {rng(lv)} (after quantization {qrng(lv)})",
+                    f"    Severity: {lv.underflow_severity}"]
+        out.append("")
+    wo, bo = ov["worst_overflow"], ov["best_overflow"]
+    out += ["OVERFLOW EXTREMES:", SHORT]
+    if wo is None or wo.overflow_count == 0:
+        out.append("No overflow at any level")
+    else:
+        out += [f"Worst Overflow: Scale Exp {wo.scale_exp:.2f}",
+                f"  {wo.overflow_ratio * 100:.2f}% overflow",
+                f"Best Overflow: Scale Exp {bo.scale_exp:.2f}",
+                f"  {bo.overflow_ratio * 100:.2f}% overflow"]
+    wu, bu = ov["worst_underflow"], ov["best_underflow"]
+    out += ["", "UNDERFLOW EXTREMES:", SHORT]
+    if wu is None or wu.underflow_count == 0:
+        out.append("No underflow at any level")
+    else:
+        out += [f"Worst Underflow: Scale Exp {wu.scale_exp:.2f}",
+                f"  {wu.underflow_ratio * 100:.2f}% underflow, "
+                f"{wu.flush_to_zero_ratio * 100:.2f}% flushed to zero",
+                f"Best Underflow: Scale Exp {bu.scale_exp:.2f}",
+                f"  {bu.underflow_ratio * 100:.2f}% underflow, "
+                f"{bu.flush_to_zero_ratio * 100:.2f}% flushed to zero"]
+    out += [SUBRULE, "OVERFLOW/UNDERFLOW RECOMMENDATIONS:", SHORT]
+    if ov["any_high"]:
+        out += ["⚠️  AVOID scaling factors with HIGH overflow/underflow severity",
+                "   These factors cause significant precision loss"]
+    if ov["overflow_levels"]:
+        out += ["🔴 OVERFLOW WARNING:", "   Avoid scaling factors that cause overflow",
+                "   These values will be saturated to max representable value"]
+    if ov["underflow_levels"]:
+        out += ["🟡 UNDERFLOW CONSIDERATIONS:",
+                "   Moderate underflow may be acceptable depending on use case",
+                "   Balance between underflow and overflow risks"]
+    clean = ov["clean_levels"]
+    if not clean:
+        lp = ov["least_problematic"]
+        out += ["⚠️  All scaling levels have some overflow/underflow - choose least problematic",
+                f"💡 Least problematic scaling: {lp.scale_exp:.2f}",
+                f"   Overflow: {lp.overflow_ratio * 100:.2f}%, "
+                f"Underflow: {lp.underflow_ratio * 100:.2f}%"]
+    else:
+        out += [f"✅ {len(clean)} of {len(res.levels)} levels have no significant "
+                "overflow/underflow (< 0.1%)",
+                f"💡 Recommended scaling range: {min(lv.scale_exp for lv in clean):.2f} to "
+                f"{max(lv.scale_exp for lv in clean):.2f}"]
+    out.append(RULE)
+    return out
+
+
+TABLE_COLUMNS = (("scale_exp", "ScaleExp", "{:>9.3f}"), ("scale_factor", "Factor", "{:>14.6e}"),
+                 ("mse", "MSE", "{:>13.6e}"), ("rmse", "RMSE", "{:>13.6e}"),
+                 ("cosine", "Cosine", "{:>10.6f}"), ("psnr", "PSNR_dB", "{:>9.2f}"),
+                 ("mae", "MAE", "{:>13.6e}"), ("max_abs_error", "MaxAbsErr", "{:>13.6e}"),
+                 ("relative_error", "RelErr_%", "{:>9.3f}"),
+                 ("overflow_ratio", "Overflow_%", "{:>10.4f}"),
+                 ("underflow_ratio", "Underflow_%", "{:>11.4f}"),
+                 ("flush_to_zero_ratio", "FlushZero_%", "{:>11.4f}"),
+                 ("composite", "Composite", "{:>9.4f}"))
+
+
+def results_table(res: SweepResult) -> list[str]:
+    """One row per level: every metric, the overflow/underflow ratios and the score."""
+    widths = [len(fmt.format(0.0)) for _, _, fmt in TABLE_COLUMNS]
+    head = " ".join(f"{h:>{w}}" for (_, h, _), w in zip(TABLE_COLUMNS, widths))
+    rows = [head, "-" * len(head)]
+    for lv, sc in zip(res.levels, res.scores):
+        vals = dict(lv.metrics, relative_error=lv.metrics["relative_error"] * 100,
+                    scale_exp=lv.scale_exp, scale_factor=lv.scale_factor,
+                    overflow_ratio=lv.overflow_ratio * 100, underflow_ratio=lv.underflow_ratio * 100,
+                    flush_to_zero_ratio=lv.flush_to_zero_ratio * 100, composite=sc)
+        rows.append(" ".join(fmt.format(vals[k]) for k, _, fmt in TABLE_COLUMNS))
+    return rows
+
+
+def results_text(res: SweepResult, source: str = "") -> str:
+    """The whole ``mxfp_scaling_results_<format>.txt``."""
+    lines = [RULE, f"MXFP SCALING TEST RESULTS: {res.format_name}", RULE]
+    if source:
+        lines.append(f"Input: {source}")
+    lines += format_tensor_info(res) + format_parameters(res)
+    lines += ["How a level is applied: x / 2^s is cast to the element format (round to nearest "
+              "even, saturating), then multiplied by 2^s; ratios are of finite elements.", ""]
+    lines += results_table(res) + [""] + format_analysis(res) + [""] + format_overflow_summary(res)
+    return "\n".join(lines) + "\n"
