@@ -159,51 +159,54 @@ def _check_formats(names: Any) -> tuple[str, ...]:
     return items
 
 
-def _validate(raw: dict[str, Any]) -> CaptureConfig:
+def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> CaptureConfig:
+    display = display or {}
     unknown = sorted(set(raw) - _FIELD_NAMES)
     if unknown:
         raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(_FIELD_NAMES | set(_NESTED))}")
     cfg: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in ("enabled", "stats_only", "save_quantized", "emulate_attention"):
-            cfg[key] = _bool(key, value)
-        elif key == "save_dir":
+        cfg_key = key
+        key = display.get(key, key)   # the name the user wrote (environment variable or key)
+        if cfg_key in ("enabled", "stats_only", "save_quantized", "emulate_attention"):
+            cfg[cfg_key] = _bool(key, value)
+        elif cfg_key == "save_dir":
             if not str(value).strip():
-                raise ConfigError(f"{ENV_DIR} (save_dir) is empty: give a directory")
-            cfg[key] = str(value)
-        elif key in ("iteration", "iter_start"):
-            cfg[key] = _int(key, value, minimum=0)
-        elif key in ("iter_every", "min_iterations", "queue_size"):
-            cfg[key] = _int(key, value, minimum=1 if key != "min_iterations" else 0)
-        elif key in ("iter_end", "max_iterations", "max_rows"):
-            cfg[key] = _int(key, value, minimum=0 if key == "iter_end" else 1, allow_none=True)
-        elif key == "quant_type":
-            cfg[key] = _quant(value)
-        elif key == "layers":
-            cfg[key] = _int_list(key, value)
-        elif key == "ranks":
-            cfg[key] = _int_list(key, value)
-        elif key == "module_regex":
+                raise ConfigError(f"{key} is empty: give a directory")
+            cfg[cfg_key] = str(value)
+        elif cfg_key in ("iteration", "iter_start"):
+            cfg[cfg_key] = _int(key, value, minimum=0)
+        elif cfg_key in ("iter_every", "min_iterations", "queue_size"):
+            cfg[cfg_key] = _int(key, value, minimum=1 if cfg_key != "min_iterations" else 0)
+        elif cfg_key in ("iter_end", "max_iterations", "max_rows"):
+            cfg[cfg_key] = _int(key, value, minimum=0 if cfg_key == "iter_end" else 1, allow_none=True)
+        elif cfg_key == "quant_type":
+            cfg[cfg_key] = _quant(value)
+        elif cfg_key == "layers":
+            cfg[cfg_key] = _int_list(key, value)
+        elif cfg_key == "ranks":
+            cfg[cfg_key] = _int_list(key, value)
+        elif cfg_key == "module_regex":
             if value is not None:
                 try:
                     re.compile(str(value))
                 except re.error as exc:
                     raise ConfigError(f"module_regex={value!r} is not a regular expression ({exc})") from None
                 value = str(value)
-            cfg[key] = value
-        elif key == "operations":
-            cfg[key] = _choices(key, value, _OPERATIONS)
-        elif key == "phases":
-            cfg[key] = _choices(key, value, _PHASES)
-        elif key == "layer_types":
-            cfg[key] = _choices(key, value, _LAYER_TYPES)
-        elif key == "tensor_names":
-            cfg[key] = None if value is None else tuple(str(v) for v in (
+            cfg[cfg_key] = value
+        elif cfg_key == "operations":
+            cfg[cfg_key] = _choices(key, value, _OPERATIONS)
+        elif cfg_key == "phases":
+            cfg[cfg_key] = _choices(key, value, _PHASES)
+        elif cfg_key == "layer_types":
+            cfg[cfg_key] = _choices(key, value, _LAYER_TYPES)
+        elif cfg_key == "tensor_names":
+            cfg[cfg_key] = None if value is None else tuple(str(v) for v in (
                 [value] if isinstance(value, str) else value))
-        elif key == "byte_budget":
-            cfg[key] = _size(key, value)
-        elif key == "range_formats":
-            cfg[key] = _check_formats(value)
+        elif cfg_key == "byte_budget":
+            cfg[cfg_key] = _size(key, value)
+        elif cfg_key == "range_formats":
+            cfg[cfg_key] = _check_formats(value)
     out = CaptureConfig(**cfg)
     if out.iter_end is not None and out.iter_end < out.iter_start:
         raise ConfigError(f"iterations end={out.iter_end} is before start={out.iter_start}")
@@ -240,10 +243,13 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+_ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
+             (ENV_QUANT, "quant_type"))
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for var, key in ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"),
-                     (ENV_ITERATION, "iteration"), (ENV_QUANT, "quant_type")):
+    for var, key in _ENV_KEYS:
         if var in env:
             out[key] = env[var]
     return out
@@ -257,10 +263,12 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     path = path if path is not None else (env.get(ENV_CONFIG) or None)
     if path:
         raw.update(_read_yaml(path))
-    raw.update(_from_env(env))
+    from_env = _from_env(env)
+    raw.update(from_env)
     raw.update(overrides)
+    display = {key: var for var, key in _ENV_KEYS if key in from_env and key not in overrides}
     try:
-        return _validate(raw)
+        return _validate(raw, display)
     except ConfigError as exc:
         where = f" (config file {path})" if path else ""
         raise ConfigError(f"tensor capture: {exc}{where}") from None

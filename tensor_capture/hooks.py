@@ -99,9 +99,11 @@ class _LinearCall:
     capture_bwd: bool
 
 
-def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant="hp"):
+def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant="hp",
+          axis=None):
     saver.save_tensor(t, layer_type, op, None, name, site.layer_idx, phase, component, None, sample,
-                      it, module_path=site.module_path, submodule=site.submodule, variant=variant)
+                      it, module_path=site.module_path, submodule=site.submodule, variant=variant,
+                      quant_axis=axis)
 
 
 def _wanted(saver, layer_type, op, phase, name, site, it) -> bool:
@@ -119,7 +121,8 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     if cap:
         for name, t in (("input", total_input), ("weight", weight)):
             if _wanted(saver, "linear", "forward", "pre", name, site, it):
-                _save(saver, t, "linear", "forward", "pre", name, site, it, sample, "linear")
+                _save(saver, t, "linear", "forward", "pre", name, site, it, sample, "linear",
+                      axis=-1)
     a, w = total_input, weight
     if STATE.emulate:
         a = emulation.quantize(total_input, axis=-1)   # reduction dim: in-features
@@ -152,9 +155,10 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
     cap = call.capture_bwd and saver.enabled
     site, it, sample = call.site, call.iteration, call.sample_idx
     if cap:
-        for name, t in (("grad_output", grad_output), ("weight", weight)):
+        for name, t, axis in (("grad_output", grad_output, -1), ("weight", weight, 0)):
             if _wanted(saver, "linear", "backward", "pre", name, site, it):
-                _save(saver, t, "linear", "backward", "pre", name, site, it, sample, "linear")
+                _save(saver, t, "linear", "backward", "pre", name, site, it, sample, "linear",
+                      axis=axis)
     g, w = grad_output, weight
     if STATE.emulate:
         g = emulation.quantize(grad_output, axis=-1)
@@ -236,9 +240,10 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
     site = _attention_site(module) if cap else UNKNOWN_SITE
     it, sample = saver.iteration, saver.sample_idx
     if cap:
-        for name, t in (("query", query), ("key", key), ("value", value)):
+        for name, t, axis in (("query", query, -1), ("key", key, -1), ("value", value, 0)):
             if _wanted(saver, "attention", "forward", "pre", name, site, it):
-                _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA")
+                _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
+                      axis=axis if emulate and STATE.emulate_attention else None)
             if t.requires_grad and _wanted(saver, "attention", "backward", "post", "grad_" + name,
                                            site, it):
                 t.register_hook(_grad_hook(saver, "grad_" + name, "post", site, it, sample))

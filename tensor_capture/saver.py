@@ -212,9 +212,13 @@ class TensorSaver:
                     component: str = "unknown", rank: int | None = None,
                     sample_idx: int | None = None, iteration: int | None = None, *,
                     module_path: str | None = None, submodule: str | None = None,
-                    variant: str = "hp", metadata: dict[str, Any] | None = None) -> str | None:
+                    variant: str = "hp", metadata: dict[str, Any] | None = None,
+                    quant_axis: int | None = None) -> str | None:
         """Capture one tensor (the seeds' signature plus keyword extras).
 
+        ``quant_axis``: for a GEMM operand, its reduction axis; then each scaled format in
+        play (the emulated one, scaled ``range_formats``) is analysed along it with
+        quant.analyze_quantization into metadata["quant_analysis"].
         Returns the file path it will be written to, "" for a stats-only record, or None
         when nothing was captured (disabled, filtered out, or not a tensor).
         """
@@ -227,13 +231,14 @@ class TensorSaver:
         try:
             return self._capture(tensor, layer_type, operation, quant_type, tensor_name, layer_idx,
                                  phase, component, rank, sample_idx, it, module_path, submodule,
-                                 variant, metadata)
+                                 variant, metadata, quant_axis)
         except ValueError as exc:   # a bad naming field from a caller: say so, keep training
             self._warn_once(f"bad:{exc}", f"tensor capture: skipped a tensor: {exc}")
             return None
 
     def _capture(self, tensor, layer_type, operation, quant_type, tensor_name, layer_idx, phase,
-                 component, rank, sample_idx, it, module_path, submodule, variant, metadata):
+                 component, rank, sample_idx, it, module_path, submodule, variant, metadata,
+                 quant_axis=None):
         info = self._rank_info()
         rank = info["rank"] if rank is None else rank
         sample_idx = self.sample_idx if sample_idx is None else sample_idx
@@ -269,6 +274,10 @@ class TensorSaver:
             "tp_rank": info["tp_rank"], "pp_rank": info["pp_rank"], "dp_rank": info["dp_rank"],
             "world_size": info["world_size"], schema.META_MCORE_VERSION: megatron_core_version(),
         })
+        if quant_axis is not None and variant == "hp":
+            analyses = self._analyses(x if sampled_rows is None else tensor.detach(), quant_axis)
+            if analyses:
+                meta[schema.META_QUANT_ANALYSIS] = analyses
         if metadata:
             meta.update(metadata)
         event = None
@@ -331,6 +340,27 @@ class TensorSaver:
                 specs.append(spec)
         out = tuple(specs)
         self._ranges_cache[dtype] = out
+        return out
+
+    def _analysis_formats(self) -> tuple[str, ...]:
+        names = list(self.config.range_formats)
+        if self.config.emulating and self.config.quant_type not in names:
+            names.insert(0, self.config.quant_type)
+        return tuple(n for n in names if stats.is_scaled(n))
+
+    def _analyses(self, x: torch.Tensor, axis: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        names = self._analysis_formats()
+        if not names or x.numel() == 0 or not x.is_floating_point():
+            return out
+        import quant
+
+        for name in names:
+            try:
+                out[name] = quant.analyze_quantization(x, name, axis=axis).to_dict()
+                out[name]["axis"] = axis
+            except Exception as exc:  # analysis is advisory; never stop a capture for it
+                out[name] = {"error": str(exc).splitlines()[0][:200]}
         return out
 
     def _sample_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, int | None, int | None]:

@@ -216,6 +216,10 @@ STAT_RANGE = "range"
 # log2-magnitude histogram of finite nonzero values: {"min_exp": e0, "counts": [n_e0, n_e0+1, ...]}
 # where a value x falls in bin floor(log2(|x|)).
 STAT_LOG2_HIST = "log2_hist"
+# Scaled formats (MX, NVFP4, *_tensor) are not compared raw with the element range; for GEMM
+# operands the saver stores quant.analyze_quantization(x, fmt, axis=<reduction axis>).to_dict()
+# (overflow / underflow / flush-to-zero after the block or tensor scale) per format name here.
+META_QUANT_ANALYSIS = "quant_analysis"
 
 
 def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:

@@ -58,10 +58,17 @@ def dtype_range(dtype: torch.dtype) -> RangeSpec | None:
     return None
 
 
-def format_range(fmt_name: str) -> RangeSpec | None:
-    """Element thresholds of a quant format (for scaled formats: of the element grid)."""
+def is_scaled(fmt_name: str) -> bool:
+    """True for formats with a block or tensor scale (MX, NVFP4, *_tensor)."""
     spec = _quant_spec(fmt_name)
-    if spec is None:
+    return spec is not None and getattr(spec, "scaling", "none") not in ("none", "identity")
+
+
+def format_range(fmt_name: str) -> RangeSpec | None:
+    """Thresholds of an unscaled quant format; None for scaled formats, whose raw values are
+    not compared with the element range (see the saver's quant analysis instead)."""
+    spec = _quant_spec(fmt_name)
+    if spec is None or is_scaled(fmt_name):
         return None
     return RangeSpec(fmt_name, float(spec.max_normal), float(spec.min_normal),
                      float(spec.min_subnormal))

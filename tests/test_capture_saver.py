@@ -1,0 +1,231 @@
+"""TensorSaver on its own (no Megatron): files, metadata, manifest, schedule, budget, failures."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tensor_capture import saver as saver_mod
+from tensor_capture import schema
+from tensor_capture.saver import TensorSaver
+
+
+def _saver(tmp_path, **kw) -> TensorSaver:
+    return TensorSaver(enabled=True, save_dir=str(tmp_path), **kw)
+
+
+def _pt_files(d):
+    return sorted(p for p in os.listdir(d) if p.endswith(".pt"))
+
+
+def test_standalone_save_writes_parseable_files_and_manifest(tmp_path):
+    s = _saver(tmp_path, quant_type="hifp8")
+    s.set_iteration(4)
+    s.set_sample_idx(2)
+    x = torch.randn(6, 8, dtype=torch.bfloat16)
+    path = s.save_tensor(x, "linear", "forward", tensor_name="input", layer_idx=1, phase="pre",
+                         component="linear", module_path="decoder.layers.1.mlp.linear_fc1",
+                         submodule="linear_fc1")
+    out = s.save_attention_tensors(x, x, x, layer_idx=0)
+    s.step()
+    lin = s.save_linear_tensors(x, x.t(), operation="backward", layer_idx=0, phase="pre")
+    s.close()
+    assert path and os.path.basename(path) in _pt_files(tmp_path)
+    assert set(out) == {"query", "key", "value"} and set(lin) == {"input", "weight"}
+    t, meta = schema.load_tensor_file(path)
+    assert torch.equal(t, x) and t.dtype == torch.bfloat16
+    name = schema.parse_filename(path)
+    assert (name.iteration, name.sample_idx, name.layer_idx, name.quant_type, name.rank) == (4, 2, 1, "hifp8", 0)
+    assert {k: meta[k] for k in name.to_dict()} == name.to_dict()
+    assert meta["module_path"] == "decoder.layers.1.mlp.linear_fc1" and meta["shape"] == [6, 8]
+    assert meta["stats"]["range"]["hifp8"]["max_normal"] == 32768.0
+    assert "bfloat16" in meta["stats"]["range"]
+    recs = list(schema.read_manifest(tmp_path))
+    assert [r["counter"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert [r["iteration"] for r in recs] == [4, 4, 4, 4, 5, 5]
+    assert all(r["file"] in _pt_files(tmp_path) for r in recs)
+    assert s.saved_iterations == [4, 5]
+
+
+def test_quant_label_defaults_to_the_tensor_dtype(tmp_path):
+    s = _saver(tmp_path)
+    p = s.save_tensor(torch.ones(3, dtype=torch.float16), "linear", "forward", tensor_name="w")
+    s.close()
+    assert schema.parse_filename(p).quant_type == "fp16"
+
+
+def test_disabled_saver_does_nothing(tmp_path):
+    s = TensorSaver(enabled=False, save_dir=str(tmp_path / "never"))
+    assert s.save_tensor(torch.ones(3), "linear", "forward") is None
+    s.close()
+    assert not (tmp_path / "never").exists()
+
+
+def test_iteration_schedule_and_max_iterations(tmp_path):
+    s = _saver(tmp_path, iter_start=2, iter_end=8, iter_every=3, max_iterations=2)
+    saved = []
+    for it in range(12):
+        s.set_iteration(it)
+        if s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="x"):
+            saved.append(it)
+    s.close()
+    assert saved == [2, 5]
+
+
+def test_filters(tmp_path):
+    s = _saver(tmp_path, layers=[1], module_regex=r"fc1$", operations=["forward"],
+               tensor_names=["input"])
+    ok = dict(module_path="decoder.layers.1.mlp.linear_fc1")
+    assert s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="input", layer_idx=1, **ok)
+    assert s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="input", layer_idx=0, **ok) is None
+    assert s.save_tensor(torch.ones(2), "linear", "backward", tensor_name="input", layer_idx=1, **ok) is None
+    assert s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="weight", layer_idx=1, **ok) is None
+    assert s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="input", layer_idx=1,
+                         module_path="decoder.layers.1.mlp.linear_fc2") is None
+    s.close()
+    other = _saver(tmp_path / "r", ranks=[3])
+    assert other.save_tensor(torch.ones(2), "linear", "forward") is None   # this process is rank 0
+    other.close()
+
+
+def test_byte_budget_keeps_min_iterations_then_records_stats_only(tmp_path):
+    s = _saver(tmp_path, byte_budget=100, min_iterations=1)   # one tensor is 4*64 = 256 bytes
+    x = torch.randn(64)
+    s.set_iteration(0)
+    first = [s.save_tensor(x, "linear", "forward", tensor_name=f"t{i}") for i in range(3)]
+    s.set_iteration(1)
+    later = s.save_tensor(x, "linear", "forward", tensor_name="t0")
+    s.close()
+    assert all(first) and later == ""                  # iteration 0 complete, then stats only
+    recs = list(schema.read_manifest(tmp_path))
+    assert [r["file"] is None for r in recs] == [False, False, False, True]
+    assert recs[-1]["stats"]["numel"] == 64
+    assert len(_pt_files(tmp_path)) == 3
+
+
+def test_stats_only_and_row_sampling(tmp_path):
+    s = _saver(tmp_path / "a", stats_only=True)
+    assert s.save_tensor(torch.randn(4, 4), "linear", "forward") == ""
+    s.close()
+    assert _pt_files(tmp_path / "a") == []
+    assert len(list(schema.read_manifest(tmp_path / "a"))) == 1
+    s = _saver(tmp_path / "b", max_rows=10)
+    x = torch.arange(100 * 3, dtype=torch.float32).reshape(4, 25, 3)
+    p = s.save_tensor(x, "linear", "forward", tensor_name="input")
+    s.close()
+    t, meta = schema.load_tensor_file(p)
+    assert t.shape == (10, 3) and meta["sampled_rows"] == 10 and meta["sampled_row_stride"] == 10
+    assert torch.equal(t, x.reshape(100, 3)[::10])
+    assert meta["shape"] == [4, 25, 3] and meta["stats"]["numel"] == 300   # stats: whole tensor
+    assert meta["stats"]["max"] == 299.0
+
+
+def test_zero_size_noncontiguous_and_nan_tensors(tmp_path):
+    s = _saver(tmp_path)
+    e = s.save_tensor(torch.empty(0, 5), "linear", "forward", tensor_name="empty")
+    base = torch.randn(6, 4)
+    view = base.t()
+    n = s.save_tensor(view, "linear", "forward", tensor_name="view")
+    base.zero_()                                  # the caller reuses its buffer right away
+    nanp = s.save_tensor(torch.tensor([1.0, float("nan"), float("inf")]), "linear", "forward",
+                         tensor_name="nan")
+    s.close()
+    t, meta = schema.load_tensor_file(e)
+    assert t.shape == (0, 5) and meta["stats"]["numel"] == 0
+    t, meta = schema.load_tensor_file(n)
+    assert t.shape == (4, 6) and t.abs().sum() > 0 and meta["stats"]["zero_count"] == 0
+    t, meta = schema.load_tensor_file(nanp)
+    assert meta["stats"]["nan_count"] == 1 and meta["stats"]["inf_count"] == 1
+    assert meta["stats"]["max"] == 1.0
+
+
+def test_unwritable_directory_disables_saving_with_one_message(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    s = _saver(blocker / "sub")
+    assert not s.enabled
+    assert s.save_tensor(torch.ones(2), "linear", "forward") is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write to" in err[0] and "TENSOR_SAVE_DIR" in err[0]
+
+
+def test_disk_error_while_writing_disables_and_training_continues(tmp_path, capsys, monkeypatch):
+    s = _saver(tmp_path)
+    assert s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="a")
+    s.flush()
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="b")
+    s.flush()
+    assert not s.enabled
+    assert s.save_tensor(torch.ones(2), "linear", "forward", tensor_name="c") is None
+    s.close()
+    err = capsys.readouterr().err
+    assert err.count("No space left on device") == 1 and "saving is now disabled" in err
+    assert _pt_files(tmp_path) == [f for f in _pt_files(tmp_path) if "_a.pt" in f]
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_crash_mid_run_leaves_only_whole_files(tmp_path):
+    code = textwrap.dedent(f"""
+        import os, torch
+        from tensor_capture.saver import TensorSaver
+        s = TensorSaver(enabled=True, save_dir={str(tmp_path)!r}, queue_size=4)
+        for i in range(30):
+            s.save_tensor(torch.randn(128, 128), "linear", "forward", tensor_name=f"t{{i}}")
+        os._exit(3)   # no flush, no atexit: a hard crash while the writer is busy
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    files = _pt_files(tmp_path)
+    assert files
+    for f in files:
+        t, meta = schema.load_tensor_file(tmp_path / f)
+        assert t.shape == (128, 128) and meta["stats"]["numel"] == 128 * 128
+    listed = {r["file"] for r in schema.read_manifest(tmp_path)}
+    assert listed <= set(files)
+
+
+def test_exit_flushes_the_queue(tmp_path):
+    code = textwrap.dedent(f"""
+        import torch
+        from tensor_capture.saver import TensorSaver
+        s = TensorSaver(enabled=True, save_dir={str(tmp_path)!r})
+        for i in range(20):
+            s.save_tensor(torch.randn(32, 32), "linear", "forward", tensor_name=f"t{{i}}")
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert len(_pt_files(tmp_path)) == 20 and len(list(schema.read_manifest(tmp_path))) == 20
+
+
+def test_process_wide_saver_from_environment(tmp_path, monkeypatch):
+    from tensor_capture.state import STATE
+
+    monkeypatch.setenv("TENSOR_SAVE_ENABLED", "1")
+    monkeypatch.setenv("TENSOR_SAVE_DIR", str(tmp_path))
+    monkeypatch.setenv("TENSOR_SAVER_ITERATION", "9")
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "fp8_e4m3")
+    saver_mod.reset_tensor_saver()
+    try:
+        s = saver_mod.get_tensor_saver()
+        assert s is saver_mod.get_tensor_saver() and s.iteration == 9
+        assert STATE.active and STATE.emulate and STATE.quant_type == "fp8_e4m3"
+        p = saver_mod.save_tensor(torch.ones(3), "linear", "forward", tensor_name="x")
+        assert schema.parse_filename(p).quant_type == "fp8_e4m3"
+        monkeypatch.setenv("CUSTOM_QUANT_TYPE", "bogus")
+        saver_mod.reset_tensor_saver()
+        with pytest.raises(saver_mod.ConfigError, match="valid names"):
+            saver_mod.get_tensor_saver()
+    finally:
+        saver_mod.reset_tensor_saver()
+        from tensor_capture import hooks
+
+        hooks.uninstall_discovery()
+    assert not STATE.active

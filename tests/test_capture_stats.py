@@ -1,0 +1,113 @@
+"""Device statistics: exact counts, thresholds from quant's table, the log2 histogram."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensor_capture import stats
+from tensor_capture.stats import RangeSpec
+
+E4M3 = RangeSpec("e4m3", 448.0, 2.0 ** -6, 2.0 ** -9)
+
+
+def _brute(x: np.ndarray, spec: RangeSpec) -> dict:
+    f = x[np.isfinite(x)]
+    a = np.abs(f)
+    return {
+        "upper_overflow_count": int((f > spec.max_normal).sum()),
+        "lower_overflow_count": int((f < -spec.max_normal).sum()),
+        "underflow_count": int(((a > 0) & (a < spec.min_normal)).sum()),
+        "flush_to_zero_count": int(((a > 0) & (a < spec.min_subnormal / 2)).sum()),
+    }
+
+
+def test_counts_on_the_boundaries():
+    x = torch.tensor([0.0, -0.0, -500.0, 448.0, 449.0, -448.0, 2 ** -7, 2 ** -11, -2 ** -10,
+                      float("nan"), float("inf"), -float("inf"), 1.0, 3.0])
+    s = stats.tensor_stats(x, [E4M3])
+    assert (s["numel"], s["zero_count"], s["nan_count"], s["inf_count"]) == (14, 2, 1, 2)
+    assert (s["min"], s["max"], s["absmax"]) == (-500.0, 449.0, 500.0)
+    assert s["min_nonzero_abs"] == 2 ** -11
+    r = s["range"]["e4m3"]
+    assert (r["upper_overflow_count"], r["lower_overflow_count"], r["overflow_count"]) == (1, 1, 2)
+    assert (r["underflow_count"], r["flush_to_zero_count"]) == (3, 1)
+    assert r["overflow_ratio"] == 2 / 14
+    finite = x[torch.isfinite(x)].double()
+    assert math.isclose(s["mean"], finite.mean().item(), rel_tol=1e-12)
+    assert math.isclose(s["std"], finite.std().item(), rel_tol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=200),
+       st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_matches_brute_force(values, dtype):
+    x = torch.tensor(values, dtype=torch.float32).to(dtype)
+    xs = x.float().numpy().astype(np.float64)
+    specs = [E4M3, stats.dtype_range(dtype), RangeSpec("fp16", 65504.0, 2.0 ** -14, 2.0 ** -24)]
+    s = stats.tensor_stats(x, specs)
+    for spec in specs:
+        got = {k: s["range"][spec.name][k] for k in _brute(xs, spec)}
+        assert got == _brute(xs, spec), spec.name
+    fin = xs[np.isfinite(xs)]
+    assert s["nan_count"] == int(np.isnan(xs).sum())
+    assert s["inf_count"] == int(np.isinf(xs).sum())
+    assert s["zero_count"] == int((xs == 0).sum())
+    nz = np.abs(fin[fin != 0])
+    assert sum(s["log2_hist"]["counts"]) == nz.size
+    if nz.size:
+        exps = np.floor(np.log2(nz)).astype(int)
+        e0 = s["log2_hist"]["min_exp"]
+        counts = np.bincount(exps - e0, minlength=len(s["log2_hist"]["counts"]))
+        assert counts.tolist() == s["log2_hist"]["counts"]
+        assert s["min_nonzero_abs"] == nz.min()
+        assert s["min"] == fin.min() and s["max"] == fin.max()
+
+
+def test_dtype_thresholds_come_from_quant_table():
+    import quant
+
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32")):
+        r = stats.dtype_range(dtype)
+        spec = quant.get_format(name)
+        assert (r.max_normal, r.min_normal, r.min_subnormal) == (
+            spec.max_normal, spec.min_normal, spec.min_subnormal)
+    assert stats.dtype_range(torch.float64).max_normal == torch.finfo(torch.float64).max
+    assert stats.format_range("fp8_e4m3").max_normal == 448.0
+    assert stats.format_range("mxfp8") is None and stats.is_scaled("mxfp8")
+
+
+def test_float16_subnormal_threshold_against_its_own_dtype():
+    # fp16 min_subnormal/2 = 2^-25: the one value a float16 tensor can hold below it is 0
+    x = torch.tensor([2 ** -24, 2 ** -15, 1.0, 65504.0], dtype=torch.float16)
+    r = stats.tensor_stats(x, [stats.dtype_range(torch.float16)])["range"]["float16"]
+    assert r["underflow_count"] == 2 and r["flush_to_zero_count"] == 0 and r["overflow_count"] == 0
+
+
+def test_empty_noncontiguous_and_all_nan():
+    assert stats.tensor_stats(torch.empty(0, 3), [E4M3])["numel"] == 0
+    base = torch.randn(8, 6)
+    t = base.t()[::2]
+    assert not t.is_contiguous()
+    s = stats.tensor_stats(t)
+    assert s["numel"] == t.numel() and s["max"] == t.max().item()
+    n = stats.tensor_stats(torch.full((4,), float("nan")), [E4M3])
+    assert n["nan_count"] == 4 and n["min"] is None and n["absmax"] is None
+
+
+def test_float64_uses_double_precision():
+    x = torch.tensor([1e-300, 1e300, -1e-310], dtype=torch.float64)
+    s = stats.tensor_stats(x, [stats.dtype_range(torch.float64)])
+    assert s["min_nonzero_abs"] == 1e-310
+    assert s["range"]["float64"]["underflow_count"] == 1
+    assert s["log2_hist"]["min_exp"] == math.floor(math.log2(1e-310))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compute_returns_one_vector_on_the_device(dtype):
+    v = stats.compute(torch.randn(5, 7, dtype=dtype), [E4M3])
+    assert v.dtype == torch.float64 and v.dim() == 1
