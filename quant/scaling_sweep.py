@@ -38,8 +38,6 @@ LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_er
 #: metrics normalized in log10 space for the composite (errors span decades)
 LOG_NORMALIZED = frozenset({"mse", "mae", "relative_error"})
 
-#: severity classes on a ratio (fraction, not percent), checked top to bottom
-SEVERITY_CLASSES = (("HIGH", 0.01), ("MEDIUM", 0.001))
 SEVERITY_NONE = "NONE"
 
 #: elements per [levels, chunk] tile in the batched pass (512 KiB of float32: stays in cache)
@@ -77,6 +75,19 @@ class ElementGrid:
     def bits_emin(self) -> int:
         return (self.emin + 127) << 23
 
+    @property
+    def overflow_cap(self) -> float:
+        """A power of two above max_normal: values beyond it overflow whatever the rounding,
+        and clamping to it keeps the bit trick in ``cast_scaled_`` in range."""
+        return 2.0 ** (math.floor(math.log2(self.max_normal)) + 1)
+
+    @property
+    def top_step(self) -> float:
+        """Grid spacing at max_normal: the gap to the first value that counts as overflow."""
+        if self.is_int:
+            return self.step
+        return 2.0 ** (math.floor(math.log2(self.max_normal)) - self.mbits)
+
 
 def element_grid(spec: Any, name: str | None = None) -> ElementGrid:
     """Read the element format's range and precision from a ``quant`` FormatSpec."""
@@ -98,7 +109,7 @@ def element_grid(spec: Any, name: str | None = None) -> ElementGrid:
 def cast_scaled_(a: torch.Tensor, grid: ElementGrid, work: torch.Tensor) -> torch.Tensor:
     """Round non-negative float32 magnitudes ``a`` onto the element grid, in place.
 
-    ``a`` must already be clamped to ``[0, max_normal]``. Round-to-nearest-even comes from
+    ``a`` must already be clamped to ``[0, overflow_cap]``. Round-to-nearest-even comes from
     float32 addition: adding ``c = 2^(e_eff + 23 - mbits)`` leaves exactly ``mbits``
     fraction bits for binade ``e_eff = max(floor(log2 a), emin)`` (the subnormal step below
     min_normal), and subtracting ``c`` back is exact. ``work`` is an int32 buffer like ``a``.
@@ -311,24 +322,19 @@ def _below_step(c: float) -> float:
     return float(c32 - torch.nextafter(c32, torch.tensor(0.0)))
 
 
-def _above_step(c: float) -> float:
-    """Smallest positive gap between float32 ``c`` and any float32 above it."""
-    c32 = torch.tensor(c, dtype=torch.float32)
-    return float(torch.nextafter(c32, torch.tensor(math.inf)) - c32)
-
-
 def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementGrid, *,
                      chunk: int | None = None,
                      progress: Callable[[int], None] | None = None) -> LevelStats:
     """One pass over ``values`` computing every level's sums at once.
 
     Works on magnitudes: the cast is symmetric, so ``|x - q| = ||x| - |q||`` and
-    ``x * q = |x| * |q|``. Per chunk, for all levels at once (a ``[L, chunk]`` tile that stays
-    in cache): ``v = |x| / f``; overflow ``v > max_normal``, underflow ``0 < |x|`` and
-    ``v < min_normal``, flush to zero ``x != 0`` and cast 0; then the cast, ``q * f`` and the
+    ``x * q = |x| * |q|``. Per chunk, for all levels at once (a ``[L, chunk]`` tile that
+    stays in cache): ``v = |x| / f``; underflow ``x != 0`` and ``v < min_normal``; the cast
+    without saturation, overflow where it rounds above max_normal, saturation; flush to zero
+    ``x != 0`` with cast 0 (``quant.analyze_quantization``'s definitions); ``q * f`` and the
     error sums. Counts use exact float arithmetic instead of boolean masks (several times
-    faster on CPU): ``clamp(v - t, 0, gap)`` is 0 or exactly ``gap`` (the float32 spacing at
-    the threshold ``t``), so its sum divided by ``gap`` is the count.
+    faster on CPU): ``clamp(v - t, -gap, 0)`` is 0 or exactly ``-gap`` (``gap`` = the float32
+    or grid spacing at the threshold ``t``), so its sum divided by ``gap`` is the count.
     """
     L = int(factors.numel())
     f = factors.to(torch.float32)[:, None]
@@ -343,7 +349,7 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
     sum_q2, sum_xq, sse, sae = z(), z(), z(), z()
     max_err = torch.zeros(L, dtype=torch.float32)
     over, under, nonzero_q = z(), z(), z()
-    gap_over = _above_step(grid.max_normal)
+    gap_over = grid.top_step
     gap_under = _below_step(grid.min_normal)
     sum_x2 = 0.0
     sum_absx = 0.0
@@ -353,14 +359,15 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
         m = int(ax.numel())
         vv, tt, ww = v[:, :m], t[:, :m], work[:, :m]
         torch.div(ax[None, :], f, out=vv)
-        torch.sub(vv, grid.max_normal, out=tt).clamp_(0.0, gap_over)
-        over += tt.sum(1, dtype=torch.float64) / gap_over
         torch.sub(vv, grid.min_normal, out=tt).clamp_(-gap_under, 0.0)
-        under -= tt.sum(1, dtype=torch.float64) / gap_under
-        vv.clamp_(max=grid.max_normal)
-        cast_scaled_(vv, grid, ww)                   # q (magnitudes)
+        under -= tt.sum(1).double() / gap_under
+        vv.clamp_(max=grid.overflow_cap)
+        cast_scaled_(vv, grid, ww)                   # q (magnitudes), not yet saturated
+        torch.sub(vv, grid.max_normal, out=tt).clamp_(0.0, gap_over)
+        over += tt.sum(1).double() / gap_over
+        vv.clamp_(max=grid.max_normal)               # saturate
         torch.clamp(vv, max=grid.min_subnormal, out=tt)
-        nonzero_q += tt.sum(1, dtype=torch.float64) / grid.min_subnormal
+        nonzero_q += tt.sum(1).double() / grid.min_subnormal
         vv.mul_(f)                                   # dequantized magnitudes
         sum_xq += (vv @ ax).double()
         sum_q2 += torch.linalg.vecdot(vv, vv).double()
@@ -369,9 +376,9 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
         zeros += int(m - torch.count_nonzero(ax))
         vv.sub_(ax)                                  # error (sign flipped: irrelevant)
         sse += torch.linalg.vecdot(vv, vv).double()
-        lo, hi = torch.aminmax(vv, dim=1)
-        torch.maximum(max_err, torch.maximum(hi, lo.neg()), out=max_err)
-        sae += vv.abs_().sum(1, dtype=torch.float64)
+        vv.abs_()
+        sae += vv.sum(1).double()
+        torch.maximum(max_err, torch.amax(vv, dim=1), out=max_err)
         if progress is not None:
             progress(m)
     amax = float(values.abs().max()) if n else 0.0
@@ -414,11 +421,11 @@ class LevelResult:
 
 
 def severity(ratio: float) -> str:
-    """HIGH above 1 %, MEDIUM from 0.1 % to 1 %, NONE below 0.1 %."""
-    for name, threshold in SEVERITY_CLASSES:
-        if ratio > threshold or (name == "MEDIUM" and ratio >= threshold):
-            return name
-    return SEVERITY_NONE
+    """HIGH above 1 %, MEDIUM above 0.1 %, else NONE (``quant.analysis.severity``, upper-cased
+    for the report)."""
+    from quant.analysis import severity as quant_severity
+
+    return quant_severity(ratio).upper()
 
 
 def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
@@ -495,11 +502,13 @@ def _metric_scores(name: str, vals: list[float]) -> list[float]:
 
 
 def _best_index(vals: Sequence[float], lower: bool) -> int | None:
-    """Index of the best value (NaN never wins; ties go to the first)."""
+    """Index of the best value (NaN never wins; ties go to the last, i.e. the larger
+    exponent: the overflow-safe side, as in ``recommend``)."""
     idx = [i for i, v in enumerate(vals) if not math.isnan(v)]
     if not idx:
         return None
-    return min(idx, key=lambda i: vals[i]) if lower else max(idx, key=lambda i: vals[i])
+    sign = -1.0 if lower else 1.0
+    return max(idx, key=lambda i: (sign * vals[i], i))
 
 
 #: stability rules: (metric, statistic, [(threshold, message)...], fallback message)
@@ -674,10 +683,7 @@ def get_element_grid(elem_format: str) -> ElementGrid:
                               + ", ".join(ELEMENT_FORMATS))
     import quant
 
-    get_format = getattr(quant, "get_format", None)
-    if get_format is None:  # quant/__init__.py not landed yet: same function, its module
-        from quant.formats import get_format
-    return element_grid(get_format(elem_format), elem_format)
+    return element_grid(quant.get_format(elem_format), elem_format)
 
 
 def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 21,
@@ -687,8 +693,12 @@ def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 2
     """Sweep ``num_levels`` scale exponents over ``tensor`` and analyze the results."""
     grid = get_element_grid(elem_format)
     prep = prepare_tensor(tensor, source)
-    plan = plan_levels(prep.values, grid, num_levels=num_levels, max_scale_exp=max_scale_exp,
-                       min_scale_exp=min_scale_exp, scale_bits=scale_bits)
+    try:
+        plan = plan_levels(prep.values, grid, num_levels=num_levels,
+                           max_scale_exp=max_scale_exp, min_scale_exp=min_scale_exp,
+                           scale_bits=scale_bits)
+    except SweepInputError as exc:
+        raise SweepInputError(f"{source}: {exc}") from None
     factors = scale_factors(plan.levels)
     st = accumulate_stats(prep.values, factors, grid, chunk=chunk, progress=progress)
     mets = {k: v.tolist() for k, v in metrics_from_stats(st).items()}

@@ -1,0 +1,151 @@
+"""Figures of an MXFP scale sweep (``quant.scaling_sweep.SweepResult``).
+
+Two figures per tensor and format: ``mxfp_scaling_test_<format>.png`` (six panels: every
+metric and the overflow/underflow ratios against the scale exponent) and
+``mxfp_scaling_summary_<format>.png`` (MSE, cosine, PSNR and the composite score, with the
+recommendation). Matplotlib Agg only; files are written under a temp name, then renamed.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+X_LABEL = "scale exponent s (tensor divided by 2^s)"
+
+#: panel table of the six-panel figure: (title, [(metric key, legend, color)], y label, kind)
+#: kind: "auto" = log scale when the positive values span more than a decade
+PANELS = (
+    ("Mean squared error", [("mse", "MSE", "tab:blue"), ("rmse", "RMSE", "tab:cyan")],
+     "error (value², RMSE: value units)", "auto"),
+    ("Cosine similarity", [("cosine", "cosine", "tab:green")], "cosine similarity (1 = same "
+                                                                "direction)", "linear"),
+    ("PSNR", [("psnr", "PSNR", "tab:purple")], "PSNR (dB, peak = max |x|)", "linear"),
+    ("Absolute error", [("mae", "MAE", "tab:orange"), ("max_abs_error", "max |error|", "tab:red")],
+     "absolute error (value units)", "auto"),
+    ("Relative error", [("relative_error_pct", "||x - q||₁ / ||x||₁", "tab:brown")],
+     "relative error (%)", "auto"),
+    ("Overflow / underflow", [("overflow_pct", "overflow", "tab:red"),
+                              ("underflow_pct", "underflow", "tab:olive"),
+                              ("flush_pct", "flushed to zero", "tab:gray")],
+     "elements (% of finite values)", "linear"),
+)
+
+
+def _series(res: Any) -> dict[str, list[float]]:
+    out = {k: [lv.metrics[k] for lv in res.levels] for k in res.levels[0].metrics}
+    out["relative_error_pct"] = [v * 100 for v in out["relative_error"]]
+    out["overflow_pct"] = [lv.overflow_ratio * 100 for lv in res.levels]
+    out["underflow_pct"] = [lv.underflow_ratio * 100 for lv in res.levels]
+    out["flush_pct"] = [lv.flush_to_zero_ratio * 100 for lv in res.levels]
+    out["composite"] = list(res.scores)
+    return out
+
+
+def _finite(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _mark_levels(ax, res: Any) -> None:
+    """Alignment boundaries and the recommended level, on every panel."""
+    al = res.plan.alignment
+    lo, hi = min(res.plan.levels), max(res.plan.levels)
+    pad = max((hi - lo) * 0.02, 1e-9)
+    for value, label, color in ((al.max_align, "max alignment", "tab:red"),
+                                (al.min_align, "min alignment", "tab:blue")):
+        if value is not None and lo - pad <= value <= hi + pad:
+            ax.axvline(value, color=color, linestyle="--", linewidth=1, alpha=0.7, label=label)
+    ax.axvline(res.recommendation.scale_exp, color="gold", linewidth=2, alpha=0.8,
+               label=f"recommended s = {res.recommendation.scale_exp:.2f}")
+
+
+def _draw_panel(ax, res: Any, data: dict[str, list[float]], title: str, lines, ylabel: str,
+                kind: str) -> None:
+    xs = [lv.scale_exp for lv in res.levels]
+    positives: list[float] = []
+    drawn = 0
+    for key, label, color in lines:
+        fx, fy = _finite(xs, data[key])
+        if not fy:
+            continue
+        ax.plot(fx, fy, marker="o", markersize=3, color=color, label=label)
+        positives += [y for y in fy if y > 0]
+        drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no finite values\n(e.g. exact at every level)", ha="center",
+                va="center", transform=ax.transAxes)
+    elif kind == "auto" and positives and max(positives) / min(positives) > 10:
+        ax.set_yscale("log")
+    _mark_levels(ax, res)
+    rec = res.recommendation.index
+    first = lines[0][0]
+    value = data[first][rec]
+    ax.set_title(title)
+    ax.set_xlabel(X_LABEL)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.text(0.02, 0.98, f"at recommended s:\n{lines[0][1]} = {value:.4g}", transform=ax.transAxes,
+            va="top", ha="left", fontsize=8,
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_sweep(res: Any, path: str | os.PathLike[str], tensor_name: str = "",
+               dpi: int = 100) -> Path:
+    """The six-panel figure: MSE/RMSE, cosine, PSNR, MAE/max error, relative error, and
+    overflow/underflow/flush-to-zero ratios against the scale exponent."""
+    data = _series(res)
+    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    for ax, (title, lines, ylabel, kind) in zip(axes.ravel(), PANELS):
+        _draw_panel(ax, res, data, title, lines, ylabel, kind)
+    g = res.grid
+    fig.suptitle(f"MXFP scaling test: {tensor_name or 'tensor'} as {res.format_name} "
+                 f"(max normal {g.max_normal:g}, min normal {g.min_normal:g}); "
+                 f"{len(res.levels)} levels from {res.plan.min_exp:.2f} to {res.plan.max_exp:.2f}")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return _save(fig, Path(path), dpi)
+
+
+def plot_summary(res: Any, path: str | os.PathLike[str], tensor_name: str = "",
+                 dpi: int = 100) -> Path:
+    """The summary figure: MSE, cosine similarity, PSNR and the composite score, with the
+    recommended level and a text box of the recommendation."""
+    data = _series(res)
+    xs = [lv.scale_exp for lv in res.levels]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    table = (("mse", "MSE (value²)", "tab:blue", "auto"),
+             ("cosine", "cosine similarity", "tab:green", "linear"),
+             ("psnr", "PSNR (dB)", "tab:purple", "linear"),
+             ("composite", "composite score (0-1, 1 = best)", "black", "linear"))
+    for ax, (key, ylabel, color, kind) in zip(axes.ravel(), table):
+        _draw_panel(ax, res, data, ylabel.split(" (")[0].capitalize(), [(key, key, color)],
+                    ylabel, kind)
+    rec = res.recommendation
+    lv = res.levels[rec.index]
+    text = (f"Recommended: s = {rec.scale_exp:.2f} (factor {lv.scale_factor:.6g})\n"
+            f"composite {rec.composite_score:.4f}, MSE {lv.metrics['mse']:.3e}, "
+            f"cosine {lv.metrics['cosine']:.6f}, PSNR {lv.metrics['psnr']:.2f} dB\n"
+            f"overflow {lv.overflow_ratio * 100:.2f}%, underflow {lv.underflow_ratio * 100:.2f}%")
+    fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=10,
+             bbox={"boxstyle": "round", "facecolor": "lightyellow", "alpha": 0.9})
+    fig.suptitle(f"MXFP scaling summary: {tensor_name or 'tensor'} as {res.format_name}")
+    fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+    return _save(fig, Path(path), dpi)

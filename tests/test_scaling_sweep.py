@@ -1,0 +1,248 @@
+"""The MXFP scale sweep library (quant.scaling_sweep) against quant's own quantizer,
+analysis and metrics, level by level, plus the analyses on hand-computed cases."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import quant
+from quant import scaling_sweep as ss
+
+FORMATS = ss.ELEMENT_FORMATS
+METRIC_FUNCS = {"mse": quant.metrics.mse, "rmse": quant.metrics.rmse, "mae": quant.metrics.mae,
+                "max_abs_error": quant.metrics.max_abs_error,
+                "relative_error": quant.metrics.relative_error,
+                "cosine": quant.metrics.cosine_similarity, "psnr": quant.metrics.psnr}
+
+
+def _wide_tensor(n: int, seed: int, spread: float = 4.0) -> torch.Tensor:
+    """bf16 values over many binades, both signs, some zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g) * spread)
+    x[:: max(n // 7, 1)] = 0.0
+    return x.to(torch.bfloat16)
+
+
+def _tie_probe(fmt: str) -> torch.Tensor:
+    """Every representable value, the midpoints between neighbours (RNE ties) and points just
+    beyond max_normal: the places where a cast goes wrong first."""
+    vals = torch.tensor(sorted(set(quant.get_format(fmt).value_set())), dtype=torch.float64)
+    mids = (vals[1:] + vals[:-1]) / 2
+    spec = quant.get_format(fmt)
+    beyond = torch.tensor([spec.max_normal * k for k in (1.01, 1.05, 1.2, 2.0, 3.0, 100.0)],
+                          dtype=torch.float64)
+    out = torch.cat([vals, mids, beyond, -beyond, torch.nextafter(mids.float(),
+                                                                  torch.tensor(0.0)).double()])
+    return out.to(torch.float32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batched_cast_is_bit_identical_to_quant_quantize(fmt):
+    x = torch.cat([_wide_tensor(2000, 1).float(), _tie_probe(fmt)])
+    levels = [-6.0, -2.5, -1.0, 0.0, 0.3, 1.0, 4.0]
+    factors = ss.scale_factors(levels)
+    grid = ss.get_element_grid(fmt)
+    batched = ss.cast_levels(x, factors, grid)
+    for i in range(len(levels)):
+        f = factors[i]
+        ref = quant.quantize(x / f, fmt) * f
+        assert torch.equal(batched[i], ref), (fmt, levels[i])
+    # at level 0 the probe's representable values come back unchanged
+    probe = _tie_probe(fmt)
+    assert torch.equal(ss.cast_elements(probe, grid), quant.quantize(probe, fmt))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sweep_metrics_and_counts_match_quant_level_by_level(fmt):
+    x = _wide_tensor(3001, 2)
+    # a small chunk forces many chunks and a partial last one
+    res = ss.run_sweep(x, fmt, num_levels=9, chunk=256)
+    xf = x.float()
+    assert len(res.levels) == 9
+    for lv in res.levels:
+        f = torch.tensor(lv.scale_factor, dtype=torch.float32)
+        q = quant.quantize(xf / f, fmt) * f
+        for key, fn in METRIC_FUNCS.items():
+            want = fn(xf, q)
+            assert lv.metrics[key] == pytest.approx(want, rel=2e-5, abs=1e-30), (fmt, key)
+        a = quant.analyze_quantization(xf / f, fmt)
+        assert (lv.overflow_count, lv.underflow_count, lv.flush_to_zero_count) == \
+            (a.overflow_count, a.underflow_count, a.flush_to_zero_count), (fmt, lv.scale_exp)
+        assert lv.overflow_ratio == pytest.approx(a.overflow_ratio)
+        assert lv.overflow_severity == a.overflow_severity.upper()
+
+
+def test_sweep_result_does_not_depend_on_chunking():
+    x = _wide_tensor(5000, 3)
+    a = ss.run_sweep(x, "fp6_e3m2", num_levels=5, chunk=300)
+    b = ss.run_sweep(x, "fp6_e3m2", num_levels=5, chunk=100000)
+    for la, lb in zip(a.levels, b.levels):
+        assert (la.overflow_count, la.underflow_count, la.flush_to_zero_count) == \
+            (lb.overflow_count, lb.underflow_count, lb.flush_to_zero_count)
+        assert la.metrics["max_abs_error"] == lb.metrics["max_abs_error"]
+        assert la.metrics["mse"] == pytest.approx(lb.metrics["mse"], rel=1e-6)
+
+
+def test_alignment_exponents_follow_the_formulas():
+    grid = ss.get_element_grid("fp8_e4m3")  # max 448, min normal 2^-6
+    x = torch.tensor([1000.0, -3.0, 2.0 ** -10, 0.0])
+    al = ss.alignment_exponents(x, grid)
+    assert al.max_align == math.floor(math.log2(1000 / 448)) == 1
+    assert al.min_align == math.ceil(math.log2(2.0 ** -10 / 2.0 ** -6)) == -4
+    assert al.amax == 1000.0 and al.amin_nonzero == 2.0 ** -10
+    zeros = ss.alignment_exponents(torch.zeros(5), grid)
+    assert zeros.max_align is None and zeros.min_align is None
+
+
+def test_levels_are_evenly_spaced_between_min_and_max_alignment():
+    grid = ss.get_element_grid("fp8_e4m3")
+    x = torch.tensor([2.0 ** 12, 2.0 ** -20, 1.0])
+    plan = ss.plan_levels(x, grid, num_levels=5)
+    lo = math.ceil(-20 + 6)                           # min alignment -14
+    hi = math.floor(12 - math.log2(448))              # max alignment 3
+    assert plan.min_exp == lo and plan.max_exp == hi
+    assert plan.levels == pytest.approx([lo + i * (hi - lo) / 4 for i in range(5)])
+    one = ss.plan_levels(x, grid, num_levels=1)
+    assert one.levels == [hi]
+    user = ss.plan_levels(x, grid, num_levels=3, max_scale_exp=2.5, min_scale_exp=-1)
+    assert user.levels == pytest.approx([-1.0, 0.75, 2.5])
+
+
+def test_level_plan_edge_cases():
+    grid = ss.get_element_grid("fp8_e4m3")
+    narrow = torch.tensor([0.5, 1.0])      # range fits inside the format: alignments cross
+    plan = ss.plan_levels(narrow, grid, num_levels=3)
+    assert plan.min_exp == math.floor(math.log2(1 / 448)) and plan.max_exp == 5
+    assert any("above max alignment" in n for n in plan.notes)
+    zeros = ss.plan_levels(torch.zeros(4), grid, num_levels=4)
+    assert zeros.max_exp == 0 and zeros.min_exp < 0
+    assert any("all values are zero" in n for n in zeros.notes)
+    clipped = ss.plan_levels(narrow, grid, num_levels=2, max_scale_exp=300, min_scale_exp=-300)
+    assert (clipped.min_exp, clipped.max_exp) == (-127, 127)
+    assert any("clipped" in n for n in clipped.notes)
+    with pytest.raises(ss.SweepInputError, match="--min-scale-exp"):
+        ss.plan_levels(narrow, grid, min_scale_exp=9)   # above the automatic max
+    with pytest.raises(ss.SweepInputError, match="--num-levels"):
+        ss.plan_levels(narrow, grid, num_levels=0)
+    with pytest.raises(ss.SweepInputError, match="--scale-bits"):
+        ss.plan_levels(narrow, grid, scale_bits=9)
+
+
+def test_bad_tensors_are_refused_with_a_clear_message():
+    with pytest.raises(ss.SweepInputError, match="int32 tensor.*floating-point"):
+        ss.prepare_tensor(torch.arange(5, dtype=torch.int32), "a.pt")
+    with pytest.raises(ss.SweepInputError, match="empty"):
+        ss.prepare_tensor(torch.empty(0, 3), "b.pt")
+    with pytest.raises(ss.SweepInputError, match="NaN or Inf"):
+        ss.prepare_tensor(torch.tensor([math.nan, math.inf]), "c.pt")
+    with pytest.raises(ss.SweepInputError, match="not a tensor"):
+        ss.prepare_tensor([1.0, 2.0], "d.pt")
+
+
+def test_nan_and_inf_are_counted_and_excluded():
+    x = torch.tensor([1.0, math.nan, -2.0, math.inf, -math.inf, 0.5], dtype=torch.bfloat16)
+    res = ss.run_sweep(x, "fp8_e4m3", num_levels=3)
+    t = res.tensor
+    assert (t["nan"], t["inf"], t["finite"], t["numel"]) == (1, 2, 3, 6)
+    clean = ss.run_sweep(torch.tensor([1.0, -2.0, 0.5]), "fp8_e4m3", num_levels=3)
+    assert [lv.metrics for lv in res.levels] == [lv.metrics for lv in clean.levels]
+    assert any("Excluded non-finite values: 1 NaN, 2 Inf" in line
+               for line in ss.format_tensor_info(res))
+
+
+def test_overflow_example_of_the_seed():
+    # 10 of 200 values at 1000: scaled by 2^5 they are 31.25 -> no overflow; at 2^0 they
+    # overflow fp8_e4m3 (max 448): 5 %, HIGH; the 190 ones underflow at 2^10 (1/1024 < 2^-6)
+    x = torch.cat([torch.full((10,), 1000.0), torch.ones(190)])
+    res = ss.run_sweep(x, "fp8_e4m3", num_levels=3, min_scale_exp=0, max_scale_exp=10)
+    lv0, lv5, lv10 = res.levels
+    assert (lv0.overflow_count, lv0.overflow_ratio, lv0.overflow_severity) == (10, 0.05, "HIGH")
+    assert lv5.overflow_count == 0 and lv5.underflow_count == 0
+    assert lv10.underflow_count == 190 and lv10.underflow_severity == "HIGH"
+    # 2^-10 is half the min subnormal 2^-9: a tie, rounds to even, i.e. to zero
+    assert lv10.flush_to_zero_count == 190
+    assert lv0.scaled_range == (1.0, 1000.0) and lv0.quantized_range == (1.0, 448.0)
+    summary = ss.overflow_summary(res.levels)
+    assert summary["worst_overflow"] is lv0 and summary["worst_underflow"] is lv10
+    assert summary["clean_levels"] == [lv5]
+    text = "\n".join(ss.format_overflow_summary(res))
+    for needle in ("OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", "🔴 OVERFLOW ISSUES:",
+                   "Overflow: 10 (5.00%)", "Severity: HIGH", "🟡 UNDERFLOW ISSUES:",
+                   "Worst Overflow: Scale Exp 0.00", "Worst Underflow: Scale Exp 10.00",
+                   "💡 Recommended scaling range: 5.00 to 5.00"):
+        assert needle in text, needle
+    assert res.recommendation.scale_exp == 5.0
+
+
+@pytest.mark.parametrize("ratio,expected", [(0.0, "NONE"), (0.001, "NONE"), (0.0011, "MEDIUM"),
+                                            (0.01, "MEDIUM"), (0.0101, "HIGH"), (0.5, "HIGH")])
+def test_severity_classes(ratio, expected):
+    assert ss.severity(ratio) == expected
+
+
+def test_composite_score_normalization_by_hand():
+    metrics = {"mse": [1e-2, 1e-3, 1e-4], "cosine": [0.90, 0.99, 0.95],
+               "psnr": [20.0, 30.0, 40.0], "mae": [1.0, 1.0, 1.0],
+               "relative_error": [0.1, 0.01, 0.0]}
+    scores = ss.composite_scores(metrics)
+    # mse in log10: -2, -3, -4 -> 0, 0.5, 1; cosine linear: 0, 1, 5/9; psnr: 0, 0.5, 1;
+    # mae all equal -> 1; relative error: level 2 exact -> 1, others log10 -1, -2 -> 0, 1
+    want = [0.3 * 0 + 0.3 * 0 + 0.2 * 0 + 0.1 * 1 + 0.1 * 0,
+            0.3 * 0.5 + 0.3 * 1 + 0.2 * 0.5 + 0.1 * 1 + 0.1 * 1,
+            0.3 * 1 + 0.3 * (0.05 / 0.09) + 0.2 * 1 + 0.1 * 1 + 0.1 * 1]
+    assert scores == pytest.approx(want)
+    assert ss.composite_scores({k: [math.nan, 1.0] for k in metrics})[0] == 0.0
+    assert sum(ss.COMPOSITE_WEIGHTS.values()) == pytest.approx(1.0)
+
+
+def test_stability_rules_and_recommendation_position():
+    st = ss.stability_analysis({"mse": [1.0, 11.0], "cosine": [0.9990, 0.9999],
+                                "psnr": [30.0, 35.0], "mae": [1, 2], "relative_error": [1, 2]})
+    assert st["mse"]["delta"] == 10.0 and st["mse"]["std"] == pytest.approx(5.0)
+    assert st["messages"][0].startswith("⚠️  MSE varies significantly")
+    assert st["messages"][1].startswith("✅ Cosine similarity is very stable")
+    assert st["messages"][2].startswith("✅ Small PSNR range")
+    wide = ss.stability_analysis({"mse": [1.0, 1.5], "cosine": [0.5, 0.99],
+                                  "psnr": [10.0, 40.0], "mae": [1], "relative_error": [1]})
+    assert wide["messages"][0].startswith("✅ MSE is stable")
+    assert wide["messages"][1].startswith("⚠️  Cosine")
+    assert wide["messages"][2].startswith("⚠️  Large PSNR range")
+    x = _wide_tensor(4000, 5, spread=1.0)
+    res = ss.run_sweep(x, "fp8_e4m3", num_levels=11)
+    rec = res.recommendation
+    assert rec.index == max(range(11), key=lambda i: (round(res.scores[i], 12), i))
+    assert 0.0 <= rec.position <= 1.0
+    assert rec.position_message in [m for _, m in ss.POSITION_RULES]
+
+
+def test_reports_have_every_section_and_json_is_strict():
+    res = ss.run_sweep(_wide_tensor(1500, 6), "fp4_e2m1", num_levels=7)
+    text = ss.results_text(res, "some.pt")
+    for header in ("SCALING FACTOR ANALYSIS & RECOMMENDATIONS", "INDIVIDUAL METRIC OPTIMA:",
+                   "🏆 Best MSE", "🎯 Best Cosine Similarity", "📊 Best PSNR",
+                   "COMPOSITE RECOMMENDATION:", "⭐ RECOMMENDED Scaling Factor",
+                   "PERFORMANCE ANALYSIS:", "MSE Stability (std)", "Cosine Stability (std)",
+                   "RECOMMENDATIONS:", "FINAL RECOMMENDATION:", "🎯 Use scaling factor",
+                   "OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", "OVERFLOW EXTREMES:",
+                   "UNDERFLOW EXTREMES:", "OVERFLOW/UNDERFLOW RECOMMENDATIONS:"):
+        assert header in text, header
+    table = ss.results_table(res)
+    assert len(table) == 2 + 7
+    first = table[2].split()
+    assert float(first[0]) == pytest.approx(res.levels[0].scale_exp, abs=1e-3)
+    assert float(first[2]) == pytest.approx(res.levels[0].metrics["mse"], rel=1e-6)
+    doc = json.loads(json.dumps(res.to_dict(), allow_nan=False))
+    assert len(doc["levels"]) == 7
+    assert doc["recommendation"]["scale_exp"] == res.recommendation.scale_exp
+
+
+def test_all_zero_tensor_sweeps_with_defaults():
+    res = ss.run_sweep(torch.zeros(64, dtype=torch.bfloat16), "fp8_e5m2", num_levels=4)
+    assert all(lv.metrics["mse"] == 0.0 and lv.metrics["psnr"] == math.inf
+               for lv in res.levels)
+    assert all(lv.metrics["cosine"] == 1.0 for lv in res.levels)  # quant: both zero -> 1
+    assert res.plan.alignment.min_align is None
+    json.dumps(res.to_dict(), allow_nan=False)
