@@ -147,11 +147,15 @@ def llama_config(shape: LlamaShape, params_dtype: torch.dtype = torch.float32, *
 
 
 def build_llama_model(shape: LlamaShape, params_dtype: torch.dtype = torch.float32,
-                      use_te: bool = False, **config_overrides: Any):
+                      use_te: bool = False, pre_process: bool | None = None,
+                      post_process: bool | None = None, **config_overrides: Any):
     """A GPTModel with the local (or, when asked and available, Transformer Engine) layer spec.
 
     Call after :func:`init_distributed`. The model is on CUDA when available, else CPU.
+    ``pre_process``/``post_process`` default to whether this rank is the first/last pipeline
+    stage (both True without pipeline parallelism).
     """
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -168,8 +172,8 @@ def build_llama_model(shape: LlamaShape, params_dtype: torch.dtype = torch.float
         transformer_layer_spec=spec,
         vocab_size=shape.vocab_size,
         max_sequence_length=shape.seq_length,
-        pre_process=True,
-        post_process=True,
+        pre_process=parallel_state.is_pipeline_first_stage() if pre_process is None else pre_process,
+        post_process=parallel_state.is_pipeline_last_stage() if post_process is None else post_process,
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
         rotary_base=shape.rotary_base,

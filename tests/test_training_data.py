@@ -1,0 +1,191 @@
+"""Tokenizer, default corpus, preprocessing round trip through megatron's indexed dataset."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training_driver import preprocess as pp
+from training_driver.corpus import builtin_documents, write_builtin_corpus
+from training_driver.errors import UserError
+from training_driver.optim import lr_at
+from training_driver.tokenizer import BPE_FILE_NAME, ByteBPETokenizer, load_tokenizer, train_bpe
+from training_helpers import small_data  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3,
+         "def f(x):\n    return x ** 2  # square\n\n",
+         "naïve café — 東京 123456 🙂", "the the the then there these"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> ByteBPETokenizer:
+    return train_bpe(TEXTS * 5, vocab_size=300)
+
+
+def test_bpe_learns_merges_and_round_trips(tok):
+    assert 256 < tok.vocab_size <= 300
+    assert tok.eod == tok.vocab_size - 2 and tok.pad == tok.vocab_size - 1
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert all(0 <= i < tok.eod for i in ids)
+    # merges shorten frequent text: fewer ids than bytes
+    assert len(tok.encode(TEXTS[0])) < len(TEXTS[0].encode()) // 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_bpe_round_trips_any_text(text):
+    tok = _shared_tok()
+    assert tok.decode(tok.encode(text)) == text
+
+
+_TOK = {}
+
+
+def _shared_tok():
+    if "t" not in _TOK:
+        _TOK["t"] = train_bpe(TEXTS * 5, vocab_size=300)
+    return _TOK["t"]
+
+
+def test_bpe_is_deterministic_and_saves(tmp_path, tok):
+    again = train_bpe(TEXTS * 5, vocab_size=300)
+    assert again.merges == tok.merges
+    tok.save(tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    assert isinstance(loaded, ByteBPETokenizer) and loaded.merges == tok.merges
+    assert loaded.encode(TEXTS[1]) == tok.encode(TEXTS[1])
+    assert load_tokenizer(tmp_path / BPE_FILE_NAME).vocab_size == tok.vocab_size
+
+
+def test_bpe_vocab_too_small():
+    with pytest.raises(UserError, match="vocab-size"):
+        train_bpe(TEXTS, vocab_size=100)
+
+
+def test_tokenizer_path_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_tokenizer(tmp_path / "nope")
+    with pytest.raises(UserError, match="no tokenizer found"):
+        load_tokenizer(tmp_path)
+    (tmp_path / BPE_FILE_NAME).write_text("{broken")
+    with pytest.raises(UserError, match="cannot read the tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def test_hf_directory_without_transformers_is_a_clear_error(tmp_path):
+    try:
+        import transformers  # noqa: F401
+        pytest.skip("transformers is installed; the guard is for machines without it")
+    except ImportError:
+        pass
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(UserError, match="pip install transformers"):
+        load_tokenizer(tmp_path)
+
+
+def test_builtin_corpus_is_real_text_and_deterministic(tmp_path):
+    docs = builtin_documents()
+    assert len(docs) > 500 and sum(map(len, docs)) > 200_000
+    assert builtin_documents() == docs
+    words = " ".join(docs[:50]).split()
+    common = {"the", "of", "and", "is", "a", "to"}
+    assert sum(w.lower() in common for w in words) > 0.05 * len(words)   # English prose
+    info = write_builtin_corpus(tmp_path / "c.jsonl", max_chars=5_000)
+    lines = (tmp_path / "c.jsonl").read_text().splitlines()
+    assert len(lines) == info["documents"] and all("text" in json.loads(l) for l in lines)
+    assert 5_000 <= info["characters"] < 5_000 + max(map(len, docs))
+
+
+def test_preprocess_round_trip(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    jsonl = tmp_path / "wiki.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(TEXTS)) + "\n\n")
+    plain = tmp_path / "notes.txt"
+    plain.write_text("first document\nstill first\n\n\nsecond document\n")
+    summary = pp.preprocess([str(jsonl), str(plain)], str(tmp_path / "out" / "wiki"),
+                            vocab_size=280, progress=False)
+    assert summary["data_prefix"].endswith("wiki_text_document")
+    tok = load_tokenizer(summary["tokenizer"])
+    ds = IndexedDataset(summary["data_prefix"])
+    expected = TEXTS + ["first document\nstill first", "second document"]
+    assert len(ds) == len(expected) == summary["documents"]
+    for i, text in enumerate(expected):
+        ids = ds[i].tolist()
+        assert ids == tok.encode(text) + [tok.eod]
+        assert tok.decode(ids[:-1]) == text
+    assert ds[0].dtype == np.uint16
+    # re-using the saved tokenizer gives the same ids
+    again = pp.preprocess([str(jsonl)], str(tmp_path / "out2" / "w"), tokenizer=summary["tokenizer"],
+                          progress=False)
+    # (keep IndexedDatasets referenced: their arrays are views of a memory map closed on delete)
+    ds2 = IndexedDataset(again["data_prefix"])
+    assert ds2[1].tolist() == ds[1].tolist()
+
+
+def test_gpt_dataset_reads_the_token_stream(small_data):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from training_driver.data import BatchPlan, build_gpt_dataset
+
+    tok = load_tokenizer(small_data["tokenizer"])
+    ds = build_gpt_dataset(small_data["data_path"], tok, seq_length=32, num_samples=40, seed=7)
+    indexed = IndexedDataset(small_data["data_path"])
+    stream = np.concatenate([np.array(indexed[i]) for i in range(len(indexed))])
+    text = stream.tobytes()
+    for k in (0, 5, 39):
+        s = ds[k]
+        assert s["tokens"].shape == (32,) and s["labels"].shape == (32,)
+        assert s["tokens"][1:].tolist() == s["labels"][:-1].tolist()
+        window = s["tokens"].tolist() + [int(s["labels"][-1])]
+        # megatron shuffles documents and packs them: every run between end-of-document
+        # tokens is a contiguous piece of one real document
+        pieces, cur = [], []
+        for t in window:
+            cur.append(t)
+            if t == tok.eod:
+                pieces.append(cur)
+                cur = []
+        pieces.append(cur)
+        for piece in filter(None, pieces):
+            assert np.array(piece, dtype=stream.dtype).tobytes() in text
+    plan = BatchPlan(micro_batch_size=2, num_micro_batches=3, data_parallel_size=2, data_parallel_rank=1)
+    assert plan.global_batch_size == 12
+    assert list(plan.sample_indices(1, 2)) == [12 + 2 * 2 * 2 + 2, 12 + 8 + 3]
+
+
+@pytest.mark.parametrize("content,fix", [
+    ('{"text": "ok"}\n{"text": oops}\n', "wiki.jsonl:2: not valid JSON"),
+    ('{"body": "no text field"}\n', 'wiki.jsonl:1: no "text" field'),
+    ('{"text": 5}\n', 'wiki.jsonl:1: "text" is not a string'),
+    ("\n\n", "the corpus is empty"),
+])
+def test_preprocess_bad_input_messages(tmp_path, capsys, content, fix):
+    path = tmp_path / "wiki.jsonl"
+    path.write_text(content)
+    rc = pp.main(["--input", str(path), "--output-prefix", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert err.startswith("preprocess-corpus: error:") and fix in err
+    assert not (tmp_path / "o_text_document.bin").exists()
+
+
+def test_preprocess_missing_file(tmp_path, capsys):
+    rc = pp.main(["--input", str(tmp_path / "none.jsonl"), "--output-prefix", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "none.jsonl does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("it,expected", [
+    (0, 0.25), (3, 1.0),                     # linear warmup over 4 iterations
+    (4, 1.0), (9, 0.55), (14, 0.1), (20, 0.1),  # cosine from 1.0 to 0.1 over 10 iterations
+])
+def test_lr_schedule(it, expected):
+    assert lr_at(it, max_lr=1.0, min_lr=0.1, warmup_iters=4, total_iters=14) == pytest.approx(expected)

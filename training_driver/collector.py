@@ -1,0 +1,448 @@
+"""The tensor collector behind run_wikipedia_tensor_collection.sh.
+
+It sets the TENSOR_SAVE_* variables, launches llama-train, watches the tensor directory with a
+progress bar, and stops once at least one full iteration is saved (at least ``--min-files``
+tensor files and a finished iteration; seed item 7) or after ``--timeout`` seconds. Then it prints
+a summary (files, bytes, by layer type / operation / quant type) and, with ``--visualize``, runs
+``script/one_click_visualize.sh``.
+
+With no data given it runs the embedded default: a real-text corpus built from the
+documentation Python ships (training_driver.corpus), a BPE tokenizer trained on it, a tiny Llama
+on CPU -- nothing downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError, cli_entry
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+VISUALIZE_SCRIPT = PROJECT_ROOT / "script" / "one_click_visualize.sh"
+DEFAULT_WORKDIR = Path("runs") / "default"
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary of a tensor directory
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TensorSummary:
+    files: int = 0
+    bytes: int = 0
+    by_layer_type: Counter = field(default_factory=Counter)
+    by_operation: Counter = field(default_factory=Counter)
+    by_quant_type: Counter = field(default_factory=Counter)
+    iterations: Counter = field(default_factory=Counter)
+    unparsed: int = 0
+
+
+def tensor_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Captured tensor files under ``directory`` (any depth), by name via tensor_capture.schema."""
+    from tensor_capture.schema import TENSOR_SUFFIX, is_tensor_filename
+
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob(f"*{TENSOR_SUFFIX}")
+                  if p.is_file() and is_tensor_filename(p.name))
+
+
+def summarize(directory: str | os.PathLike[str], only: set[Path] | None = None) -> TensorSummary:
+    """Count files, bytes, and files per layer type / operation / quant type / iteration."""
+    from tensor_capture.schema import parse_filename
+
+    s = TensorSummary()
+    for path in tensor_files(directory):
+        if only is not None and path not in only:
+            continue
+        try:
+            name = parse_filename(path.name)
+            size = path.stat().st_size
+        except (ValueError, OSError):
+            s.unparsed += 1
+            continue
+        s.files += 1
+        s.bytes += size
+        s.by_layer_type[name.layer_type] += 1
+        s.by_operation[name.operation] += 1
+        s.by_quant_type[name.quant_type] += 1
+        s.iterations["NA" if name.iteration is None else name.iteration] += 1
+    return s
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def format_summary(s: TensorSummary, directory: str | os.PathLike[str]) -> str:
+    def table(title: str, counts: Counter) -> list[str]:
+        lines = [f"  by {title}:"]
+        for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0]))):
+            lines.append(f"    {str(key):<16} {n:>6}  ({100.0 * n / max(1, s.files):5.1f}%)")
+        return lines
+
+    out = [f"tensor summary for {directory}: {s.files} files, {_human_bytes(s.bytes)}"]
+    if s.files:
+        out += table("layer type", s.by_layer_type)
+        out += table("operation", s.by_operation)
+        out += table("quant type", s.by_quant_type)
+        iters = sorted(k for k in s.iterations if k != "NA")
+        if iters:
+            out.append(f"  iterations captured: {', '.join(map(str, iters[:20]))}"
+                       + (" ..." if len(iters) > 20 else ""))
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded default: corpus, tokenizer, indexed dataset
+# ---------------------------------------------------------------------------------------------
+def prepare_default_data(workdir: str | os.PathLike[str], vocab_size: int = 512,
+                         max_chars: int | None = None, rebuild: bool = False) -> dict[str, str]:
+    """Build (or reuse) the default corpus, tokenizer and indexed dataset under ``workdir``."""
+    from .corpus import write_builtin_corpus
+    from .preprocess import DOCUMENT_SUFFIX, preprocess
+
+    root = Path(workdir)
+    prefix = str(root / "data" / f"python_docs{DOCUMENT_SUFFIX}")
+    tokenizer = str(root / "data" / "tokenizer")
+    ready = all(Path(p).exists() for p in (prefix + ".bin", prefix + ".idx", tokenizer))
+    if ready and not rebuild:
+        print(f"collector: reusing the default corpus in {root / 'data'} (--rebuild-data to redo)",
+              flush=True)
+        return {"data_path": prefix, "tokenizer": tokenizer}
+    corpus = root / "corpus" / "python_docs.jsonl"
+    info = write_builtin_corpus(corpus, max_chars=max_chars)
+    print(f"collector: built the default corpus from Python's own documentation: "
+          f"{info['documents']} documents, {info['characters']:,} characters -> {corpus}", flush=True)
+    summary = preprocess([str(corpus)], prefix, tokenizer=None, tokenizer_out=tokenizer,
+                         vocab_size=vocab_size, progress=sys.stderr.isatty())
+    print(f"collector: trained a {summary['vocab_size']}-token BPE tokenizer and wrote "
+          f"{summary['tokens']:,} tokens to {prefix}.bin/.idx", flush=True)
+    return {"data_path": prefix, "tokenizer": tokenizer}
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch and watch
+# ---------------------------------------------------------------------------------------------
+def port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def training_command(nproc: int, train_args: list[str], master_port: int | None = None) -> list[str]:
+    """One process runs the driver directly; several go through torchrun (torch.distributed.run)."""
+    if nproc == 1:
+        return [sys.executable, "-m", "training_driver.train", *train_args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if master_port is not None:
+        cmd.append(f"--master-port={master_port}")
+    return [*cmd, "-m", "training_driver.train", *train_args]
+
+
+def _read_progress(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def full_iteration_saved(new_files: list[Path], progress: dict[str, Any], min_files: int) -> bool:
+    """At least ``min_files`` new files and training has finished an iteration that was captured."""
+    if len(new_files) < min_files:
+        return False
+    from tensor_capture.schema import parse_filename
+
+    captured = set()
+    for p in new_files:
+        try:
+            it = parse_filename(p.name).iteration
+        except ValueError:
+            continue
+        if it is not None:
+            captured.add(it)
+    done = int(progress.get("iteration", 0))  # iterations finished (0-based ids < done)
+    if not captured:
+        return done >= 1
+    return min(captured) < done
+
+
+def _stop(proc: subprocess.Popen, grace: float = 60.0) -> int:
+    """Ask training to stop like Ctrl-C (it flushes the saver), then insist."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return proc.returncode
+
+
+class _Progress:
+    """A tqdm bar on a terminal; otherwise one plain line whenever something changes."""
+
+    def __init__(self, min_files: int):
+        self.tty = sys.stdout.isatty()
+        self.last = None
+        self.bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=min_files, desc="tensors saved", unit="file", dynamic_ncols=True)
+
+    def update(self, files: int, min_files: int, progress: dict[str, Any]) -> None:
+        it = progress.get("iteration", 0)
+        loss = f", loss {progress['loss']:.3f}" if "loss" in progress else ""
+        if (files, it) == self.last:
+            return
+        self.last = (files, it)
+        if self.bar is not None:
+            self.bar.total = max(min_files, files)
+            self.bar.n = files
+            self.bar.set_postfix_str(f"iteration {it}{loss}")
+        else:
+            print(f"collector: {files} tensor files saved, {it} iterations done{loss}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def watch(proc: subprocess.Popen, tensor_dir: Path, progress_file: Path, before: set[Path],
+          min_files: int, timeout: float, stop_when_collected: bool,
+          poll: float = 0.5) -> str:
+    """Wait for training; returns 'collected', 'finished', 'failed' or 'timeout'."""
+    start = time.monotonic()
+    shown = _Progress(min_files)
+    try:
+        while True:
+            new = [p for p in tensor_files(tensor_dir) if p not in before]
+            progress = _read_progress(progress_file)
+            shown.update(len(new), min_files, progress)
+            if proc.poll() is not None:
+                return "finished" if proc.returncode == 0 else "failed"
+            if stop_when_collected and full_iteration_saved(new, progress, min_files):
+                return "collected"
+            if time.monotonic() - start > timeout:
+                return "timeout"
+            time.sleep(poll)
+    finally:
+        shown.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_wikipedia_tensor_collection.sh",
+        description="Collect tensors from a training run: set TENSOR_SAVE_*, launch training, "
+                    "watch the tensor directory, stop after one full iteration is saved (or the "
+                    "timeout), print a summary, optionally visualize. With no data it runs the "
+                    "embedded default (tiny Llama on CPU, corpus built from Python's own "
+                    "documentation, nothing downloaded).",
+        epilog="Arguments after '--' go to llama-train unchanged.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-path", default=None,
+                   help="indexed dataset prefix (preprocess-corpus output); default: the "
+                        "embedded corpus")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (needed with --data-path)")
+    p.add_argument("--tensor-dir", default=os.environ.get("TENSOR_SAVE_DIR", "./enhanced_tensor_logs"),
+                   help="TENSOR_SAVE_DIR for this run")
+    p.add_argument("--quant-type", default=os.environ.get("CUSTOM_QUANT_TYPE", "hifp8"),
+                   help="CUSTOM_QUANT_TYPE: the format emulated in the captured layers")
+    p.add_argument("--saver-iteration", default=os.environ.get("TENSOR_SAVER_ITERATION", "0"),
+                   help="TENSOR_SAVER_ITERATION")
+    p.add_argument("--min-files", type=int, default=10,
+                   help="tensor files that make a collection complete (with one full iteration)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
+    p.add_argument("--keep-training", action="store_true",
+                   help="let training run to the end instead of stopping once tensors are collected")
+    p.add_argument("--model", default="tiny", help="llama-train --model")
+    p.add_argument("--train-iters", type=int, default=20)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--seq-length", type=int, default=None)
+    p.add_argument("--nproc", type=int, default=1, help="training processes (torchrun when > 1)")
+    p.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
+                   help="default corpus, patched megatron-core copy, progress file")
+    p.add_argument("--rebuild-data", action="store_true", help="rebuild the default corpus")
+    p.add_argument("--default-corpus-chars", type=int, default=None,
+                   help="cap the default corpus size (characters)")
+    vis = p.add_mutually_exclusive_group()
+    vis.add_argument("--visualize", dest="visualize", action="store_true", default=None,
+                     help="run script/one_click_visualize.sh afterwards (default for the "
+                          "embedded run)")
+    vis.add_argument("--no-visualize", dest="visualize", action="store_false")
+    p.add_argument("--draw-dir", default="./draw", help="visualization output folder")
+    return p
+
+
+def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _check_master_port(nproc: int) -> int | None:
+    env_port = os.environ.get("MASTER_PORT")
+    if env_port:
+        if not env_port.isdigit():
+            raise UserError(f"MASTER_PORT={env_port!r} is not a port number")
+        if not port_free(int(env_port)):
+            raise UserError(f"MASTER_PORT={env_port} is in use: pick a free port or unset "
+                            "MASTER_PORT")
+        return int(env_port)
+    if nproc > 1:
+        from .megatron_env import free_port
+        return free_port()
+    return None
+
+
+def run_visualization(tensor_dir: Path, draw_dir: Path) -> int:
+    if not VISUALIZE_SCRIPT.is_file():
+        print(f"collector: {VISUALIZE_SCRIPT.relative_to(PROJECT_ROOT)} is not available yet; "
+              "skipping the visualization", flush=True)
+        return 0
+    print(f"collector: visualizing into {draw_dir} ...", flush=True)
+    rc = subprocess.call(["bash", str(VISUALIZE_SCRIPT), str(tensor_dir), str(draw_dir)])
+    if rc != 0:
+        print(f"collector: the visualization exited with status {rc}", file=sys.stderr, flush=True)
+    return rc
+
+
+@cli_entry("run_wikipedia_tensor_collection.sh")
+def main(argv: list[str] | None = None) -> int:
+    own, passthrough = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(own)
+    if args.nproc < 1 or args.min_files < 1 or args.timeout <= 0:
+        raise UserError("--nproc and --min-files must be at least 1 and --timeout positive")
+    t_start = time.monotonic()
+    workdir = Path(args.workdir)
+    embedded = args.data_path is None
+    if embedded:
+        if args.tokenizer:
+            raise UserError("--tokenizer without --data-path: give both, or neither for the "
+                            "embedded default")
+        print("collector: no --data-path given: running the embedded default (tiny Llama on "
+              "CPU, corpus built from Python's documentation, nothing downloaded)", flush=True)
+        paths = prepare_default_data(workdir, max_chars=args.default_corpus_chars,
+                                     rebuild=args.rebuild_data)
+    else:
+        if not args.tokenizer:
+            raise UserError("--data-path needs --tokenizer (the directory preprocess-corpus wrote)")
+        from .data import check_data_prefix
+        from .tokenizer import load_tokenizer
+
+        check_data_prefix(args.data_path)
+        load_tokenizer(args.tokenizer)
+        paths = {"data_path": args.data_path, "tokenizer": args.tokenizer}
+    visualize = embedded if args.visualize is None else args.visualize
+    master_port = _check_master_port(args.nproc)
+
+    tensor_dir = Path(args.tensor_dir)
+    tensor_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
+               TENSOR_SAVER_ITERATION=str(args.saver_iteration), CUSTOM_QUANT_TYPE=args.quant_type)
+    from .capture import PATCHED_DIR_ENV, prepare_patched_tree
+
+    if not env.get(PATCHED_DIR_ENV):
+        patched = prepare_patched_tree(workdir / "patched_megatron")
+        if patched is None:
+            print("collector: the tensor-capture patch set is not installed; training runs on "
+                  "unpatched megatron-core and no tensors will be saved", flush=True)
+        else:
+            env[PATCHED_DIR_ENV] = str(patched)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    progress_file = workdir / f"progress_{os.getpid()}.json"
+    train_args = ["--data-path", paths["data_path"], "--tokenizer", paths["tokenizer"],
+                  "--model", args.model, "--train-iters", str(args.train_iters),
+                  "--micro-batch-size", str(args.micro_batch_size),
+                  "--progress-file", str(progress_file)]
+    if args.seq_length:
+        train_args += ["--seq-length", str(args.seq_length)]
+    train_args += passthrough
+    if master_port is not None and args.nproc == 1:
+        env["MASTER_PORT"] = str(master_port)
+    cmd = training_command(args.nproc, train_args, master_port if args.nproc > 1 else None)
+    before = set(tensor_files(tensor_dir))
+    print(f"collector: TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "
+          f"TENSOR_SAVER_ITERATION={args.saver_iteration}", flush=True)
+    print("collector: launching " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    interrupted = False
+    try:
+        outcome = watch(proc, tensor_dir, progress_file, before, args.min_files, args.timeout,
+                        stop_when_collected=not args.keep_training)
+    except KeyboardInterrupt:
+        interrupted = True
+        outcome = "interrupted"
+    if outcome in ("collected", "timeout", "interrupted"):
+        if outcome == "collected":
+            print("collector: one full iteration is saved; stopping training", flush=True)
+        elif outcome == "timeout":
+            print(f"collector: timeout after {args.timeout:.0f} s; stopping training", flush=True)
+        try:
+            _stop(proc)
+        except KeyboardInterrupt:
+            proc.kill()
+            proc.wait()
+    rc = proc.returncode
+    try:
+        progress_file.unlink()
+    except OSError:
+        pass
+    new = set(tensor_files(tensor_dir)) - before
+    summary = summarize(tensor_dir, only=new)
+    print(format_summary(summary, tensor_dir), flush=True)
+    if interrupted:
+        print(f"collector: interrupted; the {summary.files} tensor files saved so far are intact "
+              f"in {tensor_dir}", file=sys.stderr, flush=True)
+        return 130
+    if outcome == "failed":
+        print(f"collector: training exited with status {rc} (see its message above)",
+              file=sys.stderr, flush=True)
+        return rc or 1
+    if summary.files < args.min_files:
+        print(f"collector: only {summary.files} tensor files were saved (wanted "
+              f"{args.min_files}); is the patch set installed and TENSOR_SAVE_ENABLED honored?",
+              file=sys.stderr, flush=True)
+        return 1
+    if visualize:
+        if run_visualization(tensor_dir, Path(args.draw_dir)) != 0:
+            return 1
+    print(f"collector: done in {time.monotonic() - t_start:.0f} s; tensors in {tensor_dir}"
+          + (f", plots in {args.draw_dir}" if visualize and VISUALIZE_SCRIPT.is_file() else ""),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Training data: megatron.core's GPTDataset over an indexed dataset, addressed by iteration.
+
+Sample ``k`` of the run is the k-th sample of the GPTDataset (shuffled by megatron with the run's
+seed). Iteration ``it``, micro-batch ``m`` on data-parallel rank ``r`` reads samples
+``it*G + m*B*D + r*B + [0, B)`` (G global batch, B micro batch, D data-parallel size), so a
+resumed run reads exactly the samples the uninterrupted run would have, with no iterator state.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+from .tokenizer import Tokenizer, megatron_tokenizer
+
+
+def check_data_prefix(prefix: str) -> None:
+    missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
+    if missing:
+        raise UserError(f"data path {prefix} has no {' / '.join(prefix + s for s in missing)}: pass "
+                        "the prefix written by preprocess-corpus (ending in _text_document)")
+
+
+def _ensure_helpers() -> None:
+    """megatron's sample index builder is C++; wheels ship it compiled, source installs may not."""
+    try:
+        from megatron.core.datasets import helpers_cpp  # noqa: F401
+    except ImportError:
+        try:
+            from megatron.core.datasets.utils import compile_helpers
+
+            compile_helpers()
+            from megatron.core.datasets import helpers_cpp  # noqa: F401,F811
+        except Exception as exc:  # noqa: BLE001
+            raise UserError("megatron-core's dataset helpers (helpers_cpp) are not compiled and "
+                            f"building them failed ({exc}); install a megatron-core wheel or run "
+                            "'make' in megatron/core/datasets") from None
+
+
+def _fingerprint(prefix: str) -> str:
+    """Hash of the index file: changes whenever the data is re-preprocessed."""
+    import hashlib
+
+    return hashlib.sha256(Path(prefix + ".idx").read_bytes()).hexdigest()[:16]
+
+
+@dataclass
+class BatchPlan:
+    micro_batch_size: int
+    num_micro_batches: int
+    data_parallel_size: int
+    data_parallel_rank: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches * self.data_parallel_size
+
+    def sample_indices(self, iteration: int, micro_batch: int) -> range:
+        start = (iteration * self.global_batch_size
+                 + micro_batch * self.micro_batch_size * self.data_parallel_size
+                 + self.data_parallel_rank * self.micro_batch_size)
+        return range(start, start + self.micro_batch_size)
+
+
+def build_gpt_dataset(prefix: str, tokenizer: Tokenizer, seq_length: int, num_samples: int,
+                      seed: int, cache_dir: str | None = None):
+    """A megatron.core GPTDataset with ``num_samples`` samples of ``seq_length`` tokens.
+
+    Every rank calls this (megatron builds the index on rank 0 first, then the others read it).
+    """
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    check_data_prefix(prefix)
+    _ensure_helpers()
+    config = GPTDatasetConfig(
+        random_seed=seed,
+        sequence_length=seq_length,
+        blend=([prefix], None),
+        split="100,0,0",
+        path_to_cache=cache_dir or os.path.join(os.path.dirname(os.path.abspath(prefix)), "cache"),
+        tokenizer=megatron_tokenizer(tokenizer, _fingerprint(prefix)),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [num_samples, None, None], lambda: True, config
+    ).build()
+    if train is None or len(train) < num_samples:
+        raise UserError(f"data path {prefix}: too little data for {num_samples} samples of "
+                        f"{seq_length} tokens")
+    return train
+
+
+def get_micro_batch(dataset, plan: BatchPlan, iteration: int, micro_batch: int,
+                    device: torch.device) -> dict[str, torch.Tensor]:
+    """tokens, labels, loss_mask of one micro-batch ([b, s] each)."""
+    samples = [dataset[i] for i in plan.sample_indices(iteration, micro_batch)]
+    return {key: torch.stack([s[key] for s in samples]).to(device)
+            for key in ("tokens", "labels", "loss_mask")}

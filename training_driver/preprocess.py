@@ -1,0 +1,167 @@
+"""Turn a corpus (JSON Lines with a text field, or plain text) into Megatron's indexed dataset.
+
+Writes ``{output_prefix}_text_document.bin`` / ``.idx`` through megatron.core.datasets'
+IndexedDatasetBuilder (one document per JSON line, or per blank-line-separated block of plain
+text, each followed by the end-of-document token), the layout Megatron's GPTDataset reads.
+Without ``--tokenizer`` a byte-level BPE is trained on the corpus and saved beside the data.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from .errors import UserError, cli_entry
+from .tokenizer import Tokenizer, load_tokenizer, train_bpe
+
+DOCUMENT_SUFFIX = "_text_document"
+JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
+
+
+def _is_json_lines(path: Path) -> bool:
+    if path.suffix.lower() in JSON_SUFFIXES:
+        return True
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if line.strip():
+                return line.lstrip().startswith("{")
+    return False
+
+
+def read_documents(path: str | os.PathLike[str], json_key: str = "text") -> Iterator[str]:
+    """Yield the documents of one corpus file; UserError naming the file and line when malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"corpus file {p} does not exist: pass --input with a JSON Lines file "
+                        "(one {\"text\": ...} per line) or a plain text file")
+    if _is_json_lines(p):
+        with open(p, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{p}:{lineno}: not valid JSON ({exc.msg}); each line must "
+                                    "be one JSON object") from None
+                if not isinstance(record, dict) or json_key not in record:
+                    raise UserError(f"{p}:{lineno}: no \"{json_key}\" field; pick the field with "
+                                    "--json-key")
+                text = record[json_key]
+                if not isinstance(text, str):
+                    raise UserError(f"{p}:{lineno}: \"{json_key}\" is not a string")
+                if text.strip():
+                    yield text
+    else:
+        with open(p, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        for block in re.split(r"\n\s*\n", text):
+            if block.strip():
+                yield block.strip()
+
+
+def _token_dtype(vocab_size: int):
+    from megatron.core.datasets.indexed_dataset import DType
+
+    return DType.optimal_dtype(vocab_size)
+
+
+def write_indexed_dataset(documents: list[list[int]], output_prefix: str | os.PathLike[str],
+                          vocab_size: int) -> str:
+    """Write tokenized documents as ``{prefix}.bin/.idx`` atomically; returns the prefix."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = os.fspath(output_prefix)
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    dtype = _token_dtype(vocab_size)
+    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
+    try:
+        for doc in documents:
+            builder.add_document(np.asarray(doc, dtype=dtype), [len(doc)])
+        builder.finalize(tmp + ".idx")
+        os.replace(tmp + ".bin", prefix + ".bin")
+        os.replace(tmp + ".idx", prefix + ".idx")
+    finally:
+        for suffix in (".bin", ".idx"):
+            if os.path.exists(tmp + suffix):
+                os.remove(tmp + suffix)
+    return prefix
+
+
+def preprocess(inputs: list[str], output_prefix: str, tokenizer: str | None = None,
+               tokenizer_out: str | None = None, vocab_size: int = 1024, json_key: str = "text",
+               progress: bool = True) -> dict:
+    """Tokenize ``inputs`` and write the indexed dataset; returns a summary (paths and counts).
+
+    ``output_prefix`` gets ``_text_document`` appended unless it already ends with it.
+    """
+    from tqdm import tqdm
+
+    texts: list[str] = []
+    for path in inputs:
+        texts.extend(read_documents(path, json_key))
+    if not texts:
+        raise UserError(f"no documents in {', '.join(inputs)}: the corpus is empty")
+    tok: Tokenizer
+    if tokenizer:
+        tok = load_tokenizer(tokenizer)
+        tokenizer_dir = tokenizer
+    else:
+        tok = train_bpe(texts, vocab_size=vocab_size, progress=progress)
+        tokenizer_dir = tokenizer_out or str(Path(output_prefix).parent / "tokenizer")
+        tok.save(tokenizer_dir)
+    docs: list[list[int]] = []
+    n_tokens = 0
+    for text in tqdm(texts, desc="tokenizing", unit="doc", disable=not progress, leave=False):
+        ids = tok.encode(text)
+        ids.append(tok.eod)
+        docs.append(ids)
+        n_tokens += len(ids)
+    prefix = output_prefix if output_prefix.endswith(DOCUMENT_SUFFIX) else output_prefix + DOCUMENT_SUFFIX
+    write_indexed_dataset(docs, prefix, tok.vocab_size)
+    return {"data_prefix": prefix, "tokenizer": str(tokenizer_dir), "documents": len(docs),
+            "tokens": n_tokens, "vocab_size": tok.vocab_size}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="preprocess-corpus",
+        description="Tokenize a corpus (JSON Lines with a text field, e.g. a Wikipedia dump, or "
+                    "plain text with blank lines between documents) into Megatron's indexed "
+                    "dataset (.bin/.idx). Nothing is downloaded.",
+    )
+    p.add_argument("--input", action="append", required=True, metavar="FILE",
+                   help="corpus file (repeat for several)")
+    p.add_argument("--output-prefix", required=True,
+                   help="output path prefix; '_text_document.bin/.idx' is appended")
+    p.add_argument("--tokenizer", default=None,
+                   help="existing tokenizer directory (ours or a local Hugging Face one); "
+                        "default: train a byte-level BPE on the corpus")
+    p.add_argument("--tokenizer-out", default=None,
+                   help="where to save a trained tokenizer (default: PREFIX's folder/tokenizer)")
+    p.add_argument("--vocab-size", type=int, default=1024,
+                   help="size of a trained tokenizer (default 1024)")
+    p.add_argument("--json-key", default="text", help="JSON field holding the text (default text)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+@cli_entry("preprocess-corpus")
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    summary = preprocess(args.input, args.output_prefix, args.tokenizer, args.tokenizer_out,
+                         args.vocab_size, args.json_key, progress=not args.quiet)
+    print(f"wrote {summary['data_prefix']}.bin/.idx: {summary['documents']} documents, "
+          f"{summary['tokens']} tokens, vocabulary {summary['vocab_size']} "
+          f"(tokenizer: {summary['tokenizer']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
