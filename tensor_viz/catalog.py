@@ -1,0 +1,137 @@
+"""Find the captured tensors of a directory: manifest records first, then file names.
+
+Nothing here reads tensor values. Bad input (missing files, foreign names) becomes a
+``Problem`` that the report counts; only a missing directory is an error.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensor_capture import schema
+
+
+class UserError(Exception):
+    """A mistake in what the user passed; the CLI prints it as one line and exits 2."""
+
+
+@dataclass
+class Problem:
+    path: str
+    kind: str      # short category: "corrupt", "foreign", "missing", "unsafe", ...
+    reason: str
+
+
+@dataclass
+class Entry:
+    """One captured tensor: naming fields, metadata, stored stats, and where its values are."""
+
+    name: schema.TensorName
+    meta: dict[str, Any]
+    path: str | None
+    stats: dict[str, Any] | None
+    source: str                        # "manifest" or "file"
+    sample: Any = None                 # numpy float32 sample of values, when read
+    heat: Any = None                   # small 2-D slice of values, when read
+    whatif: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def variant(self) -> str:
+        return str(self.meta.get(schema.META_VARIANT) or "hp")
+
+    @property
+    def dtype(self) -> str:
+        return str(self.meta.get(schema.META_DTYPE) or "unknown")
+
+    @property
+    def layer_label(self) -> str:
+        n = self.name
+        idx = "NA" if n.layer_idx is None else str(n.layer_idx)
+        sub = self.meta.get(schema.META_SUBMODULE) or n.layer_type
+        return f"L{idx} {sub}"
+
+    @property
+    def label(self) -> str:
+        n = self.name
+        return f"{self.layer_label} {n.operation} {n.tensor_name}"
+
+    def range_stats(self) -> tuple[str, dict[str, float]] | None:
+        """Overflow statistics against the tensor's own quant type, else the first stored."""
+        ranges = (self.stats or {}).get(schema.STAT_RANGE) or {}
+        if not isinstance(ranges, dict) or not ranges:
+            return None
+        for key in (self.name.quant_type, self.dtype, self.dtype.replace("torch.", "")):
+            if isinstance(ranges.get(key), dict):
+                return key, ranges[key]
+        key = sorted(ranges)[0]
+        return (key, ranges[key]) if isinstance(ranges[key], dict) else None
+
+
+@dataclass
+class Catalog:
+    directory: str
+    entries: list[Entry]
+    problems: list[Problem]
+    ignored: int = 0                   # files that are neither tensors nor manifests
+
+    def problem_counts(self) -> dict[str, int]:
+        return dict(Counter(p.kind for p in self.problems))
+
+
+def _record_entry(directory: Path, record: dict[str, Any]) -> tuple[Entry | None, Problem | None]:
+    try:
+        name = schema.record_name(record)
+    except (TypeError, ValueError) as exc:
+        return None, Problem(str(directory), "bad-manifest", f"manifest record unusable: {exc}")
+    rel = record.get(schema.MANIFEST_FILE)
+    stats = record.get(schema.META_STATS) if isinstance(record.get(schema.META_STATS), dict) else None
+    path = None
+    problem = None
+    if rel:
+        candidate = directory / str(rel)
+        if candidate.is_file():
+            path = str(candidate)
+        else:
+            problem = Problem(str(candidate), "missing", "listed in the manifest but not on disk")
+    if path is None and stats is None:
+        return None, problem
+    return Entry(name=name, meta=record, path=path, stats=stats, source="manifest"), problem
+
+
+def scan(directory: str | os.PathLike[str]) -> Catalog:
+    """Catalog ``directory``; UserError if it is not a directory."""
+    root = Path(directory)
+    if not root.exists():
+        raise UserError(f"--tensor_dir {root}: no such directory (pass the folder the capture wrote, "
+                        "e.g. $TENSOR_SAVE_DIR)")
+    if not root.is_dir():
+        raise UserError(f"--tensor_dir {root}: is a file, not a directory (pass the folder holding the .pt files)")
+    entries: list[Entry] = []
+    problems: list[Problem] = []
+    known: set[str] = set()
+    for record in schema.read_manifest(root):
+        entry, problem = _record_entry(root, record)
+        if problem:
+            problems.append(problem)
+        if entry:
+            entries.append(entry)
+            if entry.path:
+                known.add(os.path.realpath(entry.path))
+    ignored = 0
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        if path.suffix != schema.TENSOR_SUFFIX:
+            if not path.match(schema.MANIFEST_GLOB):
+                ignored += 1
+            continue
+        if os.path.realpath(path) in known:
+            continue
+        try:
+            name = schema.parse_filename(path.name)
+        except ValueError:
+            problems.append(Problem(str(path), "foreign", "not a captured tensor file name; skipped"))
+            continue
+        entries.append(Entry(name=name, meta=name.to_dict(), path=str(path), stats=None, source="file"))
+    return Catalog(directory=str(root), entries=entries, problems=problems, ignored=ignored)

@@ -1,0 +1,87 @@
+"""The shared command line of quick-visualize, visualize-tensors and enhanced-tensor-visualizer.
+
+Exit codes: 0 = figures drawn (problems, if any, are listed), 1 = nothing could be drawn,
+2 = a usage error (one line on stderr naming the argument and the fix).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tensor_viz import pipeline
+from tensor_viz.catalog import UserError
+from tensor_viz.plots_quant import MAP_STATS
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--tensor_dir", "--tensor-dir", required=True,
+                   help="folder the capture wrote (.pt files, manifest_rank*.jsonl)")
+    p.add_argument("--output_dir", "--output-dir", default="./draw", help="where figures and index.html go")
+    p.add_argument("--sample-size", type=int, default=4096, help="values kept per file read")
+    p.add_argument("--max-files", type=int, default=256,
+                   help="files read for value plots when statistics are stored (others: stats only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the reproducible value sampling")
+    p.add_argument("--workers", type=int, default=2, help="processes reading files")
+    p.add_argument("--whatif", default=",".join(pipeline.DEFAULT_WHATIF),
+                   help="formats for what-if quantization error (comma list, or 'none')")
+    p.add_argument("--map-stat", default=",".join(pipeline.pq.DEFAULT_MAP_STATS),
+                   help=f"statistics for the numerics map, from {', '.join(MAP_STATS)}")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return p
+
+
+def options(args: argparse.Namespace) -> pipeline.Options:
+    for name in ("sample_size", "max_files", "workers"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    stats = _formats(args.map_stat)
+    bad = [s for s in stats if s not in MAP_STATS]
+    if bad:
+        raise UserError(f"--map-stat {','.join(bad)}: unknown; choose from {', '.join(MAP_STATS)}")
+    whatif = _formats(args.whatif)
+    try:
+        import quant
+
+        unknown = [f for f in whatif if f not in getattr(quant, "FORMATS", {f: None for f in whatif})]
+    except ImportError:
+        unknown = []
+    if unknown:
+        raise UserError(f"--whatif {','.join(unknown)}: unknown format; see quant.FORMATS for names")
+    return pipeline.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
+                            workers=args.workers, whatif=whatif, map_stats=stats, progress=not args.no_progress)
+
+
+def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,
+        description: str) -> int:
+    args = parser(prog, description).parse_args(argv)
+    try:
+        opts = options(args)
+        if not sections:  # the quick view needs neither quantization errors nor maps
+            opts.whatif, opts.max_pairs = (), 0
+        result = pipeline.build(args.tensor_dir, args.output_dir, sections, opts, quick=quick, report=report)
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    cat = result.catalog
+    print(f"{prog}: {len(cat.entries)} tensors in {cat.directory}; read values from {result.files_read} files; "
+          f"{result.drawn} figures drawn into {args.output_dir}")
+    counts = cat.problem_counts()
+    if counts:
+        print(f"{prog}: skipped or flagged {sum(counts.values())} inputs ("
+              + ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
+              + f"); details in {args.output_dir}/problems.txt")
+    if cat.ignored:
+        print(f"{prog}: ignored {cat.ignored} files that are neither .pt tensors nor manifests")
+    if result.drawn == 0:
+        print(f"{prog}: nothing could be drawn (no readable captured tensors in {cat.directory})", file=sys.stderr)
+    elif report:
+        print(f"{prog}: open {args.output_dir}/index.html in a browser")
+    return result.exit_code

@@ -1,0 +1,19 @@
+"""enhanced-tensor-visualizer (seed: script/visualization/enhanced_tensor_visualizer.py): the
+seed's twelve draw/ folders plus the numerics map, and index.html."""
+from __future__ import annotations
+
+import sys
+
+from tensor_viz import cli, pipeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(argv, prog="enhanced-tensor-visualizer", sections=pipeline.ENHANCED_SECTIONS, quick=False,
+                   report=True,
+                   description="Enhanced analysis of a captured-tensor directory: distributions, heatmaps, "
+                               "comparisons, statistics, attention, quantization, layer, overflow, FP8, BF16, "
+                               "backward and rank analysis, a numerics map, and index.html.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Build the figures and the report for a tensor directory: the library behind every CLI.
+
+Summaries come from the manifest and stored statistics; values are read only from a
+reproducible selection of files (plus files without stored statistics), one file at
+a time in worker processes.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tensor_viz import plots_basic as pb
+from tensor_viz import plots_enhanced as pe
+from tensor_viz import plots_quant as pq
+from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
+from tensor_viz.data import Dataset, PairError
+from tensor_viz.figures import FigureSet
+from tensor_viz.formats import format_limits
+from tensor_viz.values import FileTask, PairTask, run_tasks
+
+DEFAULT_WHATIF = ("fp8_e4m3", "fp8_e5m2", "hifp8", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4", "bf16")
+
+
+@dataclass
+class Options:
+    sample_size: int = 4096          # values kept per file read
+    max_value_files: int = 256       # files read for value plots when stats are stored
+    seed: int = 0
+    workers: int = 2
+    whatif: tuple[str, ...] = DEFAULT_WHATIF
+    whatif_files: int = 48
+    whatif_elems: int = 8192
+    max_pairs: int = 64
+    map_stats: tuple[str, ...] = pq.DEFAULT_MAP_STATS
+    progress: bool = True
+    dpi: int = 90
+
+
+# section name -> (drawing function, what the section answers); order = order in index.html
+SECTIONS: dict[str, tuple[Callable[[Dataset, FigureSet], None], str]] = {
+    "distributions": (pb.draw_distributions, "What the values look like, per quant type, pass and tensor."),
+    "heatmaps": (pb.draw_heatmaps, "Where in a tensor the large values sit (rows = tokens, columns = channels)."),
+    "comparisons": (pb.draw_comparisons, "How the quant types compare."),
+    "statistics": (pb.draw_statistics, "Statistics of every captured tensor (stored at capture time)."),
+    "attention_analysis": (pb.draw_attention_analysis, "Attention inputs and outputs."),
+    "attention_maps": (pb.draw_attention_maps, "Attention score maps, where they were captured."),
+    "quantization_analysis": (pq.draw_quantization, "Quantization error, measured and what-if."),
+    "layer_analysis": (pe.draw_layers, "Attention vs linear, layer index, sample and batch size."),
+    "overflow_analysis": (pe.draw_overflow, "Overflow, underflow and flush-to-zero against each format."),
+    "fp8_analysis": (pe.draw_fp8, "HiFP8 vs MXFP8 runs."),
+    "bf16_analysis": (pe.draw_bf16, "BF16 tensors: raw and normalized densities, shape statistics."),
+    "backward_analysis": (pe.draw_backward, "Forward vs backward, gradients."),
+    "rank_analysis": (pe.draw_ranks, "The same tensor across ranks."),
+    "numerics_map": (pq.draw_numerics_map, "A layer x tensor map of one statistic over iterations."),
+}
+SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
+                 "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
+                 "bf16_analysis", "backward_analysis", "rank_analysis")
+ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map",)
+FULL_SECTIONS = tuple(SECTIONS)
+
+
+@dataclass
+class Result:
+    catalog: Catalog
+    dataset: Dataset
+    figures: FigureSet
+    files_read: int = 0
+    extra_files: list[str] = field(default_factory=list)   # quick_analysis.png, tensor_stats.txt, ...
+
+    @property
+    def drawn(self) -> int:
+        return self.figures.drawn()
+
+    @property
+    def exit_code(self) -> int:
+        """0 when at least one real figure was drawn, 1 when nothing could be drawn."""
+        return 0 if self.drawn else 1
+
+
+def _pair_key(e: Entry):
+    n = e.name
+    return (n.iteration, n.layer_type, n.layer_idx, n.operation, n.phase, n.component, n.quant_type,
+            n.rank, n.sample_idx, n.tensor_name, e.meta.get("module_path"))
+
+
+def _select(entries: list[Entry], opts: Options) -> list[Entry]:
+    """Files to read values from: all without stats, plus a seeded round-robin over groups."""
+    must = [e for e in entries if e.path and e.stats is None]
+    pool = [e for e in entries if e.path and e.stats is not None]
+    rng = random.Random(opts.seed)
+    groups: dict[tuple, list[Entry]] = {}
+    for e in sorted(pool, key=lambda e: e.path or ""):
+        groups.setdefault((e.name.quant_type, e.name.layer_type, e.name.operation, e.name.tensor_name,
+                           e.variant), []).append(e)
+    queues = [rng.sample(g, len(g)) for _, g in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+    picked: list[Entry] = []
+    while len(picked) < opts.max_value_files and any(queues):
+        for q in queues:
+            if q and len(picked) < opts.max_value_files:
+                picked.append(q.pop())
+    return must + picked
+
+
+def _quant_available() -> bool:
+    """True when quant's quantize() and metrics import (the numerics core is optional here)."""
+    try:
+        from quant import metrics  # noqa: F401
+        from quant.quantize import quantize  # noqa: F401
+
+        return callable(quantize)
+    except Exception:
+        return False
+
+
+def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True) -> tuple[Catalog, Dataset, int]:
+    """Catalog the directory and read what the plots need. Returns (catalog, dataset, files read)."""
+    opts = opts or Options()
+    catalog = scan(tensor_dir)
+    ds = Dataset(entries=list(catalog.entries))
+    if not values:
+        return catalog, ds, 0
+    chosen = _select(ds.entries, opts)
+    quant_ok = _quant_available()
+    whatif = opts.whatif if quant_ok else ()
+    ds.whatif_formats = tuple(whatif)
+    if opts.whatif and not quant_ok:
+        ds.notes["quantization_analysis"] = "the quant package (quantize, metrics) is not available"
+    limits = {}
+    for name in {e.name.quant_type for e in ds.entries} | {"torch.bfloat16", "torch.float16"}:
+        lim = format_limits(name)
+        if lim:
+            limits[name] = lim
+    whatif_done: set = set()
+    tasks: list[FileTask | PairTask] = []
+    heat_done: set = set()
+    for e in chosen:
+        wants_whatif = bool(whatif) and e.variant != "quantized" and len(whatif_done) < opts.whatif_files \
+            and (e.label, e.name.quant_type) not in whatif_done
+        if wants_whatif:
+            whatif_done.add((e.label, e.name.quant_type))
+        heat = e.label not in heat_done and len(heat_done) < 24
+        heat_done.add(e.label)
+        tasks.append(FileTask(path=e.path, sample_size=opts.sample_size, seed=opts.seed,
+                              need_stats=e.stats is None, limits=limits, heat=heat,
+                              whatif=tuple(whatif) if wants_whatif else (), whatif_elems=opts.whatif_elems))
+    pairs = _pairs(ds.entries, opts) if quant_ok else []
+    tasks += [PairTask(hp.path, q.path) for hp, q in pairs]
+    dropped: set[int] = set()
+    whatif_failures: dict[tuple[str, str], int] = {}
+    results = run_tasks(tasks, workers=opts.workers, progress=opts.progress)
+    for i, res in enumerate(results):
+        if i < len(chosen):
+            e = chosen[i]
+            if "error" in res:
+                kind, reason = res["error"]
+                catalog.problems.append(Problem(e.path or "", kind, reason))
+                if e.stats is None:
+                    dropped.add(id(e))
+                continue
+            for k, v in res.get("meta", {}).items():
+                e.meta.setdefault(k, v)
+            if e.stats is None:
+                e.stats = res.get("stats")
+            e.sample, e.heat = res.get("sample"), res.get("heat")
+            e.whatif = {f: m for f, m in (res.get("whatif") or {}).items() if "error" not in m}
+            for f, m in (res.get("whatif") or {}).items():
+                if "error" in m:
+                    whatif_failures[(f, m["error"])] = whatif_failures.get((f, m["error"]), 0) + 1
+        else:
+            hp, q = pairs[i - len(chosen)]
+            if "error" in res:
+                kind, reason = res["error"]
+                catalog.problems.append(Problem(q.path or "", kind, reason))
+            elif id(hp) not in dropped and id(q) not in dropped:
+                ds.pairs.append(PairError(hp, q, res["errors"]))
+    for (fmt, msg), n in sorted(whatif_failures.items()):
+        catalog.problems.append(Problem(f"(what-if format {fmt})", "whatif", f"failed on {n} tensors: {msg}"))
+    ds.entries = [e for e in ds.entries if id(e) not in dropped]
+    catalog.entries = ds.entries
+    return catalog, ds, len(tasks)
+
+
+def _pairs(entries: list[Entry], opts: Options) -> list[tuple[Entry, Entry]]:
+    if opts.max_pairs <= 0:
+        return []
+    by_key: dict[tuple, dict[str, Entry]] = {}
+    for e in entries:
+        if e.path:
+            by_key.setdefault(_pair_key(e), {})[e.variant] = e
+    pairs = [(v["hp"], v["quantized"]) for _, v in sorted(by_key.items(), key=lambda kv: str(kv[0]))
+             if "hp" in v and "quantized" in v]
+    if len(pairs) > opts.max_pairs:
+        pairs = random.Random(opts.seed).sample(pairs, opts.max_pairs)
+    return pairs
+
+
+_DRAW_STATE: dict = {}
+
+
+def _draw_section(name: str) -> list:
+    """Draw one section into a fresh FigureSet (runs in a forked worker or inline)."""
+    ds, out_dir, opts = _DRAW_STATE["args"]
+    fs = FigureSet(Path(out_dir), dpi=opts.dpi)
+    fs.start_section(name)
+    try:
+        if name == "numerics_map":
+            pq.draw_numerics_map(ds, fs, opts.map_stats)
+        else:
+            SECTIONS[name][0](ds, fs)
+    except Exception as exc:  # a plotting bug must not lose the other sections
+        fs.placeholder(name, f"drawing failed ({type(exc).__name__}: {str(exc)[:120]})")
+    return fs.figures
+
+
+def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Options) -> FigureSet:
+    """Every section's figures; sections are drawn in ``opts.workers`` forked processes."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    fs = FigureSet(Path(out_dir), dpi=opts.dpi)
+    _DRAW_STATE["args"] = (ds, out_dir, opts)
+    bar = tqdm(total=len(sections), desc="drawing", unit="section", disable=not opts.progress)
+    try:
+        if opts.workers <= 1 or len(sections) < 2:
+            results = (_draw_section(s) for s in sections)
+            for figs in results:
+                fs.figures += figs
+                bar.update()
+        else:
+            # Heaviest sections first so the two workers finish together.
+            order = sorted(sections, key=lambda s: s not in _HEAVY)
+            with ProcessPoolExecutor(max_workers=opts.workers, mp_context=mp.get_context("fork")) as pool:
+                done = dict(zip(order, pool.map(_draw_section, order)))
+                for s in sections:
+                    fs.figures += done[s]
+                    bar.update()
+    finally:
+        bar.close()
+        _DRAW_STATE.clear()
+    return fs
+
+
+_HEAVY = ("distributions", "heatmaps", "comparisons", "numerics_map", "overflow_analysis", "layer_analysis")
+
+
+def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...] = FULL_SECTIONS,
+          opts: Options | None = None, quick: bool = False, report: bool = True) -> Result:
+    """Everything for one directory: sections' figures, optionally the quick view, and index.html."""
+    from tensor_viz import quick as quick_view
+    from tensor_viz import report as html
+
+    opts = opts or Options()
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise UserError(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output_dir {out}: cannot create it ({exc.strerror})") from None
+    catalog, ds, nread = load(tensor_dir, opts)
+    fs = draw(ds, out, sections, opts)
+    result = Result(catalog, ds, fs, files_read=nread)
+    if quick:
+        result.extra_files += quick_view.write_quick(ds, catalog, out, fs)
+    html.write_problems(catalog, out)
+    if report:
+        result.extra_files.append(html.write_index(result, out, sections, opts))
+    return result

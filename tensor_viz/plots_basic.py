@@ -1,0 +1,251 @@
+"""Seed folders distributions/, heatmaps/, attention_maps/, comparisons/, statistics/,
+attention_analysis/: what the values look like, per group of tensors."""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from tensor_capture import schema
+from tensor_viz.data import Dataset, group, stat, values
+from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS,
+                                FigureSet, grid, short)
+from tensor_viz.formats import format_limits
+from tensor_viz.values import SCORE_NAMES
+
+MAX_PANELS = 12
+
+
+def _group_key(e):
+    return f"{e.name.quant_type} {e.name.operation} {e.name.tensor_name}"
+
+
+def _hist(ax, v: np.ndarray, label: str | None = None, density: bool = False, **kw) -> None:
+    if v.size:
+        ax.hist(v, bins=80, histtype="step" if label else "stepfilled", label=label,
+                density=density, alpha=0.9 if label else 0.7, **kw)
+
+
+def draw_distributions(ds: Dataset, fs: FigureSet) -> None:
+    section = "distributions"
+    groups = {k: g for k, g in group(ds.sampled(), _group_key).items()}
+    if not groups:
+        fs.placeholder(section, "no tensor values could be read")
+    else:
+        keys = list(groups)[:MAX_PANELS]
+        fig, axes = grid(len(keys))
+        for ax, k in zip(axes, keys):
+            v = values(groups[k])
+            _hist(ax, v)
+            ax.set_yscale("log")
+            ax.set(title=short(k), xlabel=VALUE_AXIS, ylabel=COUNT_AXIS)
+        fs.save(fig, section, "value_histograms", "Value histograms by quant type, pass and tensor",
+                "Sampled values per group (log count). Look for heavy tails, spikes at a format's "
+                "largest value (saturation) and a spike at zero (values flushed to zero).")
+        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(keys) + 2), 4.5))
+        data = [values(groups[k]) for k in keys]
+        ax.boxplot(data, showfliers=False)
+        ax.set_xticks(range(1, len(keys) + 1), [short(k, 28) for k in keys], rotation=45, ha="right")
+        ax.set(ylabel=VALUE_AXIS, xlabel="group (quant type, pass, tensor)")
+        fs.save(fig, section, "box_plots", "Box plots of sampled values by group",
+                "Boxes span the 25th-75th percentile, whiskers 1.5 IQR. Very different spreads "
+                "between groups mean one scale cannot fit them all.")
+        qq_keys = keys[:6]
+        fig, axes = grid(len(qq_keys))
+        for ax, k in zip(axes, qq_keys):
+            v = np.sort(values(groups[k]))
+            if v.size >= 8 and v.std() > 0:
+                z = (v - v.mean()) / v.std()
+                p = (np.arange(v.size) + 0.5) / v.size
+                theo = torch.special.ndtri(torch.from_numpy(p)).numpy()
+                ax.plot(theo, z, ".", ms=2)
+                lim = max(abs(theo).max(), 1.0)
+                ax.plot([-lim, lim], [-lim, lim], "r--", lw=1, label="normal")
+                ax.legend(loc="upper left")
+            ax.set(title=short(k), xlabel="normal quantile (std units)", ylabel="sample quantile (std units)")
+        fs.save(fig, section, "qq_plots", "Q-Q plots against a normal distribution",
+                "Points leaving the red diagonal at the ends mean heavier tails than a normal: "
+                "those tensors need exponent range more than mantissa bits.")
+    _draw_log2(ds, fs)
+
+
+def merge_log2_hist(hists) -> tuple[int, np.ndarray]:
+    """Sum binade histograms with different origins: returns (min_exp, counts)."""
+    hists = [(int(h["min_exp"]), np.asarray(h["counts"], dtype=np.float64)) for h in hists
+             if isinstance(h, dict) and h.get("counts")]
+    if not hists:
+        return 0, np.zeros(0)
+    lo = min(e0 for e0, _ in hists)
+    hi = max(e0 + c.size for e0, c in hists)
+    acc = np.zeros(hi - lo)
+    for e0, c in hists:
+        acc[e0 - lo:e0 - lo + c.size] += c
+    return lo, acc
+
+
+def _draw_log2(ds: Dataset, fs: FigureSet) -> None:
+    """Binade histogram over all tensors from stored stats (no values read)."""
+    section = "distributions"
+    by_op = group(ds.with_stats(), lambda e: e.name.operation)
+    merged = {op: merge_log2_hist([(e.stats or {}).get(schema.STAT_LOG2_HIST) for e in es])
+              for op, es in by_op.items()}
+    merged = {op: h for op, h in merged.items() if h[1].size}
+    if not merged:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for op, (e0, counts) in merged.items():
+        ax.step(np.arange(e0, e0 + counts.size), counts, where="post", label=op)
+    ax.set_yscale("log")
+    top = ax.get_ylim()[1]
+    for qt in sorted({e.name.quant_type for e in ds.entries}):
+        lim = format_limits(qt)
+        if lim:
+            ax.axvline(math.log2(lim[0]), ls="--", lw=1, color="r")
+            ax.axvline(math.log2(lim[2]), ls=":", lw=1, color="r")
+            ax.text(math.log2(lim[0]), top, f" {qt} max", rotation=90, va="top", fontsize=8)
+    ax.legend()
+    ax.set(xlabel=LOG2_AXIS, ylabel=COUNT_AXIS)
+    fs.save(fig, section, "log2_magnitude", "Magnitude (binade) histogram of all captured values",
+            "From the statistics stored at capture time, so every value of every tensor counts. "
+            "Red lines: the largest (dashed) and smallest subnormal (dotted) value of each format; "
+            "mass right of the dashed line overflows, mass left of the dotted line flushes to zero.")
+
+
+def _heat_panels(fs: FigureSet, section: str, entries, name: str, title: str, caption: str,
+                 xlabel: str, ylabel: str) -> None:
+    fig, axes = grid(len(entries), ncols=3, size=(4.8, 4.0))
+    for ax, e in zip(axes, entries):
+        m = np.nan_to_num(e.heat.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        vmax = float(np.abs(m).max()) or 1.0
+        im = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+        fig.colorbar(im, ax=ax, label=VALUE_AXIS)
+        ax.grid(False)
+        ax.set(title=short(f"{e.label} it{e.name.iteration} {e.name.quant_type}", 44),
+               xlabel=xlabel, ylabel=ylabel)
+    fs.save(fig, section, name, title, caption)
+
+
+def draw_heatmaps(ds: Dataset, fs: FigureSet) -> None:
+    section = "heatmaps"
+    picked = list({e.label: e for e in ds.entries if e.heat is not None}.values())[:9]
+    if not picked:
+        fs.placeholder(section, "no tensor values could be read")
+        return
+    _heat_panels(fs, section, picked, "value_heatmaps", "Tensor values (first 128 x 128 block)",
+                 "Each cell is one value. Bright isolated stripes are outlier channels (columns) "
+                 "or tokens (rows): per-channel or block scaling handles them, one tensor scale does not.",
+                 "column (last dimension index)", "row (flattened leading dimensions)")
+
+
+def draw_attention_maps(ds: Dataset, fs: FigureSet) -> None:
+    section = "attention_maps"
+    picked = [e for e in ds.entries if e.heat is not None and e.name.tensor_name in SCORE_NAMES][:9]
+    if not picked:
+        fs.placeholder(section, "no attention score/probability tensors were captured (tensor names "
+                       + ", ".join(SCORE_NAMES) + ")")
+        return
+    _heat_panels(fs, section, picked, "attention_score_maps", "Attention score maps (first head)",
+                 "Rows are query positions, columns key positions. A few very bright columns "
+                 "(attention sinks) set the range the format must hold.", "key position", "query position")
+
+
+def draw_comparisons(ds: Dataset, fs: FigureSet) -> None:
+    section = "comparisons"
+    by_q = group(ds.sampled(), lambda e: e.name.quant_type)
+    if not by_q:
+        fs.placeholder(section, "no tensor values could be read")
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for qt, es in by_q.items():
+        _hist(ax, values(es), label=f"{qt} ({len(es)} files)", density=True)
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set(xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+    fs.save(fig, section, "quant_type_distributions", "Value distributions by quant type",
+            "Same-shaped curves mean the quant type did not change the values' distribution; "
+            "a wider curve (larger tails) under one format points at growing activations.")
+    by_q_stats = group(ds.with_stats(), lambda e: e.name.quant_type)
+    keys = [k for k in by_q_stats]
+    if keys:
+        fig, axes = grid(2, ncols=2, size=(max(4.6, 0.9 * len(keys) + 2), 4.2))
+        for ax, key in zip(axes, ("std", "absmax")):
+            data = [[v for e in by_q_stats[k] if (v := stat(e, key)) is not None] or [np.nan] for k in keys]
+            ax.boxplot(data, showfliers=True)
+            ax.set_xticks(range(1, len(keys) + 1), keys, rotation=30, ha="right")
+            ax.set_yscale("log")
+            ax.set(title=f"per-file {key}", xlabel="quant type", ylabel=f"{key} (tensor units, log)")
+        fs.save(fig, section, "quant_type_stats", "Per-file std and absmax by quant type",
+                "From stored statistics of every file. A format whose absmax box sits far above "
+                "the others is where overflow starts.")
+
+
+def draw_statistics(ds: Dataset, fs: FigureSet) -> None:
+    section = "statistics"
+    es = ds.with_stats()
+    if not es:
+        fs.placeholder(section, "no statistics were stored or could be computed")
+        return
+    fig, axes = grid(2, ncols=2, size=(6, 4.2))
+    for ax, key in zip(axes, ("absmax", "std")):
+        for op, g in group(es, lambda e: e.name.operation).items():
+            xs = [e.name.layer_idx if e.name.layer_idx is not None else -1 for e in g]
+            ys = [stat(e, key) or np.nan for e in g]
+            ax.scatter(xs, ys, s=12, label=op, alpha=0.7)
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set(title=f"{key} per file", xlabel="layer index (-1 = none)", ylabel=f"{key} (tensor units, log)")
+    fs.save(fig, section, "stats_by_layer", "Absolute maximum and standard deviation by layer",
+            "Each point is one captured tensor. A rising trend with depth means later layers need more range.")
+    counts = group(ds.entries, lambda e: f"{e.name.layer_type}/{e.name.operation}")
+    nan_inf = group(es, lambda e: e.name.quant_type)
+    fig, axes = grid(2, ncols=2, size=(6, 4.2))
+    axes[0].bar(list(counts), [len(v) for v in counts.values()])
+    axes[0].set(title="files per layer type / pass", xlabel="layer type / pass", ylabel=FILES_AXIS)
+    axes[0].tick_params(axis="x", rotation=30)
+    width = 0.25
+    keys = list(nan_inf)
+    x = np.arange(len(keys))
+    for i, key in enumerate(("zero_count", "nan_count", "inf_count")):
+        ys = []
+        for k in keys:
+            tot = sum(stat(e, "numel") or 0 for e in nan_inf[k]) or 1
+            ys.append(100.0 * sum(stat(e, key) or 0 for e in nan_inf[k]) / tot)
+        axes[1].bar(x + (i - 1) * width, ys, width, label=key.replace("_count", ""))
+    axes[1].set_xticks(x, keys, rotation=30, ha="right")
+    axes[1].legend()
+    axes[1].set(title="zeros, NaN, Inf", xlabel="quant type", ylabel="share of elements (%)")
+    fs.save(fig, section, "counts", "Files captured, and zeros / NaN / Inf by quant type",
+            "Any NaN or Inf bar above zero is a divergence to chase first; many zeros can mean flush-to-zero.")
+
+
+def draw_attention_analysis(ds: Dataset, fs: FigureSet) -> None:
+    section = "attention_analysis"
+    att = [e for e in ds.entries if e.name.layer_type == "attention"]
+    if not att:
+        fs.placeholder(section, "no attention tensors were captured")
+        return
+    by_t = group(ds.sampled(att), lambda e: f"{e.name.operation} {e.name.tensor_name}")
+    if by_t:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for k, es in by_t.items():
+            _hist(ax, values(es), label=k, density=True)
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set(xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+        fs.save(fig, section, "qkv_context_distributions", "Attention inputs and outputs: value distributions",
+                "Query/key tails wider than value/context tails are typical; keys with extreme "
+                "values saturate low-precision score computations.")
+    stats_t = group([e for e in att if e.stats], lambda e: e.name.tensor_name)
+    if stats_t:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for k, es in stats_t.items():
+            by_l = group(es, lambda e: e.name.layer_idx if e.name.layer_idx is not None else -1)
+            ax.plot(list(by_l), [np.nanmax([stat(e, "absmax") or np.nan for e in g]) for g in by_l.values()],
+                    "o-", label=k)
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set(xlabel="layer index (0-based)", ylabel="absmax (tensor units, log)")
+        fs.save(fig, section, "absmax_by_layer", "Attention tensors: largest magnitude per layer",
+                "The layer where a curve jumps is where attention values start to need more range.")

@@ -1,0 +1,273 @@
+"""Seed folders overflow_analysis/, fp8_analysis/, bf16_analysis/, backward_analysis/,
+layer_analysis/, rank_analysis/ (enhanced_tensor_analysis_summary.md items 2-5 and 8)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from tensor_capture import schema
+from tensor_viz.data import Dataset, group, ks_normal, moments, ratio, stat, values
+from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, PERCENT_AXIS,
+                                VALUE_AXIS, FigureSet, grid, short)
+
+
+def _hist(ax, v, label=None, density=True):
+    if v.size:
+        ax.hist(v, bins=80, histtype="step", density=density, label=label)
+
+
+def draw_overflow(ds: Dataset, fs: FigureSet) -> None:
+    section = "overflow_analysis"
+    es = [e for e in ds.entries if e.range_stats() is not None]
+    if not es:
+        fs.placeholder(section, "no overflow statistics (capture stored none, and no format limits "
+                       "were known to compute them)")
+        return
+    fig, axes = grid(4, ncols=2, size=(6.2, 4.3))
+    by_q = group(es, lambda e: e.name.quant_type)
+    keys = list(by_q)
+    x = np.arange(len(keys))
+    mean = [100 * np.mean([ratio(e, "overflow_ratio") or 0 for e in by_q[k]]) for k in keys]
+    worst = [100 * max(ratio(e, "overflow_ratio") or 0 for e in by_q[k]) for k in keys]
+    axes[0].bar(x - 0.2, mean, 0.4, label="mean over files")
+    axes[0].bar(x + 0.2, worst, 0.4, label="worst file")
+    axes[0].set_xticks(x, keys, rotation=30, ha="right")
+    axes[0].legend()
+    axes[0].set(title="overflow ratio by quant type", xlabel="quant type", ylabel=PERCENT_AXIS)
+    for qt, g in by_q.items():
+        axes[1].scatter([100 * (ratio(e, "upper_overflow_ratio") or 0) for e in g],
+                        [100 * (ratio(e, "lower_overflow_ratio") or 0) for e in g], s=14, label=qt, alpha=0.7)
+    axes[1].legend()
+    axes[1].set(title="upper (x > max) vs lower (x < -max)", xlabel="upper overflow (% of elements)",
+                ylabel="lower overflow (% of elements)")
+    by_l = group(es, lambda e: e.name.layer_type)
+    lk = list(by_l)
+    xl = np.arange(len(lk))
+    for i, key in enumerate(("overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")):
+        axes[2].bar(xl + (i - 1) * 0.27, [100 * np.mean([ratio(e, key) or 0 for e in by_l[k]]) for k in lk],
+                    0.27, label=key.replace("_ratio", "").replace("_", " "))
+    axes[2].set_xticks(xl, lk)
+    axes[2].legend()
+    axes[2].set(title="by layer type (mean over files)", xlabel="layer type", ylabel=PERCENT_AXIS)
+    tot = np.array([100 * (ratio(e, "overflow_ratio") or 0) for e in es])
+    axes[3].hist(tot, bins=40)
+    axes[3].set(title="total overflow ratio over files", xlabel="overflow (% of elements)", ylabel=FILES_AXIS)
+    fs.save(fig, section, "overflow_ratios", "Overflow ratios (against each tensor's own format range)",
+            "Overflow = |x| above the format's largest normal value. Any non-zero bar is data the format "
+            "clips; points far from the diagonal in the scatter mean one-sided (signed) outliers.")
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for i, key in enumerate(("underflow_ratio", "flush_to_zero_ratio")):
+        ax.bar(x + (i - 0.5) * 0.4, [100 * np.mean([ratio(e, key) or 0 for e in by_q[k]]) for k in keys],
+               0.4, label=key.replace("_ratio", "").replace("_", " "))
+    ax.set_xticks(x, keys, rotation=30, ha="right")
+    ax.legend()
+    ax.set(xlabel="quant type", ylabel=PERCENT_AXIS)
+    fs.save(fig, section, "underflow_ratios", "Underflow and flush-to-zero by quant type",
+            "Underflow = nonzero |x| below the smallest normal (precision lost); flush-to-zero = below "
+            "half the smallest subnormal (value becomes 0). High values here point at gradients.")
+
+
+def _is_mxfp8(qt: str) -> bool:
+    return qt.startswith("mxfp8")
+
+
+def draw_fp8(ds: Dataset, fs: FigureSet) -> None:
+    section = "fp8_analysis"
+    hi = [e for e in ds.entries if e.name.quant_type == "hifp8"]
+    mx = [e for e in ds.entries if _is_mxfp8(e.name.quant_type)]
+    if not hi or not mx:
+        found = sorted({e.name.quant_type for e in ds.entries})
+        fs.placeholder(section, f"needs captures under both hifp8 and mxfp8; found {', '.join(found) or 'none'}")
+        return
+    sets = {"hifp8": hi, "mxfp8": mx}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for k, es in sets.items():
+        _hist(ax, values(ds.sampled(es)), label=f"{k} ({len(es)} files)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set(xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+    fs.save(fig, section, "hifp8_vs_mxfp8_distribution", "HiFP8 vs MXFP8: value distributions",
+            "Runs under the two formats should see similar values; diverging tails mean one run's "
+            "activations grew (an early sign of divergence).")
+    fig, axes = grid(4, ncols=4, size=(3.4, 3.8))
+    for ax, key in zip(axes, ("mean", "std", "min", "max")):
+        ax.boxplot([[v for e in es if (v := stat(e, key)) is not None] or [np.nan] for es in sets.values()])
+        ax.set_xticks([1, 2], list(sets))
+        ax.set(title=key, xlabel="format", ylabel=f"{key} (tensor units)")
+    fs.save(fig, section, "stat_boxplots", "HiFP8 vs MXFP8: per-file mean, std, min, max",
+            "Boxes that do not overlap mean the two runs differ systematically, not by noise.")
+    key_fn = lambda e: (e.name.layer_type, e.name.layer_idx, e.name.operation, e.name.tensor_name)  # noqa: E731
+    a, b = group(hi, key_fn), group(mx, key_fn)
+    common = [k for k in a if k in b]
+    fig, axes = grid(2, ncols=2, size=(5, 4.5))
+    for ax, key in zip(axes, ("std", "absmax")):
+        xs = [np.nanmean([stat(e, key) or np.nan for e in a[k]]) for k in common]
+        ys = [np.nanmean([stat(e, key) or np.nan for e in b[k]]) for k in common]
+        ax.scatter(xs, ys, s=16)
+        ok = np.isfinite(xs) & np.isfinite(ys) if common else np.zeros(0, bool)
+        r = np.corrcoef(np.asarray(xs)[ok], np.asarray(ys)[ok])[0, 1] if ok.sum() >= 2 else np.nan
+        if ok.any():
+            lim = [min(np.min(np.asarray(xs)[ok]), np.min(np.asarray(ys)[ok])),
+                   max(np.max(np.asarray(xs)[ok]), np.max(np.asarray(ys)[ok]))]
+            ax.plot(lim, lim, "r--", lw=1)
+        ax.set(title=f"{key}: Pearson r = {r:.3f} ({len(common)} tensors)",
+               xlabel=f"hifp8 {key} (tensor units)", ylabel=f"mxfp8 {key} (tensor units)")
+    fs.save(fig, section, "correlation", "Same tensor under HiFP8 and MXFP8",
+            "Each point is one tensor name at one layer and pass (averaged over iterations). Points on "
+            "the red diagonal agree; r well below 1 means the formats changed the training trajectory.")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, es in sets.items():
+        d = [v for e in ds.sampled(es) if (v := ks_normal(e.sample)) is not None]
+        if d:
+            ax.hist(d, bins=30, histtype="step", label=f"{k} (median D = {np.median(d):.3f})")
+    ax.legend()
+    ax.set(xlabel="Kolmogorov-Smirnov distance to a normal (0 = normal)", ylabel=FILES_AXIS)
+    fs.save(fig, section, "normal_fit", "Goodness of fit to a normal distribution",
+            "Small D: roughly Gaussian values; large D: heavy tails or spikes (e.g. many exact zeros).")
+
+
+def draw_bf16(ds: Dataset, fs: FigureSet) -> None:
+    section = "bf16_analysis"
+    es = ds.sampled([e for e in ds.entries if e.name.quant_type == "bf16" or e.dtype == "torch.bfloat16"])
+    if not es:
+        fs.placeholder(section, "no bf16 tensors (quant type bf16 or dtype bfloat16) could be read")
+        return
+    v = values(es)
+    fig, axes = grid(4, ncols=2, size=(6, 4.2))
+    axes[0].hist(v, bins=100)
+    axes[0].set_yscale("log")
+    axes[0].set(title="raw distribution", xlabel=VALUE_AXIS, ylabel=COUNT_AXIS)
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
+    span = (hi - lo) or 1.0
+    norm = (v - lo) / span
+    axes[1].hist(norm, bins=100, density=True)
+    axes[1].set(title="normalized to [0, 1]", xlabel="(x - min) / (max - min) (unitless)",
+                ylabel="density (1 / normalized unit)")
+    raw_d, edges = np.histogram(v, bins=100, density=True)
+    norm_d, _ = np.histogram(norm, bins=100, range=(0, 1), density=True)
+    centers = (np.arange(100) + 0.5) / 100
+    axes[2].plot(centers, raw_d, label="raw density (1 / value unit)")
+    axes[2].plot(centers, norm_d, "--", label="normalized density (1 / normalized unit)")
+    axes[2].set_yscale("log")
+    axes[2].legend(fontsize=8)
+    axes[2].set(title=f"raw vs normalized (factor {span:.3g})", xlabel="position in [min, max] (unitless)",
+                ylabel="density (log)")
+    m = np.array([moments(e.sample) for e in es])
+    axes[3].boxplot([m[:, 0], m[:, 1], m[:, 2]])
+    axes[3].set_xticks([1, 2, 3], ["variance", "skewness", "excess kurtosis"])
+    axes[3].set_yscale("symlog")
+    axes[3].set(title="per-file shape statistics", xlabel="statistic", ylabel="value (unitless, symlog)")
+    fs.save(fig, section, "bf16_distribution", f"BF16 tensors ({len(es)} files)",
+            "The normalized density differs from the raw one by the factor (max - min). High kurtosis "
+            "means a few huge values: fine for BF16's range, a problem after casting to FP8.")
+
+
+def draw_backward(ds: Dataset, fs: FigureSet) -> None:
+    section = "backward_analysis"
+    bwd = [e for e in ds.entries if e.name.operation == "backward"]
+    if not bwd:
+        fs.placeholder(section, "no backward-pass tensors were captured")
+        return
+    fwd = [e for e in ds.entries if e.name.operation == "forward"]
+    fig, axes = grid(2, ncols=2, size=(6, 4.3))
+    for label, es in (("forward", fwd), ("backward", bwd)):
+        _hist(axes[0], values(ds.sampled(es)), label=f"{label} ({len(es)} files)")
+    for lt, es in group(bwd, lambda e: e.name.layer_type).items():
+        _hist(axes[1], values(ds.sampled(es)), label=lt)
+    for ax, title in zip(axes, ("forward vs backward", "backward by layer type")):
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set(title=title, xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+    fs.save(fig, section, "forward_vs_backward", "Forward vs backward value distributions",
+            "Gradients are usually orders of magnitude smaller than activations: that gap is why "
+            "backward passes use E5M2 (more range) or scaling.")
+    fig, axes = grid(2, ncols=2, size=(5, 4.2))
+    for ax, key in zip(axes, ("std", "absmax")):
+        ax.boxplot([[v for e in es if (v := stat(e, key))] or [np.nan] for es in (fwd, bwd)])
+        ax.set_xticks([1, 2], ["forward", "backward"])
+        ax.set_yscale("log")
+        ax.set(title=f"per-file {key}", xlabel="pass", ylabel=f"{key} (tensor units, log)")
+    fs.save(fig, section, "stats_side_by_side", "Forward vs backward statistics",
+            "From stored statistics. A backward absmax several binades below forward needs a "
+            "loss scale or per-tensor scaling to stay out of the underflow range.")
+    grads = ds.sampled([e for e in bwd if e.name.tensor_name.startswith("grad")]) or ds.sampled(bwd)
+    if grads:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for k, es in group(grads, lambda e: e.name.tensor_name).items():
+            v = np.abs(values(es))
+            v = v[v > 0]
+            if v.size:
+                ax.hist(np.log2(v), bins=60, histtype="step", label=k)
+        ax.legend()
+        ax.set(xlabel=LOG2_AXIS, ylabel=COUNT_AXIS)
+        fs.save(fig, section, "gradient_magnitudes", "Gradient magnitudes (binades)",
+                "Where gradient mass sits on the exponent axis: compare with the format's smallest "
+                "normal exponent (e.g. -6 for E4M3, -14 for E5M2) to see what underflows.")
+
+
+def _batch_size(e) -> int | None:
+    shape = e.meta.get(schema.META_SHAPE)
+    if isinstance(shape, list) and len(shape) >= 3 and e.name.tensor_name != "weight":
+        return int(shape[1])  # Megatron activations are [sequence, batch, ...]
+    return None
+
+
+def draw_layers(ds: Dataset, fs: FigureSet) -> None:
+    section = "layer_analysis"
+    sampled = ds.sampled()
+    if not sampled:
+        fs.placeholder(section, "no tensor values could be read")
+        return
+    fig, axes = grid(4, ncols=2, size=(6.2, 4.3))
+    for lt, es in group(sampled, lambda e: e.name.layer_type).items():
+        _hist(axes[0], values(es), label=f"{lt} ({len(es)} files)")
+    axes[0].set_yscale("log")
+    axes[0].legend()
+    axes[0].set(title="attention vs linear", xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+    for ax, (title, key_fn, xlabel) in zip(axes[1:], (
+            ("per layer index", lambda e: e.name.layer_idx, "layer index (0-based)"),
+            ("per sample (micro-batch) index", lambda e: e.name.sample_idx, "sample index (micro-batch number)"),
+            ("per batch size", _batch_size, "batch size (dim 1 of [s, b, ...])"))):
+        g = {k: v for k, v in group(sampled, key_fn).items() if k is not None}
+        if g:
+            ax.boxplot([values(v) for v in g.values()], showfliers=False)
+            ax.set_xticks(range(1, len(g) + 1), [str(k) for k in g])
+        else:
+            ax.text(0.5, 0.5, "not recorded in these captures", ha="center", transform=ax.transAxes)
+        ax.set(title=title, xlabel=xlabel, ylabel=VALUE_AXIS)
+    fs.save(fig, section, "layer_batch_sample", "Values by layer type, layer index, sample and batch size",
+            "Growing boxes with depth mean later layers need more range; differences between samples "
+            "show whether one micro-batch (one bad example) drives the outliers.")
+
+
+def draw_ranks(ds: Dataset, fs: FigureSet) -> None:
+    section = "rank_analysis"
+    key_fn = lambda e: (e.name.iteration, e.name.layer_type, e.name.layer_idx,  # noqa: E731
+                        e.name.operation, e.name.tensor_name, e.name.quant_type, e.name.sample_idx)
+    multi = {k: g for k, g in group(ds.with_stats(), key_fn).items()
+             if len({e.name.rank for e in g}) > 1}
+    ranks = sorted({e.name.rank for e in ds.entries if e.name.rank is not None})
+    if not multi:
+        fs.placeholder(section, f"every tensor was captured on a single rank (ranks seen: {ranks or 'none'})")
+        return
+    keys = list(multi)[:8]
+    fig, axes = grid(len(keys), ncols=4, size=(3.6, 3.4))
+    for ax, k in zip(axes, keys):
+        g = sorted(multi[k], key=lambda e: e.name.rank or 0)
+        ax.bar([str(e.name.rank) for e in g], [stat(e, "absmax") or 0 for e in g])
+        ax.set(title=short(f"it{k[0]} L{k[2]} {k[3]} {k[4]}", 32), xlabel="rank", ylabel="absmax (tensor units)")
+    fs.save(fig, section, "same_tensor_across_ranks", "The same tensor on each rank",
+            "With tensor parallelism each rank holds a shard: similar bars are expected; one rank far "
+            "above the others holds the outlier channels.")
+    imb = []
+    for g in multi.values():
+        s = [stat(e, "absmax") for e in g]
+        s = [v for v in s if v]
+        if len(s) > 1:
+            imb.append(max(s) / min(s))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    ax.hist(imb, bins=30)
+    ax.set(xlabel="max / min absmax across ranks (ratio)", ylabel=FILES_AXIS)
+    fs.save(fig, section, "rank_imbalance", "Rank imbalance of the largest magnitude",
+            "Ratios near 1: balanced shards. Large ratios: per-tensor scales computed on one rank "
+            "do not fit another; use a global amax or block scaling.")

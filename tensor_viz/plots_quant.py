@@ -1,0 +1,134 @@
+"""quantization_analysis/ (measured and what-if quantization error) and numerics_map/
+(a layer x tensor heatmap of one statistic over iterations)."""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from tensor_viz.data import Dataset, group, ratio, stat
+from tensor_viz.figures import FigureSet, short
+
+MAX_ROWS = 60
+
+# statistic name -> (how to read it from an entry, transform, colorbar label)
+MAP_STATS = {
+    "absmax": (lambda e: stat(e, "absmax"), lambda v: math.log2(v) if v and v > 0 else np.nan,
+               "log2 absmax (binade)"),
+    "std": (lambda e: stat(e, "std"), lambda v: math.log2(v) if v and v > 0 else np.nan, "log2 std (binade)"),
+    "overflow_ratio": (lambda e: ratio(e, "overflow_ratio"), lambda v: 100 * v, "overflow (% of elements)"),
+    "underflow_ratio": (lambda e: ratio(e, "underflow_ratio"), lambda v: 100 * v, "underflow (% of elements)"),
+    "flush_to_zero_ratio": (lambda e: ratio(e, "flush_to_zero_ratio"), lambda v: 100 * v,
+                            "flush to zero (% of elements)"),
+}
+DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
+
+
+def numerics_matrix(ds: Dataset, stat_name: str) -> tuple[list[str], list[str], np.ndarray]:
+    """Rows (layer x tensor), columns (iterations), values (max over ranks and samples)."""
+    read, transform, _ = MAP_STATS[stat_name]
+    mixed = len({e.name.quant_type for e in ds.entries}) > 1
+    cells: dict[tuple[str, str], float] = {}
+    for e in ds.entries:
+        v = read(e)
+        if v is None:
+            continue
+        row = e.label + (f" [{e.name.quant_type}]" if mixed else "")
+        col = "NA" if e.name.iteration is None else str(e.name.iteration)
+        t = transform(v)
+        if np.isfinite(t):
+            cells[(row, col)] = max(cells.get((row, col), -np.inf), t)
+    rows = sorted({r for r, _ in cells})
+    cols = sorted({c for _, c in cells}, key=lambda c: (c == "NA", int(c) if c.isdigit() else 0))
+    m = np.full((len(rows), len(cols)), np.nan)
+    ri = {r: i for i, r in enumerate(rows)}
+    ci = {c: i for i, c in enumerate(cols)}
+    for (r, c), v in cells.items():
+        m[ri[r], ci[c]] = v
+    return rows, cols, m
+
+
+def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAULT_MAP_STATS) -> None:
+    section = "numerics_map"
+    drew = False
+    for name in stats:
+        rows, cols, m = numerics_matrix(ds, name)
+        if not rows:
+            continue
+        cut = len(rows) > MAX_ROWS
+        rows, m = rows[:MAX_ROWS], m[:MAX_ROWS]
+        fig, ax = plt.subplots(figsize=(min(18, 3 + 0.5 * len(cols)) + 4, 1.5 + 0.22 * len(rows)))
+        im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="magma", interpolation="nearest")
+        fig.colorbar(im, ax=ax, label=MAP_STATS[name][2])
+        ax.grid(False)
+        ax.set_yticks(range(len(rows)), [short(r, 48) for r in rows], fontsize=8)
+        step = max(1, len(cols) // 20)
+        ax.set_xticks(range(0, len(cols), step), cols[::step])
+        ax.set(xlabel="iteration (training step)", ylabel="layer / pass / tensor")
+        fs.save(fig, section, f"map_{name}", f"Numerics map: {name} per tensor over iterations"
+                + (f" (first {MAX_ROWS} rows)" if cut else ""),
+                "One row per layer and tensor, one column per iteration. Look for rows that brighten "
+                "over time (growing range or overflow) and for the first iteration where a row changes: "
+                "that layer is where the numerics went wrong.")
+        drew = True
+    if not drew:
+        fs.placeholder(section, "no stored statistics to map")
+
+
+def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
+    section = "quantization_analysis"
+    drew = False
+    if ds.pairs:
+        by_layer = group(ds.pairs, lambda p: p.hp.layer_label)
+        keys = list(by_layer)
+        fig, axes = plt.subplots(1, 2, figsize=(max(9, 0.6 * len(keys) + 5), 4.6))
+        axes[0].bar(keys, [100 * max(p.errors["relative_error"] for p in by_layer[k]) for k in keys])
+        axes[0].set(title="worst relative error", xlabel="layer", ylabel="relative error (%)")
+        axes[1].bar(keys, [min(p.errors["sqnr"] for p in by_layer[k]) for k in keys])
+        axes[1].set(title="worst SQNR", xlabel="layer", ylabel="SQNR (dB)")
+        for ax in axes:
+            ax.tick_params(axis="x", rotation=45)
+        fs.save(fig, section, "measured_error_per_layer",
+                "Measured quantization error: saved quantized operand vs high precision",
+                "Both operands of the same GEMM were saved. Layers with a high relative error (low "
+                "SQNR) are where the format loses the most information; compare across formats.")
+        drew = True
+    wf = [e for e in ds.entries if e.whatif]
+    if wf:
+        fmts = [f for f in ds.whatif_formats if any("sqnr" in e.whatif.get(f, {}) for e in wf)]
+        rows = group(wf, lambda e: f"{e.label} [{e.name.quant_type}]")
+        keys = list(rows)[:MAX_ROWS]
+        m = np.full((len(keys), len(fmts)), np.nan)
+        for i, k in enumerate(keys):
+            for j, f in enumerate(fmts):
+                vals = [e.whatif[f]["sqnr"] for e in rows[k] if "sqnr" in e.whatif.get(f, {})]
+                finite = [v for v in vals if np.isfinite(v)]
+                if finite:
+                    m[i, j] = min(finite)
+        if fmts:
+            fig, ax = plt.subplots(figsize=(3 + 0.8 * len(fmts) + 4, 1.6 + 0.24 * len(keys)))
+            im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="viridis", interpolation="nearest")
+            fig.colorbar(im, ax=ax, label="SQNR (dB, higher is better)")
+            ax.grid(False)
+            ax.set_xticks(range(len(fmts)), fmts, rotation=45, ha="right")
+            ax.set_yticks(range(len(keys)), [short(k, 48) for k in keys], fontsize=8)
+            ax.set(xlabel="format (what-if)", ylabel="layer / pass / tensor [captured under]")
+            fs.save(fig, section, "whatif_sqnr", "What-if: SQNR of each format on the same tensors",
+                    "Each captured high-precision tensor quantized to every format with quant/. Dark "
+                    "cells are layer/format combinations that lose the most; a column uniformly "
+                    "brighter than yours is a safer format for this model.")
+            fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(fmts) + 3), 4.5))
+            med = [np.nanmedian([e.whatif[f]["relative_error"] * 100 for e in wf
+                                 if "relative_error" in e.whatif.get(f, {})] or [np.nan]) for f in fmts]
+            ax.bar(fmts, med)
+            ax.set_yscale("log")
+            ax.tick_params(axis="x", rotation=45)
+            ax.set(xlabel="format (what-if)", ylabel="median relative error (%, log)")
+            fs.save(fig, section, "whatif_relative_error", "What-if: median relative error per format",
+                    "One number per format over all sampled tensors; lower is better.")
+            drew = True
+    if not drew:
+        reason = ds.notes.get(section) or ("no high-precision/quantized operand pairs were saved and "
+                                          "no what-if formats were computed")
+        fs.placeholder(section, reason)

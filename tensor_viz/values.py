@@ -1,0 +1,197 @@
+"""Read tensor values one file at a time, in worker processes, and keep only small results.
+
+A worker returns a reproducible sample of values (fixed seed per file name), a small
+2-D slice for heatmaps, whole-tensor statistics when none were stored, and what-if
+quantization errors from ``quant``. The full tensor never leaves the worker.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+
+from tensor_capture import schema
+from tensor_viz.formats import Limits
+from tensor_viz.stats import stats_from_values
+
+# Tensor names whose values are attention score / probability maps (drawn as maps).
+SCORE_NAMES = ("scores", "attention_scores", "attn_scores", "attention_probs", "attn_probs", "probs")
+HEAT_SIDE = 128
+
+
+@dataclass
+class FileTask:
+    path: str
+    sample_size: int = 4096
+    seed: int = 0
+    need_stats: bool = False
+    limits: dict[str, Limits] = field(default_factory=dict)
+    heat: bool = False
+    whatif: tuple[str, ...] = ()
+    whatif_elems: int = 8192
+
+
+@dataclass
+class PairTask:
+    hp_path: str
+    q_path: str
+
+
+def file_seed(path: str, seed: int) -> int:
+    """Per-file seed: stable across runs and machines (a CRC of the base name)."""
+    return (zlib.crc32(os.path.basename(path).encode()) ^ seed) & 0x7FFFFFFF
+
+
+def _classify(path: str, reason: str) -> tuple[str, str]:
+    """'unsafe' for a whole torch archive whose pickle weights_only refused, else 'unreadable'."""
+    import zipfile
+
+    try:
+        whole_archive = zipfile.is_zipfile(path)
+    except OSError:
+        whole_archive = False
+    if whole_archive and "weights_only" in reason.lower().replace(" ", "_"):
+        return "unsafe", f"{path}: refused: its pickle would need code to run (loaded with weights_only)"
+    return "unreadable", reason
+
+
+def _load(path: str) -> tuple[torch.Tensor, dict[str, Any]]:
+    tensor, meta = schema.load_tensor_file(path)
+    return tensor.detach(), meta
+
+
+def errors(ref: torch.Tensor, approx: torch.Tensor) -> dict[str, float]:
+    """Quantization error of ``approx`` against ``ref`` with quant.metrics."""
+    from quant import metrics
+
+    r = ref.reshape(-1).to(torch.float32)
+    a = approx.reshape(-1).to(torch.float32)
+    return {
+        "rmse": float(metrics.rmse(r, a)),
+        "relative_error": float(metrics.relative_error(r, a)),
+        "sqnr": float(metrics.sqnr(r, a)),
+    }
+
+
+def _whatif_chunk(t: torch.Tensor, elems: int, seed: int) -> torch.Tensor:
+    """A contiguous block of whole rows (last axis intact, so block formats see real blocks)."""
+    x = t.reshape(1, -1) if t.dim() < 2 else t.reshape(-1, t.shape[-1])
+    rows = max(1, min(x.shape[0], elems // max(1, x.shape[1])))
+    start = int(torch.randint(0, x.shape[0] - rows + 1, (1,), generator=torch.Generator().manual_seed(seed)))
+    return x[start:start + rows, : max(elems, 1)].to(torch.float32)
+
+
+def _heat(t: torch.Tensor, tensor_name: str) -> np.ndarray:
+    if t.dim() >= 2 and tensor_name in SCORE_NAMES:
+        m = t.reshape(-1, t.shape[-2], t.shape[-1])[0]
+    elif t.dim() >= 2:
+        m = t.reshape(-1, t.shape[-1])
+    else:
+        m = t.reshape(1, -1)
+    return m[:HEAT_SIDE, :HEAT_SIDE].to(torch.float32).numpy().copy()
+
+
+def run_file(task: FileTask) -> dict[str, Any]:
+    """Everything the plots need from one file; {"error": (kind, reason)} if it cannot be read."""
+    try:
+        t, meta = _load(task.path)
+    except ValueError as exc:
+        return {"error": _classify(task.path, str(exc))}
+    if not t.is_floating_point():
+        return {"error": ("foreign", f"{task.path}: holds a {t.dtype} tensor, not floating point")}
+    out: dict[str, Any] = {"meta": {k: v for k, v in meta.items() if k != schema.META_STATS}}
+    out["meta"].setdefault(schema.META_DTYPE, str(t.dtype))
+    out["meta"].setdefault(schema.META_SHAPE, list(t.shape))
+    stored = meta.get(schema.META_STATS)
+    if isinstance(stored, dict):
+        out["stats"] = stored
+    elif task.need_stats:
+        out["stats"] = stats_from_values(t, task.limits)
+    seed = file_seed(task.path, task.seed)
+    flat = t.reshape(-1)
+    n = flat.numel()
+    if n <= task.sample_size:
+        sample = flat
+    else:
+        idx = torch.randint(0, n, (task.sample_size,), generator=torch.Generator().manual_seed(seed))
+        sample = flat[torch.sort(idx).values]
+    out["sample"] = sample.to(torch.float32).numpy().copy()
+    if task.heat and n:
+        out["heat"] = _heat(t, str(meta.get("tensor_name", "")))
+    if task.whatif and n:
+        out["whatif"] = whatif_errors(_whatif_chunk(t, task.whatif_elems, seed), task.whatif)
+    return out
+
+
+def whatif_errors(x: torch.Tensor, formats: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Error of quantizing ``x`` to each format with quant.quantize; a failing format is left out."""
+    from quant import quantize as quantize_module
+
+    quantize = getattr(quantize_module, "quantize", quantize_module)
+    result: dict[str, dict[str, float]] = {}
+    finite = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    for fmt in formats:
+        try:
+            q = quantize(finite, fmt)
+            result[fmt] = errors(finite, q)
+        except Exception as exc:  # a format that rejects this shape: report, keep going
+            msg = str(exc).splitlines()[0][:160] if str(exc) else ""
+            result[fmt] = {"error": f"{type(exc).__name__}: {msg}"}  # type: ignore[dict-item]
+    return result
+
+
+def run_pair(task: PairTask) -> dict[str, Any]:
+    """Measured quantization error: the saved quantized operand against its high-precision twin."""
+    try:
+        hp, _ = _load(task.hp_path)
+        q, _ = _load(task.q_path)
+    except ValueError as exc:
+        return {"error": _classify(task.hp_path, str(exc))}
+    if hp.shape != q.shape:
+        return {"error": ("mismatch", f"{task.q_path}: shape {tuple(q.shape)} differs from "
+                                      f"its high-precision file {tuple(hp.shape)}")}
+    try:
+        return {"errors": errors(hp, q)}
+    except Exception as exc:  # quant missing or failing: report it, never crash the report
+        return {"error": ("quant-error", f"{task.q_path}: error metrics failed ({type(exc).__name__}: "
+                                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")}
+
+
+def _run(task: FileTask | PairTask) -> dict[str, Any]:
+    """One task; any unexpected failure becomes a reported problem, not a crash."""
+    try:
+        return run_pair(task) if isinstance(task, PairTask) else run_file(task)
+    except Exception as exc:
+        path = task.q_path if isinstance(task, PairTask) else task.path
+        return {"error": ("unreadable", f"{path}: {type(exc).__name__}: {str(exc)[:160]}")}
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)
+
+
+def run_tasks(tasks: list[FileTask | PairTask], workers: int = 2, desc: str = "reading tensors",
+              progress: bool = True) -> Iterator[dict[str, Any]]:
+    """Results in task order; ``workers`` processes (inline when 1 or few tasks)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), desc=desc, unit="file", disable=not progress or not tasks)
+    try:
+        if workers <= 1 or len(tasks) < 4:
+            for task in tasks:
+                yield _run(task)
+                bar.update()
+            return
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
+            for result in pool.map(_run, tasks, chunksize=4):
+                yield result
+                bar.update()
+    finally:
+        bar.close()

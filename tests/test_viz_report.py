@@ -1,0 +1,182 @@
+"""The full report on a capture-shaped directory: folders, index.html, summary tables, numbers."""
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from viz_helpers import browser_check, make_capture  # noqa: E402
+
+from tensor_capture import schema  # noqa: E402
+from tensor_viz import figures, pipeline, values  # noqa: E402
+from tensor_viz.plots_quant import numerics_matrix  # noqa: E402
+
+from matplotlib.category import StrCategoryFormatter  # noqa: E402
+from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter  # noqa: E402
+
+WHATIF = ("fp8_e4m3", "mxfp8", "mxfp4", "bf16")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One full build (workers=2) whose every saved figure is checked for title and axis labels."""
+    root = tmp_path_factory.mktemp("vizrep")
+    cap, out = root / "cap", root / "out"
+    make_capture(cap, ranks=(0, 1))
+    violations = root / "violations.txt"
+    original = figures.FigureSet.save
+
+    def checked_save(self, fig, section, name, title, caption):
+        bad = []
+        if not title or not caption:
+            bad.append("no title/caption")
+        for ax in fig.axes:
+            if not ax.axison or ax.get_label() == "<colorbar>":
+                continue
+            if ax.name != "polar" and ax.get_xlabel() == "" and ax.get_ylabel() == "" and not ax.patches[:0]:
+                if not any(isinstance(c, type(ax.pie)) for c in ax.get_children()):
+                    bad.append(f"axes '{ax.get_title()}' without labels")
+            for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
+                fmt, loc = axis.get_major_formatter(), axis.get_major_locator()
+                categorical = isinstance(fmt, (FixedFormatter, StrCategoryFormatter)) or (
+                    isinstance(loc, FixedLocator) and isinstance(fmt, FuncFormatter))  # named ticks
+                if label and "(" not in label and not categorical:
+                    bad.append(f"numeric axis label without unit: {label!r}")
+        if bad:
+            with open(violations, "a") as fh:
+                fh.write(f"{section}/{name}: {bad}\n")
+        return original(self, fig, section, name, title, caption)
+
+    figures.FigureSet.save = checked_save
+    try:
+        opts = pipeline.Options(workers=2, whatif=WHATIF, progress=False, sample_size=2048)
+        result = pipeline.build(cap, out, pipeline.FULL_SECTIONS, opts, quick=True)
+    finally:
+        figures.FigureSet.save = original
+    return cap, out, result, violations
+
+
+def test_every_folder_filled_or_says_why(built):
+    cap, out, result, _ = built
+    assert result.exit_code == 0
+    for section in pipeline.FULL_SECTIONS:
+        pngs = sorted(p.name for p in (out / section).glob("*.png"))
+        assert pngs, section
+        if section == "attention_maps":   # no score tensors in this capture
+            assert pngs == ["no_data.png"]
+        else:
+            assert "no_data.png" not in pngs, section
+    for name in ("quick_analysis.png", "tensor_stats.txt", "index.html", "problems.txt"):
+        assert (out / name).is_file()
+    for png in out.rglob("*.png"):
+        img = __import__("matplotlib.image", fromlist=["imread"]).imread(png)
+        assert img.shape[0] > 100 and img.shape[1] > 200, png
+
+
+def test_figures_have_titles_labels_units(built):
+    _, _, result, violations = built
+    assert not violations.exists(), violations.read_text()
+    assert all(f.title and f.caption for f in result.figures.figures)
+
+
+def test_index_links_and_summary(built):
+    cap, out, result, _ = built
+    page = (out / "index.html").read_text()
+    srcs = re.findall(r"<img src='([^']+)'", page)
+    assert len(srcs) == len(result.figures.figures)
+    for src in srcs:
+        assert not src.startswith(("/", "file:", "http")), src
+        assert (out / src).is_file(), src
+    assert "Nothing to draw" in page          # attention_maps says why it is empty
+    # Worst overflow: the linear outputs with 600/1200 outliers under fp8_e4m3 (max 448).
+    table = page.split("Worst overflow")[1].split("</table>")[0]
+    rows = re.findall(r"<tr><td>(.*?)</td>", table)
+    assert rows and all("output" in r for r in rows[:4])
+    assert "fp8_e4m3" in table
+    per_layer = page.split("Largest quantization error per layer")[1].split("</table>")[0]
+    assert "L0 linear_fc1" in per_layer and "L1 linear_fc1" in per_layer
+    assert "not computed" not in per_layer
+
+
+def test_overflow_ratio_matches_values(built):
+    cap, out, result, _ = built
+    worst = max((e for e in result.dataset.entries if e.name.quant_type == "fp8_e4m3"),
+                key=lambda e: e.range_stats()[1]["overflow_ratio"])
+    t, _ = schema.load_tensor_file(worst.path)
+    expected = float((t.float().abs() > 448).sum()) / t.numel()
+    assert worst.range_stats()[1]["overflow_ratio"] == pytest.approx(expected)
+    assert expected > 0
+
+
+def test_quick_stats_exact(built):
+    cap, out, result, _ = built
+    text = (out / "tensor_stats.txt").read_text()
+    allv = torch.cat([schema.load_tensor_file(p)[1] and schema.load_tensor_file(p)[0].reshape(-1).double()
+                      for p in sorted(cap.glob("*.pt"))])
+    assert f"Tensors: {len(list(cap.glob('*.pt')))}" in text
+    mean = float(re.search(r"Mean: (\S+)", text).group(1))
+    std = float(re.search(r"Std: (\S+)", text).group(1))
+    assert mean == pytest.approx(float(allv.mean()), rel=1e-4, abs=1e-6)
+    assert std == pytest.approx(float(allv.std(unbiased=False)), rel=1e-4)
+    n_bf16 = len([p for p in cap.glob("*.pt") if schema.parse_filename(p.name).quant_type == "bf16"])
+    assert f"bf16: {n_bf16} files" in text
+
+
+def test_numerics_map_cells_are_stored_stats(built):
+    _, _, result, _ = built
+    ds = result.dataset
+    rows, cols, m = numerics_matrix(ds, "absmax")
+    assert cols == ["0", "1"]
+    e = next(e for e in ds.entries if e.name.tensor_name == "output" and e.name.quant_type == "hifp8"
+             and e.name.iteration == 1 and e.name.layer_idx == 1)
+    row = rows.index(f"{e.label} [hifp8]")
+    same = [x for x in ds.entries if f"{x.label} [{x.name.quant_type}]" == rows[row] and x.name.iteration == 1]
+    assert m[row, 1] == pytest.approx(math.log2(max(x.stats["absmax"] for x in same)))
+
+
+def test_whatif_and_measured_errors_use_quant(built):
+    pytest.importorskip("quant.quantize")
+    from quant import metrics
+    from quant.quantize import quantize
+
+    _, _, result, _ = built
+    e = next(e for e in result.dataset.entries if e.whatif)
+    t, _ = schema.load_tensor_file(e.path)
+    chunk = values._whatif_chunk(t, 8192, values.file_seed(e.path, 0))
+    for fmt in WHATIF:
+        assert e.whatif[fmt]["sqnr"] == pytest.approx(metrics.sqnr(chunk, quantize(chunk, fmt)))
+    assert result.dataset.pairs
+    p = next(p for p in result.dataset.pairs if p.hp.dtype == "torch.float32")
+    hp, _ = schema.load_tensor_file(p.hp.path)
+    q, _ = schema.load_tensor_file(p.quantized.path)
+    assert p.errors["relative_error"] == pytest.approx(metrics.relative_error(hp, q))
+    assert p.errors["relative_error"] > 0
+
+
+def test_sampling_is_reproducible(built):
+    cap, _, _, _ = built
+    path = str(sorted(cap.glob("*weight.pt"))[0])
+    a = values.run_file(values.FileTask(path, sample_size=100, seed=3))["sample"]
+    b = values.run_file(values.FileTask(path, sample_size=100, seed=3))["sample"]
+    c = values.run_file(values.FileTask(path, sample_size=100, seed=4))["sample"]
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    t, _ = schema.load_tensor_file(path)
+    assert np.isin(a, t.float().numpy()).all()
+
+
+def test_report_in_headless_chromium(built, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("chromium is not installed (CI installs it in .ci/run)")
+    _, out, result, _ = built
+    check = browser_check(out / "index.html", chromium, tmp_path / "profile")
+    assert check["images"] == len(result.figures.figures) > 20
+    assert check["bad"] == []
+    assert check["errors"] == []
