@@ -59,15 +59,20 @@ class Entry:
         return f"{self.layer_label} {n.operation} {n.tensor_name}"
 
     def range_stats(self) -> tuple[str, dict[str, float]] | None:
-        """Overflow statistics against the tensor's own quant type, else the first stored."""
+        """Overflow statistics against the tensor's own format: the stored range of its quant
+        type, else the capture's quant analysis of it (scaled formats), else its dtype's range."""
         ranges = (self.stats or {}).get(schema.STAT_RANGE) or {}
-        if not isinstance(ranges, dict) or not ranges:
-            return None
-        for key in (self.name.quant_type, self.dtype, self.dtype.replace("torch.", "")):
+        ranges = ranges if isinstance(ranges, dict) else {}
+        qt = self.name.quant_type
+        if isinstance(ranges.get(qt), dict):
+            return qt, ranges[qt]
+        analysis = (self.meta.get(schema.META_QUANT_ANALYSIS) or {})
+        if isinstance(analysis, dict) and isinstance(analysis.get(qt), dict) and "overflow_ratio" in analysis[qt]:
+            return qt, analysis[qt]
+        for key in (self.dtype, self.dtype.replace("torch.", "")):
             if isinstance(ranges.get(key), dict):
                 return key, ranges[key]
-        key = sorted(ranges)[0]
-        return (key, ranges[key]) if isinstance(ranges[key], dict) else None
+        return None
 
 
 @dataclass

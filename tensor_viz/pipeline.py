@@ -17,7 +17,6 @@ from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
-from tensor_viz.formats import format_limits
 from tensor_viz.values import FileTask, PairTask, run_tasks
 
 DEFAULT_WHATIF = ("fp8_e4m3", "fp8_e5m2", "hifp8", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4", "bf16")
@@ -128,11 +127,6 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
     ds.whatif_formats = tuple(whatif)
     if opts.whatif and not quant_ok:
         ds.notes["quantization_analysis"] = "the quant package (quantize, metrics) is not available"
-    limits = {}
-    for name in {e.name.quant_type for e in ds.entries} | {"torch.bfloat16", "torch.float16"}:
-        lim = format_limits(name)
-        if lim:
-            limits[name] = lim
     whatif_done: set = set()
     tasks: list[FileTask | PairTask] = []
     heat_done: set = set()
@@ -144,7 +138,7 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
         heat = e.label not in heat_done and len(heat_done) < 24
         heat_done.add(e.label)
         tasks.append(FileTask(path=e.path, sample_size=opts.sample_size, seed=opts.seed,
-                              need_stats=e.stats is None, limits=limits, heat=heat,
+                              need_stats=e.stats is None, range_formats=(e.name.quant_type,), heat=heat,
                               whatif=tuple(whatif) if wants_whatif else (), whatif_elems=opts.whatif_elems))
     pairs = _pairs(ds.entries, opts) if quant_ok else []
     tasks += [PairTask(hp.path, q.path) for hp, q in pairs]

@@ -12,7 +12,7 @@ from tensor_capture import schema
 from tensor_viz.data import Dataset, group, stat, values
 from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS,
                                 FigureSet, grid, short)
-from tensor_viz.formats import format_limits
+from tensor_capture import stats as capture_stats
 from tensor_viz.values import SCORE_NAMES
 
 MAX_PANELS = 12
@@ -100,11 +100,11 @@ def _draw_log2(ds: Dataset, fs: FigureSet) -> None:
     ax.set_yscale("log")
     top = ax.get_ylim()[1]
     for qt in sorted({e.name.quant_type for e in ds.entries}):
-        lim = format_limits(qt)
-        if lim:
-            ax.axvline(math.log2(lim[0]), ls="--", lw=1, color="r")
-            ax.axvline(math.log2(lim[2]), ls=":", lw=1, color="r")
-            ax.text(math.log2(lim[0]), top, f" {qt} max", rotation=90, va="top", fontsize=8)
+        spec = capture_stats.format_range(qt)
+        if spec is not None:
+            ax.axvline(math.log2(spec.max_normal), ls="--", lw=1, color="r")
+            ax.axvline(math.log2(spec.min_subnormal), ls=":", lw=1, color="r")
+            ax.text(math.log2(spec.max_normal), top, f" {qt} max", rotation=90, va="top", fontsize=8)
     ax.legend()
     ax.set(xlabel=LOG2_AXIS, ylabel=COUNT_AXIS)
     fs.save(fig, section, "log2_magnitude", "Magnitude (binade) histogram of all captured values",

@@ -25,7 +25,8 @@ def overall_stats(ds: Dataset) -> dict[str, float]:
             continue
         n_tot += int(n)
         s1 += n * mean
-        s2 += n * (std * std + mean * mean)
+        # The capture stores the sample std (n - 1); the file's sum of squares needs n.
+        s2 += (n - 1) * std * std + n * mean * mean
         lo = min(lo, stat(e, "min") if stat(e, "min") is not None else lo)
         hi = max(hi, stat(e, "max") if stat(e, "max") is not None else hi)
     if not n_tot:

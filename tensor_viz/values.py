@@ -17,8 +17,6 @@ import numpy as np
 import torch
 
 from tensor_capture import schema
-from tensor_viz.formats import Limits
-from tensor_viz.stats import stats_from_values
 
 # Tensor names whose values are attention score / probability maps (drawn as maps).
 SCORE_NAMES = ("scores", "attention_scores", "attn_scores", "attention_probs", "attn_probs", "probs")
@@ -31,7 +29,7 @@ class FileTask:
     sample_size: int = 4096
     seed: int = 0
     need_stats: bool = False
-    limits: dict[str, Limits] = field(default_factory=dict)
+    range_formats: tuple[str, ...] = ()    # quant formats for overflow stats (besides the dtype)
     heat: bool = False
     whatif: tuple[str, ...] = ()
     whatif_elems: int = 8192
@@ -46,6 +44,17 @@ class PairTask:
 def file_seed(path: str, seed: int) -> int:
     """Per-file seed: stable across runs and machines (a CRC of the base name)."""
     return (zlib.crc32(os.path.basename(path).encode()) ^ seed) & 0x7FFFFFFF
+
+
+def whole_tensor_stats(t: torch.Tensor, formats: Iterable[str]) -> dict[str, Any]:
+    """The capture's statistics (tensor_capture.stats) for a file saved without them."""
+    from tensor_capture import stats as capture_stats
+
+    ranges = {}
+    for spec in [capture_stats.dtype_range(t.dtype)] + [capture_stats.format_range(f) for f in formats]:
+        if spec is not None:
+            ranges.setdefault(spec.name, spec)
+    return capture_stats.tensor_stats(t, tuple(ranges.values()))
 
 
 def _classify(path: str, reason: str) -> tuple[str, str]:
@@ -112,7 +121,7 @@ def run_file(task: FileTask) -> dict[str, Any]:
     if isinstance(stored, dict):
         out["stats"] = stored
     elif task.need_stats:
-        out["stats"] = stats_from_values(t, task.limits)
+        out["stats"] = whole_tensor_stats(t, task.range_formats)
     seed = file_seed(task.path, task.seed)
     flat = t.reshape(-1)
     n = flat.numel()

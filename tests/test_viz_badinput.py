@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from viz_helpers import Evil, write_tensor  # noqa: E402
+from viz_helpers import Evil, write_plain, write_tensor  # noqa: E402
 
 from tensor_capture import schema  # noqa: E402
 from tensor_viz import enhanced_visualizer, full, pipeline, quick  # noqa: E402
@@ -57,11 +57,11 @@ def test_empty_directory_draws_nothing_and_says_so(tmp_path, capsys):
 def _messy_dir(d: Path) -> dict:
     """Good captures mixed with every kind of bad input the issue lists."""
     g = torch.Generator().manual_seed(1)
-    write_tensor(d, torch.randn(8, 2, 64, generator=g), counter=1, quant_type="hifp8")
-    write_tensor(d, torch.randn(8, 2, 64, generator=g), counter=2, quant_type="mxfp8", operation="backward",
+    write_tensor(d, torch.randn(8, 2, 64, generator=g), quant_type="hifp8")
+    write_tensor(d, torch.randn(8, 2, 64, generator=g), quant_type="mxfp8", operation="backward",
                  tensor_name="grad_output")
-    good = write_tensor(d, torch.randn(4, 64, generator=g), counter=3, quant_type="fp8_e4m3", tensor_name="weight")
-    truncated = d / good.name.replace("0003", "0004").replace("weight", "output")
+    good = write_tensor(d, torch.randn(4, 64, generator=g), quant_type="fp8_e4m3", tensor_name="weight")
+    truncated = d / "20250908_092156_0004_iter0_linear_L0_forward_pre_linear_fp8_e4m3_rank0_sample0_output.pt"
     truncated.write_bytes(good.read_bytes()[:100])
     (d / "20250908_092156_0005_iter0_linear_L0_forward_pre_linear_hifp8_rank0_sample0_junk.pt").write_bytes(
         os.urandom(300))
@@ -120,7 +120,7 @@ def test_seed_format_names_get_stats_from_values(tmp_path):
 
 def test_single_file_is_drawn(tmp_path, capsys):
     d = tmp_path / "one"
-    write_tensor(d, torch.randn(16, 2, 32), manifest=False)
+    write_plain(d, torch.randn(16, 2, 32))
     out = tmp_path / "out"
     assert full.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST) == 0
     assert (out / "distributions" / "value_histograms.png").is_file()
@@ -130,7 +130,7 @@ def test_single_file_is_drawn(tmp_path, capsys):
 def test_catalog_reads_no_values(tmp_path, monkeypatch):
     d = tmp_path / "cap"
     for i in range(3):
-        write_tensor(d, torch.randn(4, 8), counter=i + 1, tensor_name=f"t{i}")
+        write_tensor(d, torch.randn(4, 8), tensor_name=f"t{i}")
     monkeypatch.setattr(schema, "load_tensor_file", lambda *a, **k: pytest.fail("catalog loaded a tensor"))
     cat = scan(d)
     assert len(cat.entries) == 3 and all(e.stats and e.source == "manifest" for e in cat.entries)
@@ -138,8 +138,8 @@ def test_catalog_reads_no_values(tmp_path, monkeypatch):
 
 def test_scripts_run_from_repo_root(tmp_path):
     d = tmp_path / "cap"
-    write_tensor(d, torch.randn(8, 2, 16), counter=1)
-    write_tensor(d, torch.randn(8, 2, 16), counter=2, operation="backward", tensor_name="grad_input")
+    write_tensor(d, torch.randn(8, 2, 16))
+    write_tensor(d, torch.randn(8, 2, 16), operation="backward", tensor_name="grad_input")
     env = dict(os.environ, MPLBACKEND="Agg")
     for script in ("script/quick_visualize.py", "script/visualize_tensors.py",
                    "script/visualization/enhanced_tensor_visualizer.py"):

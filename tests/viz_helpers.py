@@ -1,7 +1,6 @@
-"""Test data for the viz tests: capture directories shaped like real capture output.
-
-Files are written the way the saver writes them ({"tensor", "metadata"} via torch.save,
-names from schema.build_filename, one manifest line per file with whole-tensor stats).
+"""Test data for the viz tests: capture directories written by the real saver
+(tensor_capture.saver.TensorSaver, standalone with an explicit directory), plus files the
+way older runs and the seeds wrote them (no manifest, no stored statistics).
 """
 from __future__ import annotations
 
@@ -11,69 +10,81 @@ from pathlib import Path
 import torch
 
 from tensor_capture import schema
-from tensor_viz.formats import format_limits
-from tensor_viz.stats import stats_from_values
+from tensor_capture.saver import TensorSaver
 
 ATTN = (("query", (8, 2, 4, 16)), ("key", (8, 2, 4, 16)), ("value", (8, 2, 4, 16)), ("context", (8, 2, 64)))
 LINEAR_FWD = (("input", (8, 2, 64)), ("weight", (64, 64)), ("output", (8, 2, 64)))
 LINEAR_BWD = (("grad_output", (8, 2, 64)), ("grad_input", (8, 2, 64)))
+RANGE_FORMATS = ("fp8_e4m3", "hifp8")
 
 
-def write_tensor(directory: Path, t: torch.Tensor, *, manifest: bool = True, counter: int = 1,
-                 variant: str = "hp", extra_meta: dict | None = None, **fields) -> Path:
-    """Save one tensor like the saver: file, metadata, and (optionally) a manifest record."""
+def saver_for(directory: Path, **config) -> TensorSaver:
+    return TensorSaver(enabled=True, save_dir=str(directory), range_formats=RANGE_FORMATS, **config)
+
+
+def _save(saver: TensorSaver, t: torch.Tensor, *, layer_type="linear", operation="forward",
+          tensor_name="input", quant_type="hifp8", layer_idx=0, phase="pre", component=None,
+          iteration=0, rank=0, sample_idx=0, variant="hp") -> Path:
+    sub = "linear_fc1" if layer_type == "linear" else "core_attention"
+    path = saver.save_tensor(
+        t, layer_type, operation, quant_type=quant_type, tensor_name=tensor_name, layer_idx=layer_idx,
+        phase=phase, component=component or ("FA" if layer_type == "attention" else "linear"), rank=rank,
+        sample_idx=sample_idx, iteration=iteration, module_path=f"decoder.layers.{layer_idx}.{sub}",
+        submodule=sub, variant=variant)
+    assert path, "the saver did not capture the tensor"
+    return Path(path)
+
+
+def write_tensor(directory: Path, t: torch.Tensor, **fields) -> Path:
+    """One tensor through the real saver (file + metadata + stats + manifest record)."""
+    saver = saver_for(directory)
+    try:
+        return _save(saver, t, **fields)
+    finally:
+        saver.close()
+
+
+def write_plain(directory: Path, t: torch.Tensor, counter: int = 1, **fields) -> Path:
+    """A file as an older run wrote it: current name, {"tensor", "metadata"} without stats, no manifest."""
     defaults = dict(layer_type="linear", operation="forward", tensor_name="input", quant_type="hifp8",
                     layer_idx=0, phase="pre", component="linear", iteration=0, rank=0, sample_idx=0,
                     timestamp="20250908_092156", counter=counter)
     defaults.update(fields)
     name = schema.TensorName(**defaults)
-    fname = schema.build_filename(name)
-    limits = {k: lim for k in {name.quant_type, str(t.dtype), "fp8_e4m3"} if (lim := format_limits(k))}
-    stats = stats_from_values(t, limits)
-    meta = name.to_dict()
-    meta.update({schema.META_SHAPE: list(t.shape), schema.META_DTYPE: str(t.dtype), schema.META_VARIANT: variant,
-                 schema.META_MODULE_PATH: f"decoder.layers.{name.layer_idx}.{name.layer_type}",
-                 schema.META_SUBMODULE: "linear_fc1" if name.layer_type == "linear" else "core_attention",
-                 schema.META_STATS: stats})
-    meta.update(extra_meta or {})
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save({"tensor": t, "metadata": meta}, directory / fname)
-    if manifest:
-        schema.append_manifest(directory, name.rank, dict(meta, **{schema.MANIFEST_FILE: fname}))
-    return directory / fname
+    path = directory / schema.build_filename(name)
+    torch.save({"tensor": t, "metadata": name.to_dict()}, path)
+    return path
 
 
-def make_capture(directory: Path, *, quant_types=("hifp8", "mxfp8", "fp8_e4m3", "bf16"), iterations=(0, 1), layers=(0, 1),
-                 ranks=(0,), manifest: bool = True, pairs: bool = True, seed: int = 0) -> list[Path]:
+def make_capture(directory: Path, *, quant_types=("hifp8", "mxfp8", "fp8_e4m3", "bf16"), iterations=(0, 1),
+                 layers=(0, 1), ranks=(0,), pairs: bool = True, seed: int = 0) -> list[Path]:
     """A small capture run: attention + linear, forward + backward, several formats/iterations."""
     g = torch.Generator().manual_seed(seed)
     paths = []
-    counter = 0
-    for qt in quant_types:
-        dtype = torch.bfloat16 if qt == "bf16" else torch.float32
-        for it in iterations:
-            for layer in layers:
-                for rank in ranks:
-                    specs = [("attention", "forward", n, s) for n, s in ATTN]
-                    specs += [("linear", "forward", n, s) for n, s in LINEAR_FWD]
-                    specs += [("linear", "backward", n, s) for n, s in LINEAR_BWD]
-                    for layer_type, op, tname, shape in specs:
-                        counter += 1
-                        scale = (1e-4 if op == "backward" else 1.0) * (1 + layer + 0.5 * it)
-                        t = (torch.randn(shape, generator=g) * scale)
-                        if tname == "output":
-                            t[0, 0, :4] = 600.0 * (1 + it)    # outliers beyond E4M3's 448
-                        paths.append(write_tensor(
-                            directory, t.to(dtype), manifest=manifest, counter=counter, layer_type=layer_type,
-                            operation=op, tensor_name=tname, quant_type=qt, layer_idx=layer, iteration=it,
-                            rank=rank, component="FA" if layer_type == "attention" else "linear"))
-                        if pairs and tname == "input" and op == "forward":
-                            counter += 1
-                            q = t.to(torch.bfloat16).to(dtype)
-                            paths.append(write_tensor(
-                                directory, q, manifest=manifest, counter=counter, layer_type=layer_type,
-                                operation=op, tensor_name=tname, quant_type=qt, layer_idx=layer, iteration=it,
-                                rank=rank, variant="quantized"))
+    saver = saver_for(directory)
+    try:
+        for qt in quant_types:
+            dtype = torch.bfloat16 if qt == "bf16" else torch.float32
+            for it in iterations:
+                for layer in layers:
+                    for rank in ranks:
+                        specs = [("attention", "forward", n, s) for n, s in ATTN]
+                        specs += [("linear", "forward", n, s) for n, s in LINEAR_FWD]
+                        specs += [("linear", "backward", n, s) for n, s in LINEAR_BWD]
+                        for layer_type, op, tname, shape in specs:
+                            scale = (1e-4 if op == "backward" else 1.0) * (1 + layer + 0.5 * it)
+                            t = torch.randn(shape, generator=g) * scale
+                            if tname == "output":
+                                t[0, 0, :4] = 600.0 * (1 + it)    # outliers beyond E4M3's 448
+                            common = dict(layer_type=layer_type, operation=op, tensor_name=tname, quant_type=qt,
+                                          layer_idx=layer, iteration=it, rank=rank)
+                            paths.append(_save(saver, t.to(dtype), **common))
+                            if pairs and tname == "input" and op == "forward":
+                                q = t.to(torch.bfloat16).to(dtype)
+                                paths.append(_save(saver, q, variant="quantized", **common))
+    finally:
+        saver.close()
     return paths
 
 
