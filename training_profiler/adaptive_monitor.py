@@ -1,0 +1,519 @@
+"""P1: ``@watch_training`` — a training-step decorator with thresholds learnt from the run itself.
+
+Why this shape: users do not know whether a gradient norm of 100 is an explosion, so the first
+``warmup_steps`` steps establish a baseline (mean, std, min, max) and later steps are judged
+against it (mean ± sigma·std, and the seed's range doubling: above 2·max / below min/2). With
+``rolling=True`` the mean/std come from the last ``alert_window`` normal values, so a slowly
+improving loss does not alarm, while the range check against the warm-up keeps slow drifts
+visible.
+
+Cost: per step the hooks only launch a few reductions whose results are written into small
+preallocated buffers on the tensors' device; nothing is copied to the host until every
+``sync_every`` steps, when the buffers are read at once and judged in numpy. Only numbers are
+kept, never tensors.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from training_profiler.monitor_sinks import Sink, make_sink
+
+# Columns of the per-layer statistics row written by the hooks.
+_ABSMAX, _OVERFLOW, _UNDERFLOW, _MEANABS = range(4)
+_NSTATS = 4
+
+
+def dtype_limits(dtype: torch.dtype) -> tuple[float, float]:
+    """(max finite, smallest normal) of a floating dtype, from torch.finfo (the one source).
+
+    Underflow here means a nonzero value below the smallest normal: it has entered the
+    subnormal range (losing mantissa bits) or, one step further, flushes to zero.
+    """
+    fi = torch.finfo(dtype)
+    return float(fi.max), float(fi.smallest_normal)
+
+
+class AdaptiveThreshold:
+    """Warm-up baseline + sigma test + range doubling, for one metric or a vector of them.
+
+    ``update(values)`` feeds one step (a float or an array, one entry per series) and returns a
+    boolean array of anomalies (all False during warm-up). NaN entries are "no data".
+    ``direction`` is "up" (only increases alarm: losses, norms, ratios), "down" or "both".
+    ``rel_floor``/``abs_floor`` bound the std from below so a perfectly flat warm-up does not
+    turn every later wiggle into an alarm.
+    """
+
+    def __init__(self, warmup_steps: int = 100, sigma: float = 3.0, window: int | None = 50,
+                 direction: str = "up", range_check: bool = True, rel_floor: float = 0.1,
+                 abs_floor: float = 1e-12) -> None:
+        if warmup_steps < 2:
+            raise ValueError(f"warmup_steps={warmup_steps}: need at least 2 steps to estimate a spread")
+        if direction not in ("up", "down", "both"):
+            raise ValueError(f"direction={direction!r}: use 'up', 'down' or 'both'")
+        self.warmup_steps, self.sigma, self.window = warmup_steps, sigma, window
+        self.direction, self.range_check = direction, range_check
+        self.rel_floor, self.abs_floor = rel_floor, abs_floor
+        self.step = 0
+        self._warm: list[np.ndarray] = []
+        self.baseline: dict[str, np.ndarray] | None = None
+        self._ring: np.ndarray | None = None
+        self._ring_pos = 0
+        self.last_z: np.ndarray | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.baseline is not None
+
+    def _stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Current reference mean and std (rolling window when enabled, else warm-up)."""
+        assert self.baseline is not None
+        if self._ring is None:
+            return self.baseline["mean"], self.baseline["std"]
+        n = self._count
+        with np.errstate(all="ignore"):
+            mean = self._sum / n
+            std = np.sqrt(np.maximum(self._sumsq / n - mean * mean, 0.0))
+        # A window with no normal value left (a long incident) falls back to the warm-up.
+        empty = n == 0
+        if empty.any():
+            mean = np.where(empty, self.baseline["mean"], mean)
+            std = np.where(empty, self.baseline["std"], std)
+        return mean, std
+
+    def reference(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) that the next value is judged against."""
+        return self._stats()
+
+    def _push(self, v: np.ndarray) -> None:
+        """Put one row into the rolling window, keeping its sums up to date (NaN = no value)."""
+        assert self._ring is not None
+        old = self._ring[self._ring_pos]
+        ok_old, ok_new = ~np.isnan(old), ~np.isnan(v)
+        self._sum += np.where(ok_new, v, 0.0) - np.where(ok_old, old, 0.0)
+        self._sumsq += np.where(ok_new, v * v, 0.0) - np.where(ok_old, old * old, 0.0)
+        self._count += ok_new.astype(np.int64) - ok_old.astype(np.int64)
+        self._ring[self._ring_pos] = v
+        self._ring_pos = (self._ring_pos + 1) % len(self._ring)
+
+    def update(self, values: Any) -> np.ndarray:
+        v = np.atleast_1d(np.asarray(values, dtype=np.float64))
+        self.step += 1
+        if self.baseline is None:
+            self._warm.append(v)
+            if len(self._warm) >= self.warmup_steps:
+                h = np.stack(self._warm)
+                h = np.where(np.isfinite(h), h, np.nan)
+                with np.errstate(all="ignore"), _quiet_nan_warnings():
+                    self.baseline = {"mean": np.nanmean(h, 0), "std": np.nanstd(h, 0),
+                                     "min": np.nanmin(h, 0), "max": np.nanmax(h, 0)}
+                if self.window:
+                    width = h.shape[1]
+                    self._ring = np.full((self.window, width), np.nan)
+                    self._sum, self._sumsq = np.zeros(width), np.zeros(width)
+                    self._count = np.zeros(width, dtype=np.int64)
+                    for r in h[-self.window:]:
+                        self._push(r)
+                self._warm = []
+            self.last_z = np.zeros_like(v)
+            return np.zeros(v.shape, dtype=bool)
+        mean, std = self._stats()
+        spread = np.maximum(np.maximum(std, self.rel_floor * np.abs(mean)), self.abs_floor)
+        with np.errstate(invalid="ignore"):
+            z = (v - mean) / spread
+            self.last_z = z
+            if self.direction == "up":
+                bad = z > self.sigma
+            elif self.direction == "down":
+                bad = z < -self.sigma
+            else:
+                bad = np.abs(z) > self.sigma
+            if self.range_check:
+                lo, hi = self.baseline["min"], self.baseline["max"]
+                if self.direction in ("up", "both"):
+                    bad |= (hi > 0) & (v > 2 * hi)
+                if self.direction in ("down", "both"):
+                    bad |= (lo > 0) & (v < lo / 2)
+        finite = np.isfinite(v)
+        bad &= finite
+        if self._ring is not None:  # anomalies do not enter the reference window
+            self._push(np.where(bad | ~finite, np.nan, v))
+        return bad
+
+
+class _quiet_nan_warnings:
+    def __enter__(self):
+        import warnings
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def _loss_of(result: Any) -> Any:
+    if isinstance(result, dict):
+        return result.get("loss")
+    if isinstance(result, (tuple, list)) and result:
+        return result[0]
+    return result
+
+
+def _fmt(x: float) -> str:
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+class TrainingMonitor:
+    """The state behind ``@watch_training``; usable directly with ``step(loss)``."""
+
+    def __init__(self, warmup_steps: int = 100, alert_window: int = 50, sigma: float = 3.0,
+                 model: torch.nn.Module | None = None, log_every: int = 100, sync_every: int = 10,
+                 watch_dtype: torch.dtype | None = None, rolling: bool = True,
+                 sinks: Iterable[str | Sink] = ("stdout",), layer_filter: Callable[[str, torch.nn.Module], bool] | None = None,
+                 overflow_margin: float = 1.0, on_alert: Callable[[dict[str, Any]], None] | None = None,
+                 cooldown: int = 10, layer_stats_every: int = 10, sample_size: int = 4096) -> None:
+        if sync_every < 1 or log_every < 1 or layer_stats_every < 1:
+            raise ValueError("sync_every, log_every and layer_stats_every must be >= 1")
+        self.layer_stats_every, self.sample_size = layer_stats_every, sample_size
+        self.warmup_steps, self.sigma, self.log_every = warmup_steps, sigma, log_every
+        self.sync_every, self.watch_dtype, self.overflow_margin = sync_every, watch_dtype, overflow_margin
+        self.layer_filter = layer_filter
+        self.sinks: list[Sink] = [make_sink(s) for s in sinks]
+        self.on_alert = on_alert
+        self.cooldown = cooldown
+        self._last_emitted: dict[tuple[str, str | None], int] = {}
+        self.suppressed_alerts = 0
+        window = alert_window if rolling else None
+        mk = functools.partial(AdaptiveThreshold, warmup_steps, sigma, window)
+        self.th_loss = mk("up")
+        self.th_gnorm = mk("up")
+        self.th_layer_gnorm = mk("up", range_check=False)
+        # Layer activation statistics are taken every layer_stats_every steps, so their
+        # thresholds warm up and roll over proportionally fewer samples.
+        lw = max(2, warmup_steps // layer_stats_every)
+        lwin = max(2, alert_window // layer_stats_every) if rolling else None
+        mkl = functools.partial(AdaptiveThreshold, lw, sigma, lwin)
+        self.th_ratio = {k: mkl("up", range_check=False, rel_floor=0.5, abs_floor=1e-4)
+                         for k in ("act_overflow", "act_underflow", "grad_overflow", "grad_underflow")}
+        self.th_dist = mkl("both", range_check=False, rel_floor=0.0, abs_floor=0.25)
+        self._collect = layer_stats_every == 1  # are the hooks recording during this step?
+        self._slot_has_stats = [False] * sync_every
+        self.step = 0
+        self._nonfinite_seen = False
+        self.alerts: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # per-step scalars (numbers only)
+        self.model: torch.nn.Module | None = None
+        self.layers: list[str] = []
+        self._numel: dict[str, np.ndarray] = {}
+        self._handles: list[Any] = []
+        self._buffers: dict[str, torch.Tensor] | None = None
+        self._pending = 0
+        self._limits: dict[torch.dtype, tuple[float, float]] = {}
+        if model is not None:
+            self.attach(model)
+
+    # ---- setup -------------------------------------------------------------------------
+    def attach(self, model: torch.nn.Module) -> None:
+        """Install forward hooks (and output-gradient hooks) on the watched layers."""
+        self.detach()
+        self.model = model
+        chosen = [(n, m) for n, m in model.named_modules()
+                  if (self.layer_filter(n, m) if self.layer_filter
+                      else (not list(m.children()) and any(True for _ in m.parameters(recurse=False))))]
+        self.layers = [n for n, _ in chosen]
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        owner = {id(p): i for i, (_, m) in enumerate(chosen) for p in m.parameters(recurse=False)}
+        L = len(chosen)
+        # Parameters outside watched layers count in the global norm only (index L = "rest").
+        self._param_layer = torch.tensor([owner.get(id(p), L) for p in self._params], dtype=torch.long)
+        dev = next(iter(model.parameters()), torch.empty(0)).device
+        S = self.sync_every
+        self._buffers = {
+            "loss": torch.zeros(S, device=dev),
+            "gnorm": torch.zeros(S, L + 2, device=dev),  # [global, layer 0..L-1, rest]
+            "act": torch.zeros(S, max(L, 1), _NSTATS, device=dev),
+            "grad": torch.zeros(S, max(L, 1), _NSTATS, device=dev),
+        }
+        self._param_layer = self._param_layer.to(dev)
+        self._numel = {"act": np.zeros(L), "grad": np.zeros(L)}
+        for i, (_, m) in enumerate(chosen):
+            self._handles.append(m.register_forward_hook(self._make_hook(i)))
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _limits_for(self, dtype: torch.dtype) -> tuple[float, float]:
+        d = self.watch_dtype or dtype
+        if d not in self._limits:
+            mx, mn = dtype_limits(d)
+            self._limits[d] = (mx * self.overflow_margin, mn)
+        return self._limits[d]
+
+    def _record(self, kind: str, i: int, t: torch.Tensor) -> None:
+        """Write one layer's statistics row into the device buffer (no host sync).
+
+        The absolute max (which also exposes NaN/Inf, since both propagate through min/max) is
+        computed over the whole tensor; the overflow/underflow ratios and mean|x| over an evenly
+        strided sample of at most ``sample_size`` elements, which keeps the cost flat in the
+        tensor size.
+        """
+        over, tiny = self._limits_for(t.dtype)
+        flat = t.detach().reshape(-1)
+        mn, mx = torch.aminmax(flat)
+        stride = max(1, flat.numel() // self.sample_size)
+        a = flat[::stride].abs()
+        row = torch.stack((torch.maximum(mx, -mn).float(), (a > over).sum().float(),
+                           ((a < tiny) & (a != 0)).sum().float(), a.float().mean()))
+        self._buffers[kind][self._pending, i].copy_(row)  # type: ignore[index]
+        self._numel[kind][i] = a.numel()
+
+    def _make_hook(self, i: int):
+        def hook(module, args, output):
+            if not self._collect:
+                return
+            t = _first_tensor(output)
+            if t is None or not t.is_floating_point():
+                return
+            self._record("act", i, t)
+            if t.requires_grad:
+                t.register_hook(lambda g: self._record("grad", i, g) if g is not None else None)
+        return hook
+
+    # ---- per step ------------------------------------------------------------------------
+    def step_end(self, loss: Any) -> None:
+        """Record this step's loss and gradient norms (on device), judge every sync_every steps."""
+        b = self._buffers
+        if b is None:
+            self._buffers = b = {"loss": torch.zeros(self.sync_every)}
+        slot = self._pending
+        if isinstance(loss, torch.Tensor):
+            b["loss"][slot].copy_(loss.detach().float().mean() if loss.numel() != 1 else loss.detach().reshape(()))
+        else:
+            b["loss"][slot] = float(loss) if loss is not None else float("nan")
+        if self.model is not None:
+            grads = [p.grad for p in self._params]
+            if all(g is not None for g in grads) and grads:
+                sq = torch.stack(torch._foreach_norm(grads)).float().square()
+                idx = self._param_layer
+            else:
+                keep = [(g, int(j)) for g, j in zip(grads, self._param_layer.tolist()) if g is not None]
+                sq = torch.stack(torch._foreach_norm([g for g, _ in keep])).float().square() if keep \
+                    else torch.zeros(0, device=b["gnorm"].device)
+                idx = torch.tensor([j for _, j in keep], dtype=torch.long, device=sq.device)
+            row = b["gnorm"][slot]
+            row.zero_()
+            row[1:].index_add_(0, idx, sq)
+            row[0] = sq.sum()
+            row.sqrt_()
+            if not keep_any(grads):
+                row.fill_(float("nan"))
+        self._slot_has_stats[slot] = self._collect
+        self.step += 1
+        self._pending += 1
+        if self._pending == self.sync_every:
+            self.sync()
+        # Hooks record during the next step when it is a statistics step, or every step after a
+        # non-finite loss was seen (to name the layer where it starts).
+        self._collect = (self.step + 1) % self.layer_stats_every == 0 or self._nonfinite_seen
+
+    def sync(self) -> None:
+        """Copy the buffered statistics to the host (one transfer each) and judge them."""
+        n, self._pending = self._pending, 0
+        if n == 0 or self._buffers is None:
+            return
+        host = {k: v[:n].cpu().numpy().astype(np.float64) for k, v in self._buffers.items()}
+        first_step = self.step - n + 1
+        for r in range(n):
+            row = {k: v[r] for k, v in host.items()}
+            if not self._slot_has_stats[r]:
+                row.pop("act", None), row.pop("grad", None)
+            self._judge(first_step + r, row)
+        for s in self.sinks:
+            s.flush()
+
+    def _ratio(self, stats: np.ndarray, col: int, kind: str) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.where(self._numel[kind] > 0, stats[:, col] / np.maximum(self._numel[kind], 1), np.nan)
+
+    def _judge(self, step: int, row: dict[str, np.ndarray]) -> None:
+        loss = float(row["loss"])
+        rec: dict[str, Any] = {"kind": "metrics", "step": step, "loss": loss}
+        alerts: list[dict[str, Any]] = []
+
+        def alert(metric: str, value: float, th: AdaptiveThreshold | None, idx: int = 0,
+                  layer: str | None = None, note: str = "") -> None:
+            msg = f"[ALERT] Step {step} | "
+            if layer is not None:
+                msg += f"Layer '{layer}' "
+            msg += f"{metric}: {_fmt(value)}"
+            base_mean = base_std = dev = None
+            if th is not None and th.ready:
+                mean, std = th.reference()
+                base_mean, base_std = float(mean[idx]), float(std[idx])
+                dev = float(th.last_z[idx]) if th.last_z is not None else None
+                msg += f" (baseline: {_fmt(base_mean)}±{_fmt(base_std)})"
+                if dev is not None and math.isfinite(dev):
+                    msg += f" | Deviation: {dev:.1f}σ"
+            if note:
+                msg += f" | {note}"
+            alerts.append({"kind": "alert", "step": step, "metric": metric, "value": value,
+                           "layer": layer, "baseline_mean": base_mean, "baseline_std": base_std,
+                           "deviation": dev, "message": msg})
+
+        # Non-finite values need no baseline.
+        if not math.isfinite(loss):
+            self._nonfinite_seen = True
+            alert("loss_nonfinite", loss, None, note="non-finite loss")
+        bad = self.th_loss.update(loss) if math.isfinite(loss) else np.zeros(1, bool)
+        if bad[0]:
+            alert("loss", loss, self.th_loss, note=self._why(self.th_loss, loss))
+
+        if self.model is not None and "gnorm" in row:
+            g = row["gnorm"]
+            gnorm, layer_norms = float(g[0]), g[1:1 + len(self.layers)]
+            rec["grad_norm"] = gnorm
+            if not math.isnan(gnorm) and not math.isfinite(gnorm):
+                alert("grad_norm_nonfinite", gnorm, None, note="non-finite gradient norm")
+            gbad = self.th_gnorm.update(gnorm) if math.isfinite(gnorm) else np.zeros(1, bool)
+            lbad = self.th_layer_gnorm.update(layer_norms) if len(self.layers) else np.zeros(0, bool)
+            if gbad[0]:
+                note = self._why(self.th_gnorm, gnorm)
+                z = self.th_layer_gnorm.last_z
+                if z is not None and len(z) and np.isfinite(z).any():
+                    note += f"; largest layer jump: '{self.layers[int(np.nanargmax(z))]}'"
+                alert("grad_norm", gnorm, self.th_gnorm, note=note)
+            for kind in ("act", "grad"):
+                if kind not in row:
+                    continue
+                stats = row[kind][:len(self.layers)]
+                nonfinite = ~np.isfinite(stats[:, _ABSMAX])
+                if nonfinite.any():
+                    self._nonfinite_seen = True
+                    i = int(np.argmax(nonfinite))
+                    what = "activations" if kind == "act" else "output gradients"
+                    order = "forward" if kind == "act" else "module"
+                    alert(f"{kind}_nonfinite", float(stats[i, _ABSMAX]), None, layer=self.layers[i],
+                          note=f"non-finite {what} (first watched layer in {order} order)")
+                for name, col in (("overflow", _OVERFLOW), ("underflow", _UNDERFLOW)):
+                    ratios = self._ratio(stats, col, kind)
+                    th = self.th_ratio[f"{kind}_{name}"]
+                    rbad = th.update(ratios)
+                    rec[f"{kind}_{name}_ratio_max"] = float(np.nanmax(ratios)) if np.isfinite(ratios).any() else float("nan")
+                    for i in np.flatnonzero(rbad):
+                        alert(f"{kind}_{name}_ratio", float(ratios[i]), th, idx=int(i), layer=self.layers[i])
+            if "act" in row:
+                # Distortion: shift of each layer's activation scale (log2 mean|x|, in binades).
+                with np.errstate(all="ignore"):
+                    scale = np.log2(row["act"][:len(self.layers), _MEANABS])
+                scale = np.where(np.isfinite(scale), scale, np.nan)
+                dbad = self.th_dist.update(scale)
+                if self.th_dist.ready:
+                    mean, _ = self.th_dist.reference()
+                    with np.errstate(all="ignore"):
+                        shift = np.abs(scale - mean)
+                    rec["distortion_max_binades"] = float(np.nanmax(shift)) if np.isfinite(shift).any() else 0.0
+                for i in np.flatnonzero(dbad):
+                    alert("distortion", float(scale[i]), self.th_dist, idx=int(i), layer=self.layers[i],
+                          note="activation scale (log2 mean|x|) shifted from its baseline")
+
+        self.history.append({k: v for k, v in rec.items() if k != "kind"})
+        for s in self.sinks:
+            s.emit(rec)
+        if step == self.warmup_steps and self.th_loss.ready:
+            mean, std = self.th_loss.reference()
+            self._emit({"kind": "info", "step": step, "message":
+                        f"[Monitor] Baseline established at step {step}: loss {_fmt(mean[0])}±{_fmt(std[0])}"
+                        + (f", grad_norm {_fmt(self.th_gnorm.reference()[0][0])}±"
+                           f"{_fmt(self.th_gnorm.reference()[1][0])}" if self.th_gnorm.ready else "")})
+        for a in alerts:
+            self.alerts.append(a)
+            key = (a["metric"], a["layer"])
+            last = self._last_emitted.get(key)
+            if last is not None and step - last <= self.cooldown:
+                # The same problem again within the cool-down: kept in .alerts, not printed.
+                self.suppressed_alerts += 1
+                self._last_emitted[key] = step
+                continue
+            self._last_emitted[key] = step
+            self._emit(a)
+            if self.on_alert:
+                self.on_alert(a)
+        if step % self.log_every == 0:
+            parts = [f"[Monitor] Step {step}", self._status_part("loss", loss, self.th_loss)]
+            if "grad_norm" in rec:
+                parts.append(self._status_part("grad_norm", rec["grad_norm"], self.th_gnorm))
+            parts.append("Status: " + ("ALERT" if alerts else ("WARMUP" if not self.th_loss.ready else "OK")))
+            self._emit({"kind": "status", "step": step, "message": " | ".join(parts)})
+
+    def _why(self, th: AdaptiveThreshold, value: float) -> str:
+        assert th.baseline is not None
+        if th.range_check and th.baseline["max"][0] > 0 and value > 2 * th.baseline["max"][0]:
+            return f"above 2x the warm-up max {_fmt(float(th.baseline['max'][0]))}"
+        return f"beyond {th.sigma:g}σ"
+
+    @staticmethod
+    def _status_part(name: str, value: float, th: AdaptiveThreshold) -> str:
+        if th.ready:
+            mean, std = th.reference()
+            return f"{name}: {_fmt(value)} (baseline: {_fmt(float(mean[0]))}±{_fmt(float(std[0]))})"
+        return f"{name}: {_fmt(value)}"
+
+    def _emit(self, rec: dict[str, Any]) -> None:
+        for s in self.sinks:
+            s.emit(rec)
+
+    def close(self) -> None:
+        """Judge what is still buffered, flush and close the sinks, remove the hooks."""
+        self.sync()
+        self.detach()
+        for s in self.sinks:
+            s.close()
+
+
+def keep_any(grads: list) -> bool:
+    return any(g is not None for g in grads)
+
+
+def watch_training(fn: Callable | None = None, *, warmup_steps: int = 100, alert_window: int = 50,
+                   sigma: float = 3.0, model: torch.nn.Module | None = None, **kwargs: Any):
+    """Decorate a train step that returns the loss (a tensor, a float, a dict with "loss", or a
+    tuple whose first item is the loss). With ``model=`` (or when the step's first argument is an
+    nn.Module) per-layer statistics are watched too. The monitor is ``step_fn.monitor``; call
+    ``step_fn.monitor.close()`` at the end to judge the last buffered steps. Other keyword
+    arguments go to :class:`TrainingMonitor` (log_every, sync_every, watch_dtype, rolling,
+    sinks, layer_filter, overflow_margin, on_alert).
+    """
+    def decorate(f: Callable) -> Callable:
+        monitor = TrainingMonitor(warmup_steps=warmup_steps, alert_window=alert_window, sigma=sigma,
+                                  model=model, **kwargs)
+
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            if monitor.model is None and args and isinstance(args[0], torch.nn.Module):
+                monitor.attach(args[0])
+            result = f(*args, **kw)
+            monitor.step_end(_loss_of(result))
+            return result
+
+        wrapper.monitor = monitor  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate(fn) if fn is not None else decorate
