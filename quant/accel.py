@@ -44,7 +44,7 @@ def compiled(fn: Callable, static: tuple) -> Callable:
         def bound(*tensors):
             return fn(tensors[0], *static, *tensors[1:])
         bound.__name__ = f"quant_{fn.__name__}"
-        _CACHE[key] = torch.compile(bound, dynamic=False, fullgraph=True)
+        _CACHE[key] = torch.compile(bound, fullgraph=True)
     return _CACHE[key]
 
 

@@ -176,7 +176,9 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
         over_v = round_magnitude(av, p, mode) > spec.max_normal
         under_v = av < spec.min_normal
         if restore is not None:
-            over_el, under_el = restore(over_v), restore(under_v)
+            # elements of a NaN/Inf-poisoned block are NaN, not over/underflowed (nan_blocks)
+            ok = block_finite.expand_as(v)
+            over_el, under_el = restore(over_v & ok), restore(under_v & ok)
         else:
             over_el, under_el = over_v, under_v
         if is_identity:

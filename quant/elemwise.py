@@ -62,55 +62,64 @@ def _mantissa_bits(e: torch.Tensor, p: ElemParams):
     return 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (ae >= 16).to(torch.int32)
 
 
-def round_magnitude(a: torch.Tensor, p: ElemParams, rounding: str,
-                    noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Round non-negative float32 magnitudes onto the format grid, without saturation.
+def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
+                     noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Round non-negative float32 magnitudes onto the format grid, without saturation, IN PLACE
+    (``a`` is overwritten and returned; few temporaries keep the eager path fast).
 
     ``noise`` (uniform [0, 1), same shape) is required for rounding="stochastic".
     """
     e = float_exponent(a).clamp_(p.grid_emin, p.grid_emax)
     m = _mantissa_bits(e, p)
     # q = a * 2^(m - e), split as 2^(1-e) * 2^(m-1) so every factor is a normal float32
+    a.mul_(((128 - e) << 23).view(torch.float32))
     if p.tapered:
-        up = pow2_from_exponent(m - 1)
+        a.mul_(pow2_from_exponent(m - 1))
         down = pow2_from_exponent(-m)
     else:
-        up = 2.0 ** (m - 1)
+        a.mul_(2.0 ** (m - 1))
         down = 2.0 ** (-m)
-    q = a * pow2_from_exponent(1 - e)
-    q = q * up
     if rounding == "nearest_even":
-        r = torch.round(q)
-    elif rounding == "nearest_away":
-        r = torch.floor(q)  # q - floor(q) is exact; q + 0.5 would round for small q
-        r = r + ((q - r) >= 0.5).to(q.dtype)
+        a.round_()
+    elif rounding in ("nearest_away", "stochastic"):
+        r = torch.floor(a)       # a - floor(a) is exact; a + 0.5 would round for small a
+        frac = a.sub_(r)
+        if rounding == "nearest_away":
+            r.add_(frac.ge_(0.5).to(r.dtype))
+        else:
+            if noise is None:
+                raise ValueError("stochastic rounding needs uniform noise")
+            r.add_((noise < frac).to(r.dtype))
+        a = r
     elif rounding == "toward_zero":
-        r = torch.floor(q)
-    elif rounding == "stochastic":
-        if noise is None:
-            raise ValueError("stochastic rounding needs uniform noise")
-        r = torch.floor(q)
-        r = r + (noise < (q - r)).to(q.dtype)
+        a.floor_()
     else:  # validated by the caller; kept as a guard for direct use
         raise ValueError(f"unknown rounding mode {rounding!r}")
-    return (r * down) * pow2_from_exponent(e)
+    a.mul_(down)
+    return a.mul_(e.add_(127).bitwise_left_shift_(23).view(torch.float32))
+
+
+def round_magnitude(a: torch.Tensor, p: ElemParams, rounding: str,
+                    noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Out-of-place round_magnitude_ (``a`` is left untouched)."""
+    return round_magnitude_(a.clone(), p, rounding, noise)
 
 
 def finish(r: torch.Tensor, x: torch.Tensor, p: ElemParams, saturate: bool) -> torch.Tensor:
-    """Apply saturation / overflow encoding and the sign of x to rounded magnitudes r."""
+    """Apply saturation / overflow encoding and the sign of x to rounded magnitudes r (in
+    place on r, which must be a fresh tensor)."""
     if saturate or p.overflow == "max":
-        r = torch.clamp(r, max=p.max_normal)          # NaN stays NaN, Inf -> max_normal
+        r = r.clamp_(max=p.max_normal)               # NaN stays NaN, Inf -> max_normal
     else:
-        over = torch.full((), float("inf") if p.overflow == "inf" else float("nan"),
-                          dtype=r.dtype, device=r.device)
-        r = torch.where(r > p.max_normal, over, r)
-    r = torch.copysign(r, x)
+        over = float("inf") if p.overflow == "inf" else float("nan")
+        r = r.masked_fill_(r > p.max_normal, over)
+    r = r.copysign_(x)
     if not p.signed_zero:
-        r = r + 0.0  # -0 -> +0 (HiF8 has a single zero code)
+        r = r.add_(0.0)  # -0 -> +0 (HiF8 has a single zero code)
     return r
 
 
 def cast_elements(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
                   noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Fake-quantize float32 x element by element (no scaling)."""
-    return finish(round_magnitude(x.abs(), p, rounding, noise), x, p, saturate)
+    return finish(round_magnitude_(x.abs(), p, rounding, noise), x, p, saturate)

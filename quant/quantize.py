@@ -15,8 +15,7 @@ from . import accel
 from .elemwise import ElemParams, cast_elements
 from .formats import (SCALING_IDENTITY, SCALING_MX, SCALING_NONE, SCALING_NVFP4, SCALING_TENSOR,
                       FormatSpec, check_rounding, check_scale_mode, get_format)
-from .scaling import (nvfp4_tensor_scale, quantize_mx_blocks, quantize_nvfp4_blocks,
-                      quantize_tensor_scaled, tensor_scale)
+from .scaling import quantize_mx_blocks, quantize_nvfp4_blocks, quantize_tensor_scaled
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ANALYZE_ENV = "QUANT_ANALYZE"
@@ -98,11 +97,10 @@ def _q_elements(x32, spec, p, rounding, saturate, scale_mode, block, axis, gener
 
 
 def _q_tensor(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    scale = tensor_scale(x32, spec.max_normal)
     noise = _noise(x32.shape, x32.device, generator, rounding)
     if noise is None:
-        return accel.run(quantize_tensor_scaled, (x32,), (p, rounding, saturate), (scale,))
-    return quantize_tensor_scaled(x32, p, rounding, saturate, scale, noise)
+        return accel.run(quantize_tensor_scaled, (x32,), (p, rounding, saturate))
+    return quantize_tensor_scaled(x32, p, rounding, saturate, noise)
 
 
 def _q_mx(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
@@ -116,13 +114,12 @@ def _q_mx(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
 
 
 def _q_nvfp4(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    s_t = nvfp4_tensor_scale(x32)
     xb, restore = to_blocks(x32, axis, block)
     noise = _noise(xb.shape, xb.device, generator, rounding)
     if noise is None:
-        yb = accel.run(quantize_nvfp4_blocks, (xb,), (p, rounding, saturate), (s_t,))
+        yb = accel.run(quantize_nvfp4_blocks, (xb,), (p, rounding, saturate))
     else:
-        yb = quantize_nvfp4_blocks(xb, p, rounding, saturate, s_t, noise)
+        yb = quantize_nvfp4_blocks(xb, p, rounding, saturate, noise)
     return restore(yb)
 
 
@@ -185,5 +182,6 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
 
 
 def quantize_ste(x: torch.Tensor, fmt: Union[str, FormatSpec], **kwargs) -> torch.Tensor:
-    """Fake quantization with a straight-through gradient: forward quantize(x), backward identity."""
+    """Fake quantization with a straight-through gradient: forward quantize(x), backward
+    identity (for quantization-aware training)."""
     return x + (quantize(x, fmt, **kwargs) - x).detach()

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .elemwise import ElemParams, finish, float_exponent, pow2_any, round_magnitude
+from .elemwise import ElemParams, finish, float_exponent, pow2_any, round_magnitude_
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
 
 E4M3_PARAMS = ElemParams(grid_emin=-6, grid_emax=9, mbits=3, tapered=False, max_normal=448.0,
@@ -59,17 +59,19 @@ def quantize_mx_blocks(xb: torch.Tensor, p: ElemParams, emax_elem: int, rounding
     amax = xb.abs().amax(dim=-1, keepdim=True)
     s = mx_shared_exponent(amax, emax_elem, p.max_normal, scale_mode)
     v = xb * pow2_any(-s)
-    y = finish(round_magnitude(v.abs(), p, rounding, noise), v, p, saturate) * pow2_any(s)
-    return torch.where(torch.isfinite(amax), y, torch.full_like(y, float("nan")))
+    y = finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate).mul_(pow2_any(s))
+    return y.masked_fill_(~torch.isfinite(amax), float("nan"))
 
 
 def finite_amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| over the finite values (0 when there are none), as a 0-dim float32 tensor."""
-    amax = x.abs().amax() if x.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
-    if not torch.isfinite(amax):
-        a = x.abs()
-        amax = torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax()
-    return amax
+    """max |x| over the finite values (0 when there are none), as a 0-dim float32 tensor.
+
+    Branch-free (one fused pass when compiled): Inf/NaN are replaced by 0 before the max.
+    """
+    if x.numel() == 0:
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    a = x.abs()
+    return torch.where(a < float("inf"), a, torch.zeros_like(a)).amax()
 
 
 def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
@@ -82,22 +84,24 @@ def nvfp4_block_scale(amax_b: torch.Tensor, s_t: torch.Tensor) -> torch.Tensor:
     """E4M3 block scale: cast(amax_b / 6 / s_t) with nearest-even, clamped to [2^-9, 448]."""
     raw = (amax_b / E2M1_MAX) / s_t
     raw = raw.clamp(E4M3_MIN_SUBNORMAL, E4M3_MAX)
-    return finish(round_magnitude(raw, E4M3_PARAMS, "nearest_even"), raw, E4M3_PARAMS, True)
+    r = round_magnitude_(raw.clone(), E4M3_PARAMS, "nearest_even")
+    return finish(r, raw, E4M3_PARAMS, True)
 
 
 def quantize_nvfp4_blocks(xb: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
-                          s_t: torch.Tensor, noise: Optional[torch.Tensor] = None
-                          ) -> torch.Tensor:
-    """NVFP4 fake quantization of float32 xb shaped [..., nblocks, 16] with tensor scale s_t.
+                          noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """NVFP4 fake quantization of float32 xb shaped [..., nblocks, 16] (the whole tensor, zero
+    padded: the per-tensor scale s_t comes from its finite amax).
 
     value = e2m1(x / (s_b * s_t)) * (s_b * s_t); a block holding NaN/Inf becomes all NaN.
     """
+    s_t = nvfp4_tensor_scale(xb)
     amax = xb.abs().amax(dim=-1, keepdim=True)
     s_b = nvfp4_block_scale(amax, s_t)
     denom = s_b * s_t
     v = xb / denom
-    y = finish(round_magnitude(v.abs(), p, rounding, noise), v, p, saturate) * denom
-    return torch.where(torch.isfinite(amax), y, torch.full_like(y, float("nan")))
+    y = finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate).mul_(denom)
+    return y.masked_fill_(~torch.isfinite(amax), float("nan"))
 
 
 def tensor_scale(x: torch.Tensor, max_normal: float) -> torch.Tensor:
@@ -109,8 +113,8 @@ def tensor_scale(x: torch.Tensor, max_normal: float) -> torch.Tensor:
 
 
 def quantize_tensor_scaled(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
-                           scale: torch.Tensor, noise: Optional[torch.Tensor] = None
-                           ) -> torch.Tensor:
-    """cast(x * scale) * (1 / scale): FP8 with one FP32 scale per tensor."""
+                           noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """cast(x * scale) * (1 / scale): FP8 with one FP32 scale per tensor (from x's amax)."""
+    scale = tensor_scale(x, p.max_normal)
     v = x * scale
-    return finish(round_magnitude(v.abs(), p, rounding, noise), v, p, saturate) * (1.0 / scale)
+    return finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate).mul_(1.0 / scale)

@@ -13,6 +13,13 @@ ML = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
 N_RANDOM = 10_000_000  # per format, as the issue asks
 
 
+@pytest.fixture(autouse=True)
+def _eager(monkeypatch):
+    """These tests pin the eager kernels (the reference semantics); test_quant_compiled.py
+    checks the compiled kernels against them."""
+    monkeypatch.setenv("QUANT_COMPILE", "0")
+
+
 def _ref_saturating(x: np.ndarray, name: str) -> np.ndarray:
     """ml_dtypes nearest-even cast with saturation: clip first (clipping only touches values
     beyond max_normal, which is itself representable)."""

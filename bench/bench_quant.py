@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""Throughput of quant.quantize relative to x.clone() of the same tensor, in the same run.
+
+clone() reads and writes the tensor once: the memory floor any out-of-place quantizer pays.
+A ratio of 0.5 means quantize runs at half of clone's throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+DEFAULT_FORMATS = ("mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3")
+
+
+def _time(fn, repeats: int) -> float:
+    """Median seconds of fn() over ``repeats`` runs (after the caller's warm-up)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: str,
+        device: str) -> list[dict]:
+    import os
+    os.environ["QUANT_COMPILE"] = compile_mode
+    import quant
+    from quant import accel
+
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+
+    def clone():
+        x.clone()
+        sync()
+
+    for _ in range(warmup):
+        clone()
+    results = []
+    t_clone = _time(clone, repeats)
+    nbytes = x.numel() * x.element_size()
+    for name in formats:
+        quant.get_format(name)  # clear error for a bad name before any timing
+
+        def q(name=name):
+            quant.quantize(x, name)
+            sync()
+
+        t_first = time.perf_counter()
+        q()
+        first = time.perf_counter() - t_first
+        for _ in range(warmup):
+            q()
+        t_q = _time(q, repeats)
+        results.append({"format": name, "seconds": t_q, "first_call_s": first,
+                        "gb_per_s": 2 * nbytes / t_q / 1e9, "ratio_to_clone": t_clone / t_q})
+    results.insert(0, {"format": "x.clone()", "seconds": t_clone, "first_call_s": 0.0,
+                       "gb_per_s": 2 * nbytes / t_clone / 1e9, "ratio_to_clone": 1.0})
+    err = accel.compile_error()
+    if err is not None:
+        print(f"note: torch.compile failed ({type(err).__name__}); eager kernels were timed",
+              file=sys.stderr)
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS),
+                    help="format names (default: %(default)s)")
+    ap.add_argument("--rows", type=int, default=4096, help="tensor rows (default 4096)")
+    ap.add_argument("--cols", type=int, default=4096, help="tensor columns (default 4096)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed runs per format (median)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed runs after the first call")
+    ap.add_argument("--compile", choices=["auto", "1", "0"], default="auto",
+                    help="QUANT_COMPILE mode: auto (large tensors), 1 always, 0 eager only")
+    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = ap.parse_args(argv)
+    if args.rows < 1 or args.cols < 1 or args.repeats < 1 or args.warmup < 0:
+        ap.error("--rows/--cols/--repeats must be >= 1 and --warmup >= 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        results = run(args.formats, args.rows, args.cols, args.repeats, args.warmup,
+                      args.compile, args.device)
+    except (ValueError, RuntimeError) as exc:
+        print(f"bench_quant: {exc}", file=sys.stderr)
+        return 2
+    print(f"quantize throughput on a {args.rows}x{args.cols} float32 tensor, device "
+          f"{args.device}, {torch.get_num_threads()} threads, compile={args.compile}, "
+          f"median of {args.repeats}")
+    print(f"{'format':<12} {'ms':>9} {'GB/s':>8} {'vs clone':>9} {'first call s':>13}")
+    for r in results:
+        print(f"{r['format']:<12} {r['seconds'] * 1e3:9.2f} {r['gb_per_s']:8.2f} "
+              f"{r['ratio_to_clone']:9.3f} {r['first_call_s']:13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
