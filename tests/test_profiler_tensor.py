@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import quant
 from training_profiler import analyze_tensor
-from training_profiler.tensor_analyzer import HIGH_RATIO, block_dynamic_range, format_report
+from training_profiler.tensor_analyzer import HIGH_RATIO, block_dynamic_range, format_report, main
 
 
 def test_seed_example_dimension_imbalance() -> None:
@@ -68,7 +66,7 @@ def test_bad_input_is_clear() -> None:
         analyze_tensor(torch.arange(4), "x")
 
 
-def test_cli_on_saved_files(tmp_path) -> None:
+def test_cli_on_saved_files(tmp_path, capsys) -> None:
     a = tmp_path / "imbalanced.pt"
     torch.save({"tensor": torch.stack([torch.linspace(-900, 900, 64), torch.linspace(-1, 1, 64)], 1),
                 "metadata": {"module_path": "head.bbox"}}, a)
@@ -76,8 +74,15 @@ def test_cli_on_saved_files(tmp_path) -> None:
     torch.save(torch.randn(16, 8), b)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a tensor")
-    run = lambda *args: subprocess.run([sys.executable, "-m", "training_profiler.tensor_analyzer", *args],
-                                       capture_output=True, text=True)
+    class Result:
+        def __init__(self, code, out, err):
+            self.returncode, self.stdout, self.stderr = code, out, err
+
+    def run(*args):
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
     r = run(str(a), str(b), "--format", "json", "--formats", "bf16,mxfp8")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
