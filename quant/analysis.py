@@ -141,8 +141,9 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
     """Count overflow / underflow / flush-to-zero of quantizing ``x`` to ``fmt``.
 
     Same options as quantize(); pass ``quantized`` (the result of quantize with those options)
-    to avoid quantizing twice. Stochastic rounding is analysed with its nearest-even outcome for
-    overflow; flush-to-zero always comes from the actual quantized values.
+    to avoid quantizing twice. Stochastic (hybrid) rounding is analysed with its nearest-even
+    (nearest-away) outcome for overflow; flush-to-zero always comes from the actual quantized
+    values.
     """
     _check_input(x, "analyze_quantization")
     spec = get_format(fmt)
@@ -172,7 +173,7 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
                                                           block, scale_mode)
         av = v.abs()
         p = ElemParams.of(spec)
-        mode = "nearest_even" if rounding == "stochastic" else rounding
+        mode = {"stochastic": "nearest_even", "hybrid": "nearest_away"}.get(rounding, rounding)
         over_v = round_magnitude(av, p, mode) > spec.max_normal
         under_v = av < spec.min_normal
         if restore is not None:

@@ -81,15 +81,18 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
         down = 2.0 ** (-m)
     if rounding == "nearest_even":
         a.round_()
-    elif rounding in ("nearest_away", "stochastic"):
+    elif rounding in ("nearest_away", "stochastic", "hybrid"):
         r = torch.floor(a)       # a - floor(a) is exact; a + 0.5 would round for small a
         frac = a.sub_(r)
         if rounding == "nearest_away":
             r.add_(frac.ge_(0.5).to(r.dtype))
         else:
             if noise is None:
-                raise ValueError("stochastic rounding needs uniform noise")
-            r.add_((noise < frac).to(r.dtype))
+                raise ValueError(f"{rounding} rounding needs uniform noise")
+            up = noise < frac
+            if rounding == "hybrid":  # HiF8: ties away for |E| <= 3, stochastic for |E| >= 4
+                up = torch.where(e.abs() >= 4, up, frac >= 0.5)
+            r.add_(up.to(r.dtype))
         a = r
     elif rounding == "toward_zero":
         a.floor_()

@@ -213,10 +213,17 @@ def get_format(name) -> FormatSpec:
                      f"{', '.join(FORMATS)}")
 
 
-def check_rounding(rounding: str) -> str:
-    if rounding not in ROUNDING_MODES:
-        raise ValueError(f"unknown rounding mode {rounding!r}; valid modes: "
-                         f"{', '.join(ROUNDING_MODES)}")
+HIF8_ROUNDING_MODES = ROUNDING_MODES + ("hybrid",)
+RANDOM_ROUNDING_MODES = ("stochastic", "hybrid")
+
+
+def check_rounding(rounding: str, spec: Optional[FormatSpec] = None) -> str:
+    """Validate a rounding name; 'hybrid' (HiF8's ties-away / stochastic mix) needs hifp8."""
+    valid = HIF8_ROUNDING_MODES if spec is not None and spec.tapered else ROUNDING_MODES
+    if rounding not in valid:
+        extra = " ('hybrid' is for hifp8 only)" if rounding == "hybrid" else ""
+        raise ValueError(f"unknown rounding mode {rounding!r}{extra}; valid modes: "
+                         f"{', '.join(valid)}")
     return rounding
 
 

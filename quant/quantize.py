@@ -13,8 +13,9 @@ import torch
 
 from . import accel
 from .elemwise import ElemParams, cast_elements
-from .formats import (SCALING_IDENTITY, SCALING_MX, SCALING_NONE, SCALING_NVFP4, SCALING_TENSOR,
-                      FormatSpec, check_rounding, check_scale_mode, get_format)
+from .formats import (RANDOM_ROUNDING_MODES, SCALING_IDENTITY, SCALING_MX, SCALING_NONE,
+                      SCALING_NVFP4, SCALING_TENSOR, FormatSpec, check_rounding,
+                      check_scale_mode, get_format)
 from .scaling import quantize_mx_blocks, quantize_nvfp4_blocks, quantize_tensor_scaled
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -32,7 +33,7 @@ def _check_input(x, where: str = "quantize") -> None:
 def resolve_options(spec: FormatSpec, rounding: Optional[str], scale_mode: str,
                     block_size: Optional[int], generator) -> tuple[str, int]:
     """Validate options against the format; return (rounding, block size)."""
-    rounding = check_rounding(spec.default_rounding if rounding is None else rounding)
+    rounding = check_rounding(spec.default_rounding if rounding is None else rounding, spec)
     check_scale_mode(scale_mode)
     if scale_mode != "floor" and spec.scaling != SCALING_MX:
         raise ValueError(f"scale_mode={scale_mode!r} only applies to MX formats (mx*); "
@@ -78,7 +79,7 @@ def to_blocks(x: torch.Tensor, axis: int, block: int):
 
 
 def _noise(shape, device, generator, rounding):
-    if rounding != "stochastic":
+    if rounding not in RANDOM_ROUNDING_MODES:
         return None
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
 
@@ -144,8 +145,9 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
              analyze: Optional[bool] = None) -> torch.Tensor:
     """Fake-quantize ``x`` to format ``fmt``: returns the dequantized values, same shape and dtype.
 
-    rounding: nearest_even | nearest_away | toward_zero | stochastic (None = the format's default:
-    nearest_away for hifp8, nearest_even otherwise). scale_mode: floor | ceil | rceil (MX only).
+    rounding: nearest_even | nearest_away | toward_zero | stochastic, plus hybrid for hifp8
+    (None = the format's default: nearest_away for hifp8, nearest_even otherwise); the random
+    modes draw uniform noise from ``generator``. scale_mode: floor | ceil | rceil (MX only).
     saturate: clamp finite overflow (and +-Inf) to +-max_normal; False gives the format's overflow
     encoding (Inf, or NaN for E4M3). analyze: print the pre-quantization underflow warning
     (default: environment variable QUANT_ANALYZE=1); it never changes the result.

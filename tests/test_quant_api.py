@@ -159,3 +159,18 @@ def test_metrics_edge_cases():
         metrics.mse(a, torch.ones(3))
     with pytest.raises(ValueError, match="empty"):
         metrics.mse(torch.ones(0), torch.ones(0))
+
+
+def test_cosine_of_identical_tensors_is_one():
+    x = torch.randn(300000, generator=torch.Generator().manual_seed(0)).bfloat16()
+    assert metrics.cosine_similarity(x, x.float()) == 1.0
+    assert -1.0 <= metrics.cosine_similarity(x, -x) <= -0.999999
+
+
+def test_demo_runs(capsys):
+    from quant import demo
+    assert demo.main(["--formats", "mxfp8", "hifp8", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"format": "mxfp8"' in out and '"sqnr"' in out
+    assert demo.main(["--formats", "nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err

@@ -151,3 +151,16 @@ def test_bf16_rounding_modes_use_bf16_grid():
     tz = quant.quantize(x, "bf16", rounding="toward_zero")
     assert tz.tolist() == [1.0, 1.0, 2.0 ** -130]
     assert math.isinf(quant.quantize(torch.tensor([3.4e38]), "bf16", saturate=False).item())
+
+
+def test_hifp8_hybrid_rounding():
+    g = torch.Generator().manual_seed(5)
+    small = torch.rand(5000, generator=g) * 7.8 + 0.13  # |E| <= 3: ties away, deterministic
+    assert torch.equal(quant.quantize(small, "hifp8", rounding="hybrid", generator=g),
+                       quant.quantize(small, "hifp8", rounding="nearest_away"))
+    big = torch.full((100000,), 17.0)  # E=4, 2 mantissa bits: grid 16, 20 -> 17 is 25 % up
+    y = quant.quantize(big, "hifp8", rounding="hybrid", generator=g)
+    assert set(y.unique().tolist()) == {16.0, 20.0}
+    assert float(y.mean()) == pytest.approx(17.0, abs=0.02)
+    with pytest.raises(ValueError, match="hifp8 only"):
+        quant.quantize(big, "fp8_e4m3", rounding="hybrid")
