@@ -23,6 +23,8 @@ formed with the definitions of ``quant.metrics`` (the tests check every level ag
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -155,7 +157,6 @@ class PreparedTensor:
     numel: int
     nan_count: int
     inf_count: int
-    zero_count: int
 
     @property
     def finite_count(self) -> int:
@@ -163,7 +164,11 @@ class PreparedTensor:
 
 
 def prepare_tensor(t: Any, source: str = "input") -> PreparedTensor:
-    """Validate and flatten a tensor for the sweep; NaN/Inf are counted and dropped."""
+    """Validate and flatten a tensor for the sweep; NaN/Inf are counted and dropped.
+
+    Fast path: ``amin``/``amax`` propagate NaN and Inf, so two reductions prove a tensor
+    finite; the masks are built only when they do not.
+    """
     if not isinstance(t, torch.Tensor):
         raise SweepInputError(f"{source}: holds a {type(t).__name__}, not a tensor")
     if t.is_complex() or not t.is_floating_point():
@@ -176,18 +181,21 @@ def prepare_tensor(t: Any, source: str = "input") -> PreparedTensor:
     flat = t.detach().reshape(-1)
     if flat.dtype != torch.float32:
         flat = flat.to(torch.float32)
-    finite = torch.isfinite(flat)
-    nan_count = int(torch.isnan(flat).sum())
-    n_finite = int(finite.sum())
-    inf_count = int(flat.numel() - n_finite - nan_count)
-    if n_finite == 0:
-        raise SweepInputError(f"{source}: all {flat.numel()} values are NaN or Inf "
-                              f"({nan_count} NaN); nothing finite to sweep")
-    values = flat if n_finite == flat.numel() else flat[finite]
+    nan_count = inf_count = 0
+    if math.isfinite(float(flat.amax())) and math.isfinite(float(flat.amin())):
+        values = flat
+    else:
+        finite = torch.isfinite(flat)
+        nan_count = int(torch.isnan(flat).sum())
+        n_finite = int(finite.sum())
+        inf_count = int(flat.numel() - n_finite - nan_count)
+        if n_finite == 0:
+            raise SweepInputError(f"{source}: all {flat.numel()} values are NaN or Inf "
+                                  f"({nan_count} NaN); nothing finite to sweep")
+        values = flat[finite]
     values = values.contiguous()
-    zero_count = int((values == 0).sum())
     return PreparedTensor(values, tuple(t.shape), str(t.dtype).replace("torch.", ""),
-                          int(t.numel()), nan_count, inf_count, zero_count)
+                          int(t.numel()), nan_count, inf_count)
 
 
 @dataclass
@@ -200,19 +208,43 @@ class Alignment:
     amin_nonzero: float | None
 
 
+def floor_log2(r: float) -> int:
+    """Exact floor(log2(r)) for r > 0 (from the float's exponent, no log rounding)."""
+    mant, exp = math.frexp(r)          # r = mant * 2^exp, 0.5 <= mant < 1
+    return exp - 1
+
+
+def ceil_log2(r: float) -> int:
+    """Exact ceil(log2(r)) for r > 0."""
+    mant, exp = math.frexp(r)
+    return exp - 1 if mant == 0.5 else exp
+
+
+def min_nonzero_abs(values: torch.Tensor) -> float | None:
+    """Smallest non-zero |x| of finite float32 values, or None when all are zero.
+
+    On the bits: ``|x|``'s int32 pattern orders like the value; ``bits - 1`` maps zero to -1,
+    and masking the sign bit turns that into the largest int, out of the minimum's way.
+    """
+    bits = values.view(torch.int32) & 0x7FFFFFFF
+    m = int(bits.sub_(1).bitwise_and_(0x7FFFFFFF).amin()) + 1
+    if m == 0x7FFFFFFF + 1:
+        return None
+    return float(torch.tensor([m], dtype=torch.int32).view(torch.float32))
+
+
 def alignment_exponents(values: torch.Tensor, grid: ElementGrid) -> Alignment:
     """Max alignment ``floor(log2(amax/max_normal))``; min alignment
-    ``ceil(log2(min_nonzero/min_normal))`` over finite non-zero values (float64 math)."""
-    a = values.abs()
-    if a.numel() == 0:
+    ``ceil(log2(min_nonzero/min_normal))`` over finite non-zero values; both exact (the
+    ratio is formed in float64, where it cannot cross a power of two, then read with frexp)."""
+    if values.numel() == 0:
         return Alignment(None, None, 0.0, None)
-    amax = float(a.max())
-    nz = a[a > 0]
-    if nz.numel() == 0:
+    amax = max(-float(values.amin()), float(values.amax()))
+    amin = min_nonzero_abs(values)
+    if amin is None or amax == 0.0:
         return Alignment(None, None, amax, None)
-    amin = float(nz.min())
-    max_align = math.floor(math.log2(amax) - math.log2(grid.max_normal))
-    min_align = math.ceil(math.log2(amin) - math.log2(grid.min_normal))
+    max_align = floor_log2(amax / grid.max_normal)
+    min_align = ceil_log2(amin / grid.min_normal)
     return Alignment(max_align, min_align, amax, amin)
 
 
@@ -314,6 +346,7 @@ class LevelStats:
     amax: float
     xmin: float
     xmax: float
+    zeros: int
 
 
 def _below_step(c: float) -> float:
@@ -323,7 +356,7 @@ def _below_step(c: float) -> float:
 
 
 def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementGrid, *,
-                     chunk: int | None = None,
+                     chunk: int | None = None, workers: int | None = None,
                      progress: Callable[[int], None] | None = None) -> LevelStats:
     """One pass over ``values`` computing every level's sums at once.
 
@@ -335,6 +368,11 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
     error sums. Counts use exact float arithmetic instead of boolean masks (several times
     faster on CPU): ``clamp(v - t, -gap, 0)`` is 0 or exactly ``-gap`` (``gap`` = the float32
     or grid spacing at the threshold ``t``), so its sum divided by ``gap`` is the count.
+
+    Parallelism: ``workers`` Python threads (default: torch's thread count) each take a
+    contiguous part, with torch's intra-op threads set to 1 meanwhile (restored after).
+    Small tiles split across intra-op threads spend their time in barriers, which on a busy
+    machine made the sweep 5-20x slower.
     """
     L = int(factors.numel())
     f = factors.to(torch.float32)[:, None]
@@ -342,51 +380,79 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
     if chunk is None:
         chunk = DEFAULT_CHUNK // max(L, 1)
     chunk = max(256, min(chunk, max(n, 1)))
+    workers = max(1, workers or torch.get_num_threads())
+    per = -(-n // workers) if n else 0
+    per = -(-per // chunk) * chunk if per else 0       # whole chunks per worker
+    parts = [values[s:s + per] for s in range(0, n, per)] if n else []
+    with single_intraop_thread():
+        if len(parts) <= 1:
+            partials = [_accumulate_part(p, f, grid, chunk, progress) for p in parts]
+        else:
+            with ThreadPoolExecutor(len(parts)) as pool:
+                partials = list(pool.map(
+                    lambda p: _accumulate_part(p, f, grid, chunk, progress), parts))
+    zero = torch.zeros(L, dtype=torch.float64)
+    tot = {k: sum((pt[k] for pt in partials), zero.clone())
+           for k in ("sum_q2", "sum_xq", "sse", "sae", "over", "under", "nonzero_q")}
+    max_err = zero.clone()
+    for pt in partials:
+        torch.maximum(max_err, pt["max_err"], out=max_err)
+    zeros = int(sum(pt["zeros"] for pt in partials))
+    sum_x2 = float(sum(pt["sum_x2"] for pt in partials))
+    sum_absx = float(sum(pt["sum_absx"] for pt in partials))
+    xmin = float(values.amin()) if n else 0.0
+    xmax = float(values.amax()) if n else 0.0
+    amax = max(-xmin, xmax)
+    return LevelStats(n, sum_x2, sum_absx, tot["sum_q2"], tot["sum_xq"], tot["sse"], tot["sae"],
+                      max_err, tot["over"].round(), (tot["under"] - zeros).round(),
+                      (n - zeros - tot["nonzero_q"]).round(), amax, xmin, xmax, zeros)
+
+
+def _accumulate_part(values: torch.Tensor, f: torch.Tensor, grid: ElementGrid, chunk: int,
+                     progress: Callable[[int], None] | None) -> dict[str, torch.Tensor]:
+    """The per-level partial sums of one contiguous part (see ``accumulate_stats``)."""
+    L = int(f.shape[0])
+    n = int(values.numel())
+    chunk = min(chunk, n)
     v = torch.empty(L, chunk)
     t = torch.empty(L, chunk)
     work = torch.empty(L, chunk, dtype=torch.int32)
     z = lambda: torch.zeros(L, dtype=torch.float64)  # noqa: E731
-    sum_q2, sum_xq, sse, sae = z(), z(), z(), z()
+    out = {k: z() for k in ("sum_q2", "sum_xq", "sse", "sae", "over", "under", "nonzero_q")}
     max_err = torch.zeros(L, dtype=torch.float32)
-    over, under, nonzero_q = z(), z(), z()
     gap_over = grid.top_step
     gap_under = _below_step(grid.min_normal)
-    sum_x2 = 0.0
-    sum_absx = 0.0
-    zeros = 0
+    zeros, sum_x2, sum_absx = 0, 0.0, 0.0
     for start in range(0, n, chunk):
         ax = values[start:start + chunk].abs()
         m = int(ax.numel())
         vv, tt, ww = v[:, :m], t[:, :m], work[:, :m]
         torch.div(ax[None, :], f, out=vv)
         torch.sub(vv, grid.min_normal, out=tt).clamp_(-gap_under, 0.0)
-        under -= tt.sum(1).double() / gap_under
+        out["under"] -= tt.sum(1).double() / gap_under
         vv.clamp_(max=grid.overflow_cap)
         cast_scaled_(vv, grid, ww)                   # q (magnitudes), not yet saturated
         torch.sub(vv, grid.max_normal, out=tt).clamp_(0.0, gap_over)
-        over += tt.sum(1).double() / gap_over
+        out["over"] += tt.sum(1).double() / gap_over
         vv.clamp_(max=grid.max_normal)               # saturate
         torch.clamp(vv, max=grid.min_subnormal, out=tt)
-        nonzero_q += tt.sum(1).double() / grid.min_subnormal
+        out["nonzero_q"] += tt.sum(1).double() / grid.min_subnormal
         vv.mul_(f)                                   # dequantized magnitudes
-        sum_xq += (vv @ ax).double()
-        sum_q2 += torch.linalg.vecdot(vv, vv).double()
+        out["sum_xq"] += (vv @ ax).double()
+        out["sum_q2"] += torch.linalg.vecdot(vv, vv).double()
         sum_x2 += float(torch.dot(ax, ax))
-        sum_absx += float(ax.sum(dtype=torch.float64))
-        zeros += int(m - torch.count_nonzero(ax))
+        sum_absx += float(ax.sum())
+        zeros += m - int(torch.count_nonzero(ax))
         vv.sub_(ax)                                  # error (sign flipped: irrelevant)
-        sse += torch.linalg.vecdot(vv, vv).double()
+        out["sse"] += torch.linalg.vecdot(vv, vv).double()
         vv.abs_()
-        sae += vv.sum(1).double()
+        out["sae"] += vv.sum(1).double()
         torch.maximum(max_err, torch.amax(vv, dim=1), out=max_err)
         if progress is not None:
             progress(m)
-    amax = float(values.abs().max()) if n else 0.0
-    xmin = float(values.min()) if n else 0.0
-    xmax = float(values.max()) if n else 0.0
-    return LevelStats(n, sum_x2, sum_absx, sum_q2, sum_xq, sse, sae, max_err.double(),
-                      over.round(), (under - zeros).round(), (n - zeros - nonzero_q).round(),
-                      amax, xmin, xmax)
+    out["max_err"] = max_err.double()
+    out.update(zeros=zeros, sum_x2=sum_x2, sum_absx=sum_absx)
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -688,10 +754,31 @@ def get_element_grid(elem_format: str) -> ElementGrid:
 
 def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 21,
               max_scale_exp: float | None = None, min_scale_exp: float | None = None,
-              scale_bits: int = 8, chunk: int | None = None, source: str = "input",
+              scale_bits: int = 8, chunk: int | None = None, workers: int | None = None,
+              source: str = "input",
               progress: Callable[[int], None] | None = None) -> SweepResult:
     """Sweep ``num_levels`` scale exponents over ``tensor`` and analyze the results."""
     grid = get_element_grid(elem_format)
+    workers = max(1, workers or torch.get_num_threads())
+    with single_intraop_thread():
+        return _run_sweep(tensor, grid, elem_format, num_levels, max_scale_exp, min_scale_exp,
+                          scale_bits, chunk, workers, source, progress)
+
+
+@contextmanager
+def single_intraop_thread():
+    """torch intra-op threads set to 1 for the block, restored after (see accumulate_stats:
+    the sweep parallelizes over chunks with its own threads instead)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_sweep(tensor, grid, elem_format, num_levels, max_scale_exp, min_scale_exp, scale_bits,
+               chunk, workers, source, progress) -> SweepResult:
     prep = prepare_tensor(tensor, source)
     try:
         plan = plan_levels(prep.values, grid, num_levels=num_levels,
@@ -700,7 +787,8 @@ def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 2
     except SweepInputError as exc:
         raise SweepInputError(f"{source}: {exc}") from None
     factors = scale_factors(plan.levels)
-    st = accumulate_stats(prep.values, factors, grid, chunk=chunk, progress=progress)
+    st = accumulate_stats(prep.values, factors, grid, chunk=chunk, workers=workers,
+                          progress=progress)
     mets = {k: v.tolist() for k, v in metrics_from_stats(st).items()}
     n = max(st.n, 1)
     lo_lim, hi_lim = scale_exponent_limits(scale_bits)
@@ -719,7 +807,7 @@ def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 2
     scores = composite_scores(mets)
     info = {"shape": list(prep.shape), "dtype": prep.dtype, "numel": prep.numel,
             "finite": prep.finite_count, "nan": prep.nan_count, "inf": prep.inf_count,
-            "zeros": prep.zero_count, "min": st.xmin, "max": st.xmax, "amax": st.amax,
+            "zeros": st.zeros, "min": st.xmin, "max": st.xmax, "amax": st.amax,
             "min_nonzero_abs": plan.alignment.amin_nonzero}
     rec = recommend(levels, scores, plan.min_exp, plan.max_exp)
     return SweepResult(elem_format, grid, info, plan, levels, scores,

@@ -75,10 +75,13 @@ def test_sweep_metrics_and_counts_match_quant_level_by_level(fmt):
         assert lv.overflow_severity == a.overflow_severity.upper()
 
 
-def test_sweep_result_does_not_depend_on_chunking():
+@pytest.mark.parametrize("chunk,workers", [(300, 1), (300, 3), (100000, 2)])
+def test_sweep_result_does_not_depend_on_chunking_or_workers(chunk, workers):
     x = _wide_tensor(5000, 3)
-    a = ss.run_sweep(x, "fp6_e3m2", num_levels=5, chunk=300)
-    b = ss.run_sweep(x, "fp6_e3m2", num_levels=5, chunk=100000)
+    a = ss.run_sweep(x, "fp6_e3m2", num_levels=5, chunk=1000, workers=1)
+    threads = torch.get_num_threads()
+    b = ss.run_sweep(x, "fp6_e3m2", num_levels=5, chunk=chunk, workers=workers)
+    assert torch.get_num_threads() == threads          # restored after the threaded pass
     for la, lb in zip(a.levels, b.levels):
         assert (la.overflow_count, la.underflow_count, la.flush_to_zero_count) == \
             (lb.overflow_count, lb.underflow_count, lb.flush_to_zero_count)
@@ -95,6 +98,21 @@ def test_alignment_exponents_follow_the_formulas():
     assert al.amax == 1000.0 and al.amin_nonzero == 2.0 ** -10
     zeros = ss.alignment_exponents(torch.zeros(5), grid)
     assert zeros.max_align is None and zeros.min_align is None
+
+
+def test_alignment_is_exact_at_powers_of_two():
+    grid = ss.get_element_grid("fp8_e4m3")
+    for k in (-20, -3, 0, 5):
+        at = torch.tensor([448.0 * 2.0 ** k, 0.0])
+        below = torch.tensor([float(torch.nextafter(torch.tensor(448.0 * 2.0 ** k),
+                                                      torch.tensor(0.0))), 0.0])
+        assert ss.alignment_exponents(at, grid).max_align == k
+        assert ss.alignment_exponents(below, grid).max_align == k - 1
+        small = torch.tensor([2.0 ** (k - 6), 0.0])
+        assert ss.alignment_exponents(small, grid).min_align == k
+        assert ss.alignment_exponents(small * 1.0001, grid).min_align == k + 1
+    assert ss.min_nonzero_abs(torch.tensor([0.0, -0.0, -3e-40, 2.0])) == pytest.approx(3e-40)
+    assert ss.min_nonzero_abs(torch.tensor([0.0, -0.0])) is None
 
 
 def test_levels_are_evenly_spaced_between_min_and_max_alignment():
