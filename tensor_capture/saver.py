@@ -98,6 +98,7 @@ class TensorSaver:
         self._ranks: dict[str, int | None] | None = None
         self._ranges_cache: dict[torch.dtype, tuple[stats.RangeSpec, ...]] = {}
         self._want_cache: dict[tuple, bool] = {}
+        self._stats_cache: dict[tuple, torch.Tensor] = {}
         self._ts_sec = -1
         self._ts = ""
         self.directory = Path(config.save_dir)
@@ -115,10 +116,12 @@ class TensorSaver:
 
     def set_iteration(self, iteration: int) -> None:
         self.iteration = int(iteration)
+        self._stats_cache.clear()
 
     def step(self) -> None:
         """Advance to the next iteration (call once per optimizer step)."""
         self.iteration += 1
+        self._stats_cache.clear()
 
     def set_sample_idx(self, sample_idx: int | None) -> None:
         self.sample_idx = None if sample_idx is None else int(sample_idx)
@@ -245,7 +248,7 @@ class TensorSaver:
         quant_label = quant_type or self.config.quant_type or _short_dtype(tensor.dtype)
         ranges = self._ranges(tensor.dtype)
         x = tensor.detach()
-        stats_vec = stats.compute(x, ranges)
+        stats_vec = self._stats(x, ranges, tensor.is_leaf and tensor.requires_grad)
         keep_file, sampled_rows, row_stride = not self.config.stats_only, None, None
         if keep_file:
             x, sampled_rows, row_stride = self._sample_rows(x)
@@ -341,6 +344,21 @@ class TensorSaver:
         out = tuple(specs)
         self._ranges_cache[dtype] = out
         return out
+
+    def _stats(self, x: torch.Tensor, ranges: tuple[stats.RangeSpec, ...],
+               is_param: bool) -> torch.Tensor:
+        """Statistics, reused for an unchanged parameter (a weight is captured in the forward
+        and again in the backward of the same step; ``_version`` changes on any update).
+        Only parameters: they stay allocated, so their address cannot be reused by another."""
+        if not is_param:
+            return stats.compute(x, ranges)
+        key = (x.data_ptr(), x._version, tuple(x.shape), x.stride(), x.dtype, ranges)
+        hit = self._stats_cache.get(key)
+        if hit is None:
+            if len(self._stats_cache) > 4096:
+                self._stats_cache.clear()
+            hit = self._stats_cache[key] = stats.compute(x, ranges)
+        return hit
 
     def _analysis_formats(self) -> tuple[str, ...]:
         names = list(self.config.range_formats)

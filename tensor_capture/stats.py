@@ -89,11 +89,117 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = ()) -> torch.Tensor:
+def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool | None = None
+            ) -> torch.Tensor:
     """Packed statistics of ``x`` (any shape, any stride) as a float64 vector on x's device.
 
     Min/max/mean/std are over finite values; counts are exact. Decode with :func:`decode`.
+    ``host_path`` (default: on for CPU tensors) takes the CPU fast path, which may branch on
+    values (free on the host) and avoids the slow CPU kernels (bincount over wide ranges,
+    bucketize, boolean masks); it falls back to the general path for non-finite input.
     """
+    if host_path is None:
+        host_path = x.device.type == "cpu"
+    if host_path:
+        vec = _compute_host(x, ranges)
+        if vec is not None:
+            return vec
+    return _compute_device(x, ranges)
+
+
+def _is_pow2(t: float) -> bool:
+    return t > 0 and math.frexp(t)[0] == 0.5
+
+
+def _compute_host(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor | None:
+    """CPU path for all-finite tensors: few vectorized float passes, one small bincount."""
+    ct = _compute_dtype(x)
+    a = x.detach().reshape(-1)
+    if a.dtype != ct:
+        a = a.to(ct)
+    n = a.numel()
+    if n == 0:
+        return None
+    total = a.sum().double()              # pairwise float32 summation: ~1e-7 relative
+    if not math.isfinite(total.item()):
+        return None                       # NaN/Inf present (or a sum overflow): general path
+    mn, mx = torch.aminmax(a)
+    absmax = max(abs(mn.item()), abs(mx.item()))
+    mean = total / n
+    d = a - mean.to(ct)
+    # squares of very large or very small values leave float32's range: scale first
+    scale = absmax if ct == torch.float32 and absmax > 0 and not 1e-15 < absmax < 1e15 else 1.0
+    if scale != 1.0:
+        d = d / scale
+    var = (d * d).sum().double() * (scale * scale) / max(n - 1, 1)
+    std = var.sqrt() if n > 1 else torch.zeros((), dtype=torch.float64)
+    absa = a.abs()
+    nonzero = int(torch.count_nonzero(a))
+    zero_count = n - nonzero
+    if zero_count:
+        bump = absmax * 2 if absmax > 0 else 1.0          # zeros -> above every value
+        min_nz = (absa + (1 - absa.sign()) * bump).amin().item() if nonzero else math.inf
+    else:
+        min_nz = absa.amin().item()
+    hist = _exp_hist(absa, zero_count, min_nz, ct)
+    scalars = torch.tensor([float(n), mn.item(), mx.item(), mean.item(), std.item(), min_nz,
+                            float(zero_count), 0.0, 0.0], dtype=torch.float64)
+    parts = [scalars]
+    if ranges:
+        parts.append(_range_counts_host(a, absa, ranges, hist, mn.item(), mx.item(),
+                                        zero_count))
+    parts.append(hist.to(torch.float64))
+    return torch.cat(parts)
+
+
+# float dtype -> (same-width integer dtype, mantissa bits, exponent bias, exponent field size)
+_BITS = {torch.float32: (torch.int32, 23, 127, 256), torch.float64: (torch.int64, 52, 1023, 2048)}
+
+
+def _exp_hist(absa: torch.Tensor, zero_count: int, min_nz: float, ct: torch.dtype) -> torch.Tensor:
+    """Counts per floor(log2|x|) over HIST_MIN_EXP..HIST_MAX_EXP (zeros excluded).
+
+    Exact and cheap: the biased exponent field of |x| (one shift of the bit pattern) is
+    floor(log2|x|) + bias for normal numbers; one small bincount over the field values.
+    Subnormals (field 0, nonzero) are rare and binned exactly with frexp.
+    """
+    itype, mbits, bias, nfield = _BITS[ct]
+    field = absa.view(itype) >> mbits
+    counts = torch.bincount(field, minlength=nfield).to(torch.int64)
+    hist = torch.zeros(_HIST_BINS, dtype=torch.int64)
+    lo = 1 - bias - HIST_MIN_EXP                       # hist index of field value 1
+    hist[lo: lo + nfield - 1] = counts[1:]
+    subnormal = int(counts[0]) - zero_count
+    if subnormal:
+        tiny = absa[(absa > 0) & (field == 0)]
+        _, e = torch.frexp(tiny)
+        hist += torch.bincount((e.to(torch.int64) - 1 - HIST_MIN_EXP), minlength=_HIST_BINS)[:_HIST_BINS]
+    return hist
+
+
+def _range_counts_host(a, absa, ranges, hist, mn, mx, zero_count) -> torch.Tensor:
+    out: list[float] = []
+    cum = None
+    for spec in ranges:
+        M = spec.max_normal
+        out.append(float((a > M).sum()) if mx > M else 0.0)
+        out.append(float((a < -M).sum()) if mn < -M else 0.0)
+        for t in (spec.min_normal, spec.min_subnormal / 2):
+            if t <= 0:                            # below every positive float: nothing
+                out.append(0.0)
+            elif _is_pow2(t):
+                k = math.frexp(t)[1] - 1          # |x| < 2^k  <=>  floor(log2|x|) < k
+                if cum is None:
+                    cum = torch.cumsum(hist, 0)
+                j = k - HIST_MIN_EXP               # bins 0..j-1 hold exponents < k
+                out.append(float(cum[j - 1]) if j > 0 else 0.0)
+            else:
+                out.append(float((absa < t).sum()) - zero_count)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _compute_device(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor:
+    """General path (any values, any device), no host synchronization."""
     dev = x.device
     ct = _compute_dtype(x)
     a = x.detach().reshape(-1)
@@ -117,8 +223,8 @@ def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = ()) -> torch.Tensor:
     total = fa.sum(dtype=torch.float64)
     nf64 = nf.to(torch.float64)
     mean = total / nf64
-    dev_ = torch.where(finite, fa - mean.to(ct), 0.0)
-    var = (dev_ * dev_).sum(dtype=torch.float64) / (nf64 - 1).clamp_min(1)
+    dev_ = torch.where(finite, fa.double() - mean, 0.0)     # float64: squares stay in range
+    var = (dev_ * dev_).sum() / (nf64 - 1).clamp_min(1)
     std = torch.where(nf64 > 1, var.sqrt(), torch.zeros_like(var))
     nonzero = absf > 0
     min_nz = torch.where(nonzero, absf, inf_t).amin()

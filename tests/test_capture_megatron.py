@@ -69,7 +69,7 @@ def test_one_file_per_expected_tensor_with_names_that_parse(tp1):
              and r["tensor_name"] == "input")
     t, meta = schema.load_tensor_file(base / "capture" / r["file"])
     assert list(t.shape) == meta["shape"] == [32, 2, 64]
-    assert math.isclose(meta["stats"]["mean"], t.double().mean().item(), rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(meta["stats"]["mean"], t.double().mean().item(), rel_tol=1e-5, abs_tol=1e-7)
     assert meta["stats"]["absmax"] == t.abs().max().item()
     assert sum(meta["stats"]["log2_hist"]["counts"]) == int((t != 0).sum())
 

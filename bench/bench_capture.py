@@ -1,0 +1,147 @@
+"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only, full capture).
+
+Why two long-lived worker processes driven in alternation: the unpatched and the patched
+megatron-core cannot share one process, and on a busy machine separate back-to-back runs
+differ by more than the 2 % being measured. Each worker builds the same model once; the
+parent then asks them in turn for a few timed steps, round after round, and compares medians.
+
+    python bench/bench_capture.py            # defaults: hidden 256, 4 layers, 512 tokens/step
+    python bench/bench_capture.py --help
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+MODES = ("disabled", "stats_only", "full")
+
+
+def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
+            save_dir: str) -> None:
+    for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG"):
+        os.environ.pop(var, None)
+    sys.path[:] = [p for p in sys.path if not (Path(p) / "megatron/core/tensor_saver.py").is_file()]
+    if patched_dir:
+        sys.path.insert(0, patched_dir)
+    from training_driver import megatron_env as me
+
+    me.init_distributed(0, 1, master_port=port)
+    shape = me.LlamaShape(**shape_kw)
+    model = me.build_llama_model(shape)
+    tokens = torch.randint(0, shape.vocab_size, (batch, shape.seq_length),
+                           generator=torch.Generator().manual_seed(0))
+    inputs = me.causal_inputs(tokens)
+    ts = None
+    if patched_dir:
+        from megatron.core import tensor_saver as ts
+
+    def step() -> float:
+        for p in model.parameters():
+            p.grad = None
+        t0 = time.perf_counter()
+        model(tokens, labels=tokens, **inputs).mean().backward()
+        return time.perf_counter() - t0
+
+    mode_now = None
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        mode, steps = msg
+        if ts is not None and mode != mode_now:
+            ts.reset_tensor_saver()
+            if mode != "disabled":
+                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode == "stats_only"))
+            mode_now = mode
+        times = []
+        for _ in range(steps):
+            times.append(step())
+            if ts is not None and mode == "full":
+                saver = ts.get_tensor_saver()
+                saver.flush()                     # count the writer's work in this step's slot
+                saver.step()
+        conn.send(times)
+    if ts is not None:
+        ts.reset_tensor_saver()
+    me.destroy_distributed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=512, help="hidden size")
+    ap.add_argument("--layers", type=int, default=2, help="transformer layers")
+    ap.add_argument("--seq", type=int, default=256, help="sequence length")
+    ap.add_argument("--batch", type=int, default=4, help="micro-batch size")
+    ap.add_argument("--rounds", type=int, default=8, help="alternation rounds")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per mode per round")
+    ap.add_argument("--workdir", default=None, help="where the patched copy and captures go "
+                    "(default: a temporary directory, removed afterwards)")
+    args = ap.parse_args(argv)
+    from tqdm import tqdm
+
+    from tensor_capture.patcher import prepare_patched_megatron
+    from training_driver.megatron_env import free_port
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_capture_"))
+    patched = str(prepare_patched_megatron(work / "patched"))
+    save_dir = str(work / "captures")
+    shape_kw = dict(num_layers=args.layers, hidden_size=args.hidden,
+                    ffn_hidden_size=args.hidden * 8 // 3 // 8 * 8,
+                    num_attention_heads=max(4, args.hidden // 64),
+                    num_query_groups=max(2, args.hidden // 128), vocab_size=1024,
+                    seq_length=args.seq)
+    ctx = mp.get_context("spawn")
+    procs, conns = {}, {}
+    for name, pdir in (("unpatched", None), ("patched", patched)):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_worker, args=(child, pdir, free_port(), shape_kw, args.batch,
+                                              save_dir), daemon=True)
+        p.start()
+        procs[name], conns[name] = p, parent
+    for c in conns.values():
+        assert c.recv() == "ready"
+    plan = [("unpatched", "disabled")] + [("patched", m) for m in MODES]
+    for proc_name, mode in plan:                        # warm-up: one untimed round
+        conns[proc_name].send((mode, 2))
+        conns[proc_name].recv()
+    times: dict[str, list[float]] = {f"{p}/{m}": [] for p, m in plan}
+    for r in tqdm(range(args.rounds), desc="rounds", unit="round"):
+        order = plan if r % 2 == 0 else plan[::-1]
+        for proc_name, mode in order:
+            conns[proc_name].send((mode, args.steps))
+            times[f"{proc_name}/{mode}"].extend(conns[proc_name].recv())
+        for f in Path(save_dir).glob("*"):        # keep the directory, drop this round's files
+            f.unlink()
+    for c in conns.values():
+        c.send(None)
+    for p in procs.values():
+        p.join(timeout=60)
+    base = statistics.median(times["unpatched/disabled"])
+    tokens = args.batch * args.seq
+    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {tokens} tokens/step, "
+          f"fp32, CPU 1 thread; {args.rounds} rounds x {args.steps} steps per mode")
+    print(f"{'configuration':<28}{'median step (ms)':>18}{'ratio':>9}{'goal':>9}")
+    goals = {"patched/disabled": 1.02, "patched/stats_only": 1.30}
+    for key, vals in times.items():
+        med = statistics.median(vals)
+        goal = goals.get(key)
+        print(f"{key:<28}{med * 1e3:>18.2f}{med / base:>8.3f}x"
+              f"{(f'<={goal:.2f}x' if goal else 'report'):>9}")
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
