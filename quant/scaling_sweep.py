@@ -72,6 +72,14 @@ class ElementGrid:
     emin: int          # exponent of min_normal (floats)
     is_int: bool
     step: float        # grid step (ints); min_subnormal for floats
+    ebits: int = 0
+
+    @property
+    def layout(self) -> str:
+        """``e4m3``-style bit layout, or the fixed-point step for integers."""
+        if self.is_int:
+            return f"fixed point, step 2^{int(math.log2(self.step))}"
+        return f"e{self.ebits}m{self.mbits}"
 
     @property
     def bits_emin(self) -> int:
@@ -101,11 +109,11 @@ def element_grid(spec: Any, name: str | None = None) -> ElementGrid:
     mbits = int(spec.mbits)
     if ebits == 0:  # fixed point: uniform grid
         step = minsub
-        return ElementGrid(name, maxn, minn, minsub, mbits, 0, True, step)
+        return ElementGrid(name, maxn, minn, minsub, mbits, 0, True, step, 0)
     emin = int(round(math.log2(minn)))
     if 2.0 ** emin != minn or mbits > 22:
         raise ValueError(f"{name}: min_normal {minn} is not a power of two or mbits {mbits} > 22")
-    return ElementGrid(name, maxn, minn, minsub, mbits, emin, False, minsub)
+    return ElementGrid(name, maxn, minn, minsub, mbits, emin, False, minsub, ebits)
 
 
 def cast_scaled_(a: torch.Tensor, grid: ElementGrid, work: torch.Tensor) -> torch.Tensor:
@@ -519,7 +527,8 @@ def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
         rel = st.sae / st.sum_absx
     else:
         rel = torch.where(st.sae > 0, math.inf, 0.0).to(torch.float64)
-    return {"mse": mse, "rmse": rmse, "cosine": cosine.to(torch.float64), "psnr": psnr,
+    cosine = cosine.to(torch.float64).clamp(-1.0, 1.0)   # as quant.metrics: no 1 + eps
+    return {"mse": mse, "rmse": rmse, "cosine": cosine, "psnr": psnr,
             "mae": mae, "max_abs_error": st.max_err.clone(), "relative_error": rel}
 
 
@@ -844,7 +853,7 @@ def format_tensor_info(res: SweepResult) -> list[str]:
 def format_parameters(res: SweepResult) -> list[str]:
     p, g = res.plan, res.grid
     al = p.alignment
-    lines = [f"Format: {res.format_name} (max normal {g.max_normal:.6g}, min normal "
+    lines = [f"Format: {res.format_name} ({g.layout}; max normal {g.max_normal:.6g}, min normal "
              f"{g.min_normal:.6g}, min subnormal {g.min_subnormal:.6g})",
              f"Scale bits: {res.scale_bits} (E{res.scale_bits}M0 exponents "
              f"{list(scale_exponent_limits(res.scale_bits))})",
@@ -881,7 +890,7 @@ def format_analysis(res: SweepResult) -> list[str]:
     rec, lv_all, st = res.recommendation, res.levels, res.stability
     p = res.plan
     out = [RULE, "SCALING FACTOR ANALYSIS & RECOMMENDATIONS", RULE,
-           f"Format: {res.format_name}",
+           f"Format: {res.format_name} ({res.grid.layout})",
            f"Tested {len(lv_all)} scaling levels from {p.min_exp:.2f} to {p.max_exp:.2f}",
            SUBRULE, "INDIVIDUAL METRIC OPTIMA:", SHORT]
     for key, label in OPTIMA_LINES:

@@ -94,7 +94,7 @@ def _draw_panel(ax, res: Any, data: dict[str, list[float]], title: str, lines, y
     ax.text(0.02, 0.98, f"at recommended s:\n{lines[0][1]} = {value:.4g}", transform=ax.transAxes,
             va="top", ha="left", fontsize=8,
             bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best", framealpha=0.7)
 
 
 def _save(fig, path: Path, dpi: int) -> Path:
@@ -131,13 +131,13 @@ def plot_summary(res: Any, path: str | os.PathLike[str], tensor_name: str = "",
     data = _series(res)
     xs = [lv.scale_exp for lv in res.levels]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    table = (("mse", "MSE (value²)", "tab:blue", "auto"),
-             ("cosine", "cosine similarity", "tab:green", "linear"),
-             ("psnr", "PSNR (dB)", "tab:purple", "linear"),
-             ("composite", "composite score (0-1, 1 = best)", "black", "linear"))
-    for ax, (key, ylabel, color, kind) in zip(axes.ravel(), table):
-        _draw_panel(ax, res, data, ylabel.split(" (")[0].capitalize(), [(key, key, color)],
-                    ylabel, kind)
+    table = (("mse", "Mean squared error", "MSE (value²)", "tab:blue", "auto"),
+             ("cosine", "Cosine similarity", "cosine similarity", "tab:green", "linear"),
+             ("psnr", "PSNR", "PSNR (dB, peak = max |x|)", "tab:purple", "linear"),
+             ("composite", "Composite score (MSE 30%, cosine 30%, PSNR 20%, MAE 10%, rel. 10%)",
+              "composite score (0-1, 1 = best)", "black", "linear"))
+    for ax, (key, title, ylabel, color, kind) in zip(axes.ravel(), table):
+        _draw_panel(ax, res, data, title, [(key, key, color)], ylabel, kind)
     rec = res.recommendation
     lv = res.levels[rec.index]
     text = (f"Recommended: s = {rec.scale_exp:.2f} (factor {lv.scale_factor:.6g})\n"
