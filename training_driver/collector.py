@@ -410,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
         elif outcome == "timeout":
             print(f"collector: timeout after {args.timeout:.0f} s; stopping training", flush=True)
         try:
+            if outcome == "interrupted":
+                # Ctrl-C reached training too (same process group): let it flush its saver
+                # before asking again.
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
             _stop(proc)
         except KeyboardInterrupt:
             proc.kill()

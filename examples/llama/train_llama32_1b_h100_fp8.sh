@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Train Llama 3.2 1B with tensor capture / low-precision emulation.
+#
+#   bash examples/llama/train_llama32_1b_h100_fp8.sh CHECKPOINT_PATH TENSORBOARD_LOGS_PATH \
+#        TOKENIZER_PATH DATA_PATH DTYPE
+#
+#   DTYPE       bf16, or fp8 (Transformer Engine hybrid FP8 recipe; needs TE and a GPU)
+#   DATA_PATH   indexed dataset prefix (preprocess-corpus output, ..._text_document)
+#
+# Environment:
+#   TENSOR_SAVE_ENABLED, TENSOR_SAVE_DIR, TENSOR_SAVER_ITERATION, CUSTOM_QUANT_TYPE
+#                      capture / emulation, applied through the patch set (patches/)
+#   MEGATRON_LM_DIR    a Megatron-LM checkout: run its pretrain_gpt.py on a patched copy;
+#                      unset: run this project's driver (training_driver/train.py)
+#   GPUS_PER_NODE (default: GPUs found, else 1), NNODES (1), NODE_RANK (0),
+#   MASTER_ADDR (localhost), MASTER_PORT (6000)
+#   TP, PP (1), MICRO_BATCH_SIZE (1), GLOBAL_BATCH_SIZE (8), SEQ_LENGTH (2048),
+#   TRAIN_ITERS (1000), LR (3e-4), MIN_LR (3e-5), WARMUP_ITERS (100), SAVE_INTERVAL (500)
+#   MODEL              llama32_1b (default) or tiny (a CPU smoke run of the same pipeline)
+#   WORKDIR            where the patched Megatron copy goes (default: CHECKPOINT_PATH/.lowp)
+set -euo pipefail
+
+usage() {
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+}
+die() { echo "train_llama32_1b_h100_fp8.sh: error: $*" >&2; exit 2; }
+
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then usage; exit 0; fi
+if [[ $# -ne 5 ]]; then
+    usage >&2
+    die "expected 5 arguments (CHECKPOINT_PATH TENSORBOARD_LOGS_PATH TOKENIZER_PATH DATA_PATH DTYPE), got $#"
+fi
+CHECKPOINT_PATH=$1
+TENSORBOARD_LOGS_PATH=$2
+TOKENIZER_PATH=$3
+DATA_PATH=$4
+DTYPE=$5
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore:Transformer Engine and Apex are not installed,ignore:Apex is not installed,ignore:full scope is deprecated}"
+PY="${PYTHON:-python}"
+
+case "$DTYPE" in
+    bf16|fp8) ;;
+    *) die "DTYPE must be bf16 or fp8, got '$DTYPE'" ;;
+esac
+[[ -e "$TOKENIZER_PATH" ]] || die "TOKENIZER_PATH $TOKENIZER_PATH does not exist: give a tokenizer directory (e.g. model/llama3.2-1b, or the one preprocess-corpus wrote)"
+DATA_PATH="${DATA_PATH%.bin}"; DATA_PATH="${DATA_PATH%.idx}"
+[[ -f "${DATA_PATH}.bin" && -f "${DATA_PATH}.idx" ]] || die "DATA_PATH ${DATA_PATH} has no .bin/.idx: run preprocess-corpus --input CORPUS --output-prefix PREFIX first"
+
+if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
+    [[ -d "$MEGATRON_LM_DIR" ]] || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR is not a directory: point it at a Megatron-LM checkout or unset it"
+    [[ -f "$MEGATRON_LM_DIR/pretrain_gpt.py" ]] || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR has no pretrain_gpt.py: point it at a Megatron-LM checkout or unset it"
+fi
+
+HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+if [[ "$DTYPE" == fp8 ]]; then
+    [[ "$HAS_CUDA" == 1 ]] || die "DTYPE fp8 needs a CUDA GPU (none found): use bf16, or CUSTOM_QUANT_TYPE to emulate a format"
+    "$PY" -c 'import transformer_engine' >/dev/null 2>&1 || die "DTYPE fp8 needs Transformer Engine: pip install transformer-engine[pytorch]"
+fi
+
+if [[ "$HAS_CUDA" == 1 ]]; then
+    DEFAULT_GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+else
+    DEFAULT_GPUS=1
+fi
+GPUS_PER_NODE=${GPUS_PER_NODE:-$DEFAULT_GPUS}
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-6000}
+TP=${TP:-1}; PP=${PP:-1}
+MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-1}
+GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-8}
+SEQ_LENGTH_GIVEN=${SEQ_LENGTH:+1}
+SEQ_LENGTH=${SEQ_LENGTH:-2048}
+TRAIN_ITERS=${TRAIN_ITERS:-1000}
+LR=${LR:-3e-4}; MIN_LR=${MIN_LR:-3e-5}
+WARMUP_ITERS=${WARMUP_ITERS:-100}
+SAVE_INTERVAL=${SAVE_INTERVAL:-500}
+MODEL=${MODEL:-llama32_1b}
+WORKDIR=${WORKDIR:-${CHECKPOINT_PATH}/.lowp}
+
+if [[ "$NODE_RANK" == 0 ]] && ! "$PY" -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', int(sys.argv[1])))" "$MASTER_PORT" 2>/dev/null; then
+    die "MASTER_PORT $MASTER_PORT is in use: export MASTER_PORT=<a free port>"
+fi
+if [[ "$HAS_CUDA" != 1 && "$MODEL" == llama32_1b ]]; then
+    echo "train_llama32_1b_h100_fp8.sh: note: no GPU found; a 1B model on CPU is very slow (MODEL=tiny runs a small smoke version)" >&2
+fi
+
+mkdir -p "$CHECKPOINT_PATH" "$TENSORBOARD_LOGS_PATH" "$WORKDIR"
+
+# Capture or emulation requested: build the patched megatron tree once for every rank.
+CAPTURE=$("$PY" -c 'from training_driver.capture import capture_requested; print(int(capture_requested()))')
+
+DIST_ARGS=(--nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK"
+           --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT")
+
+if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
+    # Patch a copy, never the user's checkout; run the copy's pretrain_gpt.py so its megatron/
+    # (first on sys.path as the script's folder) is the patched one.
+    TREE="$WORKDIR/megatron-lm"
+    mkdir -p "$TREE"
+    (cd "$MEGATRON_LM_DIR" && tar --exclude=.git -cf - .) | (cd "$TREE" && tar -xf -)
+    if [[ "$CAPTURE" == 1 ]]; then
+        bash "$HERE/patches/apply_patches.sh" "$TREE" >/dev/null || die "could not apply the patch set to the copy of $MEGATRON_LM_DIR (see the message above)"
+    fi
+    IMPL=local; [[ "$DTYPE" == fp8 ]] && IMPL=transformer_engine
+    PRECISION=(--bf16)
+    [[ "$DTYPE" == fp8 ]] && PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
+    exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
+        --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
+        --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
+        --max-position-embeddings "$SEQ_LENGTH" --position-embedding-type rope --rotary-base 500000 \
+        --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \
+        --attention-dropout 0.0 --hidden-dropout 0.0 --transformer-impl "$IMPL" \
+        --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP" \
+        --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE" \
+        --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine \
+        --lr-warmup-iters "$WARMUP_ITERS" --weight-decay 0.1 --clip-grad 1.0 \
+        --adam-beta1 0.9 --adam-beta2 0.95 "${PRECISION[@]}" \
+        --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_PATH" \
+        --data-path "$DATA_PATH" --split 99,1,0 \
+        --save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL" \
+        --eval-interval 1000 --eval-iters 10 --log-interval 1 \
+        --tensorboard-dir "$TENSORBOARD_LOGS_PATH"
+fi
+
+if [[ "$CAPTURE" == 1 && -z "${MEGATRON_LOWP_PATCHED_DIR:-}" ]]; then
+    PATCHED=$("$PY" -c 'import sys; from training_driver.capture import prepare_patched_tree; p = prepare_patched_tree(sys.argv[1]); print(p or "")' "$WORKDIR/patched_megatron") \
+        || die "could not prepare the patched megatron-core (see the message above)"
+    if [[ -n "$PATCHED" ]]; then
+        export MEGATRON_LOWP_PATCHED_DIR="$PATCHED"
+        export PYTHONPATH="${PATCHED}:${PYTHONPATH}"
+    else
+        echo "train_llama32_1b_h100_fp8.sh: note: the capture patch set is not installed; training unpatched" >&2
+    fi
+fi
+
+TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MODEL"
+            --dtype "$DTYPE" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+            --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE"
+            --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --warmup-iters "$WARMUP_ITERS"
+            --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
+            --tensorboard-dir "$TENSORBOARD_LOGS_PATH")
+if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" ]]; then TRAIN_ARGS+=(--seq-length "$SEQ_LENGTH"); fi
+if [[ "$GPUS_PER_NODE" == 1 && "$NNODES" == 1 ]]; then
+    export MASTER_ADDR MASTER_PORT
+    exec "$PY" -m training_driver.train "${TRAIN_ARGS[@]}"
+fi
+exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"

@@ -1,0 +1,188 @@
+"""The launch scripts end to end: the embedded default collection run and the Llama example."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensor_capture.schema import load_tensor_file, parse_filename, read_manifest
+from training_driver.collector import full_iteration_saved, summarize
+from training_driver.megatron_env import free_port
+from training_helpers import ROOT, clean_env, one_error_line, run, small_data  # noqa: F401
+
+COLLECT = ["bash", str(ROOT / "run_wikipedia_tensor_collection.sh")]
+EXAMPLE = ["bash", str(ROOT / "examples" / "llama" / "train_llama32_1b_h100_fp8.sh")]
+
+
+def _check_tensor_dir(tensor_dir: Path) -> list[Path]:
+    files = sorted(tensor_dir.rglob("*.pt"))
+    for f in files:                             # every saved file is whole and loadable
+        tensor, meta = load_tensor_file(f)
+        assert isinstance(tensor, torch.Tensor) and tensor.numel() > 0
+        assert parse_filename(f.name).layer_type in ("attention", "linear")
+    return files
+
+
+def test_embedded_default_run_collects_tensors(tmp_path):
+    """No data, no GPU: corpus from Python's docs, BPE, tiny Llama, capture, summary."""
+    out = run([*COLLECT, "--train-iters", "3", "--default-corpus-chars", "80000", "--no-visualize"],
+              cwd=tmp_path, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "embedded default" in text and "tensor summary for" in text
+    tensor_dir = tmp_path / "enhanced_tensor_logs"
+    files = _check_tensor_dir(tensor_dir)
+    assert len(files) >= 10
+    s = summarize(tensor_dir)
+    assert s.files == len(files)
+    assert set(s.by_layer_type) == {"attention", "linear"}
+    assert set(s.by_operation) == {"forward", "backward"}
+    assert set(s.by_quant_type) == {"hifp8"}
+    assert 0 in s.iterations                    # the first iteration is there
+    assert f"{s.files} files" in text
+    manifest = list(read_manifest(tensor_dir))
+    assert {r["file"] for r in manifest if r.get("file")} >= {f.name for f in files if f.parent == tensor_dir}
+    # the corpus was built here from local text, and the tokenizer trained on it
+    assert (tmp_path / "runs/default/data/tokenizer/lowp_bpe_tokenizer.json").is_file()
+    assert (tmp_path / "runs/default/data/python_docs_text_document.idx").is_file()
+
+
+def test_full_iteration_rule():
+    names = [Path(f"20250101_000000_{i:04d}_iter0_linear_L0_forward_pre_linear_hifp8_rank0_sample0_input.pt")
+             for i in range(12)]
+    assert not full_iteration_saved(names[:9], {"iteration": 3}, 10)     # too few files
+    assert not full_iteration_saved(names, {"iteration": 0}, 10)         # iteration 0 not finished
+    assert full_iteration_saved(names, {"iteration": 1}, 10)
+
+
+def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path):
+    proc = subprocess.Popen(
+        [*COLLECT, "--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"],
+         "--train-iters", "400", "--keep-training", "--workdir", str(tmp_path / "w"),
+         "--tensor-dir", str(tmp_path / "t"), "--", "--seq-length", "32"],
+        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list((tmp_path / "t").glob("*.pt"))) < 5:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    import os
+
+    os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C reaches the whole foreground group
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert "intact" in stderr and "Traceback" not in stderr
+    files = _check_tensor_dir(tmp_path / "t")
+    assert len(files) >= 5
+    assert not list((tmp_path / "t").rglob("*.tmp*"))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data-path", "nowhere/x_text_document", "--tokenizer", "nowhere"], "has no"),
+    (["--data-path", "nowhere/x_text_document"], "needs --tokenizer"),
+    (["--nproc", "0"], "at least 1"),
+])
+def test_collector_bad_input(tmp_path, args, message):
+    out = run([*COLLECT, *args], cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert message in one_error_line(out.stderr)
+
+
+def test_collector_port_in_use(small_data, tmp_path):
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = run([*COLLECT, "--data-path", small_data["data_path"], "--tokenizer",
+                   small_data["tokenizer"]], cwd=tmp_path, timeout=120, MASTER_PORT=str(port))
+    assert out.returncode == 2
+    assert f"MASTER_PORT={port} is in use" in one_error_line(out.stderr)
+
+
+def _example_args(tmp_path: Path, data: dict, dtype: str = "bf16") -> list[str]:
+    return [str(tmp_path / "ckpt"), str(tmp_path / "tb"), data["tokenizer"], data["data_path"], dtype]
+
+
+@pytest.mark.parametrize("mutate,env,message", [
+    (lambda a: a[:3], {}, "expected 5 arguments"),
+    (lambda a: a[:4] + ["fp16"], {}, "DTYPE must be bf16 or fp8"),
+    (lambda a: a[:2] + ["no/such/tokenizer"] + a[3:], {}, "TOKENIZER_PATH no/such/tokenizer does not exist"),
+    (lambda a: a[:3] + ["no/such/data"] + a[4:], {}, "has no .bin/.idx"),
+    (lambda a: a[:4] + ["fp8"], {}, "fp8 needs"),
+    (lambda a: a, {"MEGATRON_LM_DIR": "/no/such/Megatron-LM"}, "MEGATRON_LM_DIR=/no/such/Megatron-LM is not a directory"),
+])
+def test_example_script_bad_input(small_data, tmp_path, mutate, env, message):
+    if "fp8" in message and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = run([*EXAMPLE, *mutate(_example_args(tmp_path, small_data))], cwd=tmp_path, timeout=120, **env)
+    assert out.returncode == 2
+    assert message in one_error_line(out.stderr)
+
+
+def test_example_script_rejects_a_checkout_without_pretrain_gpt(small_data, tmp_path):
+    (tmp_path / "Megatron-LM").mkdir()
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=120,
+              MEGATRON_LM_DIR=str(tmp_path / "Megatron-LM"))
+    assert out.returncode == 2 and "has no pretrain_gpt.py" in one_error_line(out.stderr)
+
+
+def test_example_script_trains_and_captures(small_data, tmp_path):
+    """The seed's command line (bf16) on the project's driver, with capture on; tiny model on CPU."""
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=300,
+              MODEL="tiny", TRAIN_ITERS="2", SEQ_LENGTH="32", GLOBAL_BATCH_SIZE="2",
+              MASTER_PORT=str(free_port()), TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tmp_path / "tensors"),
+              CUSTOM_QUANT_TYPE="mxfp8")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "iter     2/2" in out.stdout and "tensor capture ON" in out.stdout
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    files = _check_tensor_dir(tmp_path / "tensors")
+    assert files and {parse_filename(f.name).quant_type for f in files} == {"mxfp8"}
+    state = torch.load(tmp_path / "ckpt" / "iter_0000002" / "model_tp00_pp00.pt", weights_only=True)
+    assert state["config"]["dtype"] == "bf16"
+    assert all(v.dtype == torch.bfloat16 for k, v in state["model"].items()
+               if isinstance(v, torch.Tensor) and "layernorm" not in k)   # norms stay fp32
+    assert len(state["master_params"]) > 0 and state["master_params"][0].dtype == torch.float32
+
+
+def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data, tmp_path):
+    """MEGATRON_LM_DIR: the checkout is copied, patched, and its pretrain_gpt.py gets the 1B args.
+
+    The stand-in checkout holds the installed megatron-core and a pretrain_gpt.py that records
+    what it was given and which megatron it imported (real Megatron-LM is not installed here).
+    """
+    import shutil
+
+    import megatron.core
+
+    checkout = tmp_path / "Megatron-LM"
+    shutil.copytree(Path(megatron.core.__file__).parent, checkout / "megatron" / "core",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "pretrain_gpt.py").write_text(
+        "import json, os, sys\n"
+        "import megatron.core.tensor_parallel.layers as layers\n"
+        "out = {'argv': sys.argv[1:], 'layers': layers.__file__,\n"
+        "       'patched': '_tensor_saver' in vars(layers)}\n"
+        "open(os.environ['PROBE_OUT'], 'w').write(json.dumps(out))\n")
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=240,
+              MEGATRON_LM_DIR=str(checkout), TENSOR_SAVE_ENABLED="true", GPUS_PER_NODE="1",
+              MASTER_PORT=str(free_port()), PROBE_OUT=str(tmp_path / "probe.json"),
+              TRAIN_ITERS="7")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert probe["patched"] and str(tmp_path / "ckpt" / ".lowp") in probe["layers"]
+    argv = probe["argv"]
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--num-layers"] == "16" and pairs["--hidden-size"] == "2048"
+    assert pairs["--num-query-groups"] == "8" and pairs["--rotary-base"] == "500000"
+    assert pairs["--data-path"] == small_data["data_path"] and pairs["--train-iters"] == "7"
+    assert "--bf16" in argv and "--swiglu" in argv and "--fp8-format" not in argv
+    # the user's checkout itself is untouched
+    assert "_tensor_saver" not in (checkout / "megatron/core/tensor_parallel/layers.py").read_text()
