@@ -193,6 +193,13 @@ def prepare_tensor(t: Any, source: str = "input") -> PreparedTensor:
     if math.isfinite(float(flat.amax())) and math.isfinite(float(flat.amin())):
         values = flat
     else:
+        wide = t.detach().reshape(-1)
+        if wide.dtype == torch.float64 and \
+                int(torch.isfinite(wide).sum()) != int(torch.isfinite(flat).sum()):
+            big = float(wide[torch.isfinite(wide)].abs().max())
+            raise SweepInputError(f"{source}: float64 values beyond the float32 range (max |x| "
+                                  f"{big:.3e}); the sweep works in float32: rescale the tensor "
+                                  "or save it as float32/bf16")
         finite = torch.isfinite(flat)
         nan_count = int(torch.isnan(flat).sum())
         n_finite = int(finite.sum())

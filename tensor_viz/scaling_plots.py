@@ -85,16 +85,26 @@ def _draw_panel(ax, res: Any, data: dict[str, list[float]], title: str, lines, y
         ax.set_yscale("log")
     _mark_levels(ax, res)
     rec = res.recommendation.index
-    first = lines[0][0]
-    value = data[first][rec]
+    first, label = lines[0][0], lines[0][1]
     ax.set_title(title)
     ax.set_xlabel(X_LABEL)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.text(0.02, 0.98, f"at recommended s:\n{lines[0][1]} = {value:.4g}", transform=ax.transAxes,
+    ax.text(0.02, 0.98, _stats_box(xs, data[first], label, rec), transform=ax.transAxes,
             va="top", ha="left", fontsize=8,
             bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
     ax.legend(fontsize=7, loc="best", framealpha=0.7)
+
+
+def _stats_box(xs: Sequence[float], ys: Sequence[float], label: str, rec: int) -> str:
+    """Range of the first series and its value at the recommended level."""
+    fx, fy = _finite(xs, ys)
+    lines = [f"{label} at recommended s = {xs[rec]:.2f}: {ys[rec]:.4g}"]
+    if fy:
+        lo, hi = min(fy), max(fy)
+        lines.append(f"min {lo:.4g} (s = {fx[fy.index(lo)]:.2f}), "
+                     f"max {hi:.4g} (s = {fx[fy.index(hi)]:.2f})")
+    return "\n".join(lines)
 
 
 def _save(fig, path: Path, dpi: int) -> Path:

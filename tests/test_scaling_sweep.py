@@ -156,6 +156,10 @@ def test_bad_tensors_are_refused_with_a_clear_message():
         ss.prepare_tensor(torch.empty(0, 3), "b.pt")
     with pytest.raises(ss.SweepInputError, match="NaN or Inf"):
         ss.prepare_tensor(torch.tensor([math.nan, math.inf]), "c.pt")
+    with pytest.raises(ss.SweepInputError, match="beyond the float32 range"):
+        ss.prepare_tensor(torch.tensor([1e300, 1.0], dtype=torch.float64), "e.pt")
+    ok = ss.prepare_tensor(torch.tensor([0.5, 1.0], dtype=torch.float64), "f.pt")
+    assert ok.values.dtype == torch.float32 and ok.dtype == "float64"
     with pytest.raises(ss.SweepInputError, match="not a tensor"):
         ss.prepare_tensor([1.0, 2.0], "d.pt")
 
