@@ -14,6 +14,7 @@ import time
 import torch
 
 DEFAULT_FORMATS = ("mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _time(fn, repeats: int) -> float:
@@ -27,13 +28,13 @@ def _time(fn, repeats: int) -> float:
 
 
 def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: str,
-        device: str) -> list[dict]:
+        device: str, dtype: torch.dtype = torch.float32) -> list[dict]:
     import os
     os.environ["QUANT_COMPILE"] = compile_mode
     import quant
     from quant import accel
 
-    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(device)
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
 
     def clone():
@@ -81,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", choices=["auto", "1", "0"], default="auto",
                     help="QUANT_COMPILE mode: auto (large tensors), 1 always, 0 eager only")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                    help="input dtype (default float32)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     if args.rows < 1 or args.cols < 1 or args.repeats < 1 or args.warmup < 0:
@@ -89,11 +92,11 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         results = run(args.formats, args.rows, args.cols, args.repeats, args.warmup,
-                      args.compile, args.device)
+                      args.compile, args.device, DTYPES[args.dtype])
     except (ValueError, RuntimeError) as exc:
         print(f"bench_quant: {exc}", file=sys.stderr)
         return 2
-    print(f"quantize throughput on a {args.rows}x{args.cols} float32 tensor, device "
+    print(f"quantize throughput on a {args.rows}x{args.cols} {args.dtype} tensor, device "
           f"{args.device}, {torch.get_num_threads()} threads, compile={args.compile}, "
           f"median of {args.repeats}")
     print(f"{'format':<12} {'ms':>9} {'GB/s':>8} {'vs clone':>9} {'first call s':>13}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -37,28 +37,40 @@ def should_compile(numel: int) -> bool:
     return numel >= threshold
 
 
+def _in_float32(fn: Callable, static: tuple) -> Callable:
+    """fn applied to x in float32, result back in x's dtype (one fused pass when compiled)."""
+    def bound(x, noise=None):
+        args = (noise,) if noise is not None else ()
+        y = fn(x.float(), *static, *args)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    bound.__name__ = f"quant_{fn.__name__}"
+    return bound
+
+
 def compiled(fn: Callable, static: tuple) -> Callable:
     """The compiled version of ``fn`` with its constant arguments bound (cached)."""
     key = (fn, static)
     if key not in _CACHE:
-        def bound(*tensors):
-            return fn(tensors[0], *static, *tensors[1:])
-        bound.__name__ = f"quant_{fn.__name__}"
-        _CACHE[key] = torch.compile(bound, fullgraph=True)
+        _CACHE[key] = torch.compile(_in_float32(fn, static), fullgraph=True)
     return _CACHE[key]
 
 
-def run(fn: Callable, tensors: tuple, static: tuple, extra: tuple = ()) -> torch.Tensor:
-    """Run ``fn(*tensors, *static, *extra)`` compiled when worthwhile, else eagerly."""
-    if should_compile(tensors[0].numel()):
+def run(fn: Callable, x: torch.Tensor, static: tuple,
+        noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``fn(x.float(), *static[, noise]).to(x.dtype)``, compiled when worthwhile.
+
+    Random rounding (noise given) always runs eagerly: the noise comes from the caller's
+    generator, outside any compiled graph.
+    """
+    if noise is None and should_compile(x.numel()):
         try:
-            return compiled(fn, static)(*tensors, *extra)
+            return compiled(fn, static)(x)
         except Exception as exc:  # compiler missing, unsupported op ...: stay correct, go eager
             _BROKEN.append(exc)
             print(f"quant: torch.compile unavailable ({type(exc).__name__}: "
                   f"{str(exc).splitlines()[0] if str(exc) else ''}); using eager kernels",
                   file=sys.stderr)
-    return fn(*tensors, *static, *extra)
+    return _in_float32(fn, static)(x, noise)
 
 
 def compile_error():

@@ -86,42 +86,31 @@ def _noise(shape, device, generator, rounding):
 
 # ---- one quantizer per scaling family (table-driven dispatch) -------------------------------
 
-def _q_identity(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    return x32.clone()
+def _q_identity(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    return x.clone()
 
 
-def _q_elements(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    noise = _noise(x32.shape, x32.device, generator, rounding)
-    if noise is None:
-        return accel.run(cast_elements, (x32,), (p, rounding, saturate))
-    return cast_elements(x32, p, rounding, saturate, noise)
+def _q_elements(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    noise = _noise(x.shape, x.device, generator, rounding)
+    return accel.run(cast_elements, x, (p, rounding, saturate), noise)
 
 
-def _q_tensor(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    noise = _noise(x32.shape, x32.device, generator, rounding)
-    if noise is None:
-        return accel.run(quantize_tensor_scaled, (x32,), (p, rounding, saturate))
-    return quantize_tensor_scaled(x32, p, rounding, saturate, noise)
+def _q_tensor(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    noise = _noise(x.shape, x.device, generator, rounding)
+    return accel.run(quantize_tensor_scaled, x, (p, rounding, saturate), noise)
 
 
-def _q_mx(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    xb, restore = to_blocks(x32, axis, block)
+def _q_mx(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    xb, restore = to_blocks(x, axis, block)
     noise = _noise(xb.shape, xb.device, generator, rounding)
-    if noise is None:
-        yb = accel.run(quantize_mx_blocks, (xb,), (p, spec.emax, rounding, scale_mode, saturate))
-    else:
-        yb = quantize_mx_blocks(xb, p, spec.emax, rounding, scale_mode, saturate, noise)
-    return restore(yb)
+    return restore(accel.run(quantize_mx_blocks, xb,
+                             (p, spec.emax, rounding, scale_mode, saturate), noise))
 
 
-def _q_nvfp4(x32, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    xb, restore = to_blocks(x32, axis, block)
+def _q_nvfp4(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    xb, restore = to_blocks(x, axis, block)
     noise = _noise(xb.shape, xb.device, generator, rounding)
-    if noise is None:
-        yb = accel.run(quantize_nvfp4_blocks, (xb,), (p, rounding, saturate))
-    else:
-        yb = quantize_nvfp4_blocks(xb, p, rounding, saturate, noise)
-    return restore(yb)
+    return restore(accel.run(quantize_nvfp4_blocks, xb, (p, rounding, saturate), noise))
 
 
 _DISPATCH: dict[str, Callable] = {
@@ -163,16 +152,15 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
         xd = x.detach()
         if xd.numel() == 0:
             return xd.clone()
-        x32 = xd.float() if xd.dtype != torch.float32 else xd
-        if spec.is_block and x32.dim() == 0:
-            y = _DISPATCH[spec.scaling](x32.reshape(1), spec, p, rounding, saturate, scale_mode,
+        # kernels take the input dtype and compute in float32 (the casts fuse when compiled)
+        if spec.is_block and xd.dim() == 0:
+            y = _DISPATCH[spec.scaling](xd.reshape(1), spec, p, rounding, saturate, scale_mode,
                                         block, 0, generator).reshape(())
         else:
-            if not x32.is_contiguous() and not spec.is_block:
-                x32 = x32.contiguous()
-            y = _DISPATCH[spec.scaling](x32, spec, p, rounding, saturate, scale_mode, block,
+            if not xd.is_contiguous() and not spec.is_block:
+                xd = xd.contiguous()
+            y = _DISPATCH[spec.scaling](xd, spec, p, rounding, saturate, scale_mode, block,
                                         axis, generator)
-        y = y.to(x.dtype) if y.dtype != x.dtype else y
         y = y.contiguous()
         if _analysis_requested(analyze):
             from .analysis import analyze_quantization, warn_if_underflow
