@@ -1,5 +1,10 @@
 """Capture library behind megatron/core/tensor_saver.py.
 
 Modules: ``schema`` (file names, metadata keys, manifest records: the one place that
-knows the on-disk format). Capture never imports plotting.
+knows the on-disk format), ``stats`` (statistics on the tensor's device), ``config``
+(environment + YAML settings), ``writer`` (background atomic writer), ``saver``
+(TensorSaver, get_tensor_saver), ``emulation`` (CUSTOM_QUANT_TYPE fake quantization),
+``hooks`` (what the patched Megatron calls), ``state`` (the hot-path flag),
+``patcher`` (the patch tool), ``synthetic`` (realistic runs without Megatron).
+Capture never imports plotting. See docs/capture.md.
 """

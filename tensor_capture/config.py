@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -61,14 +61,12 @@ class CaptureConfig:
     emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
     queue_size: int = 64                      # background writer queue (items)
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def emulating(self) -> bool:
         return self.quant_type is not None and self.quant_type not in NO_QUANT
 
 
-_FIELD_NAMES = {f.name for f in fields(CaptureConfig)} - {"extra"}
 # YAML may group the iteration schedule: iterations: {start, end, every}
 _NESTED = {"iterations": {"start": "iter_start", "end": "iter_end", "every": "iter_every"}}
 
@@ -159,54 +157,59 @@ def _check_formats(names: Any) -> tuple[str, ...]:
     return items
 
 
+def _dir(name: str, value: Any) -> str:
+    if not str(value).strip():
+        raise ConfigError(f"{name} is empty: give a directory")
+    return str(value)
+
+
+def _regex(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        re.compile(str(value))
+    except re.error as exc:
+        raise ConfigError(f"{name}={value!r} is not a regular expression ({exc})") from None
+    return str(value)
+
+
+def _names(name: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return tuple(str(v) for v in ([value] if isinstance(value, str) else value))
+
+
+# setting -> parser(display name, raw value); one row per setting.
+_PARSERS: dict[str, Any] = {
+    "enabled": _bool, "stats_only": _bool, "save_quantized": _bool, "emulate_attention": _bool,
+    "save_dir": _dir,
+    "iteration": lambda k, v: _int(k, v, minimum=0),
+    "iter_start": lambda k, v: _int(k, v, minimum=0),
+    "iter_end": lambda k, v: _int(k, v, minimum=0, allow_none=True),
+    "iter_every": lambda k, v: _int(k, v, minimum=1),
+    "min_iterations": lambda k, v: _int(k, v, minimum=0),
+    "max_iterations": lambda k, v: _int(k, v, minimum=1, allow_none=True),
+    "max_rows": lambda k, v: _int(k, v, minimum=1, allow_none=True),
+    "queue_size": lambda k, v: _int(k, v, minimum=1),
+    "quant_type": lambda k, v: _quant(v),
+    "layers": _int_list, "ranks": _int_list,
+    "module_regex": _regex,
+    "operations": lambda k, v: _choices(k, v, _OPERATIONS),
+    "phases": lambda k, v: _choices(k, v, _PHASES),
+    "layer_types": lambda k, v: _choices(k, v, _LAYER_TYPES),
+    "tensor_names": _names,
+    "byte_budget": _size,
+    "range_formats": lambda k, v: _check_formats(v),
+}
+
+
 def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> CaptureConfig:
     display = display or {}
-    unknown = sorted(set(raw) - _FIELD_NAMES)
+    unknown = sorted(set(raw) - set(_PARSERS))
     if unknown:
-        raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(_FIELD_NAMES | set(_NESTED))}")
-    cfg: dict[str, Any] = {}
-    for key, value in raw.items():
-        cfg_key = key
-        key = display.get(key, key)   # the name the user wrote (environment variable or key)
-        if cfg_key in ("enabled", "stats_only", "save_quantized", "emulate_attention"):
-            cfg[cfg_key] = _bool(key, value)
-        elif cfg_key == "save_dir":
-            if not str(value).strip():
-                raise ConfigError(f"{key} is empty: give a directory")
-            cfg[cfg_key] = str(value)
-        elif cfg_key in ("iteration", "iter_start"):
-            cfg[cfg_key] = _int(key, value, minimum=0)
-        elif cfg_key in ("iter_every", "min_iterations", "queue_size"):
-            cfg[cfg_key] = _int(key, value, minimum=1 if cfg_key != "min_iterations" else 0)
-        elif cfg_key in ("iter_end", "max_iterations", "max_rows"):
-            cfg[cfg_key] = _int(key, value, minimum=0 if cfg_key == "iter_end" else 1, allow_none=True)
-        elif cfg_key == "quant_type":
-            cfg[cfg_key] = _quant(value)
-        elif cfg_key == "layers":
-            cfg[cfg_key] = _int_list(key, value)
-        elif cfg_key == "ranks":
-            cfg[cfg_key] = _int_list(key, value)
-        elif cfg_key == "module_regex":
-            if value is not None:
-                try:
-                    re.compile(str(value))
-                except re.error as exc:
-                    raise ConfigError(f"module_regex={value!r} is not a regular expression ({exc})") from None
-                value = str(value)
-            cfg[cfg_key] = value
-        elif cfg_key == "operations":
-            cfg[cfg_key] = _choices(key, value, _OPERATIONS)
-        elif cfg_key == "phases":
-            cfg[cfg_key] = _choices(key, value, _PHASES)
-        elif cfg_key == "layer_types":
-            cfg[cfg_key] = _choices(key, value, _LAYER_TYPES)
-        elif cfg_key == "tensor_names":
-            cfg[cfg_key] = None if value is None else tuple(str(v) for v in (
-                [value] if isinstance(value, str) else value))
-        elif cfg_key == "byte_budget":
-            cfg[cfg_key] = _size(key, value)
-        elif cfg_key == "range_formats":
-            cfg[cfg_key] = _check_formats(value)
+        raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(_PARSERS) | set(_NESTED))}")
+    # display name: the environment variable when the value came from one
+    cfg = {key: _PARSERS[key](display.get(key, key), value) for key, value in raw.items()}
     out = CaptureConfig(**cfg)
     if out.iter_end is not None and out.iter_end < out.iter_start:
         raise ConfigError(f"iterations end={out.iter_end} is before start={out.iter_start}")

@@ -458,7 +458,7 @@ class TensorSaver:
 def _config_dict(config: CaptureConfig) -> dict[str, Any]:
     from dataclasses import fields
 
-    return {f.name: getattr(config, f.name) for f in fields(config) if f.name != "extra"}
+    return {f.name: getattr(config, f.name) for f in fields(config)}
 
 
 # -- the process-wide saver ------------------------------------------------------------------------

@@ -229,3 +229,22 @@ def test_process_wide_saver_from_environment(tmp_path, monkeypatch):
 
         hooks.uninstall_discovery()
     assert not STATE.active
+
+
+def test_synthetic_run_for_readers(tmp_path):
+    from tensor_capture.synthetic import write_synthetic_run
+
+    d = write_synthetic_run(tmp_path, quant_types=("bf16", "mxfp4"), iterations=(0,), num_layers=1,
+                            ranks=(0, 1), hidden=32, seq=4)
+    recs = list(schema.read_manifest(d))
+    assert len(recs) == 2 * 2 * (4 * 6 + 6)
+    assert (d / "manifest_rank1.jsonl").is_file()
+    for r in recs:
+        t, meta = schema.load_tensor_file(d / r["file"])
+        assert list(t.shape) == meta["shape"] and schema.parse_filename(r["file"]).rank == r["rank"]
+    q = next(r for r in recs if r["quant_type"] == "mxfp4" and r["tensor_name"] == "input")
+    t, _ = schema.load_tensor_file(d / q["file"])          # blocks of 32 = the last axis here
+    a = t.double().abs()
+    _, e = torch.frexp(a.amax(-1, keepdim=True))
+    v = a / torch.pow(2.0, (e - 1 - 2).double())            # E2M1: emax 2
+    assert torch.isin(v, torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)).all()
