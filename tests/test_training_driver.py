@@ -145,3 +145,12 @@ def test_tensor_and_data_parallel_match_one_process(small_data):
     assert results[0]["tp2"] == pytest.approx(single, rel=1e-5, abs=1e-5)
     assert results[0]["dp2"] == pytest.approx(accum, rel=1e-5, abs=1e-5)
     assert results[1]["dp2"] == results[0]["dp2"]          # every replica logs the same loss
+
+
+def test_cli_bad_quant_type(small_data, monkeypatch, capsys):
+    monkeypatch.setenv("TENSOR_SAVE_ENABLED", "true")
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "fp7")
+    rc = main(["--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"]])
+    err = capsys.readouterr().err
+    assert rc == 2 and "CUSTOM_QUANT_TYPE='fp7' is not a known format" in err
+    assert len(err.strip().splitlines()) == 1

@@ -88,6 +88,7 @@ def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path):
     (["--data-path", "nowhere/x_text_document", "--tokenizer", "nowhere"], "has no"),
     (["--data-path", "nowhere/x_text_document"], "needs --tokenizer"),
     (["--nproc", "0"], "at least 1"),
+    (["--quant-type", "bogus"], "CUSTOM_QUANT_TYPE='bogus' is not a known format"),
 ])
 def test_collector_bad_input(tmp_path, args, message):
     out = run([*COLLECT, *args], cwd=tmp_path, timeout=120)

@@ -26,6 +26,20 @@ def capture_requested(env: dict[str, str] | None = None) -> bool:
     return quant not in ("", "fp32", "none")
 
 
+def check_capture_config(env: dict[str, str] | None = None) -> None:
+    """Validate TENSOR_SAVE_* / CUSTOM_QUANT_TYPE up front: UserError with the capture's message."""
+    from .errors import UserError
+
+    try:
+        from tensor_capture.config import ConfigError, load_config
+    except ImportError:
+        return
+    try:
+        load_config(env=os.environ if env is None else env)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
 def _prepend(path: Path) -> None:
     text = str(path)
     if text not in sys.path:

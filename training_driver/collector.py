@@ -340,9 +340,19 @@ def run_visualization(tensor_dir: Path, draw_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     own, passthrough = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(own)
+    from .train import quiet_megatron_warnings
+
+    quiet_megatron_warnings()
     if args.nproc < 1 or args.min_files < 1 or args.timeout <= 0:
         raise UserError("--nproc and --min-files must be at least 1 and --timeout positive")
     t_start = time.monotonic()
+    tensor_dir = Path(args.tensor_dir)
+    env = dict(os.environ)
+    env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
+               TENSOR_SAVER_ITERATION=str(args.saver_iteration), CUSTOM_QUANT_TYPE=args.quant_type)
+    from .capture import PATCHED_DIR_ENV, check_capture_config, prepare_patched_tree
+
+    check_capture_config(env)
     workdir = Path(args.workdir)
     embedded = args.data_path is None
     if embedded:
@@ -365,13 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     visualize = embedded if args.visualize is None else args.visualize
     master_port = _check_master_port(args.nproc)
 
-    tensor_dir = Path(args.tensor_dir)
     tensor_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
-               TENSOR_SAVER_ITERATION=str(args.saver_iteration), CUSTOM_QUANT_TYPE=args.quant_type)
-    from .capture import PATCHED_DIR_ENV, prepare_patched_tree
-
     if not env.get(PATCHED_DIR_ENV):
         patched = prepare_patched_tree(workdir / "patched_megatron")
         if patched is None:

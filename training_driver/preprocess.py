@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry("preprocess-corpus")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .train import quiet_megatron_warnings
+
+    quiet_megatron_warnings()
     summary = preprocess(args.input, args.output_prefix, args.tokenizer, args.tokenizer_out,
                          args.vocab_size, args.json_key, progress=not args.quiet)
     print(f"wrote {summary['data_prefix']}.bin/.idx: {summary['documents']} documents, "

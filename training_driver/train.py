@@ -195,11 +195,12 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
 
     Initializes and tears down torch.distributed and megatron's parallel state itself.
     """
-    from .capture import SaverHooks, activate_patched_megatron, capture_requested
+    from .capture import SaverHooks, activate_patched_megatron, capture_requested, check_capture_config
 
     capture = capture_requested()
     patched = None
     if capture:
+        check_capture_config()
         workdir = cfg.patched_megatron_workdir or os.path.join(
             cfg.checkpoint_dir or "runs", ".patched_megatron", f"rank{rank}")
         patched = activate_patched_megatron(workdir)
@@ -473,9 +474,19 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def quiet_megatron_warnings() -> None:
+    """megatron-core warns at import that TE/apex are absent; on CPU that is the expected case."""
+    import warnings
+
+    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                    "full scope is deprecated"):
+        warnings.filterwarnings("ignore", message=message)
+
+
 @cli_entry("llama-train")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_megatron_warnings()
     cfg = config_from_args(args)
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
