@@ -471,10 +471,12 @@ def _refresh_state(saver: TensorSaver) -> None:
     STATE.emulate = saver.config.emulating
     STATE.emulate_attention = STATE.emulate and saver.config.emulate_attention
     STATE.active = saver.enabled or STATE.emulate
-    if saver.enabled:
-        from . import hooks
+    from . import hooks
 
+    if saver.enabled:
         hooks.install_discovery()
+    else:                      # the global module hook costs every module call: remove it
+        hooks.uninstall_discovery()
 
 
 def get_tensor_saver() -> TensorSaver:
@@ -514,6 +516,10 @@ def reset_tensor_saver() -> None:
             old.close()
         STATE.active = STATE.emulate = STATE.emulate_attention = False
         STATE.quant_type = None
+        STATE.current_linear = None
+        from . import hooks
+
+        hooks.uninstall_discovery()
 
 
 def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_type: str | None = None,

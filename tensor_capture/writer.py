@@ -97,18 +97,21 @@ class BackgroundWriter:
                     return
                 if not self.failed:
                     self._write(item)
-            except OSError as exc:
-                self._fail(item, exc)
-            except Exception as exc:  # a bug must not kill training either; report it once
+            except Exception as exc:  # disk errors, and bugs: neither may kill training
                 self._fail(item, exc)
             finally:
                 self._q.task_done()
 
     def _fail(self, item: WriteItem, exc: BaseException) -> None:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        self.failed = (f"tensor capture: cannot write to {item.directory} ({reason}); "
-                       "saving is now disabled, training continues. Fix: point TENSOR_SAVE_DIR "
-                       "at a writable directory with free space.")
+        if isinstance(exc, OSError):
+            self.failed = (f"tensor capture: cannot write to {item.directory} ({reason}); "
+                           "saving is now disabled, training continues. Fix: point "
+                           "TENSOR_SAVE_DIR at a writable directory with free space.")
+        else:
+            self.failed = (f"tensor capture: internal error writing {item.filename or 'a record'} "
+                           f"({type(exc).__name__}: {reason}); saving is now disabled, training "
+                           "continues. Please report this with the message.")
         if self._on_error is not None:
             self._on_error(self.failed)
         else:
