@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "figure.titlesize": 13,
                      "axes.grid": True, "grid.alpha": 0.3})
@@ -52,6 +53,10 @@ class FigureSet:
         folder = self.out_dir / section
         folder.mkdir(parents=True, exist_ok=True)
         fig.suptitle(title)
+        for ax in fig.axes:  # minor ticks of log axes cost half the drawing time and add no labels
+            for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+                if scale == "log":
+                    axis.set_minor_locator(NullLocator())
         final = folder / f"{name}.png"
         tmp = folder / f".{name}.tmp.png"
         try:
