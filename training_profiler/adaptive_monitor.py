@@ -203,12 +203,12 @@ class TrainingMonitor:
         mk = functools.partial(AdaptiveThreshold, warmup_steps, sigma, window)
         self.th_loss = mk("up")
         self.th_gnorm = mk("up")
-        self.th_layer_gnorm = mk("up", range_check=False)
-        # Layer activation statistics are taken every layer_stats_every steps, so their
-        # thresholds warm up and roll over proportionally fewer samples.
+        # Layer statistics are taken every layer_stats_every steps, so their thresholds warm up
+        # and roll over proportionally fewer samples.
         lw = max(2, warmup_steps // layer_stats_every)
         lwin = max(2, alert_window // layer_stats_every) if rolling else None
         mkl = functools.partial(AdaptiveThreshold, lw, sigma, lwin)
+        self.th_layer_gnorm = mkl("up", range_check=False)
         self.th_ratio = {k: mkl("up", range_check=False, rel_floor=0.5, abs_floor=1e-4)
                          for k in ("act_overflow", "act_underflow", "grad_overflow", "grad_underflow")}
         self.th_dist = mkl("both", range_check=False, rel_floor=0.0, abs_floor=0.25)
@@ -299,7 +299,11 @@ class TrainingMonitor:
 
     # ---- per step ------------------------------------------------------------------------
     def step_end(self, loss: Any) -> None:
-        """Record this step's loss and gradient norms (on device), judge every sync_every steps."""
+        """Record this step's loss and gradient norms (on device), judge every sync_every steps.
+
+        Every step: the loss and the global gradient norm (a handful of small device ops).
+        On statistics steps also the per-layer gradient norms.
+        """
         b = self._buffers
         if b is None:
             self._buffers = b = {"loss": torch.zeros(self.sync_every)}
@@ -310,21 +314,24 @@ class TrainingMonitor:
             b["loss"][slot] = float(loss) if loss is not None else float("nan")
         if self.model is not None:
             grads = [p.grad for p in self._params]
+            row = b["gnorm"][slot]
             if all(g is not None for g in grads) and grads:
-                sq = torch.stack(torch._foreach_norm(grads)).float().square()
+                norms = torch.stack(torch._foreach_norm(grads))
                 idx = self._param_layer
             else:
-                keep = [(g, int(j)) for g, j in zip(grads, self._param_layer.tolist()) if g is not None]
-                sq = torch.stack(torch._foreach_norm([g for g, _ in keep])).float().square() if keep \
-                    else torch.zeros(0, device=b["gnorm"].device)
-                idx = torch.tensor([j for _, j in keep], dtype=torch.long, device=sq.device)
-            row = b["gnorm"][slot]
-            row.zero_()
-            row[1:].index_add_(0, idx, sq)
-            row[0] = sq.sum()
-            row.sqrt_()
-            if not keep_any(grads):
+                keep = [(g, j) for g, j in zip(grads, self._param_layer.tolist()) if g is not None]
+                norms = torch.stack(torch._foreach_norm([g for g, _ in keep])) if keep else None
+                idx = torch.tensor([j for _, j in keep], dtype=torch.long, device=row.device)
+            if norms is None:
                 row.fill_(float("nan"))
+            elif self._collect:
+                sq = norms.float().square()
+                row.zero_()
+                row[1:].index_add_(0, idx, sq)
+                row[0] = sq.sum()
+                row.sqrt_()
+            else:
+                row[0] = torch.linalg.vector_norm(norms.float())
         self._slot_has_stats[slot] = self._collect
         self.step += 1
         self._pending += 1
@@ -345,6 +352,8 @@ class TrainingMonitor:
             row = {k: v[r] for k, v in host.items()}
             if not self._slot_has_stats[r]:
                 row.pop("act", None), row.pop("grad", None)
+                if "gnorm" in row:
+                    row["gnorm"] = row["gnorm"][:1]  # global norm only on this step
             self._judge(first_step + r, row)
         for s in self.sinks:
             s.flush()
@@ -393,11 +402,13 @@ class TrainingMonitor:
             if not math.isnan(gnorm) and not math.isfinite(gnorm):
                 alert("grad_norm_nonfinite", gnorm, None, note="non-finite gradient norm")
             gbad = self.th_gnorm.update(gnorm) if math.isfinite(gnorm) else np.zeros(1, bool)
-            lbad = self.th_layer_gnorm.update(layer_norms) if len(self.layers) else np.zeros(0, bool)
+            has_layers = len(layer_norms) == len(self.layers) > 0
+            if has_layers:
+                self.th_layer_gnorm.update(layer_norms)
             if gbad[0]:
                 note = self._why(self.th_gnorm, gnorm)
                 z = self.th_layer_gnorm.last_z
-                if z is not None and len(z) and np.isfinite(z).any():
+                if has_layers and z is not None and len(z) and np.isfinite(z).any():
                     note += f"; largest layer jump: '{self.layers[int(np.nanargmax(z))]}'"
                 alert("grad_norm", gnorm, self.th_gnorm, note=note)
             for kind in ("act", "grad"):
@@ -486,10 +497,6 @@ class TrainingMonitor:
         self.detach()
         for s in self.sinks:
             s.close()
-
-
-def keep_any(grads: list) -> bool:
-    return any(g is not None for g in grads)
 
 
 def watch_training(fn: Callable | None = None, *, warmup_steps: int = 100, alert_window: int = 50,
