@@ -15,7 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from training_profiler.amp_context import FileContext
+from training_profiler.amp_context import FileContext, dotted
 
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
@@ -285,15 +285,24 @@ def _attr_parts(node: ast.AST) -> list[str]:
     return parts
 
 
-def _backward_calls(tree: ast.AST) -> list[ast.Call]:
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "backward"]
+def _backward_calls(ctx: FileContext) -> list[ast.Call]:
+    """``x.backward(...)`` calls on tensors: not ``some_cuda_module.backward(...)`` kernel calls
+    (receiver is an imported name), nor calls inside an autograd Function's own backward."""
+    out = []
+    for n in ast.walk(ctx.tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+            head = (dotted(n.func.value) or "").split(".")[0]
+            fn = ctx.enclosing_function(n)
+            if head in ctx.aliases or getattr(fn, "name", None) == "backward":
+                continue
+            out.append(n)
+    return out
 
 
 class Fp16WithoutGradScaler(RuleVisitor):
     def run(self):
         ctx = self.ctx
-        if ctx.has_gradscaler or not _backward_calls(ctx.tree):
+        if ctx.has_gradscaler or not _backward_calls(ctx):
             return self.hits
         evidence: list[tuple[ast.AST, str]] = [(s.node, "float16 autocast") for s in ctx.fp16_autocast]
         evidence += [(c, "manual float16 cast") for c in ctx.manual_lowp_casts
@@ -306,7 +315,7 @@ class Fp16WithoutGradScaler(RuleVisitor):
 
 class BackwardInAutocast(RuleVisitor):
     def run(self):
-        for call in _backward_calls(self.ctx.tree):
+        for call in _backward_calls(self.ctx):
             if self.ctx.in_autocast(call):
                 self.report(call, "backward() called inside the autocast block")
         return self.hits
