@@ -10,9 +10,11 @@ See docs/quant.md.
 """
 from . import metrics
 from .analysis import QuantAnalysis, analyze_quantization, warn_if_underflow
-from .formats import FORMATS, ROUNDING_MODES, SCALE_MODES, FormatSpec, get_format
+from .formats import (FORMATS, HIF8_ROUNDING_MODES, ROUNDING_MODES, SCALE_MODES, FormatSpec,
+                      get_format)
 from .quantize import quantize, quantize_ste
 
-__all__ = ["FORMATS", "FormatSpec", "get_format", "ROUNDING_MODES", "SCALE_MODES", "quantize",
+__all__ = ["FORMATS", "FormatSpec", "get_format", "ROUNDING_MODES", "HIF8_ROUNDING_MODES",
+           "SCALE_MODES", "quantize",
            "quantize_ste", "analyze_quantization", "QuantAnalysis", "warn_if_underflow",
            "metrics"]

@@ -129,7 +129,8 @@ def _scaled_layout(x32, spec, axis, block, scale_mode):
         xb, restore = to_blocks(x32, axis, block)
         amax = xb.abs().amax(dim=-1, keepdim=True)
         denom = nvfp4_block_scale(amax, s_t) * s_t
-        return xb / denom, denom, restore, torch.isfinite(amax)
+        v = xb / torch.where(denom > 0, denom, torch.ones_like(denom))  # as the quantizer
+        return v, denom, restore, torch.isfinite(amax)
     return x32, None, None, None
 
 

@@ -99,7 +99,9 @@ def quantize_nvfp4_blocks(xb: torch.Tensor, p: ElemParams, rounding: str, satura
     amax = xb.abs().amax(dim=-1, keepdim=True)
     s_b = nvfp4_block_scale(amax, s_t)
     denom = s_b * s_t
-    v = xb / denom
+    # a float32-subnormal tensor amax can make denom underflow to 0: divide by 1 instead (the
+    # tiny elements then round to 0, and 0 * denom = 0: the block flushes)
+    v = xb / torch.where(denom > 0, denom, torch.ones_like(denom))
     y = finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate).mul_(denom)
     return y.masked_fill_(~torch.isfinite(amax), float("nan"))
 

@@ -185,3 +185,12 @@ def test_tensor_scaled_matches_reference(name, maxn, dt):
     assert np.array_equal(y.view(np.uint32), ref.view(np.uint32))
     assert float(np.abs(y[np.isfinite(y)]).max()) == pytest.approx(float(fin), rel=1e-6)
     assert torch.equal(quant.quantize(torch.zeros(9), name), torch.zeros(9))
+
+
+def test_nvfp4_float32_subnormal_tensor_flushes_cleanly():
+    x = torch.full((32,), 1e-44)
+    x[0] = 3e-44
+    y = quant.quantize(x, "nvfp4")
+    assert torch.equal(y, torch.zeros(32))
+    r = quant.analyze_quantization(x, "nvfp4")
+    assert r.flush_to_zero_count == 32 and r.nan_count == 0
