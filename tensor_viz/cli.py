@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tensor_viz import pipeline
+from tensor_viz import options as defaults
 from tensor_viz.catalog import UserError
-from tensor_viz.plots_quant import MAP_STATS
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -30,22 +29,22 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="files read for value plots when statistics are stored (others: stats only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the reproducible value sampling")
     p.add_argument("--workers", type=int, default=2, help="processes reading files")
-    p.add_argument("--whatif", default=",".join(pipeline.DEFAULT_WHATIF),
+    p.add_argument("--whatif", default=",".join(defaults.DEFAULT_WHATIF),
                    help="formats for what-if quantization error (comma list, or 'none')")
-    p.add_argument("--map-stat", default=",".join(pipeline.pq.DEFAULT_MAP_STATS),
-                   help=f"statistics for the numerics map, from {', '.join(MAP_STATS)}")
+    p.add_argument("--map-stat", default=",".join(defaults.DEFAULT_MAP_STATS),
+                   help=f"statistics for the numerics map, from {', '.join(defaults.MAP_STAT_NAMES)}")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p
 
 
-def options(args: argparse.Namespace) -> pipeline.Options:
+def options(args: argparse.Namespace) -> defaults.Options:
     for name in ("sample_size", "max_files", "workers"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     stats = _formats(args.map_stat)
-    bad = [s for s in stats if s not in MAP_STATS]
+    bad = [s for s in stats if s not in defaults.MAP_STAT_NAMES]
     if bad:
-        raise UserError(f"--map-stat {','.join(bad)}: unknown; choose from {', '.join(MAP_STATS)}")
+        raise UserError(f"--map-stat {','.join(bad)}: unknown; choose from {', '.join(defaults.MAP_STAT_NAMES)}")
     whatif = _formats(args.whatif)
     try:
         import quant
@@ -55,13 +54,15 @@ def options(args: argparse.Namespace) -> pipeline.Options:
         unknown = []
     if unknown:
         raise UserError(f"--whatif {','.join(unknown)}: unknown format; see quant.FORMATS for names")
-    return pipeline.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
+    return defaults.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
                             workers=args.workers, whatif=whatif, map_stats=stats, progress=not args.no_progress)
 
 
 def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,
         description: str) -> int:
     args = parser(prog, description).parse_args(argv)
+    from tensor_viz import pipeline  # heavy (torch, matplotlib): only once the arguments parse
+
     try:
         opts = options(args)
         if not sections:  # the quick view needs neither quantization errors nor maps

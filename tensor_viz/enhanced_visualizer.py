@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from tensor_viz import cli, pipeline
+from tensor_viz import cli
+from tensor_viz import options as sections
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run(argv, prog="enhanced-tensor-visualizer", sections=pipeline.ENHANCED_SECTIONS, quick=False,
+    return cli.run(argv, prog="enhanced-tensor-visualizer", sections=sections.ENHANCED_SECTIONS, quick=False,
                    report=True,
                    description="Enhanced analysis of a captured-tensor directory: distributions, heatmaps, "
                                "comparisons, statistics, attention, quantization, layer, overflow, FP8, BF16, "

@@ -17,25 +17,9 @@ from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
+from tensor_viz.options import (DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS,  # noqa: F401
+                                SEED_SECTIONS, Options)
 from tensor_viz.values import FileTask, PairTask, run_tasks
-
-DEFAULT_WHATIF = ("fp8_e4m3", "fp8_e5m2", "hifp8", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4", "bf16")
-
-
-@dataclass
-class Options:
-    sample_size: int = 4096          # values kept per file read
-    max_value_files: int = 256       # files read for value plots when stats are stored
-    seed: int = 0
-    workers: int = 2
-    whatif: tuple[str, ...] = DEFAULT_WHATIF
-    whatif_files: int = 48
-    whatif_elems: int = 8192
-    max_pairs: int = 64
-    map_stats: tuple[str, ...] = pq.DEFAULT_MAP_STATS
-    progress: bool = True
-    dpi: int = 90
-
 
 # section name -> (drawing function, what the section answers); order = order in index.html
 SECTIONS: dict[str, tuple[Callable[[Dataset, FigureSet], None], str]] = {
@@ -54,11 +38,7 @@ SECTIONS: dict[str, tuple[Callable[[Dataset, FigureSet], None], str]] = {
     "rank_analysis": (pe.draw_ranks, "The same tensor across ranks."),
     "numerics_map": (pq.draw_numerics_map, "A layer x tensor map of one statistic over iterations."),
 }
-SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
-                 "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
-                 "bf16_analysis", "backward_analysis", "rank_analysis")
-ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map",)
-FULL_SECTIONS = tuple(SECTIONS)
+assert tuple(SECTIONS) == FULL_SECTIONS, "options.FULL_SECTIONS must list every section in order"
 
 
 @dataclass
@@ -174,7 +154,7 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
         catalog.problems.append(Problem(f"(what-if format {fmt})", "whatif", f"failed on {n} tensors: {msg}"))
     ds.entries = [e for e in ds.entries if id(e) not in dropped]
     catalog.entries = ds.entries
-    return catalog, ds, len(tasks)
+    return catalog, ds, len(chosen)
 
 
 def _pairs(entries: list[Entry], opts: Options) -> list[tuple[Entry, Entry]]:

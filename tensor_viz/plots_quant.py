@@ -9,6 +9,7 @@ import numpy as np
 
 from tensor_viz.data import Dataset, group, ratio, stat
 from tensor_viz.figures import FigureSet, short
+from tensor_viz.options import DEFAULT_MAP_STATS, MAP_STAT_NAMES
 
 MAX_ROWS = 60
 
@@ -22,7 +23,8 @@ MAP_STATS = {
     "flush_to_zero_ratio": (lambda e: ratio(e, "flush_to_zero_ratio"), lambda v: 100 * v,
                             "flush to zero (% of elements)"),
 }
-DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
+
+assert tuple(MAP_STATS) == MAP_STAT_NAMES
 
 
 def numerics_matrix(ds: Dataset, stat_name: str) -> tuple[list[str], list[str], np.ndarray]:
@@ -49,6 +51,9 @@ def numerics_matrix(ds: Dataset, stat_name: str) -> tuple[list[str], list[str], 
     return rows, cols, m
 
 
+MAX_PARTS = 4
+
+
 def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAULT_MAP_STATS) -> None:
     section = "numerics_map"
     drew = False
@@ -56,21 +61,28 @@ def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAU
         rows, cols, m = numerics_matrix(ds, name)
         if not rows:
             continue
-        cut = len(rows) > MAX_ROWS
-        rows, m = rows[:MAX_ROWS], m[:MAX_ROWS]
-        fig, ax = plt.subplots(figsize=(min(18, 3 + 0.5 * len(cols)) + 4, 1.5 + 0.22 * len(rows)))
-        im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="magma", interpolation="nearest")
-        fig.colorbar(im, ax=ax, label=MAP_STATS[name][2])
-        ax.grid(False)
-        ax.set_yticks(range(len(rows)), [short(r, 48) for r in rows], fontsize=8)
-        step = max(1, len(cols) // 20)
-        ax.set_xticks(range(0, len(cols), step), cols[::step])
-        ax.set(xlabel="iteration (training step)", ylabel="layer / pass / tensor")
-        fs.save(fig, section, f"map_{name}", f"Numerics map: {name} per tensor over iterations"
-                + (f" (first {MAX_ROWS} rows)" if cut else ""),
-                "One row per layer and tensor, one column per iteration. Look for rows that brighten "
-                "over time (growing range or overflow) and for the first iteration where a row changes: "
-                "that layer is where the numerics went wrong.")
+        parts = min(MAX_PARTS, math.ceil(len(rows) / MAX_ROWS))
+        vmin, vmax = float(np.nanmin(m)), float(np.nanmax(m))   # one colour scale for all parts
+        for part in range(parts):
+            lo, hi = part * MAX_ROWS, min(len(rows), (part + 1) * MAX_ROWS)
+            prow, pm = rows[lo:hi], m[lo:hi]
+            fig, ax = plt.subplots(figsize=(min(18, 3 + 0.5 * len(cols)) + 4, 1.5 + 0.22 * len(prow)))
+            im = ax.imshow(np.ma.masked_invalid(pm), aspect="auto", cmap="magma", interpolation="nearest",
+                           vmin=vmin, vmax=vmax)
+            fig.colorbar(im, ax=ax, label=MAP_STATS[name][2])
+            ax.grid(False)
+            ax.set_yticks(range(len(prow)), [short(r, 48) for r in prow], fontsize=8)
+            step = max(1, len(cols) // 20)
+            ax.set_xticks(range(0, len(cols), step), cols[::step])
+            ax.set(xlabel="iteration (training step)", ylabel="layer / pass / tensor")
+            suffix = f" (rows {lo + 1}-{hi} of {len(rows)})" if len(rows) > MAX_ROWS else ""
+            fs.save(fig, section, f"map_{name}" + (f"_part{part + 1}" if parts > 1 else ""),
+                    f"Numerics map: {name} per tensor over iterations{suffix}",
+                    "One row per layer and tensor, one column per iteration. Look for rows that brighten "
+                    "over time (growing range or overflow) and for the first iteration where a row changes: "
+                    "that layer is where the numerics went wrong."
+                    + (f" Only the first {MAX_PARTS * MAX_ROWS} rows are drawn; choose layers at capture "
+                       "time to see the rest." if len(rows) > MAX_PARTS * MAX_ROWS else ""))
         drew = True
     if not drew:
         fs.placeholder(section, "no stored statistics to map")

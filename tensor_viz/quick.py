@@ -7,16 +7,19 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-import numpy as np
+from typing import TYPE_CHECKING
 
 from tensor_viz.catalog import Catalog
-from tensor_viz.data import Dataset, stat, values
-from tensor_viz.figures import COUNT_AXIS, VALUE_AXIS, FigureSet
+
+if TYPE_CHECKING:
+    from tensor_viz.data import Dataset
+    from tensor_viz.figures import FigureSet
 
 
-def overall_stats(ds: Dataset) -> dict[str, float]:
+def overall_stats(ds: "Dataset") -> dict[str, float]:
     """Exact totals over every tensor from per-file stats (count-weighted mean and variance)."""
+    from tensor_viz.data import stat
+
     n_tot, s1, s2 = 0, 0.0, 0.0
     lo, hi = math.inf, -math.inf
     for e in ds.with_stats():
@@ -43,8 +46,13 @@ def _pie(ax, counts: Counter, title: str) -> None:
     ax.set_title(title)
 
 
-def write_quick(ds: Dataset, catalog: Catalog, out: Path, fs: FigureSet | None = None) -> list[str]:
+def write_quick(ds: "Dataset", catalog: Catalog, out: Path, fs: "FigureSet | None" = None) -> list[str]:
     """quick_analysis.png (values histogram, pies by quant type / layer type / pass) and tensor_stats.txt."""
+    import matplotlib.pyplot as plt
+
+    from tensor_viz.data import values
+    from tensor_viz.figures import COUNT_AXIS, VALUE_AXIS, Figure
+
     out.mkdir(parents=True, exist_ok=True)
     entries = ds.entries
     written: list[str] = []
@@ -70,8 +78,6 @@ def write_quick(ds: Dataset, catalog: Catalog, out: Path, fs: FigureSet | None =
         tmp.replace(out / "quick_analysis.png")
         written.append("quick_analysis.png")
         if fs is not None:
-            from tensor_viz.figures import Figure
-
             fs.figures.append(Figure("quick", "quick_analysis.png", "Quick analysis",
                                      "Histogram of sampled values and how the captured files split "
                                      "by quant type, layer type and pass. Check that every pass and "

@@ -89,6 +89,7 @@ def write_index(result: "Result", out: Path, sections: tuple[str, ...], opts: "O
              f"<p>Directory <code>{_e(cat.directory)}</code>: {len(ds.entries)} tensors "
              f"({sum(1 for e in ds.entries if e.source == 'manifest')} from manifests), values read from "
              f"{result.files_read} files ({opts.sample_size} values each, seed {opts.seed}); "
+             f"{len(ds.pairs)} high-precision/quantized pairs compared; "
              f"{result.drawn} figures.</p>"]
     nav = [f"<a href='#{s}'>{_e(s)}</a>" for s in sections]
     parts.append("<nav>" + " ".join(["<a href='#summary'>summary</a>", "<a href='#problems'>problems</a>"] + nav)

@@ -122,7 +122,7 @@ def test_single_file_is_drawn(tmp_path, capsys):
     d = tmp_path / "one"
     write_plain(d, torch.randn(16, 2, 32))
     out = tmp_path / "out"
-    assert full.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST) == 0
+    assert enhanced_visualizer.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST) == 0
     assert (out / "distributions" / "value_histograms.png").is_file()
     assert (out / "fp8_analysis" / "no_data.png").is_file()        # one format only: says why
 
