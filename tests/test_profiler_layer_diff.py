@@ -140,3 +140,40 @@ def test_megatron_gpt_injected_jump(tiny_gpt) -> None:
     assert errs["decoder.layers.0.mlp.linear_fc1"] > 4 * errs["decoder.layers.0.pre_mlp_layernorm"]
     jump_order = [l.name for l in rep.layers]
     assert jump_order.index(rep.first_jump) <= jump_order.index("decoder.layers.0.mlp.linear_fc1")
+
+
+def test_watch_training_on_megatron_gpt(tiny_gpt) -> None:
+    """The monitor's hooks work on megatron-core layers (tuple outputs, TP linears)."""
+    from training_profiler import watch_training
+
+    model, step_loss = tiny_gpt
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    @watch_training(warmup_steps=8, alert_window=8, model=model, sinks=[], layer_stats_every=1,
+                    sync_every=5)
+    def train_step(poison: bool = False):
+        opt.zero_grad()
+        loss = step_loss(model)
+        if poison:
+            loss = loss * float("nan")
+        loss.backward()
+        if not poison:
+            opt.step()
+        return loss
+
+    try:
+        for i in range(20):
+            train_step(poison=(i == 15))
+        train_step.monitor.close()
+    finally:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(saved[n])
+                p.grad = None
+    mon = train_step.monitor
+    assert "decoder.layers.0.self_attention.linear_qkv" in mon.layers
+    assert all(math.isfinite(h["act_overflow_ratio_max"]) for h in mon.history[:15])
+    found = {(a["step"], a["metric"]) for a in mon.alerts}
+    assert (16, "loss_nonfinite") in found and (16, "grad_norm_nonfinite") in found
+    assert not any(a["step"] < 16 for a in mon.alerts), [a["message"] for a in mon.alerts]

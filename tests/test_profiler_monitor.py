@@ -206,3 +206,14 @@ def test_bad_arguments_are_clear() -> None:
         TrainingMonitor(sinks=["nope"])
     with pytest.raises(ValueError, match="warmup_steps=1"):
         AdaptiveThreshold(warmup_steps=1)
+
+
+def test_missing_gradients_are_not_alarms() -> None:
+    lin = torch.nn.Linear(4, 4)
+    mon = TrainingMonitor(warmup_steps=3, model=lin, sinks=[], sync_every=2)
+    for _ in range(8):
+        lin.zero_grad(set_to_none=True)
+        out = lin(torch.randn(8, 4))      # forward only: no backward, no .grad
+        mon.step_end(out.detach().abs().mean())
+    mon.close()
+    assert mon.alerts == [] and all(math.isnan(h["grad_norm"]) for h in mon.history)

@@ -323,7 +323,7 @@ class TrainingMonitor:
                 norms = torch.stack(torch._foreach_norm([g for g, _ in keep])) if keep else None
                 idx = torch.tensor([j for _, j in keep], dtype=torch.long, device=row.device)
             if norms is None:
-                row.fill_(float("nan"))
+                row.fill_(-1.0)  # no gradients this step (not the same as NaN gradients)
             elif self._collect:
                 sq = norms.float().square()
                 row.zero_()
@@ -398,9 +398,12 @@ class TrainingMonitor:
         if self.model is not None and "gnorm" in row:
             g = row["gnorm"]
             gnorm, layer_norms = float(g[0]), g[1:1 + len(self.layers)]
-            rec["grad_norm"] = gnorm
-            if not math.isnan(gnorm) and not math.isfinite(gnorm):
+            if gnorm < 0:  # the step left no gradients behind
+                gnorm, layer_norms = math.nan, layer_norms[:0]
+            elif not math.isfinite(gnorm):
+                self._nonfinite_seen = True
                 alert("grad_norm_nonfinite", gnorm, None, note="non-finite gradient norm")
+            rec["grad_norm"] = gnorm
             gbad = self.th_gnorm.update(gnorm) if math.isfinite(gnorm) else np.zeros(1, bool)
             has_layers = len(layer_norms) == len(self.layers) > 0
             if has_layers:
