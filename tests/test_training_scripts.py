@@ -45,7 +45,7 @@ def test_embedded_default_run_collects_tensors(tmp_path):
     assert set(s.by_layer_type) == {"attention", "linear"}
     assert set(s.by_operation) == {"forward", "backward"}
     assert set(s.by_quant_type) == {"hifp8"}
-    assert 0 in s.iterations                    # the first iteration is there
+    assert set(s.iterations) == {0}             # exactly one captured iteration (max_iterations: 1)
     assert f"{s.files} files" in text
     manifest = list(read_manifest(tensor_dir))
     assert {r["file"] for r in manifest if r.get("file")} >= {f.name for f in files if f.parent == tensor_dir}
@@ -187,3 +187,24 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
     assert "--bf16" in argv and "--swiglu" in argv and "--fp8-format" not in argv
     # the user's checkout itself is untouched
     assert "_tensor_saver" not in (checkout / "megatron/core/tensor_parallel/layers.py").read_text()
+
+
+def test_summary_counts_and_marks_partial_iterations(tmp_path):
+    from tensor_capture.schema import TensorName, build_filename
+
+    from training_driver.collector import format_summary
+
+    specs = [("linear", "forward", 0), ("linear", "backward", 0), ("attention", "forward", 0),
+             ("linear", "forward", 1)]
+    for counter, (layer_type, op, it) in enumerate(specs):
+        name = build_filename(TensorName(layer_type=layer_type, operation=op, tensor_name="input",
+                                         quant_type="mxfp4", layer_idx=0, iteration=it, rank=0,
+                                         sample_idx=0, timestamp="20250101_000000", counter=counter))
+        torch.save({"tensor": torch.ones(4), "metadata": {}}, tmp_path / name)
+    (tmp_path / "notes.pt").write_bytes(b"not a capture file")   # ignored: not a schema name
+    s = summarize(tmp_path)
+    assert (s.files, s.by_layer_type["linear"], s.by_operation["forward"]) == (4, 3, 3)
+    assert dict(s.iterations) == {0: 3, 1: 1} and dict(s.by_quant_type) == {"mxfp4": 4}
+    text = format_summary(s, tmp_path, finished_iterations=1)
+    assert "4 files" in text and "linear                3  ( 75.0%)" in text
+    assert "iterations captured: 0, 1 (partial" in text

@@ -29,6 +29,13 @@ from .errors import UserError, cli_entry
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VISUALIZE_SCRIPT = PROJECT_ROOT / "script" / "one_click_visualize.sh"
 DEFAULT_WORKDIR = Path("runs") / "default"
+_T0 = time.monotonic()
+
+
+def say(message: str, error: bool = False) -> None:
+    """A collector line with the seconds since start, so a person sees where time goes."""
+    print(f"collector [{time.monotonic() - _T0:5.0f} s]: {message}",
+          file=sys.stderr if error else sys.stdout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +95,10 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def format_summary(s: TensorSummary, directory: str | os.PathLike[str]) -> str:
+def format_summary(s: TensorSummary, directory: str | os.PathLike[str],
+                   finished_iterations: int | None = None) -> str:
+    """Readable summary; with ``finished_iterations`` (iterations training completed), captured
+    iterations at or past it are marked partial (training stopped inside them)."""
     def table(title: str, counts: Counter) -> list[str]:
         lines = [f"  by {title}:"]
         for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0]))):
@@ -102,8 +112,10 @@ def format_summary(s: TensorSummary, directory: str | os.PathLike[str]) -> str:
         out += table("quant type", s.by_quant_type)
         iters = sorted(k for k in s.iterations if k != "NA")
         if iters:
-            out.append(f"  iterations captured: {', '.join(map(str, iters[:20]))}"
-                       + (" ..." if len(iters) > 20 else ""))
+            shown = [f"{i} (partial: training stopped inside it)"
+                     if finished_iterations is not None and i >= finished_iterations else str(i)
+                     for i in iters[:20]]
+            out.append(f"  iterations captured: {', '.join(shown)}" + (" ..." if len(iters) > 20 else ""))
     return "\n".join(out)
 
 
@@ -121,35 +133,22 @@ def prepare_default_data(workdir: str | os.PathLike[str], vocab_size: int = 512,
     tokenizer = str(root / "data" / "tokenizer")
     ready = all(Path(p).exists() for p in (prefix + ".bin", prefix + ".idx", tokenizer))
     if ready and not rebuild:
-        print(f"collector: reusing the default corpus in {root / 'data'} (--rebuild-data to redo)",
-              flush=True)
+        say(f"reusing the default corpus in {root / 'data'} (--rebuild-data to redo)")
         return {"data_path": prefix, "tokenizer": tokenizer}
     corpus = root / "corpus" / "python_docs.jsonl"
     info = write_builtin_corpus(corpus, max_chars=max_chars)
-    print(f"collector: built the default corpus from Python's own documentation: "
-          f"{info['documents']} documents, {info['characters']:,} characters -> {corpus}", flush=True)
+    say(f"built the default corpus from Python's own documentation: "
+        f"{info['documents']} documents, {info['characters']:,} characters -> {corpus}")
     summary = preprocess([str(corpus)], prefix, tokenizer=None, tokenizer_out=tokenizer,
                          vocab_size=vocab_size, progress=sys.stderr.isatty())
-    print(f"collector: trained a {summary['vocab_size']}-token BPE tokenizer and wrote "
-          f"{summary['tokens']:,} tokens to {prefix}.bin/.idx", flush=True)
+    say(f"trained a {summary['vocab_size']}-token BPE tokenizer and wrote "
+        f"{summary['tokens']:,} tokens to {prefix}.bin/.idx")
     return {"data_path": prefix, "tokenizer": tokenizer}
 
 
 # ---------------------------------------------------------------------------------------------
 # Launch and watch
 # ---------------------------------------------------------------------------------------------
-def port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
 def training_command(nproc: int, train_args: list[str], master_port: int | None = None) -> list[str]:
     """One process runs the driver directly; several go through torchrun (torch.distributed.run)."""
     if nproc == 1:
@@ -226,7 +225,7 @@ class _Progress:
             self.bar.n = files
             self.bar.set_postfix_str(f"iteration {it}{loss}")
         else:
-            print(f"collector: {files} tensor files saved, {it} iterations done{loss}", flush=True)
+            say(f"{files} tensor files saved, {it} iterations done{loss}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -314,6 +313,8 @@ def _check_master_port(nproc: int) -> int | None:
     if env_port:
         if not env_port.isdigit():
             raise UserError(f"MASTER_PORT={env_port!r} is not a port number")
+        from .train import port_free
+
         if not port_free(int(env_port)):
             raise UserError(f"MASTER_PORT={env_port} is in use: pick a free port or unset "
                             "MASTER_PORT")
@@ -326,13 +327,13 @@ def _check_master_port(nproc: int) -> int | None:
 
 def run_visualization(tensor_dir: Path, draw_dir: Path) -> int:
     if not VISUALIZE_SCRIPT.is_file():
-        print(f"collector: {VISUALIZE_SCRIPT.relative_to(PROJECT_ROOT)} is not available yet; "
-              "skipping the visualization", flush=True)
+        say(f"{VISUALIZE_SCRIPT.relative_to(PROJECT_ROOT)} is not available yet; "
+            "skipping the visualization")
         return 0
-    print(f"collector: visualizing into {draw_dir} ...", flush=True)
+    say(f"visualizing into {draw_dir} ...")
     rc = subprocess.call(["bash", str(VISUALIZE_SCRIPT), str(tensor_dir), str(draw_dir)])
     if rc != 0:
-        print(f"collector: the visualization exited with status {rc}", file=sys.stderr, flush=True)
+        say(f"the visualization exited with status {rc}", error=True)
     return rc
 
 
@@ -359,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokenizer:
             raise UserError("--tokenizer without --data-path: give both, or neither for the "
                             "embedded default")
-        print("collector: no --data-path given: running the embedded default (tiny Llama on "
-              "CPU, corpus built from Python's documentation, nothing downloaded)", flush=True)
+        say("no --data-path given: running the embedded default (tiny Llama on "
+            "CPU, corpus built from Python's documentation, nothing downloaded)")
         paths = prepare_default_data(workdir, max_chars=args.default_corpus_chars,
                                      rebuild=args.rebuild_data)
     else:
@@ -373,14 +374,21 @@ def main(argv: list[str] | None = None) -> int:
         load_tokenizer(args.tokenizer)
         paths = {"data_path": args.data_path, "tokenizer": args.tokenizer}
     visualize = embedded if args.visualize is None else args.visualize
+    if embedded and not env.get("TENSOR_SAVE_CONFIG"):
+        # One captured iteration is what the default run is for; it keeps the report quick.
+        capture_yaml = workdir / "capture_default.yaml"
+        capture_yaml.write_text("# written by the collector for the embedded default run\n"
+                                "max_iterations: 1\n")
+        env["TENSOR_SAVE_CONFIG"] = str(capture_yaml)
+        check_capture_config(env)
     master_port = _check_master_port(args.nproc)
 
     tensor_dir.mkdir(parents=True, exist_ok=True)
     if not env.get(PATCHED_DIR_ENV):
         patched = prepare_patched_tree(workdir / "patched_megatron")
         if patched is None:
-            print("collector: the tensor-capture patch set is not installed; training runs on "
-                  "unpatched megatron-core and no tensors will be saved", flush=True)
+            say("the tensor-capture patch set is not installed; training runs on "
+                "unpatched megatron-core and no tensors will be saved")
         else:
             env[PATCHED_DIR_ENV] = str(patched)
             env["PYTHONPATH"] = os.pathsep.join(
@@ -397,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         env["MASTER_PORT"] = str(master_port)
     cmd = training_command(args.nproc, train_args, master_port if args.nproc > 1 else None)
     before = set(tensor_files(tensor_dir))
-    print(f"collector: TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "
-          f"TENSOR_SAVER_ITERATION={args.saver_iteration}", flush=True)
-    print("collector: launching " + " ".join(cmd), flush=True)
+    say(f"TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "
+        f"TENSOR_SAVER_ITERATION={args.saver_iteration}")
+    say("launching " + " ".join(cmd))
     proc = subprocess.Popen(cmd, env=env)
     interrupted = False
     try:
@@ -410,9 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = "interrupted"
     if outcome in ("collected", "timeout", "interrupted"):
         if outcome == "collected":
-            print("collector: one full iteration is saved; stopping training", flush=True)
+            say("one full iteration is saved; stopping training")
         elif outcome == "timeout":
-            print(f"collector: timeout after {args.timeout:.0f} s; stopping training", flush=True)
+            say(f"timeout after {args.timeout:.0f} s; stopping training")
         try:
             if outcome == "interrupted":
                 # Ctrl-C reached training too (same process group): let it flush its saver
@@ -426,32 +434,30 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
             proc.wait()
     rc = proc.returncode
+    finished = _read_progress(progress_file).get("iteration")
     try:
         progress_file.unlink()
     except OSError:
         pass
     new = set(tensor_files(tensor_dir)) - before
     summary = summarize(tensor_dir, only=new)
-    print(format_summary(summary, tensor_dir), flush=True)
+    print(format_summary(summary, tensor_dir, finished), flush=True)
     if interrupted:
-        print(f"collector: interrupted; the {summary.files} tensor files saved so far are intact "
-              f"in {tensor_dir}", file=sys.stderr, flush=True)
+        say(f"interrupted; the {summary.files} tensor files saved so far are intact "
+            f"in {tensor_dir}", error=True)
         return 130
     if outcome == "failed":
-        print(f"collector: training exited with status {rc} (see its message above)",
-              file=sys.stderr, flush=True)
+        say(f"training exited with status {rc} (see its message above)", error=True)
         return rc or 1
     if summary.files < args.min_files:
-        print(f"collector: only {summary.files} tensor files were saved (wanted "
-              f"{args.min_files}); is the patch set installed and TENSOR_SAVE_ENABLED honored?",
-              file=sys.stderr, flush=True)
+        say(f"only {summary.files} tensor files were saved (wanted "
+            f"{args.min_files}); is the patch set installed and TENSOR_SAVE_ENABLED honored?", error=True)
         return 1
     if visualize:
         if run_visualization(tensor_dir, Path(args.draw_dir)) != 0:
             return 1
-    print(f"collector: done in {time.monotonic() - t_start:.0f} s; tensors in {tensor_dir}"
-          + (f", plots in {args.draw_dir}" if visualize and VISUALIZE_SCRIPT.is_file() else ""),
-          flush=True)
+    say(f"done in {time.monotonic() - t_start:.0f} s; tensors in {tensor_dir}"
+        + (f", plots in {args.draw_dir}" if visualize and VISUALIZE_SCRIPT.is_file() else ""))
     return 0
 
 

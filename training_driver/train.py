@@ -462,13 +462,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a rendezvous could listen on ``port`` (any interface)."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("", port))
         except OSError:
             return False
     return True
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     port = None
     if not under_launcher:
         if os.environ.get("MASTER_PORT"):
-            if not _port_free(int(os.environ["MASTER_PORT"])):
+            if not port_free(int(os.environ["MASTER_PORT"])):
                 raise UserError(f"MASTER_PORT={os.environ['MASTER_PORT']} is in use: pick a free "
                                 "port or unset MASTER_PORT")
         else:
