@@ -281,6 +281,7 @@ def process_tensor(idx: int, path: str, name: str, args: argparse.Namespace, str
             logger.info(f"Note: input dtype is {dtype} (bf16 expected); values are analysed "
                         "as float32")
         bar = _progress_bar(tensor, name)
+        sweep_start = time.perf_counter()
         try:
             res = ss.run_sweep(tensor, fmt, num_levels=args.num_levels,
                                max_scale_exp=args.max_scale_exp,
@@ -290,7 +291,7 @@ def process_tensor(idx: int, path: str, name: str, args: argparse.Namespace, str
         finally:
             if bar is not None:
                 bar.close()
-        sweep_s = time.perf_counter() - start
+        sweep_s = time.perf_counter() - sweep_start
         for line in ss.format_tensor_info(res) + ss.format_parameters(res):
             logger.info(line)
         logger.info(f"Tested {len(res.levels)} levels in one batched pass ({sweep_s:.2f} s)")
