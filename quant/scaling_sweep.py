@@ -92,6 +92,12 @@ class ElementGrid:
         return 2.0 ** (math.floor(math.log2(self.max_normal)) + 1)
 
     @property
+    def max_exact_chunk(self) -> int:
+        """Longest row whose float32 sum of values in {max_normal, max_normal + top_step} is
+        exact (both are multiples of top_step; keep the total under 2^23 steps)."""
+        return max(256, int(2 ** 23 * self.top_step / (self.max_normal + self.top_step)))
+
+    @property
     def top_step(self) -> float:
         """Grid spacing at max_normal: the gap to the first value that counts as overflow."""
         if self.is_int:
@@ -394,7 +400,7 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
     n = int(values.numel())
     if chunk is None:
         chunk = DEFAULT_CHUNK // max(L, 1)
-    chunk = max(256, min(chunk, max(n, 1)))
+    chunk = max(256, min(chunk, max(n, 1), grid.max_exact_chunk))
     workers = max(1, workers or torch.get_num_threads())
     per = -(-n // workers) if n else 0
     per = -(-per // chunk) * chunk if per else 0       # whole chunks per worker
@@ -447,8 +453,10 @@ def _accumulate_part(values: torch.Tensor, f: torch.Tensor, grid: ElementGrid, c
         out["under"] -= tt.sum(1).double() / gap_under
         vv.clamp_(max=grid.overflow_cap)
         cast_scaled_(vv, grid, ww)                   # q (magnitudes), not yet saturated
-        torch.sub(vv, grid.max_normal, out=tt).clamp_(0.0, gap_over)
-        out["over"] += tt.sum(1).double() / gap_over
+        # each element becomes max_normal or max_normal + gap: the row sum is exact (see
+        # ElementGrid.max_exact_chunk) and its excess over m * max_normal counts overflow
+        torch.clamp(vv, min=grid.max_normal, max=grid.max_normal + gap_over, out=tt)
+        out["over"] += (tt.sum(1).double() - m * grid.max_normal) / gap_over
         vv.clamp_(max=grid.max_normal)               # saturate
         torch.clamp(vv, max=grid.min_subnormal, out=tt)
         out["nonzero_q"] += tt.sum(1).double() / grid.min_subnormal

@@ -89,6 +89,19 @@ def test_sweep_result_does_not_depend_on_chunking_or_workers(chunk, workers):
         assert la.metrics["mse"] == pytest.approx(lb.metrics["mse"], rel=1e-6)
 
 
+def test_overflow_count_stays_exact_with_one_level_and_huge_chunks():
+    # int8 has the smallest top step relative to max_normal: the chunk is capped so the
+    # float32 row sums behind the overflow count stay exact
+    grid = ss.get_element_grid("int8")
+    assert grid.max_exact_chunk == 2 ** 23 // 128
+    x = torch.full((200_000,), 5.0)
+    x[::3] = 0.5
+    res = ss.run_sweep(x, "int8", num_levels=1, max_scale_exp=0, min_scale_exp=0,
+                       chunk=1 << 20)
+    a = quant.analyze_quantization(x, "int8")
+    assert res.levels[0].overflow_count == a.overflow_count == 133_333
+
+
 def test_alignment_exponents_follow_the_formulas():
     grid = ss.get_element_grid("fp8_e4m3")  # max 448, min normal 2^-6
     x = torch.tensor([1000.0, -3.0, 2.0 ** -10, 0.0])
