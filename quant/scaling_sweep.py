@@ -192,14 +192,14 @@ def prepare_tensor(t: Any, source: str = "input") -> PreparedTensor:
     if t.numel() == 0:
         raise SweepInputError(f"{source}: the tensor is empty (shape {tuple(t.shape)}); "
                               "pass a tensor with at least one element")
-    flat = t.detach().reshape(-1)
+    flat = t.detach().reshape(-1).cpu()       # the sweep's kernels run on the CPU
     if flat.dtype != torch.float32:
         flat = flat.to(torch.float32)
     nan_count = inf_count = 0
     if math.isfinite(float(flat.amax())) and math.isfinite(float(flat.amin())):
         values = flat
     else:
-        wide = t.detach().reshape(-1)
+        wide = t.detach().reshape(-1).cpu()
         if wide.dtype == torch.float64 and \
                 int(torch.isfinite(wide).sum()) != int(torch.isfinite(flat).sum()):
             big = float(wide[torch.isfinite(wide)].abs().max())
