@@ -137,8 +137,8 @@ def _compute_host(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor 
     nonzero = int(torch.count_nonzero(a))
     zero_count = n - nonzero
     if zero_count:
-        bump = absmax * 2 if absmax > 0 else 1.0          # zeros -> above every value
-        min_nz = (absa + (1 - absa.sign()) * bump).amin().item() if nonzero else math.inf
+        # zeros -> absmax (finite, >= every nonzero |x|), so the minimum is the smallest nonzero
+        min_nz = (absa + (1 - absa.sign()) * absmax).amin().item() if nonzero else math.inf
     else:
         min_nz = absa.amin().item()
     hist = _exp_hist(absa, zero_count, min_nz, ct)

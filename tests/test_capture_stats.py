@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tensor_capture import stats
@@ -43,6 +43,7 @@ def test_counts_on_the_boundaries(host_path):
     assert math.isclose(s["std"], finite.std().item(), rel_tol=1e-6)
 
 
+@example(values=[0.0, 1.7014118346046923e38], dtype=torch.float32, host_path=True)
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=200),
        st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
