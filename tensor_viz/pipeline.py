@@ -59,10 +59,23 @@ class Result:
         return 0 if self.drawn else 1
 
 
-def _pair_key(e: Entry):
+# Tensor-name suffixes of the operand a GEMM saw (the capture saves "input_quantized" beside
+# "input", "grad_output_quantized_wgrad" beside "grad_output", ...).
+QUANTIZED_SUFFIXES = ("_quantized_wgrad", "_quantized")
+
+
+def hp_twin_name(tensor_name: str) -> str:
+    """The high-precision tensor name a quantized operand's name refers to."""
+    for suffix in QUANTIZED_SUFFIXES:
+        if tensor_name.endswith(suffix):
+            return tensor_name[: -len(suffix)]
+    return tensor_name
+
+
+def _pair_key(e: Entry, tensor_name: str):
     n = e.name
-    return (n.iteration, n.layer_type, n.layer_idx, n.operation, n.phase, n.component, n.quant_type,
-            n.rank, n.sample_idx, n.tensor_name, e.meta.get("module_path"))
+    return (n.iteration, n.layer_type, n.layer_idx, n.quant_type, n.rank, n.sample_idx, tensor_name,
+            e.meta.get("module_path"))
 
 
 def _select(entries: list[Entry], opts: Options) -> list[Entry]:
@@ -158,14 +171,20 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
 
 
 def _pairs(entries: list[Entry], opts: Options) -> list[tuple[Entry, Entry]]:
+    """(high precision, quantized) operands of the same GEMM call, matched by name and site;
+    the same pass is preferred (a wgrad operand's twin may come from the forward pass)."""
     if opts.max_pairs <= 0:
         return []
-    by_key: dict[tuple, dict[str, Entry]] = {}
+    hp: dict[tuple, dict[str, Entry]] = {}
     for e in entries:
-        if e.path:
-            by_key.setdefault(_pair_key(e), {})[e.variant] = e
-    pairs = [(v["hp"], v["quantized"]) for _, v in sorted(by_key.items(), key=lambda kv: str(kv[0]))
-             if "hp" in v and "quantized" in v]
+        if e.path and e.variant != "quantized":
+            hp.setdefault(_pair_key(e, e.name.tensor_name), {})[e.name.operation] = e
+    pairs = []
+    for q in sorted((e for e in entries if e.path and e.variant == "quantized"), key=lambda e: e.path or ""):
+        twins = hp.get(_pair_key(q, hp_twin_name(q.name.tensor_name)), {})
+        twin = twins.get(q.name.operation) or next(iter(twins.values()), None)
+        if twin is not None:
+            pairs.append((twin, q))
     if len(pairs) > opts.max_pairs:
         pairs = random.Random(opts.seed).sample(pairs, opts.max_pairs)
     return pairs

@@ -80,6 +80,13 @@ def draw_fp8(ds: Dataset, fs: FigureSet) -> None:
         fs.placeholder(section, f"needs captures under both hifp8 and mxfp8; found {', '.join(found) or 'none'}")
         return
     sets = {"hifp8": hi, "mxfp8": mx}
+    if ds.sampled(hi + mx):
+        _draw_fp8_values(ds, fs, sets)
+    _draw_fp8_stats(fs, sets)
+
+
+def _draw_fp8_values(ds: Dataset, fs: FigureSet, sets: dict) -> None:
+    section = "fp8_analysis"
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for k, es in sets.items():
         _hist(ax, values(ds.sampled(es)), label=f"{k} ({len(es)} files)")
@@ -89,6 +96,20 @@ def draw_fp8(ds: Dataset, fs: FigureSet) -> None:
     fs.save(fig, section, "hifp8_vs_mxfp8_distribution", "HiFP8 vs MXFP8: value distributions",
             "Runs under the two formats should see similar values; diverging tails mean one run's "
             "activations grew (an early sign of divergence).")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, es in sets.items():
+        d = [v for e in ds.sampled(es) if (v := ks_normal(e.sample)) is not None]
+        if d:
+            ax.hist(d, bins=30, histtype="step", label=f"{k} (median D = {np.median(d):.3f})")
+    ax.legend()
+    ax.set(xlabel="Kolmogorov-Smirnov distance to a normal (0 = normal)", ylabel=FILES_AXIS)
+    fs.save(fig, section, "normal_fit", "Goodness of fit to a normal distribution",
+            "Small D: roughly Gaussian values; large D: heavy tails or spikes (e.g. many exact zeros).")
+
+
+def _draw_fp8_stats(fs: FigureSet, sets: dict) -> None:
+    section = "fp8_analysis"
+    hi, mx = sets["hifp8"], sets["mxfp8"]
     fig, axes = grid(4, ncols=4, size=(3.4, 3.8))
     for ax, key in zip(axes, ("mean", "std", "min", "max")):
         ax.boxplot([[v for e in es if (v := stat(e, key)) is not None] or [np.nan] for es in sets.values()])
@@ -115,15 +136,6 @@ def draw_fp8(ds: Dataset, fs: FigureSet) -> None:
     fs.save(fig, section, "correlation", "Same tensor under HiFP8 and MXFP8",
             "Each point is one tensor name at one layer and pass (averaged over iterations). Points on "
             "the red diagonal agree; r well below 1 means the formats changed the training trajectory.")
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for k, es in sets.items():
-        d = [v for e in ds.sampled(es) if (v := ks_normal(e.sample)) is not None]
-        if d:
-            ax.hist(d, bins=30, histtype="step", label=f"{k} (median D = {np.median(d):.3f})")
-    ax.legend()
-    ax.set(xlabel="Kolmogorov-Smirnov distance to a normal (0 = normal)", ylabel=FILES_AXIS)
-    fs.save(fig, section, "normal_fit", "Goodness of fit to a normal distribution",
-            "Small D: roughly Gaussian values; large D: heavy tails or spikes (e.g. many exact zeros).")
 
 
 def draw_bf16(ds: Dataset, fs: FigureSet) -> None:
@@ -169,6 +181,13 @@ def draw_backward(ds: Dataset, fs: FigureSet) -> None:
         fs.placeholder(section, "no backward-pass tensors were captured")
         return
     fwd = [e for e in ds.entries if e.name.operation == "forward"]
+    if ds.sampled(bwd):
+        _draw_backward_values(ds, fs, fwd, bwd)
+    _draw_backward_stats(ds, fs, fwd, bwd)
+
+
+def _draw_backward_values(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
+    section = "backward_analysis"
     fig, axes = grid(2, ncols=2, size=(6, 4.3))
     for label, es in (("forward", fwd), ("backward", bwd)):
         _hist(axes[0], values(ds.sampled(es)), label=f"{label} ({len(es)} files)")
@@ -181,15 +200,6 @@ def draw_backward(ds: Dataset, fs: FigureSet) -> None:
     fs.save(fig, section, "forward_vs_backward", "Forward vs backward value distributions",
             "Gradients are usually orders of magnitude smaller than activations: that gap is why "
             "backward passes use E5M2 (more range) or scaling.")
-    fig, axes = grid(2, ncols=2, size=(5, 4.2))
-    for ax, key in zip(axes, ("std", "absmax")):
-        ax.boxplot([[v for e in es if (v := stat(e, key))] or [np.nan] for es in (fwd, bwd)])
-        ax.set_xticks([1, 2], ["forward", "backward"])
-        ax.set_yscale("log")
-        ax.set(title=f"per-file {key}", xlabel="pass", ylabel=f"{key} (tensor units, log)")
-    fs.save(fig, section, "stats_side_by_side", "Forward vs backward statistics",
-            "From stored statistics. A backward absmax several binades below forward needs a "
-            "loss scale or per-tensor scaling to stay out of the underflow range.")
     grads = ds.sampled([e for e in bwd if e.name.tensor_name.startswith("grad")]) or ds.sampled(bwd)
     if grads:
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -203,6 +213,19 @@ def draw_backward(ds: Dataset, fs: FigureSet) -> None:
         fs.save(fig, section, "gradient_magnitudes", "Gradient magnitudes (binades)",
                 "Where gradient mass sits on the exponent axis: compare with the format's smallest "
                 "normal exponent (e.g. -6 for E4M3, -14 for E5M2) to see what underflows.")
+
+
+def _draw_backward_stats(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
+    section = "backward_analysis"
+    fig, axes = grid(2, ncols=2, size=(5, 4.2))
+    for ax, key in zip(axes, ("std", "absmax")):
+        ax.boxplot([[v for e in es if (v := stat(e, key))] or [np.nan] for es in (fwd, bwd)])
+        ax.set_xticks([1, 2], ["forward", "backward"])
+        ax.set_yscale("log")
+        ax.set(title=f"per-file {key}", xlabel="pass", ylabel=f"{key} (tensor units, log)")
+    fs.save(fig, section, "stats_side_by_side", "Forward vs backward statistics",
+            "From stored statistics. A backward absmax several binades below forward needs a "
+            "loss scale or per-tensor scaling to stay out of the underflow range.")
 
 
 def _batch_size(e) -> int | None:

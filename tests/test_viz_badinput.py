@@ -152,3 +152,19 @@ def test_scripts_run_from_repo_root(tmp_path):
     r = subprocess.run(["bash", "script/one_click_visualize.sh", str(tmp_path / "missing"), str(tmp_path / "x")],
                        cwd=REPO, capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "no such directory" in r.stderr
+
+
+def test_stats_only_capture_draws_from_the_manifest(tmp_path, capsys):
+    """A stats-only run (no tensor files) still gives overflow, statistics and the numerics map."""
+    from tensor_capture.synthetic import write_synthetic_run
+
+    d, out = tmp_path / "stats_only", tmp_path / "out"
+    write_synthetic_run(d, quant_types=("mxfp8",), iterations=(0, 1, 2), num_layers=2, ranks=(0, 1),
+                        stats_only=True)
+    assert not list(d.glob("*.pt"))
+    code = enhanced_visualizer.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST)
+    assert code == 0
+    for section in ("statistics", "overflow_analysis", "numerics_map", "rank_analysis", "backward_analysis"):
+        assert "no_data.png" not in [p.name for p in (out / section).glob("*.png")], section
+    assert [p.name for p in (out / "heatmaps").glob("*.png")] == ["no_data.png"]
+    assert "read values from 0 files" in capsys.readouterr().out

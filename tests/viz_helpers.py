@@ -82,6 +82,7 @@ def make_capture(directory: Path, *, quant_types=("hifp8", "mxfp8", "fp8_e4m3", 
                             paths.append(_save(saver, t.to(dtype), **common))
                             if pairs and tname == "input" and op == "forward":
                                 q = t.to(torch.bfloat16).to(dtype)
+                                common["tensor_name"] = "input_quantized"    # the capture's naming
                                 paths.append(_save(saver, q, variant="quantized", **common))
     finally:
         saver.close()
