@@ -46,11 +46,15 @@ def test_threshold_warmup_sigma_and_range() -> None:
 
 
 def test_threshold_is_vectorized_and_ignores_nan() -> None:
-    th = AdaptiveThreshold(warmup_steps=3, window=5)
-    for row in ([1.0, 10.0], [1.1, 10.0], [0.9, np.nan]):
+    th = AdaptiveThreshold(warmup_steps=4, window=5)
+    for row in ([1.0, 10.0, np.nan], [1.1, 10.0, np.nan], [0.9, np.nan, np.nan], [1.0, 10.0, np.nan]):
         th.update(row)
-    bad = th.update([1.0, 100.0])
-    assert bad.tolist() == [False, True]
+    assert th.update([1.0, 100.0, 1.0]).tolist() == [False, True, False]
+    # A series first seen after the warm-up is judged once its window holds 3 values.
+    assert th.update([1.0, 10.0, 50.0]).tolist() == [False, False, False]   # 2 values: not judged
+    th.update([1.0, 10.0, 1.0])
+    th.update([1.0, 10.0, 1.1])
+    assert th.update([1.0, 10.0, 500.0]).tolist() == [False, False, True]
 
 
 def test_rolling_window_forgives_a_healthy_trend() -> None:

@@ -52,6 +52,8 @@ class AdaptiveThreshold:
     def __init__(self, warmup_steps: int = 100, sigma: float = 3.0, window: int | None = 50,
                  direction: str = "up", range_check: bool = True, rel_floor: float = 0.1,
                  abs_floor: float = 1e-12) -> None:
+        if abs_floor <= 0:
+            raise ValueError(f"abs_floor={abs_floor}: must be > 0 (it bounds the spread from below)")
         if warmup_steps < 2:
             raise ValueError(f"warmup_steps={warmup_steps}: need at least 2 steps to estimate a spread")
         if direction not in ("up", "down", "both"):
@@ -75,12 +77,11 @@ class AdaptiveThreshold:
         assert self.baseline is not None
         if self._ring is None:
             return self.baseline["mean"], self.baseline["std"]
-        n = self._count
-        with np.errstate(all="ignore"):
-            mean = self._sum / n
-            std = np.sqrt(np.maximum(self._sumsq / n - mean * mean, 0.0))
+        n = np.maximum(self._count, 1)
+        mean = self._sum / n
+        std = np.sqrt(np.maximum(self._sumsq / n - mean * mean, 0.0))
+        empty = self._count == 0
         # A window with no normal value left (a long incident) falls back to the warm-up.
-        empty = n == 0
         if empty.any():
             mean = np.where(empty, self.baseline["mean"], mean)
             std = np.where(empty, self.baseline["std"], std)
@@ -123,24 +124,32 @@ class AdaptiveThreshold:
             self.last_z = np.zeros_like(v)
             return np.zeros(v.shape, dtype=bool)
         mean, std = self._stats()
+        # spread >= abs_floor > 0, and comparisons with NaN are quietly False: no errstate needed
+        # (this runs for every metric of every step, so it is kept lean).
         spread = np.maximum(np.maximum(std, self.rel_floor * np.abs(mean)), self.abs_floor)
-        with np.errstate(invalid="ignore"):
-            z = (v - mean) / spread
-            self.last_z = z
-            if self.direction == "up":
-                bad = z > self.sigma
-            elif self.direction == "down":
-                bad = z < -self.sigma
-            else:
-                bad = np.abs(z) > self.sigma
-            if self.range_check:
-                lo, hi = self.baseline["min"], self.baseline["max"]
-                if self.direction in ("up", "both"):
-                    bad |= (hi > 0) & (v > 2 * hi)
-                if self.direction in ("down", "both"):
-                    bad |= (lo > 0) & (v < lo / 2)
+        z = (v - mean) / spread
+        self.last_z = z
+        if self.direction == "up":
+            bad = z > self.sigma
+        elif self.direction == "down":
+            bad = z < -self.sigma
+        else:
+            bad = np.abs(z) > self.sigma
+        if self.range_check:
+            lo, hi = self.baseline["min"], self.baseline["max"]
+            if self.direction in ("up", "both"):
+                bad |= (hi > 0) & (v > 2 * hi)
+            if self.direction in ("down", "both"):
+                bad |= (lo > 0) & (v < lo / 2)
         finite = np.isfinite(v)
         bad &= finite
+        # Judge only against a real reference: a warm-up that saw the series, or a window holding
+        # at least 3 values (a series first seen after the warm-up starts quiet).
+        has_base = np.isfinite(self.baseline["mean"])
+        if self._ring is not None:
+            bad &= np.where(self._count == 0, has_base, self._count >= 3)
+        else:
+            bad &= has_base
         if self._ring is not None:  # anomalies do not enter the reference window
             self._push(np.where(bad | ~finite, np.nan, v))
         return bad
