@@ -154,3 +154,18 @@ def test_cli_bad_quant_type(small_data, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "CUSTOM_QUANT_TYPE='fp7' is not a known format" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_divergence_stops_with_a_message(small_data):
+    with pytest.raises(UserError, match="no longer finite"):
+        train(_cfg(small_data, lr=1e30, min_lr=1e30, warmup_iters=0, clip_grad=0, train_iters=6),
+              master_port=free_port())
+
+
+def test_stop_file_ends_the_run_cleanly_with_a_checkpoint(small_data, tmp_path):
+    stop = tmp_path / "stop"
+    stop.touch()
+    out = train(_cfg(small_data, train_iters=5, stop_file=str(stop), checkpoint_dir=str(tmp_path / "c")),
+                master_port=free_port())
+    assert len(out["losses"]) == 1
+    assert checkpoint.latest_iteration(tmp_path / "c") == 1

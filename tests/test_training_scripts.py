@@ -156,21 +156,27 @@ def test_example_script_trains_and_captures(small_data, tmp_path):
 def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data, tmp_path):
     """MEGATRON_LM_DIR: the checkout is copied, patched, and its pretrain_gpt.py gets the 1B args.
 
-    The stand-in checkout holds the installed megatron-core and a pretrain_gpt.py that records
-    what it was given and which megatron it imported (real Megatron-LM is not installed here).
+    The stand-in checkout holds the megatron-core files the patch set edits and a pretrain_gpt.py
+    that records its arguments and whether the megatron next to it (first on sys.path) is
+    patched (real Megatron-LM is not installed here).
     """
     import shutil
 
     import megatron.core
 
+    from tensor_capture.patcher import PATCHES
+
+    installed = Path(megatron.core.__file__).parent.parent.parent
     checkout = tmp_path / "Megatron-LM"
-    shutil.copytree(Path(megatron.core.__file__).parent, checkout / "megatron" / "core",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for fp in PATCHES:                          # just the files the patch set edits
+        if (installed / fp.rel).is_file():
+            (checkout / fp.rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(installed / fp.rel, checkout / fp.rel)
     (checkout / "pretrain_gpt.py").write_text(
         "import json, os, sys\n"
-        "import megatron.core.tensor_parallel.layers as layers\n"
-        "out = {'argv': sys.argv[1:], 'layers': layers.__file__,\n"
-        "       'patched': '_tensor_saver' in vars(layers)}\n"
+        "layers = os.path.join(sys.path[0], 'megatron/core/tensor_parallel/layers.py')\n"
+        "out = {'argv': sys.argv[1:], 'layers': layers,\n"
+        "       'patched': '_tensor_saver' in open(layers).read()}\n"
         "open(os.environ['PROBE_OUT'], 'w').write(json.dumps(out))\n")
     out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=240,
               MEGATRON_LM_DIR=str(checkout), TENSOR_SAVE_ENABLED="true", GPUS_PER_NODE="1",

@@ -186,19 +186,25 @@ def full_iteration_saved(new_files: list[Path], progress: dict[str, Any], min_fi
     return min(captured) < done
 
 
-def _stop(proc: subprocess.Popen, grace: float = 60.0) -> int:
-    """Ask training to stop like Ctrl-C (it flushes the saver), then insist."""
+def _stop(proc: subprocess.Popen, stop_file: Path, grace: float = 60.0) -> int:
+    """End training cleanly: the stop file makes every rank finish its iteration, close the
+    saver and exit 0; Ctrl-C-style SIGINT, then SIGTERM, only if it does not."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        stop_file.parent.mkdir(parents=True, exist_ok=True)
+        stop_file.touch()
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            proc.terminate()
+            proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     return proc.returncode
 
 
@@ -394,10 +400,11 @@ def main(argv: list[str] | None = None) -> int:
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     progress_file = workdir / f"progress_{os.getpid()}.json"
+    stop_file = workdir / f"stop_{os.getpid()}"
     train_args = ["--data-path", paths["data_path"], "--tokenizer", paths["tokenizer"],
                   "--model", args.model, "--train-iters", str(args.train_iters),
                   "--micro-batch-size", str(args.micro_batch_size),
-                  "--progress-file", str(progress_file)]
+                  "--progress-file", str(progress_file), "--stop-file", str(stop_file)]
     if args.seq_length:
         train_args += ["--seq-length", str(args.seq_length)]
     train_args += passthrough
@@ -429,16 +436,17 @@ def main(argv: list[str] | None = None) -> int:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
-            _stop(proc)
+            _stop(proc, stop_file)
         except KeyboardInterrupt:
             proc.kill()
             proc.wait()
     rc = proc.returncode
     finished = _read_progress(progress_file).get("iteration")
-    try:
-        progress_file.unlink()
-    except OSError:
-        pass
+    for leftover in (progress_file, stop_file):
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
     new = set(tensor_files(tensor_dir)) - before
     summary = summarize(tensor_dir, only=new)
     print(format_summary(summary, tensor_dir, finished), flush=True)

@@ -74,6 +74,7 @@ class TrainConfig:
     tensorboard_dir: str | None = None
     log_interval: int = 1
     progress_file: str | None = None
+    stop_file: str | None = None
     patched_megatron_workdir: str | None = None
     shape: dict[str, int] = field(default_factory=dict)
 
@@ -306,18 +307,24 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
             log.iteration(it, cfg.train_iters, {"loss": loss, "grad_norm": float(norm), "lr": lr,
                                                 "tokens_per_s": tokens_per_iter / seconds,
                                                 "seconds": seconds})
-            if not math.isfinite(loss):
-                raise UserError(f"loss became {loss} at iteration {it + 1}: lower --lr or check "
-                                "the data")
+            diverged, stop = _agree(device, ps.is_pipeline_last_stage() and not math.isfinite(loss),
+                                    bool(cfg.stop_file) and os.path.exists(cfg.stop_file))
+            if diverged:
+                raise UserError(f"the loss is no longer finite at iteration {it + 1}: lower --lr "
+                                "or check the data")
             done = it + 1
-            exiting = bool(cfg.exit_interval) and done % cfg.exit_interval == 0
+            if stop and done < cfg.train_iters:
+                log.say(f"llama-train: stop requested ({cfg.stop_file}); stopping after "
+                        f"iteration {done}")
+            exiting = (bool(cfg.exit_interval) and done % cfg.exit_interval == 0) or stop
             if cfg.checkpoint_dir and ((cfg.save_interval and done % cfg.save_interval == 0)
                                        or done == cfg.train_iters or exiting):
                 path = checkpoint.save_checkpoint(cfg.checkpoint_dir, done, model, optimizer,
                                                   run_config, master.state())
                 log.say(f"llama-train: saved checkpoint {path}")
             if exiting and done < cfg.train_iters:
-                log.say(f"llama-train: stopping after iteration {done} (--exit-interval)")
+                if not stop:
+                    log.say(f"llama-train: stopping after iteration {done} (--exit-interval)")
                 break
         saver.close()
         return {"losses": losses, "start_iteration": start, "iterations": cfg.train_iters,
@@ -392,6 +399,20 @@ def _pipeline_step(model, dataset, plan, it, device, saver, causal_inputs, shape
     return float(torch.stack([r["lm loss"] for r in results]).mean())
 
 
+def _agree(device, *flags: bool) -> tuple[bool, ...]:
+    """Each flag true on any rank is true on every rank (so all ranks stop together rather than
+    some waiting forever in the next collective)."""
+    import torch
+    import torch.distributed as dist
+
+    values = [float(f) for f in flags]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor(values, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        values = t.tolist()
+    return tuple(v > 0 for v in values)
+
+
 def _average_loss_over_dp(loss: float, device) -> float:
     import torch
     import torch.distributed as dist
@@ -452,6 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=int, default=d.log_interval)
     p.add_argument("--progress-file", default=None,
                    help="JSON file rewritten after every iteration (for watchers)")
+    p.add_argument("--stop-file", default=None,
+                   help="finish the current iteration and stop (checkpoint saved) once this "
+                        "file exists; how the collector ends a run cleanly")
     p.add_argument("--patched-megatron-workdir", default=None,
                    help="where to build the patched megatron-core copy when capturing")
     return p
@@ -479,8 +503,13 @@ def quiet_megatron_warnings() -> None:
     """megatron-core warns at import that TE/apex are absent; on CPU that is the expected case."""
     import warnings
 
-    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                    "full scope is deprecated"):
+    import torch
+
+    messages = ["Transformer Engine and Apex are not installed", "Apex is not installed",
+                "full scope is deprecated"]
+    if not torch.cuda.is_available():  # advice about CUDA streams, moot on CPU
+        messages.append("When using async grad allreduce")
+    for message in messages:
         warnings.filterwarnings("ignore", message=message)
 
 
