@@ -2,7 +2,8 @@
 """Throughput of quant.quantize relative to x.clone() of the same tensor, in the same run.
 
 clone() reads and writes the tensor once: the memory floor any out-of-place quantizer pays.
-A ratio of 0.5 means quantize runs at half of clone's throughput.
+A ratio of 0.5 means quantize runs at half of clone's throughput. Clone and quantize runs are
+interleaved and each ratio is median(clone) / median(quantize) over the same period.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
     for _ in range(warmup):
         clone()
     results = []
-    t_clone = _time(clone, repeats)
     nbytes = x.numel() * x.element_size()
+    clone_times = []
     for name in formats:
         quant.get_format(name)  # clear error for a bad name before any timing
 
@@ -58,9 +59,16 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
         first = time.perf_counter() - t_first
         for _ in range(warmup):
             q()
-        t_q = _time(q, repeats)
+        # interleave clone and quantize so load changes on a shared machine hit both alike
+        tc, tq = [], []
+        for _ in range(repeats):
+            tc.append(_time(clone, 1))
+            tq.append(_time(q, 1))
+        t_c, t_q = statistics.median(tc), statistics.median(tq)
+        clone_times += tc
         results.append({"format": name, "seconds": t_q, "first_call_s": first,
-                        "gb_per_s": 2 * nbytes / t_q / 1e9, "ratio_to_clone": t_clone / t_q})
+                        "gb_per_s": 2 * nbytes / t_q / 1e9, "ratio_to_clone": t_c / t_q})
+    t_clone = statistics.median(clone_times) if clone_times else _time(clone, repeats)
     results.insert(0, {"format": "x.clone()", "seconds": t_clone, "first_call_s": 0.0,
                        "gb_per_s": 2 * nbytes / t_clone / 1e9, "ratio_to_clone": 1.0})
     err = accel.compile_error()
