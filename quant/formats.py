@@ -5,7 +5,7 @@ Inf/NaN encodings, block size, scale format), so a new format is one row, not a 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
@@ -51,7 +51,6 @@ class FormatSpec:
     grid_emin: Optional[int] = None        # smallest exponent of the rounding grid (subnormals)
     default_rounding: str = "nearest_even"
     description: str = ""
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def is_block(self) -> bool:
@@ -70,12 +69,6 @@ class FormatSpec:
             return "nan"
         return "max"  # no special encodings: the format can only clamp
 
-    def mantissa_bits_at(self, exponent: int) -> int:
-        """Mantissa bits of the rounding grid at a (clamped) float exponent."""
-        if not self.tapered:
-            return self.mbits
-        return hif8_mantissa_bits(exponent)
-
     def value_set(self) -> list[float]:
         """All finite values of the element format, sorted (8 bits or fewer only)."""
         if self.bits > 8:
@@ -90,13 +83,6 @@ class FormatSpec:
                 "nan_encoding", "scaling", "block_size", "scale_format", "element",
                 "default_rounding")
         return {k: getattr(self, k) for k in keys}
-
-
-def hif8_mantissa_bits(exponent: int) -> int:
-    """HiF8 tapered precision: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15; 0 on the denormal
-    grid (E <= -16) and beyond the range (E >= 16)."""
-    a = abs(exponent)
-    return 3 - (a >= 4) - (a >= 8) - (a >= 16)
 
 
 def _minifloat(name, ebits, mbits, *, ieee_like, nan_all_ones_mantissa=False, **kw) -> FormatSpec:

@@ -54,12 +54,9 @@ def to_blocks(x: torch.Tensor, axis: int, block: int):
     if x.dim() == 0:
         x = x.reshape(1)
         axis = 0
-    try:
-        axis = axis % x.dim() if -x.dim() <= axis < x.dim() else None
-    except TypeError:
-        axis = None
-    if axis is None:
-        raise ValueError(f"axis out of range for a tensor of shape {tuple(x.shape)}")
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis {axis} out of range for a tensor of shape {tuple(x.shape)}")
+    axis = axis % x.dim()
     moved = x.movedim(axis, -1)
     moved_shape = moved.shape
     n = moved_shape[-1]
