@@ -12,7 +12,7 @@ Severity (seed rule): high above 1 %, medium above 0.1 %, otherwise none.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional, Union
 
 import torch
@@ -68,11 +68,11 @@ class QuantAnalysis:
     per_block: Optional[dict] = field(default=None, repr=False)
 
     def to_dict(self, include_blocks: bool = False) -> dict:
-        d = asdict(self)
+        """Plain JSON-ready values; per-block tensors become nested lists when asked for."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "per_block"}
+        d["range_before"], d["range_after"] = list(self.range_before), list(self.range_after)
         if include_blocks and self.per_block is not None:
             d["per_block"] = {k: v.tolist() for k, v in self.per_block.items()}
-        else:
-            d.pop("per_block")
         return d
 
     def warning_message(self) -> Optional[str]:
