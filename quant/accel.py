@@ -2,8 +2,9 @@
 
 Why: the eager kernels make ~15 passes over memory; Inductor fuses them into one loop. Compiling
 costs seconds once per (kernel, format constants), so it only pays off on large tensors.
-QUANT_COMPILE=auto (default): compile for tensors of at least QUANT_COMPILE_MIN_NUMEL elements
-(default 2^21); 1: always; 0: never. Any compile failure falls back to eager for good.
+QUANT_COMPILE=auto (default): compile CPU tensors of at least QUANT_COMPILE_MIN_NUMEL elements
+(default 2^21); 1: always (any device); 0: never. Any compile failure falls back to eager for
+good.
 """
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ def _mode() -> str:
     return os.environ.get("QUANT_COMPILE", "auto").strip().lower()
 
 
-def should_compile(numel: int) -> bool:
+def should_compile(numel: int, device_type: str = "cpu") -> bool:
+    """Whether to use the compiled kernel for a tensor of ``numel`` elements on a device.
+
+    auto mode compiles on CPU only: the compiled kernels are verified against the eager ones on
+    CPU; on CUDA (untested here: Inductor would emit Triton) set QUANT_COMPILE=1 to opt in.
+    """
     if _BROKEN:
         return False
     mode = _mode()
@@ -30,6 +36,8 @@ def should_compile(numel: int) -> bool:
         return False
     if mode in ("1", "true", "yes", "on", "always"):
         return True
+    if device_type != "cpu":
+        return False
     try:
         threshold = int(os.environ.get("QUANT_COMPILE_MIN_NUMEL", DEFAULT_MIN_NUMEL))
     except ValueError:
@@ -62,7 +70,7 @@ def run(fn: Callable, x: torch.Tensor, static: tuple,
     Random rounding (noise given) always runs eagerly: the noise comes from the caller's
     generator, outside any compiled graph.
     """
-    if noise is None and should_compile(x.numel()):
+    if noise is None and should_compile(x.numel(), x.device.type):
         try:
             return compiled(fn, static)(x)
         except Exception as exc:  # compiler missing, unsupported op ...: stay correct, go eager

@@ -45,5 +45,6 @@ def test_auto_mode_threshold(monkeypatch):
     monkeypatch.setenv("QUANT_COMPILE_MIN_NUMEL", "1000")
     if accel.compile_error() is None:
         assert accel.should_compile(1000) and not accel.should_compile(999)
+        assert not accel.should_compile(10 ** 9, "cuda")  # auto: CPU only (CUDA unmeasured)
     monkeypatch.setenv("QUANT_COMPILE", "0")
     assert not accel.should_compile(10 ** 9)
