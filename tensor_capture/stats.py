@@ -134,14 +134,18 @@ def _compute_host(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor 
     var = (d * d).sum().double() * (scale * scale) / max(n - 1, 1)
     std = var.sqrt() if n > 1 else torch.zeros((), dtype=torch.float64)
     absa = a.abs()
-    nonzero = int(torch.count_nonzero(a))
-    zero_count = n - nonzero
+    itype, mbits, bias, nfield = _BITS[ct]
+    field = absa.view(itype) >> mbits            # biased exponent: floor(log2|x|) + bias
+    field_counts = torch.bincount(field, minlength=nfield)
+    zero_count = 0
+    if int(field_counts[0]):                     # zeros or subnormals present
+        zero_count = n - int(torch.count_nonzero(a))
     if zero_count:
         # zeros -> absmax (finite, >= every nonzero |x|), so the minimum is the smallest nonzero
-        min_nz = (absa + (1 - absa.sign()) * absmax).amin().item() if nonzero else math.inf
+        min_nz = (absa + (1 - absa.sign()) * absmax).amin().item() if zero_count < n else math.inf
     else:
         min_nz = absa.amin().item()
-    hist = _exp_hist(absa, zero_count, min_nz, ct)
+    hist = _exp_hist(absa, field, field_counts, zero_count, bias)
     scalars = torch.tensor([float(n), mn.item(), mx.item(), mean.item(), std.item(), min_nz,
                             float(zero_count), 0.0, 0.0], dtype=torch.float64)
     parts = [scalars]
@@ -156,24 +160,22 @@ def _compute_host(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor 
 _BITS = {torch.float32: (torch.int32, 23, 127, 256), torch.float64: (torch.int64, 52, 1023, 2048)}
 
 
-def _exp_hist(absa: torch.Tensor, zero_count: int, min_nz: float, ct: torch.dtype) -> torch.Tensor:
+def _exp_hist(absa: torch.Tensor, field: torch.Tensor, field_counts: torch.Tensor,
+              zero_count: int, bias: int) -> torch.Tensor:
     """Counts per floor(log2|x|) over HIST_MIN_EXP..HIST_MAX_EXP (zeros excluded).
 
-    Exact and cheap: the biased exponent field of |x| (one shift of the bit pattern) is
-    floor(log2|x|) + bias for normal numbers; one small bincount over the field values.
-    Subnormals (field 0, nonzero) are rare and binned exactly with frexp.
+    Exact and cheap: for normal numbers the biased exponent field of |x| (one shift of the
+    bit pattern, counted by one small bincount) is floor(log2|x|) + bias. Subnormals
+    (field 0, nonzero) are rare and binned exactly with frexp.
     """
-    itype, mbits, bias, nfield = _BITS[ct]
-    field = absa.view(itype) >> mbits
-    counts = torch.bincount(field, minlength=nfield).to(torch.int64)
+    counts = field_counts.to(torch.int64)
     hist = torch.zeros(_HIST_BINS, dtype=torch.int64)
     lo = 1 - bias - HIST_MIN_EXP                       # hist index of field value 1
-    hist[lo: lo + nfield - 1] = counts[1:]
-    subnormal = int(counts[0]) - zero_count
-    if subnormal:
+    hist[lo: lo + counts.numel() - 1] = counts[1:]
+    if int(counts[0]) - zero_count:
         tiny = absa[(absa > 0) & (field == 0)]
         _, e = torch.frexp(tiny)
-        hist += torch.bincount((e.to(torch.int64) - 1 - HIST_MIN_EXP), minlength=_HIST_BINS)[:_HIST_BINS]
+        hist += torch.bincount(e.to(torch.int64) - 1 - HIST_MIN_EXP, minlength=_HIST_BINS)[:_HIST_BINS]
     return hist
 
 
