@@ -12,17 +12,16 @@ training_driver.train ...``); CPU uses gloo, CUDA uses nccl.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from .errors import UserError, cli_entry
+from .train_log import TrainLogger
 
 MODEL_SHAPES: dict[str, dict[str, int]] = {
     # A Llama in miniature: trains in seconds on 2 CPU cores.
@@ -38,7 +37,7 @@ DTYPES = ("fp32", "bf16", "fp8")
 # Settings a resumed run must share with its checkpoint.
 RESUME_MUST_MATCH = SHAPE_KEYS + ("padded_vocab_size", "tensor_model_parallel_size",
                                   "pipeline_model_parallel_size", "micro_batch_size",
-                                  "global_batch_size", "seed", "data_path")
+                                  "global_batch_size", "seed")
 
 
 @dataclass
@@ -140,52 +139,6 @@ def check_config(cfg: TrainConfig, world_size: int, cuda: bool, capture: bool) -
             "use_te": use_te}
 
 
-def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, p)
-
-
-class _Logger:
-    """Readable console lines, TensorBoard scalars (when tensorboard is installed), progress file."""
-
-    def __init__(self, cfg: TrainConfig, enabled: bool):
-        self.enabled = enabled
-        self.cfg = cfg
-        self.tb = None
-        if enabled and cfg.tensorboard_dir:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                print("llama-train: tensorboard is not installed; no TensorBoard scalars "
-                      "(pip install tensorboard)", flush=True)
-            else:
-                self.tb = SummaryWriter(log_dir=cfg.tensorboard_dir)
-
-    def say(self, text: str) -> None:
-        if self.enabled:
-            print(text, flush=True)
-
-    def iteration(self, it: int, total: int, stats: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        if (it + 1) % self.cfg.log_interval == 0 or it + 1 == total:
-            print(f"iter {it + 1:>5}/{total} | loss {stats['loss']:.4f} | grad norm "
-                  f"{stats['grad_norm']:.3f} | lr {stats['lr']:.2e} | "
-                  f"{stats['tokens_per_s']:,.0f} tokens/s | {stats['seconds']:.2f} s", flush=True)
-        if self.tb is not None:
-            for key in ("loss", "grad_norm", "lr", "tokens_per_s"):
-                self.tb.add_scalar(f"train/{key}", stats[key], it + 1)
-        if self.cfg.progress_file:
-            _write_json_atomic(self.cfg.progress_file, {"iteration": it + 1, "train_iters": total, **stats})
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-
-
 def _raise_keyboard_interrupt(signum, frame):  # SIGTERM from a launcher: stop like Ctrl-C
     raise KeyboardInterrupt
 
@@ -241,7 +194,8 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
                               derived["data_parallel_size"], ps.get_data_parallel_rank())
         is_logger = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 \
             and ps.get_data_parallel_rank() == 0
-        log = _Logger(cfg, enabled=is_logger)
+        log = TrainLogger(cfg.log_interval, cfg.tensorboard_dir, cfg.progress_file,
+                          enabled=is_logger)
         if rank == 0:
             print(f"llama-train: {cfg.model} model {shape_d}, vocabulary {tokenizer.vocab_size} "
                   f"(padded {padded_vocab}), {world_size} process(es): DP "
