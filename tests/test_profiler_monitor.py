@@ -221,3 +221,12 @@ def test_missing_gradients_are_not_alarms() -> None:
         mon.step_end(out.detach().abs().mean())
     mon.close()
     assert mon.alerts == [] and all(math.isnan(h["grad_norm"]) for h in mon.history)
+
+
+def test_grad_norm_every_thins_out_the_norm() -> None:
+    step, _ = _mlp_step(grad_norm_every=5)
+    for _ in range(20):
+        step()
+    step.monitor.close()
+    measured = [h["step"] for h in step.monitor.history if math.isfinite(h["grad_norm"])]
+    assert measured == [5, 10, 15, 20]

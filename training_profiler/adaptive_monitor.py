@@ -196,10 +196,14 @@ class TrainingMonitor:
                  watch_dtype: torch.dtype | None = None, rolling: bool = True,
                  sinks: Iterable[str | Sink] = ("stdout",), layer_filter: Callable[[str, torch.nn.Module], bool] | None = None,
                  overflow_margin: float = 1.0, on_alert: Callable[[dict[str, Any]], None] | None = None,
-                 cooldown: int = 10, layer_stats_every: int = 10, sample_size: int = 4096) -> None:
+                 cooldown: int = 10, layer_stats_every: int = 10, sample_size: int = 4096,
+                 grad_norm_every: int = 1) -> None:
         if sync_every < 1 or log_every < 1 or layer_stats_every < 1:
             raise ValueError("sync_every, log_every and layer_stats_every must be >= 1")
         self.layer_stats_every, self.sample_size = layer_stats_every, sample_size
+        # Reading every gradient costs memory bandwidth: trivial on a GPU, milliseconds for a
+        # large model on a CPU; grad_norm_every > 1 thins it out (statistics steps always have it).
+        self.grad_norm_every = max(1, grad_norm_every)
         self.warmup_steps, self.sigma, self.log_every = warmup_steps, sigma, log_every
         self.sync_every, self.watch_dtype, self.overflow_margin = sync_every, watch_dtype, overflow_margin
         self.layer_filter = layer_filter
@@ -321,7 +325,9 @@ class TrainingMonitor:
             b["loss"][slot].copy_(loss.detach().float().mean() if loss.numel() != 1 else loss.detach().reshape(()))
         else:
             b["loss"][slot] = float(loss) if loss is not None else float("nan")
-        if self.model is not None:
+        if self.model is not None and not self._collect and (self.step + 1) % self.grad_norm_every:
+            b["gnorm"][slot].fill_(-1.0)  # not measured this step
+        elif self.model is not None:
             grads = [p.grad for p in self._params]
             row = b["gnorm"][slot]
             if all(g is not None for g in grads) and grads:
