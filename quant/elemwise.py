@@ -71,12 +71,14 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
     """
     e = float_exponent(a).clamp_(p.grid_emin, p.grid_emax)
     m = _mantissa_bits(e, p)
-    # q = a * 2^(m - e), split as 2^(1-e) * 2^(m-1) so every factor is a normal float32
-    a.mul_(((128 - e) << 23).view(torch.float32))
-    if p.tapered:
-        a.mul_(pow2_from_exponent(m - 1))
-        down = pow2_from_exponent(-m)
+    # q = a * 2^(m - e) with one power of two when both 2^(m-e) and 2^(e-m) are normal floats
+    # (every format but bf16); otherwise split as 2^(1-e) * 2^(m-1)
+    single = p.tapered or (p.mbits - p.grid_emin <= 126 and p.grid_emax - p.mbits <= 126)
+    if single:
+        a.mul_(((127 + m - e) << 23).view(torch.float32))
+        down = None
     else:
+        a.mul_(((128 - e) << 23).view(torch.float32))
         a.mul_(2.0 ** (m - 1))
         down = 2.0 ** (-m)
     if rounding == "nearest_even":
@@ -98,6 +100,8 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
         a.floor_()
     else:  # validated by the caller; kept as a guard for direct use
         raise ValueError(f"unknown rounding mode {rounding!r}")
+    if single:
+        return a.mul_(e.add_(127 - m).bitwise_left_shift_(23).view(torch.float32))
     a.mul_(down)
     return a.mul_(e.add_(127).bitwise_left_shift_(23).view(torch.float32))
 
