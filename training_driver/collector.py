@@ -352,7 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     quiet_megatron_warnings()
     if args.nproc < 1 or args.min_files < 1 or args.timeout <= 0:
         raise UserError("--nproc and --min-files must be at least 1 and --timeout positive")
-    t_start = time.monotonic()
     tensor_dir = Path(args.tensor_dir)
     env = dict(os.environ)
     env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
@@ -461,10 +460,13 @@ def main(argv: list[str] | None = None) -> int:
         say(f"only {summary.files} tensor files were saved (wanted "
             f"{args.min_files}); is the patch set installed and TENSOR_SAVE_ENABLED honored?", error=True)
         return 1
+    if before:
+        say(f"note: {tensor_dir} already held {len(before)} tensor files from earlier runs; the "
+            "summary counts this run's only" + (", the visualization shows all" if visualize else ""))
     if visualize:
         if run_visualization(tensor_dir, Path(args.draw_dir)) != 0:
             return 1
-    say(f"done in {time.monotonic() - t_start:.0f} s; tensors in {tensor_dir}"
+    say(f"done; tensors in {tensor_dir}"
         + (f", plots in {args.draw_dir}" if visualize and VISUALIZE_SCRIPT.is_file() else ""))
     return 0
 
