@@ -78,6 +78,9 @@ def _short_dtype(dtype: torch.dtype) -> str:
 class TensorSaver:
     """Captures tensors with metadata and statistics; see the module docstring."""
 
+    #: CPU tensors: compute statistics on the writer thread (False: on the caller's thread).
+    host_stats_in_writer: bool = True
+
     def __init__(self, config: CaptureConfig | None = None, **overrides: Any):
         if config is None:
             config = load_config(**overrides)
@@ -247,8 +250,12 @@ class TensorSaver:
         sample_idx = self.sample_idx if sample_idx is None else sample_idx
         quant_label = quant_type or self.config.quant_type or _short_dtype(tensor.dtype)
         ranges = self._ranges(tensor.dtype)
-        x = tensor.detach()
-        stats_vec = self._stats(x, ranges, tensor.is_leaf and tensor.requires_grad)
+        x = full = tensor.detach()
+        is_param = tensor.is_leaf and tensor.requires_grad
+        # CPU tensors: statistics run on the writer thread over the copy the file needs anyway
+        # (torch ops release the GIL, so they overlap the training step on another core).
+        defer = self.host_stats_in_writer and not x.is_cuda and not is_param
+        stats_vec = None if defer else self._stats(x, ranges, is_param)
         keep_file, sampled_rows, row_stride = not self.config.stats_only, None, None
         if keep_file:
             x, sampled_rows, row_stride = self._sample_rows(x)
@@ -278,7 +285,7 @@ class TensorSaver:
             "world_size": info["world_size"], schema.META_MCORE_VERSION: megatron_core_version(),
         })
         if quant_axis is not None and variant == "hp":
-            analyses = self._analyses(x if sampled_rows is None else tensor.detach(), quant_axis)
+            analyses = self._analyses(full, quant_axis)
             if analyses:
                 meta[schema.META_QUANT_ANALYSIS] = analyses
         if metadata:
@@ -292,14 +299,22 @@ class TensorSaver:
             svec.copy_(stats_vec, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        else:
+        elif defer:
             # A copy: the caller may overwrite its buffer (Megatron reuses some) after we return.
+            src = full.clone(memory_format=torch.contiguous_format)
+            host = None
+            if keep_file:
+                host = src if sampled_rows is None else x.clone(memory_format=torch.contiguous_format)
+            svec = None
+        else:
             host = x.clone(memory_format=torch.contiguous_format) if keep_file else None
             svec = stats_vec
         writer = self._get_writer()
         if writer is None:
             return None
-        if not writer.submit(WriteItem(self.directory, rank, filename, host, svec, ranges, meta, event)):
+        item = WriteItem(self.directory, rank, filename, host, svec, ranges, meta, event,
+                         stats_src=src if defer else None)
+        if not writer.submit(item):
             return None
         return str(self.directory / filename) if filename else ""
 

@@ -31,11 +31,12 @@ class WriteItem:
     rank: int | None
     filename: str | None            # None: stats only
     tensor: torch.Tensor | None
-    stats_vec: torch.Tensor
+    stats_vec: torch.Tensor | None  # None: compute from stats_src here
     ranges: Sequence[stats.RangeSpec]
     metadata: dict[str, Any]
     event: Any = None               # CUDA event recorded after the device-to-host copies
     done: Callable[[], None] | None = field(default=None, repr=False)
+    stats_src: torch.Tensor | None = field(default=None, repr=False)   # host copy, whole tensor
 
 
 _STOP = object()
@@ -121,7 +122,11 @@ class BackgroundWriter:
         if item.event is not None:
             item.event.synchronize()
         meta = dict(item.metadata)
-        meta[schema.META_STATS] = stats.decode(item.stats_vec, item.ranges)
+        vec = item.stats_vec
+        if vec is None:
+            vec = stats.compute(item.stats_src, item.ranges)
+            item.stats_src = None
+        meta[schema.META_STATS] = stats.decode(vec, item.ranges)
         if item.filename is not None and item.tensor is not None:
             final = item.directory / item.filename
             tmp = item.directory / f".{item.filename}.tmp{os.getpid()}"
