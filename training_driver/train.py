@@ -216,6 +216,8 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
             overrides.update(fp8="hybrid", fp8_margin=0, fp8_amax_history_len=1024,
                              fp8_amax_compute_algo="max")
         model = build_llama_model(shape, params_dtype=params_dtype, use_te=derived["use_te"], **overrides)
+        if params_dtype != torch.float32:
+            model = model.to(params_dtype)   # all of it, norms included, as Megatron's Float16Module
         device = next(model.parameters()).device
         master = optim.MasterParams(model)
         optimizer = optim.build_adamw(master.params, cfg.lr, cfg.weight_decay)

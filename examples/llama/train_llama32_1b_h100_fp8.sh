@@ -145,8 +145,4 @@ TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MOD
             --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
             --tensorboard-dir "$TENSORBOARD_LOGS_PATH")
 if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" ]]; then TRAIN_ARGS+=(--seq-length "$SEQ_LENGTH"); fi
-if [[ "$GPUS_PER_NODE" == 1 && "$NNODES" == 1 ]]; then
-    export MASTER_ADDR MASTER_PORT
-    exec "$PY" -m training_driver.train "${TRAIN_ARGS[@]}"
-fi
 exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
