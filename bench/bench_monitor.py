@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(max(1, a.steps // a.block)):
         t_plain.append(block(plain))
         t_watch.append(block(watched))
-    watched.monitor.close()
     n_layers = len(watched.monitor.layers)
     print(f"device {dev.type}, {n_layers} watched layers, width {a.width}, batch {a.batch}, "
           f"sync every {a.sync_every} steps, grad norm every {a.grad_norm_every}, {len(t_plain)} interleaved blocks of {a.block} steps, "
@@ -95,7 +94,33 @@ def main(argv: list[str] | None = None) -> None:
               f"overhead {over:.3f} ms/step (median of paired blocks), ratio {(mp + over) / mp:.3f}x, "
               f"fastest blocks {min(p_):.3f} vs {min(w_):.3f}")
     cpu_over = statistics.median([w[1] - q[1] for q, w in zip(t_plain, t_watch)])
-    print(f"goal < 1 ms/step: {'met' if cpu_over < 1.0 else 'NOT met'} ({cpu_over:.3f} ms/step of CPU time)")
+
+    # Direct accounting: CPU time spent inside the monitor's own code (hooks' statistics and
+    # step_end, which includes the periodic sync and judging), which a busy machine's
+    # block-to-block noise cannot blur.
+    mon = watched.monitor
+    spent = [0.0]
+
+    def timed(fn):
+        def wrapper(*args, **kw):
+            c0 = time.process_time()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[0] += time.process_time() - c0
+        return wrapper
+
+    mon.attach(watched_model)
+    mon._record = timed(mon._record)  # type: ignore[method-assign]
+    mon.step_end = timed(mon.step_end)  # type: ignore[method-assign]
+    n = max(a.block, (a.steps // a.block) * a.block // 2)
+    for i in range(n):
+        watched(xs[i % a.block], ys[i % a.block])
+    inside = spent[0] / n * 1e3
+    mon.close()
+    print(f"inside the monitor (hooks + step_end + sync, process CPU): {inside:.3f} ms/step over {n} steps")
+    print(f"goal < 1 ms/step (paired-block CPU overhead): {'met' if cpu_over < 1.0 else 'NOT met'} "
+          f"({cpu_over:.3f} ms/step; direct accounting {inside:.3f} ms/step)")
 
 
 if __name__ == "__main__":
