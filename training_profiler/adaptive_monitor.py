@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from training_profiler._tensors import first_tensor
+
 from training_profiler.monitor_sinks import Sink, make_sink
 
 # Columns of the per-layer statistics row written by the hooks.
@@ -166,14 +168,6 @@ class _quiet_nan_warnings:
         return self._cm.__exit__(*exc)
 
 
-def _first_tensor(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return None
-
-
 def _loss_of(result: Any) -> Any:
     if isinstance(result, dict):
         return result.get("loss")
@@ -302,7 +296,7 @@ class TrainingMonitor:
         def hook(module, args, output):
             if not self._collect:
                 return
-            t = _first_tensor(output)
+            t = first_tensor(output)
             if t is None or not t.is_floating_point():
                 return
             self._record("act", i, t)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from training_profiler._tensors import first_tensor
+
 from training_profiler.lowp_emulation import AUTOCAST_MODES, is_linear, precision
 
 
@@ -77,16 +79,8 @@ def default_layers(model: torch.nn.Module) -> list[str]:
             if not list(m.children()) and any(True for _ in m.parameters(recurse=False))]
 
 
-def _first_tensor(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return None
-
-
 def _as_loss(out: Any) -> torch.Tensor:
-    t = _first_tensor(out)
+    t = first_tensor(out)
     if t is None:
         raise ValueError("step_fn must return a tensor (the loss, or an output to average)")
     return t.float().mean() if t.numel() != 1 else t.float().reshape(())
@@ -117,7 +111,7 @@ def _run_pass(model: torch.nn.Module, step_fn: Callable, group: Sequence[str], m
 
     def keep(name):
         def hook(m, a, out):
-            t = _first_tensor(out)
+            t = first_tensor(out)
             if t is not None and t.is_floating_point() and name not in live:
                 live[name] = t
                 # Copied now: later ops may work in place on it (Megatron's cross entropy

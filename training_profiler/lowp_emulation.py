@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
-
 import torch
+
+from training_profiler._tensors import first_tensor
 
 # Megatron's tensor-parallel linears (local spec) and TE's, recognised by class name so this
 # module never imports Megatron.
@@ -52,8 +52,7 @@ def emulate_linears(model: torch.nn.Module, fmt: str, grad_fmt: str | None = Non
 
     def post(module, args, kwargs, output):
         module._parameters["weight"] = saved.pop(id(module))
-        t = output if isinstance(output, torch.Tensor) else (
-            output[0] if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor) else None)
+        t = first_tensor(output)
         if grad_fmt != "fp32" and t is not None and t.requires_grad:
             # The gradient arriving at this output is quantized before it flows into the GEMMs.
             t.register_hook(lambda g: quant.quantize(g, grad_fmt))
