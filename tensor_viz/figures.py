@@ -99,3 +99,18 @@ def grid(n: int, ncols: int = 3, size: tuple[float, float] = (4.6, 3.4)):
 
 def short(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def overlay_density(fs: FigureSet, section: str, name: str, series: dict, title: str, caption: str,
+                    xlabel: str = VALUE_AXIS) -> Figure | None:
+    """One figure of step-histogram densities (log y), one curve per labelled array."""
+    series = {k: v for k, v in series.items() if len(v)}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for label, v in series.items():
+        ax.hist(v, bins=80, histtype="step", density=True, label=label)
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set(xlabel=xlabel, ylabel=DENSITY_AXIS)
+    return fs.save(fig, section, name, title, caption)

@@ -17,9 +17,12 @@ from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
-from tensor_viz.options import (DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS,  # noqa: F401
-                                SEED_SECTIONS, Options)
-from tensor_viz.values import FileTask, PairTask, run_tasks
+# Re-exported: callers import the section lists and defaults from here too.
+from tensor_viz.options import DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS, SEED_SECTIONS, Options
+
+__all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
+           "Result", "build", "load", "draw"]
+from tensor_viz.values import FileTask, PairTask, can_fork, progress_bar, run_tasks
 
 # section name -> (drawing function, what the section answers); order = order in index.html
 SECTIONS: dict[str, tuple[Callable[[Dataset, FigureSet], None], str]] = {
@@ -193,6 +196,13 @@ def _pairs(entries: list[Entry], opts: Options) -> list[tuple[Entry, Entry]]:
 _DRAW_STATE: dict = {}
 
 
+def _set_draw_state(ds: Dataset, out_dir, opts: Options) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _DRAW_STATE["args"] = (ds, out_dir, opts)
+
+
 def _draw_section(name: str) -> list:
     """Draw one section into a fresh FigureSet (runs in a forked worker or inline)."""
     ds, out_dir, opts = _DRAW_STATE["args"]
@@ -209,32 +219,38 @@ def _draw_section(name: str) -> list:
 
 
 def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Options) -> FigureSet:
-    """Every section's figures; sections are drawn in ``opts.workers`` forked processes."""
+    """Every section's figures; sections are drawn in ``opts.workers`` forked processes (inline
+    when 1, when other threads run, or when the pool breaks)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-
-    from tqdm import tqdm
+    from concurrent.futures.process import BrokenProcessPool
 
     fs = FigureSet(Path(out_dir), dpi=opts.dpi)
-    _DRAW_STATE["args"] = (ds, out_dir, opts)
-    bar = tqdm(total=len(sections), desc="drawing", unit="section", disable=not opts.progress)
+    parallel = opts.workers > 1 and len(sections) > 1 and can_fork()
+    bar = progress_bar(total=len(sections), desc="drawing", unit="section", disable=not opts.progress)
+    done: dict[str, list] = {}
     try:
-        if opts.workers <= 1 or len(sections) < 2:
-            results = (_draw_section(s) for s in sections)
-            for figs in results:
-                fs.figures += figs
-                bar.update()
-        else:
-            # Heaviest sections first so the two workers finish together.
+        if parallel:
+            # Heaviest sections first so the workers finish together.
             order = sorted(sections, key=lambda s: s not in _HEAVY)
-            with ProcessPoolExecutor(max_workers=opts.workers, mp_context=mp.get_context("fork")) as pool:
-                done = dict(zip(order, pool.map(_draw_section, order)))
-                for s in sections:
-                    fs.figures += done[s]
-                    bar.update()
+            try:
+                with ProcessPoolExecutor(max_workers=opts.workers, mp_context=mp.get_context("fork"),
+                                         initializer=_set_draw_state, initargs=(ds, out_dir, opts)) as pool:
+                    for s, figs in zip(order, pool.map(_draw_section, order)):
+                        done[s] = figs
+                        bar.update()
+            except BrokenProcessPool:
+                bar.write("worker processes failed to start; drawing the remaining sections in this process")
+        _set_draw_state(ds, out_dir, opts)
+        for s in sections:
+            if s not in done:
+                done[s] = _draw_section(s)
+                bar.update()
     finally:
         bar.close()
         _DRAW_STATE.clear()
+    for s in sections:
+        fs.figures += done[s]
     return fs
 
 

@@ -10,8 +10,8 @@ import torch
 
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, stat, values
-from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS,
-                                FigureSet, grid, short)
+from tensor_viz.figures import (COUNT_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS,
+                                FigureSet, grid, overlay_density, short)
 from tensor_capture import stats as capture_stats
 from tensor_viz.values import SCORE_NAMES
 
@@ -157,13 +157,9 @@ def draw_comparisons(ds: Dataset, fs: FigureSet) -> None:
     if not by_q:
         fs.placeholder(section, "no tensor values could be read")
         return
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for qt, es in by_q.items():
-        _hist(ax, values(es), label=f"{qt} ({len(es)} files)", density=True)
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set(xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
-    fs.save(fig, section, "quant_type_distributions", "Value distributions by quant type",
+    overlay_density(fs, section, "quant_type_distributions",
+                    {f"{qt} ({len(es)} files)": values(es) for qt, es in by_q.items()},
+                    "Value distributions by quant type",
             "Same-shaped curves mean the quant type did not change the values' distribution; "
             "a wider curve (larger tails) under one format points at growing activations.")
     by_q_stats = group(ds.with_stats(), lambda e: e.name.quant_type)
@@ -228,13 +224,8 @@ def draw_attention_analysis(ds: Dataset, fs: FigureSet) -> None:
         return
     by_t = group(ds.sampled(att), lambda e: f"{e.name.operation} {e.name.tensor_name}")
     if by_t:
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        for k, es in by_t.items():
-            _hist(ax, values(es), label=k, density=True)
-        ax.set_yscale("log")
-        ax.legend()
-        ax.set(xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
-        fs.save(fig, section, "qkv_context_distributions", "Attention inputs and outputs: value distributions",
+        overlay_density(fs, section, "qkv_context_distributions", {k: values(es) for k, es in by_t.items()},
+                        "Attention inputs and outputs: value distributions",
                 "Query/key tails wider than value/context tails are typical; keys with extreme "
                 "values saturate low-precision score computations.")
     stats_t = group([e for e in att if e.stats], lambda e: e.name.tensor_name)

@@ -8,7 +8,7 @@ import numpy as np
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ks_normal, moments, ratio, stat, values
 from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, PERCENT_AXIS,
-                                VALUE_AXIS, FigureSet, grid, short)
+                                VALUE_AXIS, FigureSet, grid, overlay_density, short)
 
 
 def _hist(ax, v, label=None, density=True):
@@ -87,13 +87,9 @@ def draw_fp8(ds: Dataset, fs: FigureSet) -> None:
 
 def _draw_fp8_values(ds: Dataset, fs: FigureSet, sets: dict) -> None:
     section = "fp8_analysis"
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for k, es in sets.items():
-        _hist(ax, values(ds.sampled(es)), label=f"{k} ({len(es)} files)")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set(xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
-    fs.save(fig, section, "hifp8_vs_mxfp8_distribution", "HiFP8 vs MXFP8: value distributions",
+    overlay_density(fs, section, "hifp8_vs_mxfp8_distribution",
+                    {f"{k} ({len(es)} files)": values(ds.sampled(es)) for k, es in sets.items()},
+                    "HiFP8 vs MXFP8: value distributions",
             "Runs under the two formats should see similar values; diverging tails mean one run's "
             "activations grew (an early sign of divergence).")
     fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -10,7 +10,7 @@ import multiprocessing as mp
 import os
 import zlib
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -181,26 +181,50 @@ def _run(task: FileTask | PairTask) -> dict[str, Any]:
         return {"error": ("unreadable", f"{path}: {type(exc).__name__}: {str(exc)[:160]}")}
 
 
+def can_fork() -> bool:
+    """Worker processes are forked only when no other thread runs here (a fork could copy a
+    lock some thread holds). Otherwise the work runs in this process: slower, always safe."""
+    import threading
+
+    return threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
+
+
 def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def run_tasks(tasks: list[FileTask | PairTask], workers: int = 2, desc: str = "reading tensors",
-              progress: bool = True) -> Iterator[dict[str, Any]]:
-    """Results in task order; ``workers`` processes (inline when 1 or few tasks)."""
+def progress_bar(**kw):
+    """A tqdm bar without tqdm's monitor thread (a running thread would rule out forking)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(tasks), desc=desc, unit="file", disable=not progress or not tasks)
+    class _Bar(tqdm):
+        monitor_interval = 0
+
+    return _Bar(**kw)
+
+
+def run_tasks(tasks: list[FileTask | PairTask], workers: int = 2, desc: str = "reading tensors",
+              progress: bool = True) -> Iterator[dict[str, Any]]:
+    """Results in task order; ``workers`` forked processes (inline when 1, few tasks, other
+    threads running, or the pool breaks)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    parallel = workers > 1 and len(tasks) >= 4 and can_fork()
+    bar = progress_bar(total=len(tasks), desc=desc, unit="file", disable=not progress or not tasks)
+    done = 0
     try:
-        if workers <= 1 or len(tasks) < 4:
-            for task in tasks:
-                yield _run(task)
-                bar.update()
-            return
-        ctx = mp.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-            for result in pool.map(_run, tasks, chunksize=4):
-                yield result
-                bar.update()
+        if parallel:
+            try:
+                ctx = mp.get_context("fork")
+                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
+                    for result in pool.map(_run, tasks, chunksize=4):
+                        yield result
+                        done += 1
+                        bar.update()
+            except BrokenProcessPool:
+                bar.write("worker processes failed to start; reading the remaining files in this process")
+        for task in tasks[done:]:
+            yield _run(task)
+            bar.update()
     finally:
         bar.close()

@@ -168,3 +168,30 @@ def test_stats_only_capture_draws_from_the_manifest(tmp_path, capsys):
         assert "no_data.png" not in [p.name for p in (out / section).glob("*.png")], section
     assert [p.name for p in (out / "heatmaps").glob("*.png")] == ["no_data.png"]
     assert "read values from 0 files" in capsys.readouterr().out
+
+
+def test_inline_when_threads_run(tmp_path):
+    """With another thread alive, nothing is forked; the results equal the forked ones."""
+    import threading
+
+    from tensor_viz import values
+
+    d = tmp_path / "cap"
+    for name in ("input", "output", "weight"):        # 4 files or more: read by workers, not inline
+        write_tensor(d, torch.randn(8, 2, 32), tensor_name=name)
+    write_tensor(d, torch.randn(8, 2, 32), operation="backward", tensor_name="grad_input")
+    opts = pipeline.Options(workers=2, progress=False, whatif=())
+    assert values.can_fork()
+    _, forked, _ = pipeline.load(d, opts)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not values.can_fork()
+        _, inline, _ = pipeline.load(d, opts)
+        fs = pipeline.draw(inline, tmp_path / "out", ("statistics", "rank_analysis"), opts)
+    finally:
+        stop.set()
+        other.join()
+    assert [e.sample.tolist() for e in forked.entries] == [e.sample.tolist() for e in inline.entries]
+    assert fs.drawn() == 2 and [f.section for f in fs.figures if f.placeholder] == ["rank_analysis"]
