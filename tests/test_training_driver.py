@@ -26,8 +26,18 @@ def _cfg(data, **kw) -> TrainConfig:
 
 @pytest.fixture(autouse=True)
 def _no_capture_env(monkeypatch):
+    """No capture settings in, and no rendezvous variables (set by init_distributed) left out."""
+    import os
+
+    before = {v: os.environ.get(v) for v in ("MASTER_PORT", "MASTER_ADDR")}
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_DIR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
+    yield
+    for var, value in before.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
 
 
 def _model_state(ckpt_dir, iteration):
