@@ -17,7 +17,7 @@ setup(
                  "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
-    package_data={"training_driver": ["data/*"], "tensor_viz": ["templates/*"]},
+    package_data={"training_profiler": ["skills/*/README.md"]},
     install_requires=[
         # A range, not a pin: users bring their own CUDA build of torch.
         "torch>=2.4",
@@ -37,6 +37,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
+            "quant-demo=quant.demo:main",
             "mxfp-scaling-test=quant.mxfp_scaling_test:main",
             "megatron-tensor-patch=tensor_capture.patcher:main",
             "enhanced-tensor-visualizer=tensor_viz.enhanced_visualizer:main",
