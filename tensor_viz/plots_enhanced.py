@@ -127,8 +127,11 @@ def _draw_fp8_stats(fs: FigureSet, sets: dict) -> None:
             lim = [min(np.min(np.asarray(xs)[ok]), np.min(np.asarray(ys)[ok])),
                    max(np.max(np.asarray(xs)[ok]), np.max(np.asarray(ys)[ok]))]
             ax.plot(lim, lim, "r--", lw=1)
+        if ok.any() and np.all(np.asarray(xs)[ok] > 0) and np.all(np.asarray(ys)[ok] > 0):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
         ax.set(title=f"{key}: Pearson r = {r:.3f} ({len(common)} tensors)",
-               xlabel=f"hifp8 {key} (tensor units)", ylabel=f"mxfp8 {key} (tensor units)")
+               xlabel=f"hifp8 {key} (tensor units, log)", ylabel=f"mxfp8 {key} (tensor units, log)")
     fs.save(fig, section, "correlation", "Same tensor under HiFP8 and MXFP8",
             "Each point is one tensor name at one layer and pass (averaged over iterations). Points on "
             "the red diagonal agree; r well below 1 means the formats changed the training trajectory.")
