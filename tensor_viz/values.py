@@ -186,7 +186,10 @@ def can_fork() -> bool:
     lock some thread holds). Otherwise the work runs in this process: slower, always safe."""
     import threading
 
-    return threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
+    # tqdm's monitor thread only sleeps and touches tqdm's own lock, which workers never use.
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and type(t).__name__ != "TMonitor"]
+    return not others and "fork" in mp.get_all_start_methods()
 
 
 def _init_worker() -> None:
