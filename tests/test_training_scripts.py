@@ -213,4 +213,4 @@ def test_summary_counts_and_marks_partial_iterations(tmp_path):
     assert dict(s.iterations) == {0: 3, 1: 1} and dict(s.by_quant_type) == {"mxfp4": 4}
     text = format_summary(s, tmp_path, finished_iterations=1)
     assert "4 files" in text and "linear                3  ( 75.0%)" in text
-    assert "iterations captured: 0, 1 (partial" in text
+    assert "iterations captured: 2 (iteration 0, 1 (partial" in text

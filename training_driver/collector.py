@@ -115,7 +115,8 @@ def format_summary(s: TensorSummary, directory: str | os.PathLike[str],
             shown = [f"{i} (partial: training stopped inside it)"
                      if finished_iterations is not None and i >= finished_iterations else str(i)
                      for i in iters[:20]]
-            out.append(f"  iterations captured: {', '.join(shown)}" + (" ..." if len(iters) > 20 else ""))
+            out.append(f"  iterations captured: {len(iters)} (iteration {', '.join(shown)}"
+                       + (" ...)" if len(iters) > 20 else ")"))
     return "\n".join(out)
 
 
