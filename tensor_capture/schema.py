@@ -260,6 +260,34 @@ def record_name(record: dict[str, Any]) -> TensorName:
     return TensorName(**known)
 
 
+class UnsafeTensorFileError(ValueError):
+    """A file whose pickle holds objects other than tensors: refused, loading it could run code."""
+
+
+def _is_refused_archive(path: str, exc: BaseException) -> bool:
+    """A whole torch archive whose pickle weights_only refused (not merely garbage bytes)."""
+    import pickle
+    import zipfile
+
+    if not (isinstance(exc, pickle.UnpicklingError) and "weights only" in str(exc).lower()):
+        return False
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def _load_failure_reason(exc: BaseException) -> str:
+    """A short reason for a failed load, without torch's advice to load unsafely."""
+    text = str(exc)
+    if "weights only" in text.lower() or isinstance(exc, KeyError):
+        return "not a PyTorch tensor file"
+    if "zip" in text.lower() or "archive" in text.lower() or isinstance(exc, EOFError):
+        return "truncated or not a PyTorch file"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first[:160] or type(exc).__name__
+
+
 def load_tensor_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
     """Load a captured file safely (weights_only). Returns (tensor, metadata).
 
@@ -274,8 +302,11 @@ def load_tensor_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt, truncated, or refused by weights_only
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{p}: cannot be read as a tensor file ({reason[:200]})") from None
+        if _is_refused_archive(p, exc):
+            raise UnsafeTensorFileError(
+                f"{p}: refused: it holds Python objects other than tensors, and loading them could run code"
+            ) from None
+        raise ValueError(f"{p}: cannot be read as a tensor file ({_load_failure_reason(exc)})") from None
     if isinstance(obj, torch.Tensor):
         try:
             meta: dict[str, Any] = parse_filename(p).to_dict()

@@ -57,17 +57,11 @@ def whole_tensor_stats(t: torch.Tensor, formats: Iterable[str]) -> dict[str, Any
     return capture_stats.tensor_stats(t, tuple(ranges.values()))
 
 
-def _classify(path: str, reason: str) -> tuple[str, str]:
-    """'unsafe' for a whole torch archive whose pickle weights_only refused, else 'unreadable'."""
-    import zipfile
-
-    try:
-        whole_archive = zipfile.is_zipfile(path)
-    except OSError:
-        whole_archive = False
-    if whole_archive and "weights_only" in reason.lower().replace(" ", "_"):
+def _classify(path: str, exc: ValueError) -> tuple[str, str]:
+    """'unsafe' for a file whose pickle weights_only refused, else 'unreadable'."""
+    if isinstance(exc, schema.UnsafeTensorFileError):
         return "unsafe", f"{path}: refused: its pickle would need code to run (loaded with weights_only)"
-    return "unreadable", reason
+    return "unreadable", str(exc)
 
 
 def _load(path: str) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -111,7 +105,7 @@ def run_file(task: FileTask) -> dict[str, Any]:
     try:
         t, meta = _load(task.path)
     except ValueError as exc:
-        return {"error": _classify(task.path, str(exc))}
+        return {"error": _classify(task.path, exc)}
     if not t.is_floating_point():
         return {"error": ("foreign", f"{task.path}: holds a {t.dtype} tensor, not floating point")}
     out: dict[str, Any] = {"meta": {k: v for k, v in meta.items() if k != schema.META_STATS}}
@@ -161,7 +155,7 @@ def run_pair(task: PairTask) -> dict[str, Any]:
         hp, _ = _load(task.hp_path)
         q, _ = _load(task.q_path)
     except ValueError as exc:
-        return {"error": _classify(task.hp_path, str(exc))}
+        return {"error": _classify(task.hp_path, exc)}
     if hp.shape != q.shape:
         return {"error": ("mismatch", f"{task.q_path}: shape {tuple(q.shape)} differs from "
                                       f"its high-precision file {tuple(hp.shape)}")}

@@ -86,6 +86,8 @@ class _Evil:
 def test_code_running_pickle_refused(tmp_path, capsys):
     p = tmp_path / "evil.pt"
     torch.save({"tensor": torch.zeros(1), "metadata": _Evil()}, p)
-    with pytest.raises(ValueError, match="evil.pt"):
+    with pytest.raises(schema.UnsafeTensorFileError, match="evil.pt") as err:
         schema.load_tensor_file(p)
+    assert "could run code" in str(err.value)
+    assert "weights_only" not in str(err.value)  # never relay torch's advice to load unsafely
     assert "pwned" not in capsys.readouterr().out
