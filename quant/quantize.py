@@ -168,7 +168,25 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
     return y
 
 
+class _QuantizeSTE(torch.autograd.Function):
+    """Forward: exactly quantize(x); backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fmt, kwargs: dict) -> torch.Tensor:  # type: ignore[override]
+        return quantize(x, fmt, **kwargs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None, None
+
+
 def quantize_ste(x: torch.Tensor, fmt: Union[str, FormatSpec], **kwargs) -> torch.Tensor:
     """Fake quantization with a straight-through gradient: forward quantize(x), backward
-    identity (for quantization-aware training)."""
-    return x + (quantize(x, fmt, **kwargs) - x).detach()
+    identity (for quantization-aware training and emulated GEMM operands).
+
+    An autograd Function rather than ``x + (q - x).detach()``: that sum is not q when x is
+    Inf (Inf - Inf = NaN) or far above a saturated q (q is lost to rounding).
+    """
+    if x.requires_grad and torch.is_grad_enabled():
+        return _QuantizeSTE.apply(x, fmt, kwargs)
+    return quantize(x, fmt, **kwargs)

@@ -22,19 +22,11 @@ def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None) -> torch.T
     return quant.quantize(x, name, axis=axis)
 
 
-class _QuantizeSTE(torch.autograd.Function):
-    """Quantize in the forward; pass the gradient straight through (for autograd-tracked operands)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, axis: int, fmt: str | None) -> torch.Tensor:  # type: ignore[override]
-        return quantize(x, axis, fmt)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return grad, None, None
-
-
 def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None) -> torch.Tensor:
-    if x.requires_grad and torch.is_grad_enabled():
-        return _QuantizeSTE.apply(x, axis, fmt)
-    return quantize(x, axis, fmt)
+    """As :func:`quantize`, with a straight-through gradient (for autograd-tracked operands)."""
+    import quant
+
+    name = fmt or STATE.quant_type
+    if name is None:
+        return x
+    return quant.quantize_ste(x, name, axis=axis)

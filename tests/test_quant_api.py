@@ -126,6 +126,15 @@ def test_requires_grad_and_ste():
     assert torch.equal(z.detach(), y)
 
 
+def test_ste_forward_is_exactly_quantize_on_saturation_and_inf():
+    # x + (q - x).detach() would give NaN for Inf and lose q far above max_normal.
+    x = torch.tensor([float("inf"), -float("inf"), 3e38, -1e30, 1000.0, 1e-30], requires_grad=True)
+    z = quant.quantize_ste(x, "fp8_e4m3")
+    assert torch.equal(z.detach(), quant.quantize(x.detach(), "fp8_e4m3"))
+    z.sum().backward()
+    assert torch.equal(x.grad, torch.ones(6))
+
+
 # ---- metrics -----------------------------------------------------------------------------
 
 def test_metrics_values():
