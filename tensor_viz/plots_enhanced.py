@@ -52,6 +52,14 @@ def draw_overflow(ds: Dataset, fs: FigureSet) -> None:
     tot = np.array([100 * (ratio(e, "overflow_ratio") or 0) for e in es])
     axes[3].hist(tot, bins=40)
     axes[3].set(title="total overflow ratio over files", xlabel="overflow (% of elements)", ylabel=FILES_AXIS)
+    # Ratios cannot be negative: keep the axes at >= 0 even when every ratio is zero.
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_xlim(left=0)
+    axes[1].set_ylim(bottom=0)
+    axes[3].set_xlim(left=0)
+    if not tot.any():
+        axes[0].text(0.5, 0.5, "no overflow in any tensor", transform=axes[0].transAxes,
+                     ha="center", va="center")
     fs.save(fig, section, "overflow_ratios", "Overflow ratios (against each tensor's own format range)",
             "Overflow = |x| above the format's largest normal value. Any non-zero bar is data the format "
             "clips; points far from the diagonal in the scatter mean one-sided (signed) outliers.")
