@@ -77,6 +77,38 @@ _WGRAD_PATCHED = f"""\
                 grad_weight = grad_output.t().matmul(total_input)
 """
 _BWD_RETURN = "        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None\n"
+_FUSED_WGRAD = "                    if weight.main_grad.dtype == torch.float32:\n"
+_FUSED_WGRAD_PATCHED = f"""\
+                    if _tensor_saver.STATE.active:  {MARK}
+                        _tensor_saver.linear_wgrad_fused(
+                            ctx, grad_output, total_input, weight.main_grad
+                        )
+                    elif weight.main_grad.dtype == torch.float32:
+"""
+_FROZEN_FWD = """\
+        ctx.tp_group = tp_group
+        output = torch.matmul(input, weight.t())
+"""
+_FROZEN_FWD_PATCHED = f"""\
+        ctx.tp_group = tp_group
+        if _tensor_saver.STATE.active:  {MARK}
+            return _tensor_saver.linear_forward(ctx, input, weight, bias)
+        output = torch.matmul(input, weight.t())
+"""
+_FROZEN_DGRAD = """\
+        (weight,) = ctx.saved_tensors
+        grad_input = grad_output.matmul(weight)
+"""
+_FROZEN_DGRAD_PATCHED = f"""\
+        (weight,) = ctx.saved_tensors
+        if _tensor_saver.STATE.active:  {MARK}
+            grad_input = _tensor_saver.linear_dgrad(ctx, grad_output, weight)
+        else:
+            grad_input = grad_output.matmul(weight)
+"""
+_FROZEN_RETURN = "        return grad_input, None, None, None, None\n"
+_SCHED_RETURN = "    return forward_backward_func\n"
+_SCHED_RETURN_PATCHED = f"    return _tensor_saver.wrap_schedule(forward_backward_func)  {MARK}\n"
 
 _ATTN_DEF = """\
     def forward(
@@ -120,6 +152,17 @@ PATCHES: tuple[FilePatch, ...] = (
         if _tensor_saver.STATE.active:  {MARK}
             _tensor_saver.linear_backward_post(ctx, grad_input, grad_weight)
 """),
+        Edit(_FUSED_WGRAD, _FUSED_WGRAD_PATCHED),
+        Edit(_FROZEN_FWD, _FROZEN_FWD_PATCHED),
+        Edit(_FROZEN_DGRAD, _FROZEN_DGRAD_PATCHED),
+        _prefix(_FROZEN_RETURN, f"""\
+        if _tensor_saver.STATE.active:  {MARK}
+            _tensor_saver.linear_backward_post(ctx, grad_input, None)
+"""),
+    )),
+    FilePatch("megatron/core/pipeline_parallel/schedules.py", (
+        _suffix("from megatron.core.enums import ModelType\n", _IMPORT),
+        Edit(_SCHED_RETURN, _SCHED_RETURN_PATCHED),
     )),
     FilePatch("megatron/core/transformer/dot_product_attention.py", (
         _suffix("from megatron.core.utils import divide\n", _IMPORT),
