@@ -7,6 +7,7 @@ Precedence: defaults < YAML file < environment variables < explicit keyword over
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -30,6 +31,12 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**1
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+# max_iterations / byte_budget: "unlimited" in YAML; None means "the default bound"
+# (tensor_capture.budget). inf compares like a limit that is never reached.
+UNLIMITED = math.inf
+_UNLIMITED_WORDS = ("unlimited", "inf")
+
+
 class ConfigError(ValueError):
     """A capture setting is invalid; the message names it and says how to fix it."""
 
@@ -46,7 +53,7 @@ class CaptureConfig:
     iter_end: int | None = None
     iter_every: int = 1
     min_iterations: int = 1                   # the byte budget never cuts these short
-    max_iterations: int | None = None         # stop after this many saved iterations
+    max_iterations: int | float | None = None  # stop after this many saved iterations (None: default)
     layers: tuple[int, ...] | None = None     # 0-based transformer layer indexes
     module_regex: str | None = None           # re.search on the module path
     operations: tuple[str, ...] = _OPERATIONS
@@ -54,13 +61,14 @@ class CaptureConfig:
     layer_types: tuple[str, ...] = _LAYER_TYPES
     tensor_names: tuple[str, ...] | None = None
     ranks: tuple[int, ...] | None = None      # global ranks that save (None: all)
-    byte_budget: int | None = None            # tensor bytes per rank; then stats only
+    byte_budget: int | float | None = None    # tensor bytes per rank, then stats only (None: default)
     max_rows: int | None = None               # keep at most this many rows in a file
     stats_only: bool = False                  # manifest records only, no tensor files
     save_quantized: bool = False              # also save the operand the GEMM saw
     emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
     queue_size: int = 64                      # background writer queue (items)
+    underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
 
     @property
     def emulating(self) -> bool:
@@ -96,16 +104,29 @@ def _int(name: str, value: Any, minimum: int | None = None, allow_none: bool = F
     return out
 
 
-def _size(name: str, value: Any) -> int | None:
+def _unlimited(value: Any) -> bool:
+    return value == UNLIMITED or str(value).strip().lower() in _UNLIMITED_WORDS
+
+
+def _max_iterations(name: str, value: Any) -> int | float | None:
+    if value is not None and _unlimited(value):
+        return UNLIMITED
+    return _int(name, value, minimum=1, allow_none=True)
+
+
+def _size(name: str, value: Any) -> int | float | None:
     if value is None:
         return None
+    if _unlimited(value):
+        return UNLIMITED
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise ConfigError(f"{name}={value} must be >= 0")
         return value
     m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ConfigError(f"{name}={value!r} is not a size: write bytes or e.g. '500MB', '2GiB'")
+        raise ConfigError(f"{name}={value!r} is not a size: write bytes, e.g. '500MB', '2GiB', "
+                          "or 'unlimited'")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
@@ -182,13 +203,14 @@ def _names(name: str, value: Any) -> tuple[str, ...] | None:
 # setting -> parser(display name, raw value); one row per setting.
 _PARSERS: dict[str, Any] = {
     "enabled": _bool, "stats_only": _bool, "save_quantized": _bool, "emulate_attention": _bool,
+    "underflow_warnings": _bool,
     "save_dir": _dir,
     "iteration": lambda k, v: _int(k, v, minimum=0),
     "iter_start": lambda k, v: _int(k, v, minimum=0),
     "iter_end": lambda k, v: _int(k, v, minimum=0, allow_none=True),
     "iter_every": lambda k, v: _int(k, v, minimum=1),
     "min_iterations": lambda k, v: _int(k, v, minimum=0),
-    "max_iterations": lambda k, v: _int(k, v, minimum=1, allow_none=True),
+    "max_iterations": _max_iterations,
     "max_rows": lambda k, v: _int(k, v, minimum=1, allow_none=True),
     "queue_size": lambda k, v: _int(k, v, minimum=1),
     "quant_type": lambda k, v: _quant(v),

@@ -1,7 +1,8 @@
 """What the patched Megatron code calls when ``STATE.active`` is true.
 
-The patched autograd Function of ``tensor_parallel/layers.py`` calls ``linear_forward``,
-``linear_dgrad``, ``linear_wgrad`` and ``linear_backward_post``; the patched
+The patched autograd Functions of ``tensor_parallel/layers.py`` call ``linear_forward``,
+``linear_dgrad``, ``linear_wgrad`` (or, under gradient_accumulation_fusion,
+``linear_wgrad_fused``) and ``linear_backward_post``; the patched
 ``DotProductAttention.forward`` calls ``attention_forward`` and, for P·V, ``quantize_probs``.
 Each computes exactly what the unpatched code computes (same ops, same order) unless a
 format is being emulated, and captures through the process-wide saver.
@@ -15,6 +16,7 @@ there is no pipeline parallelism.
 from __future__ import annotations
 
 import re
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -116,7 +118,7 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     saver = get_tensor_saver()
     site = STATE.current_linear or UNKNOWN_SITE
     it, sample = saver.iteration, saver.sample_idx
-    cap = saver.enabled
+    cap = saver.enabled and not STATE.paused
     ctx._tc = _LinearCall(site, it, sample, cap)
     if cap:
         for name, t in (("input", total_input), ("weight", weight)):
@@ -125,8 +127,10 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
                       axis=-1)
     a, w = total_input, weight
     if STATE.emulate:
-        a = emulation.quantize(total_input, axis=-1)   # reduction dim: in-features
-        w = emulation.quantize(weight, axis=-1)
+        a = emulation.quantize(total_input, axis=-1,   # reduction dim: in-features
+                               kind="linear forward input", site=site.module_path, iteration=it)
+        w = emulation.quantize(weight, axis=-1, kind="linear forward weight",
+                               site=site.module_path, iteration=it)
         if cap and saver.config.save_quantized:
             for name, t in (("input_quantized", a), ("weight_quantized", w)):
                 if _wanted(saver, "linear", "forward", "pre", name, site, it):
@@ -144,7 +148,8 @@ def _call(ctx: Any) -> _LinearCall:
     call = getattr(ctx, "_tc", None)
     if call is None:
         saver = get_tensor_saver()
-        call = _LinearCall(UNKNOWN_SITE, saver.iteration, saver.sample_idx, saver.enabled)
+        call = _LinearCall(UNKNOWN_SITE, saver.iteration, saver.sample_idx,
+                           saver.enabled and not STATE.paused)
     return call
 
 
@@ -161,8 +166,9 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
                       axis=axis)
     g, w = grad_output, weight
     if STATE.emulate:
-        g = emulation.quantize(grad_output, axis=-1)
-        w = emulation.quantize(weight, axis=0)
+        where = dict(site=site.module_path, iteration=it)
+        g = emulation.quantize(grad_output, axis=-1, kind="linear dgrad grad_output", **where)
+        w = emulation.quantize(weight, axis=0, kind="linear dgrad weight", **where)
         if cap and saver.config.save_quantized:
             for name, t in (("grad_output_quantized", g), ("weight_quantized", w)):
                 if _wanted(saver, "linear", "backward", "pre", name, site, it):
@@ -171,29 +177,84 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
     return g.matmul(w)
 
 
-def linear_wgrad(ctx: Any, grad_output: torch.Tensor, total_input: torch.Tensor) -> torch.Tensor:
-    """grad_output.t() @ input (2-D), both quantized along the token (reduction) dim when emulating."""
+def _wgrad_operands(ctx: Any, grad_output: torch.Tensor,
+                    total_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The wgrad GEMM's operands: quantized along the token (reduction) dim when emulating."""
     if not STATE.emulate:
-        return grad_output.t().matmul(total_input)
-    g = emulation.quantize(grad_output, axis=0)
-    a = emulation.quantize(total_input, axis=0)
+        return grad_output, total_input
     call = _call(ctx)
+    where = dict(site=call.site.module_path, iteration=call.iteration)
+    g = emulation.quantize(grad_output, axis=0, kind="linear wgrad grad_output", **where)
+    a = emulation.quantize(total_input, axis=0, kind="linear wgrad input", **where)
     saver = get_tensor_saver()
     if call.capture_bwd and saver.enabled and saver.config.save_quantized:
         for name, t in (("grad_output_quantized_wgrad", g), ("input_quantized_wgrad", a)):
             if _wanted(saver, "linear", "backward", "pre", name, call.site, call.iteration):
                 _save(saver, t, "linear", "backward", "pre", name, call.site, call.iteration,
                       call.sample_idx, "linear", "quantized")
+    return g, a
+
+
+def linear_wgrad(ctx: Any, grad_output: torch.Tensor, total_input: torch.Tensor) -> torch.Tensor:
+    """grad_output.t() @ input (2-D), both quantized along the token (reduction) dim when emulating."""
+    g, a = _wgrad_operands(ctx, grad_output, total_input)
     return g.t().matmul(a)
+
+
+# apex's fused_weight_gradient_mlp_cuda: main_grad dtype -> the function upstream calls.
+APEX_MODULE = "fused_weight_gradient_mlp_cuda"
+_APEX_ACCUM = {torch.float32: "wgrad_gemm_accum_fp32", torch.float16: "wgrad_gemm_accum_fp16",
+               torch.bfloat16: "wgrad_gemm_accum_fp16"}
+
+
+def _micro_batch_wgrad(g: torch.Tensor, a: torch.Tensor, main_grad: torch.Tensor) -> torch.Tensor:
+    """g.t() @ a as the fused kernel forms it: in float32 for a float32 main_grad, else in the
+    main_grad's dtype."""
+    acc = main_grad.dtype
+    return torch.matmul(g.t().to(acc), a.to(acc))
+
+
+def linear_wgrad_fused(ctx: Any, grad_output: torch.Tensor, total_input: torch.Tensor,
+                       main_grad: torch.Tensor) -> None:
+    """gradient_accumulation_fusion: add this micro-batch's weight gradient to ``main_grad``.
+
+    The operands are the ones :func:`linear_wgrad` uses (quantized the same way when
+    emulating); the accumulation is apex's kernel when megatron loaded it (so capture without
+    emulation keeps upstream's numerics), else the same sum in torch. The micro-batch gradient
+    itself (not the dummy Megatron returns) is captured as ``grad_weight``.
+    """
+    name = _APEX_ACCUM.get(main_grad.dtype)
+    if name is None:
+        raise RuntimeError(f"Unsupported gradient type for gradient accumulation fusion: "
+                           f"main_grad is {main_grad.dtype}")
+    g, a = _wgrad_operands(ctx, grad_output, total_input)
+    apex = sys.modules.get(APEX_MODULE)
+    if apex is not None:
+        getattr(apex, name)(a, g, main_grad)
+    else:
+        main_grad.add_(_micro_batch_wgrad(g, a, main_grad))
+    call = _call(ctx)
+    if call.capture_bwd:
+        saver = get_tensor_saver()
+        if saver.enabled and _wanted(saver, "linear", "backward", "post", "grad_weight",
+                                     call.site, call.iteration):
+            _save(saver, _micro_batch_wgrad(g, a, main_grad), "linear", "backward", "post",
+                  "grad_weight", call.site, call.iteration, call.sample_idx, "linear")
 
 
 def linear_backward_post(ctx: Any, grad_input: torch.Tensor | None,
                          grad_weight: torch.Tensor | None) -> None:
-    """Capture grad_input (after the tensor-parallel all-reduce) and grad_weight."""
+    """Capture grad_input (after the tensor-parallel all-reduce) and grad_weight.
+
+    Under gradient_accumulation_fusion ``grad_weight`` is a dummy (the gradient went into
+    main_grad and was captured by :func:`linear_wgrad_fused`), so it is not captured here.
+    """
     call = _call(ctx)
     saver = get_tensor_saver()
     if not (call.capture_bwd and saver.enabled):
         return
+    if getattr(ctx, "gradient_accumulation_fusion", False):
+        grad_weight = None
     for name, t in (("grad_input", grad_input), ("grad_weight", grad_weight)):
         if t is not None and _wanted(saver, "linear", "backward", "post", name, call.site,
                                      call.iteration):
@@ -236,7 +297,7 @@ def te_attention_forward(module: torch.nn.Module, forward: Callable[..., torch.T
 
 def _attention(module, forward, query, key, value, emulate, args, kwargs):
     saver = get_tensor_saver()
-    cap = saver.enabled
+    cap = saver.enabled and not STATE.paused
     site = _attention_site(module) if cap else UNKNOWN_SITE
     it, sample = saver.iteration, saver.sample_idx
     if cap:
@@ -250,9 +311,10 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
     if emulate and STATE.emulate_attention:
         # Q·Kᵀ reduces over head_dim (last axis of q and k); P·V reduces over the key
         # sequence (axis 0 of v, [sk, b, groups, head_dim]); P is quantized in the forward.
-        query = emulation.quantize_ste(query, axis=-1)
-        key = emulation.quantize_ste(key, axis=-1)
-        value = emulation.quantize_ste(value, axis=0)
+        where = dict(site=site.module_path, iteration=it)
+        query = emulation.quantize_ste(query, axis=-1, kind="attention query", **where)
+        key = emulation.quantize_ste(key, axis=-1, kind="attention key", **where)
+        value = emulation.quantize_ste(value, axis=0, kind="attention value", **where)
         if cap and saver.config.save_quantized:
             for name, t in (("query_quantized", query), ("key_quantized", key),
                             ("value_quantized", value)):
@@ -271,4 +333,5 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
 
 def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
     """P of P·V, fake-quantized along the key axis (its reduction dim), gradient passed through."""
-    return emulation.quantize_ste(attention_probs, axis=-1)
+    return emulation.quantize_ste(attention_probs, axis=-1, kind="attention probs",
+                                  iteration=get_tensor_saver().iteration)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import schema, stats
+from . import budget, numbering, schema, stats
 from .config import CaptureConfig, ConfigError, load_config, with_overrides
 from .state import STATE
 from .writer import BackgroundWriter, WriteItem
@@ -104,6 +104,7 @@ class TensorSaver:
         self._stats_cache: dict[tuple, torch.Tensor] = {}
         self._ts_sec = -1
         self._ts = ""
+        self.budget = budget.ByteBudget(config.byte_budget, config.min_iterations)
         self.directory = Path(config.save_dir)
         if config.enabled:
             self._prepare_dir()
@@ -411,17 +412,7 @@ class TensorSaver:
         return kept, kept.shape[0], stride
 
     def _budget_allows(self, nbytes: int, it: int) -> bool:
-        budget = self.config.byte_budget
-        if budget is None or self._bytes + nbytes <= budget:
-            return True
-        complete_before = len(self._saved_iters - {it})
-        if complete_before < self.config.min_iterations:
-            self._warn_once("budget-min", f"tensor capture: byte_budget={budget} exceeded to "
-                            f"complete min_iterations={self.config.min_iterations}")
-            return True
-        self._warn_once("budget", f"tensor capture: byte_budget={budget} reached; "
-                        "recording statistics only from now on")
-        return False
+        return self.budget.allows(self._bytes, nbytes, it, self._saved_iters, self._warn_once)
 
     def _timestamp(self) -> str:
         now = int(time.time())
@@ -485,6 +476,7 @@ def _refresh_state(saver: TensorSaver) -> None:
     STATE.quant_type = saver.config.quant_type
     STATE.emulate = saver.config.emulating
     STATE.emulate_attention = STATE.emulate and saver.config.emulate_attention
+    STATE.warn_underflow = STATE.emulate and saver.config.underflow_warnings
     STATE.active = saver.enabled or STATE.emulate
     from . import hooks
 
@@ -501,9 +493,12 @@ def get_tensor_saver() -> TensorSaver:
         with _GLOBAL_LOCK:
             saver = _GLOBAL.get("saver")
             if saver is None:
-                saver = TensorSaver()
+                config, notes = budget.bounded(load_config())
+                saver = TensorSaver(config)
                 _GLOBAL["saver"] = saver
                 _refresh_state(saver)
+                if saver.enabled:
+                    budget.announce_start(saver.config, notes)
     return saver
 
 
@@ -512,15 +507,27 @@ def configure(config: CaptureConfig | str | os.PathLike[str] | None = None,
     """Replace the process-wide saver (a config object, a YAML path, or keyword settings)."""
     with _GLOBAL_LOCK:
         old = _GLOBAL.get("saver")
-        if isinstance(config, CaptureConfig):
-            saver = TensorSaver(config, **overrides)
-        else:
-            saver = TensorSaver(load_config(config, **overrides))
+        if not isinstance(config, CaptureConfig):
+            config = load_config(config, **overrides)
+        elif overrides:
+            config = load_config(env={}, **{**_config_dict(config), **overrides})
+        config, notes = budget.bounded(config)
+        saver = TensorSaver(config)
         if old is not None:
             old.close()
         _GLOBAL["saver"] = saver
+        numbering.reset()
         _refresh_state(saver)
+        if saver.enabled:
+            budget.announce_start(saver.config, notes)
     return saver
+
+
+def stop_capture(saver: TensorSaver) -> None:
+    """Finish capturing (files flushed, hooks off); emulation, if any, goes on."""
+    saver.close()
+    if saver is _GLOBAL.get("saver"):
+        _refresh_state(saver)
 
 
 def reset_tensor_saver() -> None:
@@ -529,7 +536,9 @@ def reset_tensor_saver() -> None:
         old = _GLOBAL.pop("saver", None)
         if old is not None:
             old.close()
+        numbering.reset()
         STATE.active = STATE.emulate = STATE.emulate_attention = False
+        STATE.paused = STATE.warn_underflow = False
         STATE.quant_type = None
         STATE.current_linear = None
         from . import hooks

@@ -10,7 +10,8 @@ import os
 
 
 class _State:
-    __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "current_linear")
+    __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "current_linear",
+                 "paused", "warn_underflow")
 
     def __init__(self) -> None:
         self.active = False             # capture enabled or emulation on
@@ -18,6 +19,8 @@ class _State:
         self.emulate_attention = False  # ... and attention GEMMs are emulated too
         self.quant_type: str | None = None
         self.current_linear = None      # site of the linear module whose forward is running
+        self.paused = False             # a forward-only (evaluation) schedule call: capture nothing
+        self.warn_underflow = False     # emulating with underflow_warnings on (tensor_capture.underflow)
 
 
 STATE = _State()

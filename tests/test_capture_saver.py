@@ -93,18 +93,41 @@ def test_filters(tmp_path):
 
 
 def test_byte_budget_keeps_min_iterations_then_records_stats_only(tmp_path):
-    s = _saver(tmp_path, byte_budget=100, min_iterations=1)   # one tensor is 4*64 = 256 bytes
+    s = _saver(tmp_path, byte_budget=800, min_iterations=2)   # one tensor is 4*64 = 256 bytes
     x = torch.randn(64)
-    s.set_iteration(0)
-    first = [s.save_tensor(x, "linear", "forward", tensor_name=f"t{i}") for i in range(3)]
-    s.set_iteration(1)
-    later = s.save_tensor(x, "linear", "forward", tensor_name="t0")
+    files = []
+    for it in range(3):
+        s.set_iteration(it)
+        files.append(s.save_tensor(x, "linear", "forward", tensor_name="t0"))
+        if it == 0:
+            files += [s.save_tensor(x, "linear", "forward", tensor_name=f"t{i}") for i in (1, 2)]
+        s.budget.check()                           # every iteration so far fitted or was allowed
     s.close()
-    assert all(first) and later == ""                  # iteration 0 complete, then stats only
+    # iteration 0 fits (768 B); iteration 1 exceeds the budget to complete min_iterations=2;
+    # iteration 2 records statistics only
+    assert all(files[:4]) and files[4] == ""
     recs = list(schema.read_manifest(tmp_path))
-    assert [r["file"] is None for r in recs] == [False, False, False, True]
+    assert [r["file"] is None for r in recs] == [False] * 4 + [True]
     assert recs[-1]["stats"]["numel"] == 64
-    assert len(_pt_files(tmp_path)) == 3
+    assert len(_pt_files(tmp_path)) == 4
+
+
+def test_budget_that_cannot_hold_one_iteration_is_one_line_and_exit_2(tmp_path, capsys):
+    from tensor_capture.budget import CaptureBudgetError
+
+    s = _saver(tmp_path, byte_budget=300)
+    s.set_iteration(0)
+    out = [s.save_tensor(torch.randn(64), "linear", "forward", tensor_name=f"t{i}") for i in range(3)]
+    assert out[0] and out[1] == "" and out[2] == ""   # files stop at the budget (256 B written)
+    capsys.readouterr()
+    with pytest.raises(CaptureBudgetError) as err:
+        s.budget.check()
+    s.close()
+    assert err.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1
+    assert "cannot hold one iteration" in line and "iteration 0 needs 768 B" in line
+    assert len(_pt_files(tmp_path)) == 1
 
 
 def test_stats_only_and_row_sampling(tmp_path):

@@ -1,0 +1,193 @@
+"""Default bounds of a capture run, and the one line that announces its start and its end.
+
+Why: with only ``TENSOR_SAVE_ENABLED=true`` a long run must not fill the disk. The process-wide
+saver (environment, ``TENSOR_SAVE_CONFIG``, ``configure()``) therefore gets, for every bound the
+user left unset:
+
+- ``max_iterations = min_iterations`` (default 1): the seed's "iteration data guarantee" saves
+  at least that many iterations and then stops; not applied when ``iterations.end`` is set (the
+  window is bounded already);
+- ``byte_budget = DISK_FRACTION`` of the free space under ``save_dir`` at start, shared by the
+  ranks of this node (``LOCAL_WORLD_SIZE``).
+
+``unlimited`` lifts either bound. A budget that cannot hold one whole iteration is a setup
+mistake: the first iteration stops writing files when it runs out, and at its end the run exits
+with one line (:class:`CaptureBudgetError`, status 2).
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .config import CaptureConfig
+
+DISK_FRACTION = 0.5          # of the free disk at start, per node
+
+
+class CaptureBudgetError(SystemExit):
+    """The byte budget cannot hold one iteration (exits with status 2; the line is printed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+def human_bytes(n: float) -> str:
+    if n == math.inf:
+        return "unlimited"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def free_bytes(directory: str | os.PathLike[str]) -> int:
+    """Free bytes on the file system that holds ``directory`` (or its nearest existing parent)."""
+    p = Path(directory).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def local_ranks(env: Mapping[str, str] = os.environ) -> int:
+    try:
+        return max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def bounded(config: CaptureConfig, env: Mapping[str, str] = os.environ,
+            free: int | None = None) -> tuple[CaptureConfig, dict[str, str]]:
+    """``config`` with the default bounds filled in, plus a note per default applied."""
+    changes: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    if config.max_iterations is None and config.iter_end is None:
+        changes["max_iterations"] = max(config.min_iterations, 1)
+        notes["max_iterations"] = "default: min_iterations"
+    if config.byte_budget is None and config.enabled and not config.stats_only:
+        try:
+            space = free_bytes(config.save_dir) if free is None else free
+        except OSError:          # unreadable location: the writer reports it at first save
+            space = None
+        if space is not None:
+            ranks = local_ranks(env)
+            changes["byte_budget"] = int(space * DISK_FRACTION / ranks)
+            per = f" over {ranks} local ranks" if ranks > 1 else ""
+            notes["byte_budget"] = (f"default: {DISK_FRACTION:.0%} of {human_bytes(space)} "
+                                    f"free{per}")
+    return (replace(config, **changes) if changes else config), notes
+
+
+def _rank(env: Mapping[str, str] = os.environ) -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    try:
+        return int(env.get("RANK", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def start_line(config: CaptureConfig, notes: Mapping[str, str]) -> str:
+    """What will be captured, where, and until when (one line)."""
+    c = config
+    what = "+".join(c.layer_types) + " " + "+".join(c.operations)
+    filters = [f"{k}={v}" for k, v in (("layers", c.layers), ("module_regex", c.module_regex),
+                                       ("tensor_names", c.tensor_names), ("ranks", c.ranks))
+               if v is not None]
+    if filters:
+        what += " (" + ", ".join(filters) + ")"
+    mode = "statistics of" if c.stats_only else "tensors and statistics of"
+    emu = f", emulating {c.quant_type}" if c.emulating else ""
+    window = f"iterations {c.iter_start}..{'' if c.iter_end is None else c.iter_end}"
+    if c.iter_every > 1:
+        window += f" every {c.iter_every}"
+    most = c.max_iterations
+    until = f"at most {most} saved iteration(s)" if most not in (None, math.inf) else "no iteration limit"
+    if "max_iterations" in notes:
+        until += f" ({notes['max_iterations']})"
+    budget = "no byte limit" if c.byte_budget in (None, math.inf) else (
+        f"{human_bytes(c.byte_budget)} of files per rank")
+    if "byte_budget" in notes:
+        budget += f" ({notes['byte_budget']})"
+    return (f"tensor capture: {mode} {what}{emu} -> {c.save_dir}; {window}, {until}, {budget}; "
+            "change with max_iterations / byte_budget / iterations in TENSOR_SAVE_CONFIG")
+
+
+def announce_start(config: CaptureConfig, notes: Mapping[str, str]) -> None:
+    if config.enabled and _rank() == 0:
+        _say(start_line(config, notes))
+
+
+def finished_reason(config: CaptureConfig, saved: set[int] | list[int], next_iteration: int) -> str | None:
+    """Why no later iteration can be captured, or None while some still can."""
+    c = config
+    if c.max_iterations not in (None, math.inf) and len(saved) >= c.max_iterations and (
+            next_iteration not in saved):
+        return f"max_iterations={c.max_iterations} reached"
+    if c.iter_end is not None and next_iteration > c.iter_end:
+        return f"iterations end={c.iter_end} passed"
+    return None
+
+
+def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
+    saved = saver.saved_iterations
+    its = f"{saved[0]}..{saved[-1]}" if len(saved) > 1 else (str(saved[0]) if saved else "none")
+    return (f"tensor capture: stopped after iteration {last_iteration} ({reason}): "
+            f"{len(saved)} iteration(s) saved ({its}), {human_bytes(saver.bytes_saved)} of files "
+            f"on rank {_rank()} in {saver.directory}")
+
+
+class ByteBudget:
+    """Bytes against the budget. The first saved iteration must fit whole; later ones (up to
+    min_iterations) may exceed it with a warning; after that files stop (statistics go on)."""
+
+    def __init__(self, budget: float | None, min_iterations: int) -> None:
+        self.budget = budget
+        self.min_iterations = min_iterations
+        self.first: int | None = None       # the first iteration that saved anything
+        self.first_needed = 0               # bytes the first iteration asked for
+        self.too_small = False
+
+    def allows(self, used: int, nbytes: int, it: int, saved: set[int],
+               warn: Callable[[str, str], None]) -> bool:
+        if self.first is None:
+            self.first = it
+        if it == self.first:
+            self.first_needed += nbytes
+        if self.budget is None or used + nbytes <= self.budget:
+            return True
+        if it == self.first:
+            self.too_small = True
+            return False
+        if len(saved - {it}) < self.min_iterations:
+            warn("budget-min", f"tensor capture: byte_budget={human_bytes(self.budget)} exceeded "
+                 f"to complete min_iterations={self.min_iterations}")
+            return True
+        warn("budget", f"tensor capture: byte_budget={human_bytes(self.budget)} reached; "
+             "recording statistics only from now on")
+        return False
+
+    def check(self, rank: int | None = None) -> None:
+        """Raise CaptureBudgetError (after printing its line) when one iteration did not fit."""
+        if not self.too_small:
+            return
+        self.too_small = False      # say it once
+        msg = (f"tensor capture: byte_budget {human_bytes(self.budget)} per rank cannot hold one "
+               f"iteration (iteration {self.first} needs {human_bytes(self.first_needed)} on rank "
+               f"{_rank() if rank is None else rank}); raise byte_budget (e.g. '20GB' or "
+               "'unlimited' in TENSOR_SAVE_CONFIG), free disk space, or capture less (layers, "
+               "module_regex, tensor_names, max_rows, stats_only)")
+        _say(msg)
+        raise CaptureBudgetError(msg)

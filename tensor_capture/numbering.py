@@ -1,0 +1,172 @@
+"""Iteration and sample numbers from megatron-core's own schedule.
+
+Why here and not in the training loop: ``pretrain_gpt.py`` (and any loop built on megatron-core)
+calls ``get_forward_backward_func()(...)`` once per training iteration, and that schedule calls
+``forward_step_func`` once per micro-batch and model chunk. The patched
+``get_forward_backward_func`` returns :func:`wrap_schedule` of the schedule, so capture knows
+both numbers with no saver call in the loop.
+
+- iteration: each call of the schedule with ``forward_only=False`` is one iteration. The first
+  one is, in order of precedence: ``TENSOR_SAVER_ITERATION``; :func:`resume_at` (our driver after
+  loading a checkpoint); Megatron-LM's ``args.iteration`` (completed iterations, set from the
+  checkpoint) when ``megatron.training.global_vars`` is loaded and holds it; else the saver's
+  iteration (0). Each further call adds one.
+- sample: the index of the micro-batch within the iteration, 0-based, counted per model chunk
+  (micro-batch m has sample m in every chunk and on every pipeline stage). The linear and
+  attention hooks record it at forward, so the backward of micro-batch m carries m too.
+- ``forward_only=True`` (evaluation): does not count as an iteration and captures nothing;
+  emulation still applies, so the evaluation loss is the emulated model's.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable
+
+from .config import ENV_ITERATION
+from .state import STATE
+
+
+class _Numbering:
+    __slots__ = ("next_iteration", "resume", "running")
+
+    def __init__(self) -> None:
+        self.next_iteration: int | None = None   # None until the first training call
+        self.resume: int | None = None
+        self.running = False
+
+
+_N = _Numbering()
+
+
+def reset() -> None:
+    """Forget the count (a new capture session: configure() / reset_tensor_saver())."""
+    from . import underflow
+
+    _N.next_iteration = None
+    _N.resume = None
+    _N.running = False
+    underflow.reset()
+
+
+def resume_at(iteration: int) -> None:
+    """The first training call is ``iteration`` (completed iterations of a resumed run), unless
+    TENSOR_SAVER_ITERATION overrides. Call before the first training iteration."""
+    _N.resume = int(iteration)
+
+
+def megatron_args_iteration() -> int | None:
+    """Megatron-LM's ``args.iteration`` when megatron.training is loaded and has set it."""
+    gv = sys.modules.get("megatron.training.global_vars")
+    args = getattr(gv, "_GLOBAL_ARGS", None) if gv is not None else None
+    it = getattr(args, "iteration", None)
+    return it if isinstance(it, int) and not isinstance(it, bool) and it >= 0 else None
+
+
+def first_iteration(saver: Any, env: Any = os.environ) -> int:
+    if env.get(ENV_ITERATION, "").strip():
+        return saver.config.iteration          # validated by the config
+    if _N.resume is not None:
+        return _N.resume
+    from_args = megatron_args_iteration()
+    return from_args if from_args is not None else saver.iteration
+
+
+def current_iteration() -> int | None:
+    """The iteration the running (or next) training call has."""
+    return _N.next_iteration
+
+
+def _model_of(args: tuple, kwargs: dict) -> Any:
+    return args[1] if len(args) > 1 else kwargs.get("model")
+
+
+def _counting(step: Callable[..., Any], saver: Any) -> Callable[..., Any]:
+    counts: dict[int, int] = {}
+
+    @functools.wraps(step)          # keeps the signature megatron may inspect
+    def forward_step(*args: Any, **kwargs: Any) -> Any:
+        key = id(_model_of(args, kwargs))
+        idx = counts.get(key, 0)
+        counts[key] = idx + 1
+        saver.set_sample_idx(idx)
+        return step(*args, **kwargs)
+
+    return forward_step
+
+
+def _replace_step(args: tuple, kwargs: dict, wrap: Callable[[Any], Any]) -> tuple[tuple, dict]:
+    if "forward_step_func" in kwargs:
+        kwargs = dict(kwargs, forward_step_func=wrap(kwargs["forward_step_func"]))
+    elif args:
+        args = (wrap(args[0]),) + tuple(args[1:])
+    return args, kwargs
+
+
+def _run_eval(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    was = STATE.paused
+    STATE.paused = True
+    try:
+        return func(*args, **kwargs)
+    finally:
+        STATE.paused = was
+
+
+def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    from .saver import get_tensor_saver
+
+    saver = get_tensor_saver()
+    if _N.next_iteration is None:
+        _N.next_iteration = first_iteration(saver)
+    it = _N.next_iteration
+    saver.set_iteration(it)
+    args, kwargs = _replace_step(args, kwargs, lambda f: _counting(f, saver))
+    _N.running = True
+    try:
+        out = func(*args, **kwargs)
+    finally:
+        _N.running = False
+        _N.next_iteration = it + 1
+        saver.set_sample_idx(None)
+    end_iteration(saver, it)
+    return out
+
+
+def end_iteration(saver: Any, iteration: int) -> None:
+    """After a training iteration: a budget that could not hold it ends the run; when no later
+    iteration can be captured, say so once and stop capturing (emulation goes on)."""
+    from . import budget
+
+    if not saver.enabled:
+        return
+    saver.budget.check()
+    reason = budget.finished_reason(saver.config, saver.saved_iterations, iteration + 1)
+    if reason is None:
+        return
+    from .saver import stop_capture
+
+    line = budget.stop_line(saver, iteration, reason)
+    stop_capture(saver)
+    if budget._rank() == 0:
+        budget._say(line)
+
+
+def wrap_schedule(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` (a megatron-core forward-backward schedule) numbering iterations and samples.
+
+    Same signature; a pass-through while capture and emulation are off.
+    """
+    if getattr(func, "_tensor_capture_schedule", False):
+        return func
+
+    @functools.wraps(func)
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        if not STATE.active or _N.running:
+            return func(*args, **kwargs)
+        if kwargs.get("forward_only", False):
+            return _run_eval(func, args, kwargs)
+        return _run_training(func, args, kwargs)
+
+    schedule._tensor_capture_schedule = True  # type: ignore[attr-defined]
+    return schedule

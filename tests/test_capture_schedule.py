@@ -1,0 +1,87 @@
+"""Iteration and sample numbers from megatron-core's own schedule (no saver call in the loop).
+
+A patched megatron-core 0.16.1 copy; ``get_forward_backward_func()`` (the no-pipelining
+schedule) runs 3 iterations x 2 micro-batches of a tiny Llama GPTModel per scenario.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from capture_runtime_helpers import run_worker, schedule_worker
+from tensor_capture import schema
+from tensor_capture.patcher import prepare_patched_megatron
+
+
+@pytest.fixture(scope="module")
+def sched(tmp_path_factory):
+    patched = str(prepare_patched_megatron(tmp_path_factory.mktemp("patched")))
+    out = tmp_path_factory.mktemp("schedule")
+    return run_worker(schedule_worker, patched, out, "schedule"), out
+
+
+def _recs(directory):
+    return list(schema.read_manifest(directory))
+
+
+def test_three_iterations_two_samples_with_no_saver_call(sched):
+    r, out = sched
+    recs = _recs(out / "auto3")
+    assert sorted({rec["iteration"] for rec in recs}) == [0, 1, 2]
+    for rec in recs:                          # names and metadata agree
+        name = schema.parse_filename(rec["file"])
+        assert (name.iteration, name.sample_idx) == (rec["iteration"], rec["sample_idx"])
+    per = Counter((rec["iteration"], rec["sample_idx"]) for rec in recs)
+    assert set(per) == {(i, s) for i in range(3) for s in (0, 1)}
+    # every (iteration, sample) holds the same tensors: forward and backward of one micro-batch,
+    # and the evaluation call after iteration 0 captured nothing and consumed no iteration
+    assert len(set(per.values())) == 1
+    keys = {(rec["module_path"], rec["operation"], rec["phase"], rec["tensor_name"])
+            for rec in recs if rec["iteration"] == 1 and rec["sample_idx"] == 0}
+    assert ("decoder.layers.0.mlp.linear_fc1", "backward", "post", "grad_weight") in keys
+    assert ("decoder.layers.1.self_attention.core_attention", "backward", "post", "grad_query") in keys
+    err = r["stderr_auto3"]
+    assert "tensor capture: tensors and statistics of" in err and "at most 3 saved iteration" in err
+    assert "stopped after iteration 2 (max_iterations=3 reached): 3 iteration(s) saved (0..2)" in err
+
+
+def test_capture_changes_no_number(sched):
+    r, _ = sched
+    for a, b in zip(r["train_auto3"], r["train_default"]):
+        assert torch.equal(a, b)
+
+
+def test_only_enabled_is_bounded_by_default(sched):
+    r, out = sched
+    assert {rec["iteration"] for rec in _recs(out / "default")} == {0}
+    err = r["stderr_default"].strip().splitlines()
+    start = [ln for ln in err if "tensor capture: tensors" in ln]
+    assert len(start) == 1
+    assert "at most 1 saved iteration(s) (default: min_iterations)" in start[0]
+    assert "of files per rank (default: 50% of" in start[0] and str(out / "default") in start[0]
+    stop = [ln for ln in err if "stopped after" in ln]
+    assert stop == [ln for ln in err if "stopped after iteration 0 (max_iterations=1 reached)" in ln]
+    assert len(stop) == 1
+
+
+def test_resume_from_megatron_args_and_the_environment_override(sched):
+    _, out = sched
+    assert sorted({rec["iteration"] for rec in _recs(out / "resume")}) == [5, 6]
+    assert sorted({rec["iteration"] for rec in _recs(out / "override")}) == [10, 11]
+
+
+def test_underflow_warning_once_per_kind_per_iteration_and_no_change(sched):
+    r, _ = sched
+    err = r["stderr_warn_mxfp4"]
+    heads = [ln for ln in err.splitlines() if ln.startswith("tensor capture: iteration ")]
+    assert heads, "mxfp4 flushes far more than 0.1 % of a Gaussian block to zero"
+    kinds = Counter(tuple(ln.split(":")[1].split(",")[:2]) for ln in heads)
+    assert max(kinds.values()) == 1                            # once per kind per iteration
+    assert {k[0].strip() for k in kinds} == {"iteration 0", "iteration 1", "iteration 2"}
+    assert err.count("UNDERFLOW WARNING before mxfp4 quantization") == len(heads)
+    assert "UNDERFLOW" not in r["stderr_quiet_mxfp4"]
+    for a, b in zip(r["train_warn_mxfp4"], r["train_quiet_mxfp4"]):
+        assert torch.equal(a, b)                               # the warning never changes a result
+    assert not torch.equal(r["train_warn_mxfp4"][0], r["train_default"][0])   # mxfp4 is emulated
