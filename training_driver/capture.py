@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PATCHED_DIR_ENV = "MEGATRON_LOWP_PATCHED_DIR"
 _TRUE = {"1", "true", "yes", "on"}
@@ -76,40 +76,38 @@ def activate_patched_megatron(workdir: str | os.PathLike[str]) -> Path | None:
 
 
 class SaverHooks:
-    """Tell megatron's tensor saver which iteration and micro-batch is running.
+    """The driver's link to megatron's tensor saver: the same numbering as pretrain_gpt.py.
 
-    A no-op when the patched megatron-core (``megatron.core.tensor_saver``) is not importable.
+    Iterations and micro-batch (sample) indexes come from ``tensor_saver.wrap_schedule``, the
+    wrapper the patch puts around megatron-core's forward-backward schedules: the pipeline
+    path calls megatron's schedule (already wrapped), the single-stage path wraps its own
+    micro-batch loop with the same function. The driver only says where a resumed run starts;
+    it never steps the saver itself (no double counting). A no-op when the patched
+    megatron-core (``megatron.core.tensor_saver``) is not importable.
     """
 
     def __init__(self) -> None:
-        self.saver: Any = None
+        self.module: Any = None
         try:
-            from megatron.core.tensor_saver import get_tensor_saver
+            from megatron.core import tensor_saver
         except ImportError:
             return
-        self.saver = get_tensor_saver()
+        self.module = tensor_saver
 
     @property
     def active(self) -> bool:
-        return self.saver is not None
+        return self.module is not None
 
-    def _call(self, name: str, *args: Any) -> None:
-        fn = getattr(self.saver, name, None) if self.saver is not None else None
-        if fn is not None:
-            fn(*args)
+    def resume_at(self, iteration: int) -> None:
+        """The first iteration this process runs (completed iterations of the checkpoint)."""
+        if self.module is not None:
+            self.module.resume_at(iteration)
 
-    def start_iteration(self, iteration: int) -> None:
-        self._call("set_iteration", iteration)
-
-    def start_micro_batch(self, index: int) -> None:
-        self._call("set_sample_idx", index)
-
-    def end_iteration(self) -> None:
-        self._call("step")
-
-    def flush(self) -> None:
-        self._call("flush")
+    def wrap_schedule(self, schedule: Callable[..., Any]) -> Callable[..., Any]:
+        return schedule if self.module is None else self.module.wrap_schedule(schedule)
 
     def close(self) -> None:
-        self._call("flush")
-        self._call("close")
+        if self.module is not None:
+            saver = self.module.get_tensor_saver()
+            saver.flush()
+            saver.close()

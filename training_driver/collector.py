@@ -282,8 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TENSOR_SAVE_DIR for this run")
     p.add_argument("--quant-type", default=os.environ.get("CUSTOM_QUANT_TYPE", "hifp8"),
                    help="CUSTOM_QUANT_TYPE: the format emulated in the captured layers")
-    p.add_argument("--saver-iteration", default=os.environ.get("TENSOR_SAVER_ITERATION", "0"),
-                   help="TENSOR_SAVER_ITERATION")
+    p.add_argument("--saver-iteration", default=os.environ.get("TENSOR_SAVER_ITERATION"),
+                   help="TENSOR_SAVER_ITERATION: number the first iteration so (default: the "
+                        "run's own count, which continues a resumed checkpoint)")
     p.add_argument("--min-files", type=int, default=10,
                    help="tensor files that make a collection complete (with one full iteration)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
@@ -356,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     tensor_dir = Path(args.tensor_dir)
     env = dict(os.environ)
     env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
-               TENSOR_SAVER_ITERATION=str(args.saver_iteration), CUSTOM_QUANT_TYPE=args.quant_type)
+               CUSTOM_QUANT_TYPE=args.quant_type)
+    if args.saver_iteration is not None:
+        env["TENSOR_SAVER_ITERATION"] = str(args.saver_iteration)
     from .capture import PATCHED_DIR_ENV, check_capture_config, prepare_patched_tree
 
     check_capture_config(env)
@@ -413,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = training_command(args.nproc, train_args, master_port if args.nproc > 1 else None)
     before = set(tensor_files(tensor_dir))
     say(f"TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "
-        f"TENSOR_SAVER_ITERATION={args.saver_iteration}")
+        f"TENSOR_SAVER_ITERATION={args.saver_iteration or '<from the run>'}")
     say("launching " + " ".join(cmd))
     proc = subprocess.Popen(cmd, env=env)
     interrupted = False

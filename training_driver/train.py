@@ -3,8 +3,9 @@
 megatron-core ships no training loop. This one: GPTModel (local layer spec, or Transformer
 Engine's when TE and a GPU are present), AdamW with warmup + cosine decay, gradient clipping,
 data parallel via torchrun plus tensor/pipeline parallel sizes from arguments, checkpoint
-save/resume, logging of loss / grad norm / tokens per second, TensorBoard scalars, and the
-iteration and micro-batch index fed to megatron's tensor saver. Same seed, same run.
+save/resume, logging of loss / grad norm / tokens per second, TensorBoard scalars. With the
+patched megatron-core, capture numbers iterations and micro-batches through the same schedule
+wrapper as under pretrain_gpt.py (``tensor_saver.wrap_schedule``). Same seed, same run.
 
 Launch one process (``llama-train ...``) or several (``torchrun --nproc-per-node N -m
 training_driver.train ...``); CPU uses gloo, CUDA uses nccl.
@@ -236,13 +237,13 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
         dataset = data.build_gpt_dataset(cfg.data_path, tokenizer, shape_d["seq_length"],
                                          cfg.train_iters * plan.global_batch_size, cfg.seed)
         saver = SaverHooks()
+        saver.resume_at(start)
         step = _pipeline_step if pp > 1 else _simple_step
         params = master.params
         losses: list[float] = []
         tokens_per_iter = plan.global_batch_size * shape_d["seq_length"]
         for it in range(start, cfg.train_iters):
             t0 = time.perf_counter()
-            saver.start_iteration(it)
             lr = optim.lr_at(it, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.train_iters)
             optim.set_lr(optimizer, lr)
             model.zero_grad(set_to_none=True)
@@ -254,7 +255,6 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
             optim.clip_grads(params, cfg.clip_grad, norm)
             optimizer.step()
             master.master_to_model()
-            saver.end_iteration()
             loss = _average_loss_over_dp(loss, device)
             if cuda:
                 torch.cuda.synchronize()
@@ -308,20 +308,39 @@ def _masked_mean(per_token, loss_mask):
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
+def _micro_batch_schedule(*, forward_step_func, data_iterator, model, num_microbatches,
+                          forward_only=False, **_unused):
+    """The single-stage schedule: forward and backward of each micro-batch in turn, with
+    megatron-core's keyword interface (so tensor_saver.wrap_schedule numbers it the same way)."""
+    results = []
+    for _ in range(num_microbatches):
+        out, loss_func = forward_step_func(data_iterator, model)
+        loss, reduced = loss_func(out)
+        if not forward_only:
+            (loss / num_microbatches).backward()
+        results.append(reduced)
+    return results
+
+
 def _simple_step(model, dataset, plan, it, device, saver, causal_inputs, shape_d) -> float:
     """Forward and backward of every micro-batch in turn; returns the mean loss."""
     from .data import get_micro_batch
 
-    total = 0.0
-    for m in range(plan.num_micro_batches):
-        batch = get_micro_batch(dataset, plan, it, m, device)
-        saver.start_micro_batch(m)
+    def forward_step(data_iterator, model_chunk):
+        batch = get_micro_batch(dataset, plan, it, next(data_iterator), device)
         tokens = batch["tokens"]
-        per_token = model(tokens, labels=batch["labels"], **causal_inputs(tokens))
-        loss = _masked_mean(per_token.float(), batch["loss_mask"])
-        (loss / plan.num_micro_batches).backward()
-        total += float(loss.detach())
-    return total / plan.num_micro_batches
+        per_token = model_chunk(tokens, labels=batch["labels"], **causal_inputs(tokens))
+
+        def loss_func(out):
+            loss = _masked_mean(out.float(), batch["loss_mask"])
+            return loss, float(loss.detach())
+
+        return per_token, loss_func
+
+    losses = saver.wrap_schedule(_micro_batch_schedule)(
+        forward_step_func=forward_step, data_iterator=iter(range(plan.num_micro_batches)),
+        model=model, num_microbatches=plan.num_micro_batches, forward_only=False)
+    return sum(losses) / plan.num_micro_batches
 
 
 def _pipeline_step(model, dataset, plan, it, device, saver, causal_inputs, shape_d) -> float:
@@ -336,7 +355,6 @@ def _pipeline_step(model, dataset, plan, it, device, saver, causal_inputs, shape
     def forward_step(data_iterator, model_chunk):
         m = next(data_iterator)
         batch = get_micro_batch(dataset, plan, it, m, device)
-        saver.start_micro_batch(m)
         tokens = batch["tokens"]
         out = model_chunk(tokens, labels=batch["labels"], **causal_inputs(tokens))
 
