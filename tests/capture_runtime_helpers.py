@@ -309,3 +309,62 @@ def run_worker(worker, patched_dir: str, out_dir: Path, name: str) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(worker, args=(patched_dir, free_port(), str(out_dir)), nprocs=1, join=True)
     return torch.load(out_dir / f"result_{name}.pt", weights_only=True)
+
+
+# -- the pipelining schedule (2 stages, 2 processes) ---------------------------------------------
+def pipeline_worker(rank: int, world: int, patched_dir: str, port: int, out_dir: str) -> None:
+    out = Path(out_dir)
+    (out / "pp.yaml").write_text("max_iterations: 3\n")
+    _set_env(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(out / "pp"),
+             TENSOR_SAVE_CONFIG=str(out / "pp.yaml"))
+    _use_tree(patched_dir)
+    from training_driver import megatron_env as me
+
+    me.init_distributed(rank, world, pipeline_model_parallel_size=world, master_port=port)
+    result: dict = {}
+    try:
+        import megatron.core.pipeline_parallel.schedules as schedules
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        schedules.torch = CpuScheduleTorch(torch)
+        shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160,
+                              num_attention_heads=4, num_query_groups=2, vocab_size=128,
+                              seq_length=32)
+        # isend/irecv pairs (gloo has no batched p2p)
+        model = me.build_llama_model(shape, pipeline_dtype=torch.float32, batch_p2p_comm=False,
+                                     pipeline_model_parallel_size=world)
+        gen = torch.Generator().manual_seed(11)
+
+        def forward_step(data_iterator, model_chunk):
+            tokens = next(data_iterator)
+            out_t = model_chunk(tokens, labels=tokens, **me.causal_inputs(tokens))
+
+            def loss_func(per_token):
+                loss = per_token.float().mean()
+                return loss, {"lm loss": loss.detach()}
+
+            return out_t, loss_func
+
+        fb = get_forward_backward_func()
+        result["schedule"] = fb.__name__
+        for _ in range(3):
+            batches = [torch.randint(0, shape.vocab_size, (2, shape.seq_length), generator=gen)
+                       for _ in range(2)]
+            fb(forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
+               num_microbatches=2, seq_length=shape.seq_length, micro_batch_size=2,
+               forward_only=False)
+        from megatron.core import tensor_saver as ts
+
+        ts.get_tensor_saver().flush()
+    finally:
+        torch.save(result, out / f"result_pp_rank{rank}.pt")
+        me.destroy_distributed()
+
+
+def run_pipeline(patched_dir: str, out_dir: Path) -> list[dict]:
+    import torch.multiprocessing as mp
+    from training_driver.megatron_env import free_port
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mp.spawn(pipeline_worker, args=(2, patched_dir, free_port(), str(out_dir)), nprocs=2, join=True)
+    return [torch.load(out_dir / f"result_pp_rank{r}.pt", weights_only=True) for r in range(2)]

@@ -85,3 +85,65 @@ def test_underflow_warning_once_per_kind_per_iteration_and_no_change(sched):
     for a, b in zip(r["train_warn_mxfp4"], r["train_quiet_mxfp4"]):
         assert torch.equal(a, b)                               # the warning never changes a result
     assert not torch.equal(r["train_warn_mxfp4"][0], r["train_default"][0])   # mxfp4 is emulated
+
+
+def test_pipelining_schedule_two_stages(tmp_path_factory, sched):
+    """1F1B over 2 pipeline stages (2 processes, gloo isend/irecv): each stage numbers the
+    micro-batches it runs, forward and backward alike."""
+    from capture_runtime_helpers import run_pipeline
+
+    patched = str(prepare_patched_megatron(tmp_path_factory.mktemp("patched_pp")))
+    out = tmp_path_factory.mktemp("pp")
+    res = run_pipeline(patched, out)
+    assert {r["schedule"] for r in res} == {"forward_backward_pipelining_without_interleaving"}
+    recs = list(schema.read_manifest(out / "pp"))
+    for stage in (0, 1):
+        mine = [r for r in recs if r["pp_rank"] == stage]
+        per = Counter((r["iteration"], r["sample_idx"]) for r in mine)
+        assert set(per) == {(i, s) for i in range(3) for s in (0, 1)}
+        assert len(set(per.values())) == 1
+        for phase_op in ("forward", "backward"):
+            assert {(r["iteration"], r["sample_idx"]) for r in mine
+                    if r["operation"] == phase_op} == set(per)
+    paths = {stage: {r["module_path"] for r in recs if r["pp_rank"] == stage} for stage in (0, 1)}
+    assert "output_layer" in paths[1] and "output_layer" not in paths[0]
+    layers = {stage: {r["layer_idx"] for r in recs if r["pp_rank"] == stage
+                      and r["layer_type"] == "attention"} for stage in (0, 1)}
+    assert layers == {0: {0}, 1: {1}}                 # global 0-based layer indexes
+
+
+def test_wrap_schedule_counts_samples_per_model_chunk(tmp_path):
+    """Interleaved order (chunk 0 then chunk 1 per micro-batch, backwards later): micro-batch m
+    is sample m in every chunk; forward_only calls neither count nor capture."""
+    from tensor_capture import numbering, saver as saver_mod
+    from tensor_capture.state import STATE
+
+    s = saver_mod.configure(enabled=True, save_dir=str(tmp_path), max_iterations="unlimited")
+    try:
+        seen = []
+
+        def forward_step(data_iterator, model, checkpoint_activations_microbatch=None):
+            seen.append((model, s.sample_idx, s.iteration, STATE.paused))
+            return None, None
+
+        def schedule(*, forward_step_func, data_iterator, model, num_microbatches,
+                     forward_only=False, **_):
+            for m in range(num_microbatches):
+                for chunk in model:
+                    forward_step_func(data_iterator, chunk)
+            return []
+
+        wrapped = numbering.wrap_schedule(schedule)
+        assert numbering.wrap_schedule(wrapped) is wrapped           # never wrapped twice
+        chunks = ["c0", "c1"]
+        for _ in range(2):
+            wrapped(forward_step_func=forward_step, data_iterator=None, model=chunks,
+                    num_microbatches=3)
+            wrapped(forward_step_func=forward_step, data_iterator=None, model=chunks,
+                    num_microbatches=1, forward_only=True)
+        train = [x for x in seen if not x[3]]
+        assert train == [(c, m, it, False) for it in (0, 1) for m in range(3) for c in chunks]
+        assert [x[2] for x in seen if x[3]] == [0, 0, 1, 1]          # evaluation: no new iteration
+        assert numbering.current_iteration() == 2 and s.sample_idx is None
+    finally:
+        saver_mod.reset_tensor_saver()
