@@ -383,7 +383,8 @@ def prepare_patched_megatron(workdir: str | os.PathLike[str]) -> Path:
 
 
 def _version_table() -> str:
-    return "; ".join(f"{fam.name}: {', '.join(fam.tested)}" for fam in FAMILIES)
+    return "; ".join(f"{fam.name}: {', '.join(fam.tested + ((fam.checked,) if fam.checked else ()))}"
+                     for fam in FAMILIES)
 
 
 def main(argv: list[str] | None = None) -> int:
