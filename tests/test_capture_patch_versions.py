@@ -207,3 +207,24 @@ def test_version_table_is_consistent():
     minors = [r[:2] for fam in patch_edits.FAMILIES for r in fam.releases]
     assert len(minors) == len(set(minors))
     assert patch_edits.family_for((0, 16, 0)) is None and patch_edits.family_for((0, 15, 3)) is None
+
+
+def test_tree_patched_by_an_older_edit_set_is_upgraded_and_reverts(tree, capsys):
+    """A tree patched before the fused-wgrad / frozen-weight edits existed (5 of layers.py's edits,
+    no schedules.py edit): --check says outdated, apply adds the rest, revert gives the upstream."""
+    before = _snapshot(tree)
+    fam = patcher.detect(tree).family
+    layers_fp = next(fp for fp in fam.patches if fp.rel == patch_edits.LAYERS)   # type: ignore[union-attr]
+    old = [e for e in layers_fp.edits if not e.name.startswith(("frozen.", "linear.wgrad_fused"))]
+    assert 0 < len(old) < len(layers_fp.edits)
+    layers = tree / patch_edits.LAYERS
+    text, why = patcher._splice(layers.read_text(), [(e.anchor, e.patched, e.name) for e in old])
+    assert why is None
+    layers.write_text(text)
+    assert patcher.check(tree)[patch_edits.LAYERS].startswith("outdated")
+    assert patcher.main([str(tree), "--check"]) == 1
+    capsys.readouterr()
+    assert patch_edits.LAYERS in patcher.apply(tree)
+    assert all(s == "patched" for s in patcher.check(tree).values())
+    patcher.revert(tree)
+    assert _snapshot(tree) == before
