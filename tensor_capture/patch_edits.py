@@ -44,9 +44,10 @@ class Family:
     """Releases that share one edit set."""
     name: str
     releases: tuple[tuple[int, int, int], ...]   # (major, minor, lowest patch) per minor
-    tested: tuple[str, ...]                       # versions the CI matrix / a person checked
-    differs: str                                  # what is different from the previous family
+    tested: tuple[str, ...]          # released versions the CI matrix downloads and patches
+    differs: str                     # what is different from the previous family
     patches: tuple[FilePatch, ...]
+    checked: str = ""                # what was checked by hand (trees that are not on PyPI)
 
 
 def _prefix(name: str, anchor: str, added: str) -> Edit:
@@ -239,7 +240,8 @@ FAMILIES: tuple[Family, ...] = (
             _ATTENTION, _TE, _SCHEDULES),
     ),
     Family(
-        "main", releases=((0, 20, 0),), tested=("Megatron-LM main d98e8a64 (2026-08-22)",),
+        "main", releases=((0, 20, 0),), tested=(),
+        checked="Megatron-LM main d98e8a64ddf3 (2026-08-22), by hand",
         differs="forward GEMMs in module-level _linear_forward(..., output_dtype) (patched at the "
                 "two call sites); backward returns 11 values; unfused wgrad nested one level "
                 "deeper (GTP branches); frozen backward returns 6 values",

@@ -161,25 +161,48 @@ def _patched_text(text: str, fp: FilePatch) -> tuple[str | None, str | None]:
     return _splice(text, [(e.anchor, e.patched, e.name) for e in fp.edits])
 
 
+def _present(text: str, fp: FilePatch) -> list[Edit]:
+    """The edits whose patched lines occur exactly once (all of them in a fully patched file)."""
+    return [e for e in fp.edits if len(_line_matches(text, e.patched)) == 1]
+
+
 def _reverted_text(text: str, fp: FilePatch) -> tuple[str | None, str | None]:
-    """Upstream text of a fully patched file; verified by patching it again."""
-    orig, why = _splice(text, [(e.patched, e.anchor, e.name + " (patched text)")
-                               for e in fp.edits])
+    """Upstream text of a file holding some or all of ``fp``'s edits.
+
+    Verified twice: no tensor_capture line may remain, and re-applying the same edits must give
+    back ``text`` byte for byte (so a file patched by an earlier, smaller edit set reverts too).
+    """
+    present = _present(text, fp)
+    if not present:
+        return None, "none of this version's edits is there"
+    orig, why = _splice(text, [(e.patched, e.anchor, e.name + " (patched text)") for e in present])
     if orig is None:
         return None, why
-    again, _ = _patched_text(orig, fp)
-    if again != text or MARK in orig:
+    if MARK in orig:
+        missing = next(e for e in fp.edits if e not in present)
+        return None, (f"a tensor_capture line outside this version's edits remains; "
+                      f"{_describe(missing.patched, missing.name + ' (patched text)')} "
+                      "not found as whole lines")
+    again, _ = _splice(orig, [(e.anchor, e.patched, e.name) for e in present])
+    if again != text:
         return None, "holds tensor_capture edits this tool did not make"
     return orig, None
 
 
 def _file_state(text: str, fp: FilePatch) -> str:
-    """'patched', 'clean', or 'unknown:<detail>'."""
+    """'patched', 'clean', 'outdated (...)' (an older edit set: re-apply upgrades it) or
+    'unknown:<detail>'."""
     if MARK in text:
         orig, why = _reverted_text(text, fp)
-        if orig is not None:
+        if orig is None:
+            return f"unknown:partially patched or edited by hand ({why})"
+        n = len(_present(text, fp))
+        if n == len(fp.edits):
             return "patched"
-        return f"unknown:partially patched or edited by hand ({why})"
+        new, why = _patched_text(orig, fp)
+        if new is None:
+            return f"unknown:patched by an older edit set, and {why}"
+        return f"outdated ({n} of {len(fp.edits)} edits; apply upgrades it)"
     new, why = _patched_text(text, fp)
     return "clean" if new is not None else f"unknown:{why}"
 
@@ -280,6 +303,9 @@ def _plan(root: Path, version: MegatronVersion, patches: tuple[FilePatch, ...]) 
                 print(f"note: {fp.rel}: left unpatched ({state[8:]})", file=sys.stderr)
                 continue
             raise _refusal(f, state[8:], version)
+        if state.startswith("outdated"):
+            text, _ = _reverted_text(text, fp)
+            assert text is not None
         new, _ = _patched_text(text, fp)
         assert new is not None
         err = _compile_error(new, f)
@@ -383,7 +409,8 @@ def prepare_patched_megatron(workdir: str | os.PathLike[str]) -> Path:
 
 
 def _version_table() -> str:
-    return "; ".join(f"{fam.name}: {', '.join(fam.tested)}" for fam in FAMILIES)
+    return "; ".join(f"{fam.name}: {', '.join(fam.tested + ((fam.checked,) if fam.checked else ()))}"
+                     for fam in FAMILIES)
 
 
 def main(argv: list[str] | None = None) -> int:
