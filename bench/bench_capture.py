@@ -1,4 +1,5 @@
-"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only, full capture).
+"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only, full capture,
+and --emulate FMT: emulation with the underflow warning off and on).
 
 Why two long-lived worker processes driven in alternation: the unpatched and the patched
 megatron-core cannot share one process, and on a busy machine separate back-to-back runs
@@ -11,6 +12,8 @@ parent then asks them in turn for a few timed steps, round after round, and comp
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import shutil
 import statistics
@@ -23,13 +26,17 @@ import torch
 import torch.multiprocessing as mp
 
 MODES = ("disabled", "stats_only", "full")
+EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
 
 
 def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
-            save_dir: str, stats_on_caller: bool) -> None:
+            save_dir: str, stats_on_caller: bool, emulate: str | None = None) -> None:
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG"):
         os.environ.pop(var, None)
-    sys.path[:] = [p for p in sys.path if not (Path(p) / "megatron/core/tensor_saver.py").is_file()]
+    # drop patched copies (a real megatron/core package with tensor_saver.py); keep this
+    # repository (its megatron/core holds only tensor_saver.py)
+    sys.path[:] = [p for p in sys.path if not ((Path(p) / "megatron/core/tensor_saver.py").is_file()
+                                               and (Path(p) / "megatron/core/__init__.py").is_file())]
     if patched_dir:
         sys.path.insert(0, patched_dir)
     from training_driver import megatron_env as me
@@ -62,20 +69,49 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
         mode, steps = msg
         if ts is not None and mode != mode_now:
             ts.reset_tensor_saver()
-            if mode != "disabled":
-                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode == "stats_only"))
+            if mode in EMULATION_MODES:       # emulation only: nothing captured
+                ts.configure(enabled=False, quant_type=emulate,
+                             underflow_warnings=(mode == "emulate_warn"))
+            elif mode != "disabled":          # every step captured (no default bound)
+                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode == "stats_only"),
+                             max_iterations="unlimited", byte_budget="unlimited")
             mode_now = mode
         times = []
-        for _ in range(steps):
-            times.append(step())
-            if ts is not None and mode == "full":
-                saver = ts.get_tensor_saver()
-                saver.flush()                     # count the writer's work in this step's slot
-                saver.step()
+        quiet = contextlib.redirect_stderr(io.StringIO()) if mode == "emulate_warn" else (
+            contextlib.nullcontext())
+        with quiet:                                   # the warnings' text is not the point here
+            for _ in range(steps):
+                times.append(step())
+                if ts is not None and mode == "full":
+                    saver = ts.get_tensor_saver()
+                    saver.flush()                 # count the writer's work in this step's slot
+                if ts is not None and mode != "disabled":
+                    ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
         conn.send(times)
     if ts is not None:
         ts.reset_tensor_saver()
     me.destroy_distributed()
+
+
+def off_cost(fmt: str, reps: int = 40) -> tuple[float, float]:
+    """Median seconds of tensor_capture.emulation.quantize with the underflow warning off, and
+    of quant.quantize itself, interleaved on one [4096, 256] operand: what "off" adds."""
+    import quant
+    from tensor_capture import emulation
+    from tensor_capture.state import STATE
+
+    x = torch.randn(4096, 256, generator=torch.Generator().manual_seed(1))
+    STATE.warn_underflow = False
+    ours, bare = [], []
+    calls = ((ours, lambda: emulation.quantize(x, -1, fmt, kind="linear forward input",
+                                               site=None, iteration=0)),
+             (bare, lambda: quant.quantize(x, fmt, axis=-1)))
+    for r in range(reps):                       # alternate which goes first
+        for out, call in (calls if r % 2 == 0 else calls[::-1]):
+            t0 = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(ours), statistics.median(bare)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per mode per round")
     ap.add_argument("--stats-on-caller", action="store_true",
                     help="compute CPU statistics on the training thread instead of the writer thread")
+    ap.add_argument("--emulate", default=None, metavar="FMT",
+                    help="also time CUSTOM_QUANT_TYPE=FMT emulation with the underflow warning "
+                         "off and on (e.g. mxfp8)")
     ap.add_argument("--workdir", default=None, help="where the patched copy and captures go "
                     "(default: a temporary directory, removed afterwards)")
     args = ap.parse_args(argv)
@@ -110,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, pdir in (("unpatched", None), ("patched", patched)):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker, args=(child, pdir, free_port(), shape_kw, args.batch,
-                                              save_dir, args.stats_on_caller), daemon=True)
+                                              save_dir, args.stats_on_caller, args.emulate),
+                        daemon=True)
         p.start()
         procs[name], conns[name] = p, parent
     for c in conns.values():
         assert c.recv() == "ready"
-    plan = [("unpatched", "disabled")] + [("patched", m) for m in MODES]
+    modes = MODES + (EMULATION_MODES if args.emulate else ())
+    plan = [("unpatched", "disabled")] + [("patched", m) for m in modes]
     for proc_name, mode in plan:                        # warm-up: one untimed round
         conns[proc_name].send((mode, 2))
         conns[proc_name].recv()
@@ -147,6 +188,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{low / base_min:>7.3f}x{(f'<={goal:.2f}x' if goal else 'report'):>9}")
     print("(min: the least-disturbed step of each configuration; on a busy machine it is the "
           "steadier comparison)")
+    if args.emulate:
+        ours, bare = off_cost(args.emulate)
+        print(f"underflow warning off: emulation.quantize {ours * 1e3:.2f} ms vs quant.quantize "
+              f"{bare * 1e3:.2f} ms per [4096, 256] operand ({ours / bare:.3f}x)")
+        on, off = times["patched/emulate_warn"], times["patched/emulate"]
+        print(f"underflow warning on vs off ({args.emulate} emulation): median "
+              f"{statistics.median(on) / statistics.median(off):.3f}x, min "
+              f"{min(on) / min(off):.3f}x")
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0

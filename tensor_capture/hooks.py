@@ -263,6 +263,7 @@ def linear_backward_post(ctx: Any, grad_input: torch.Tensor | None,
 
 
 # -- attention ---------------------------------------------------------------------------------------
+_RUNNING_ATTENTION: list[str | None] = [None]   # module path of the attention now in forward
 def _attention_site(module: torch.nn.Module) -> Site:
     site = _SITES.get(module)
     number = getattr(module, "layer_number", None)
@@ -298,7 +299,7 @@ def te_attention_forward(module: torch.nn.Module, forward: Callable[..., torch.T
 def _attention(module, forward, query, key, value, emulate, args, kwargs):
     saver = get_tensor_saver()
     cap = saver.enabled and not STATE.paused
-    site = _attention_site(module) if cap else UNKNOWN_SITE
+    site = _attention_site(module) if cap or STATE.warn_underflow else UNKNOWN_SITE
     it, sample = saver.iteration, saver.sample_idx
     if cap:
         for name, t, axis in (("query", query, -1), ("key", key, -1), ("value", value, 0)):
@@ -321,6 +322,7 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
                 if _wanted(saver, "attention", "forward", "pre", name, site, it):
                     _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
                           "quantized")
+    _RUNNING_ATTENTION[0] = site.module_path
     context = forward(query, key, value, *args, **kwargs)
     if cap:
         if _wanted(saver, "attention", "forward", "post", "context", site, it):
@@ -334,4 +336,5 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
 def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
     """P of P·V, fake-quantized along the key axis (its reduction dim), gradient passed through."""
     return emulation.quantize_ste(attention_probs, axis=-1, kind="attention probs",
+                                  site=_RUNNING_ATTENTION[0],
                                   iteration=get_tensor_saver().iteration)

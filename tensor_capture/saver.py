@@ -480,7 +480,7 @@ def _refresh_state(saver: TensorSaver) -> None:
     STATE.active = saver.enabled or STATE.emulate
     from . import hooks
 
-    if saver.enabled:
+    if saver.enabled or STATE.warn_underflow:   # module paths for captures and warnings
         hooks.install_discovery()
     else:                      # the global module hook costs every module call: remove it
         hooks.uninstall_discovery()
