@@ -17,7 +17,7 @@ setup(
                  "tensor_capture.*", "tensor_viz", "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
-    package_data={"training_profiler": ["skills/*/README.md"]},
+    package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2"]},
     install_requires=[
         # A range, not a pin: users bring their own CUDA build of torch.
         "torch>=2.4",
@@ -26,6 +26,7 @@ setup(
         "matplotlib>=3.7",
         "tqdm>=4.60",
         "pyyaml>=6.0",
+        "jinja2>=3.0",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
