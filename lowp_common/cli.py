@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -73,17 +74,22 @@ def cli_entry(prog: str, user_errors: tuple[type[BaseException], ...] = ()) -> C
 # atomic writes
 
 
+_TEMP_COUNTER = itertools.count()
+
+
 def _temp_name(path: Path) -> Path:
-    """A hidden sibling that keeps the suffix (so savefig still infers the format)."""
-    return path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
+    """A hidden sibling, unique per process and call, that does NOT end in the target's suffix:
+    a reader globbing ``*.pt`` / ``*.png`` never sees a half-written file."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}_{next(_TEMP_COUNTER)}")
 
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike, *, make_parents: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it over ``path``.
 
-    For writers that take a file name (``fig.savefig(tmp)``, ``torch.save(obj, tmp)``). On an
-    exception the temporary file is removed and ``path`` keeps its old content.
+    For writers that take a file name: ``torch.save(obj, tmp)``, ``fig.savefig(tmp, format="png")``
+    (the temporary name has no ``.png``, so name the format). On an exception the temporary file
+    is removed and ``path`` keeps its old content.
     """
     final = Path(path)
     if make_parents:

@@ -84,19 +84,25 @@ def test_atomic_writes_replace_and_leave_no_temp(tmp_path):
     assert sorted(f.name for f in tmp_path.iterdir()) == ["b.bin", "out.txt", "sub"]
 
 
-def test_atomic_path_keeps_old_file_on_failure_and_keeps_suffix(tmp_path):
+def test_atomic_path_keeps_old_file_on_failure_and_hides_the_temp(tmp_path):
     p = tmp_path / "fig.png"
     p.write_bytes(b"old")
     with pytest.raises(RuntimeError):
         with atomic_path(p) as tmp:
-            assert tmp.parent == p.parent and tmp.suffix == ".png" and tmp != p
+            assert tmp.parent == p.parent and tmp.name.startswith(".") and not tmp.name.endswith(".png")
             tmp.write_bytes(b"half")
             raise RuntimeError("writer crashed")
     assert p.read_bytes() == b"old"
     assert [f.name for f in tmp_path.iterdir()] == ["fig.png"]
     with atomic_path(tmp_path / "t.pt") as tmp:
         torch.save({"a": torch.ones(2)}, tmp)
+        assert list(tmp_path.glob("*.pt")) == []        # a reader never sees the half-written file
     assert torch.equal(torch.load(tmp_path / "t.pt", weights_only=True)["a"], torch.ones(2))
+    with atomic_path(p) as a, atomic_path(p) as b:
+        assert a != b                                   # two writers never share a temporary name
+        a.write_bytes(b"a")
+        b.write_bytes(b"b")
+    assert p.read_bytes() == b"a"                       # the last rename wins, whole
 
 
 def test_json_safe_numbers():
