@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, TypeVar
@@ -87,7 +88,7 @@ def _temp_name(path: Path) -> Path:
 def atomic_path(path: PathLike, *, make_parents: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it over ``path``.
 
-    For writers that take a file name: ``torch.save(obj, tmp)``, ``fig.savefig(tmp, format="png")``
+    An existing ``path`` keeps its permission bits. For writers that take a file name: ``torch.save(obj, tmp)``, ``fig.savefig(tmp, format="png")``
     (the temporary name has no ``.png``, so name the format). On an exception the temporary file
     is removed and ``path`` keeps its old content.
     """
@@ -97,6 +98,8 @@ def atomic_path(path: PathLike, *, make_parents: bool = False) -> Iterator[Path]
     tmp = _temp_name(final)
     try:
         yield tmp
+        with contextlib.suppress(FileNotFoundError):  # replacing a file keeps its permissions
+            os.chmod(tmp, stat.S_IMODE(os.stat(final).st_mode))
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowp_common import atomic_write_text, cli_entry, fail
+
 MARK = "# tensor_capture patch"
 SAVER_REL = "megatron/core/tensor_saver.py"
 VERIFIED = "megatron-core 0.16.1"
@@ -190,16 +192,7 @@ def _file_state(text: str, fp: FilePatch) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        shutil.copymode(path, tmp) if path.exists() else None
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, text)  # keeps the file's mode
 
 
 def check(tree: str | os.PathLike[str]) -> dict[str, str]:
@@ -336,10 +329,11 @@ def prepare_patched_megatron(workdir: str | os.PathLike[str]) -> Path:
         os.replace(staging / "megatron" / "core", target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _write_atomic(stamp, stamp_text) if stamp.exists() else stamp.write_text(stamp_text)
+    _write_atomic(stamp, stamp_text)
     return work
 
 
+@cli_entry("megatron-tensor-patch", user_errors=(PatchError,))
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="megatron-tensor-patch",
@@ -370,13 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         verb = "reverted" if args.revert else "patched"
         print(f"{verb}: {', '.join(changed)}" if changed else f"already {verb}: nothing to do")
         return 0
-    except PatchError as exc:
-        print(f"megatron-tensor-patch: {exc}", file=sys.stderr)
-        return 2
     except OSError as exc:
-        print(f"megatron-tensor-patch: {exc.filename or args.tree}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 2
+        return fail(f"{exc.filename or args.tree}: {exc.strerror or exc}", "megatron-tensor-patch")
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ def test_atomic_path_keeps_old_file_on_failure_and_hides_the_temp(tmp_path):
         a.write_bytes(b"a")
         b.write_bytes(b"b")
     assert p.read_bytes() == b"a"                       # the last rename wins, whole
+    p.chmod(0o755)
+    atomic_write_bytes(p, b"new")
+    assert p.stat().st_mode & 0o777 == 0o755            # a replaced file keeps its mode
 
 
 def test_json_safe_numbers():
