@@ -26,6 +26,10 @@ TIER_MARKERS = {
 #: using the fixture); fnmatch patterns, parameters ignored -> slow tiers.
 SLOW_TIERS = {
     "test_capture_megatron.py": ("megatron",),
+    "test_capture_driver.py": ("megatron", "multiprocess"),     # issue 10's capture runtime
+    "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
+    "test_capture_schedule.py::sched": ("megatron", "multiprocess"),
+    "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),
     "test_capture_megatron.py::test_tp2_*": ("multiprocess",),
     "test_training_driver.py": ("megatron",),
     "test_training_driver.py::test_tensor_and_data_parallel_*": ("multiprocess",),
