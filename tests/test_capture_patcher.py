@@ -13,17 +13,17 @@ from tensor_capture.patcher import PatchError
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "patches" / "apply_patches.sh"
-FILES = [fp.rel for fp in patcher.PATCHES]
+INSTALLED = patcher.installed_megatron_core().parent.parent
+FILES = [fp.rel for fp in patcher.edit_set(INSTALLED)[2]]     # the edit set of 0.16.1
 
 
 @pytest.fixture()
 def tree(tmp_path) -> Path:
-    src = patcher.installed_megatron_core()
     root = tmp_path / "Megatron-LM"
-    for rel in FILES:                    # only the files the tool touches: fast to copy
+    for rel in patcher.TREE_FILES:       # only the files the tool reads: fast to copy
         dst = root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src.parent.parent / rel, dst)
+        shutil.copy2(INSTALLED / rel, dst)
     return root
 
 
@@ -33,7 +33,7 @@ def _run(*args) -> subprocess.CompletedProcess:
 
 
 def test_apply_reapply_check_revert_through_the_script(tree):
-    src = patcher.installed_megatron_core().parent.parent
+    src = INSTALLED
     assert _run(tree, "--check").returncode == 1
     first = _run(tree)
     assert first.returncode == 0 and "patched:" in first.stdout
@@ -42,6 +42,7 @@ def test_apply_reapply_check_revert_through_the_script(tree):
     assert again.returncode == 0 and "nothing to do" in again.stdout
     check = _run(tree, "--check")
     assert check.returncode == 0 and check.stdout.count(": patched") == len(FILES) + 1
+    assert check.stdout.startswith("megatron-core 0.16.1 (edit set 0.16)")
     for rel in FILES:
         text = (tree / rel).read_text()
         assert text.count(patcher.MARK) >= 2
@@ -65,7 +66,9 @@ def test_unknown_tree_and_moved_anchor_fail_clearly(tree, tmp_path):
     layers.write_text(layers.read_text().replace("grad_input = grad_output.matmul(weight)",
                                                  "grad_input = torch.matmul(grad_output, weight)"))
     res = _run(tree)
-    assert res.returncode == 2 and "layers.py" in res.stderr and "not supported" in res.stderr
+    assert res.returncode == 2 and "layers.py" in res.stderr and "0.16.1" in res.stderr
+    assert "grad_input = grad_output.matmul(weight)" in res.stderr and "supported:" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
     # nothing was written: not even the files whose anchors were fine
     attn = "megatron/core/transformer/dot_product_attention.py"
     assert (tree / attn).read_bytes() == before[attn]

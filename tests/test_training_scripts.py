@@ -164,14 +164,14 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
 
     import megatron.core
 
-    from tensor_capture.patcher import PATCHES
+    from tensor_capture.patcher import TREE_FILES
 
     installed = Path(megatron.core.__file__).parent.parent.parent
     checkout = tmp_path / "Megatron-LM"
-    for fp in PATCHES:                          # just the files the patch set edits
-        if (installed / fp.rel).is_file():
-            (checkout / fp.rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(installed / fp.rel, checkout / fp.rel)
+    for rel in TREE_FILES:                      # just the files the patch set reads
+        if (installed / rel).is_file():
+            (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(installed / rel, checkout / rel)
     (checkout / "pretrain_gpt.py").write_text(
         "import json, os, sys\n"
         "layers = os.path.join(sys.path[0], 'megatron/core/tensor_parallel/layers.py')\n"
