@@ -17,7 +17,7 @@ setup(
                  "tensor_capture.*", "tensor_viz", "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
-    package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2"]},
+    package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2", "templates/*.css"]},
     install_requires=[
         # A range, not a pin: users bring their own CUDA build of torch.
         "torch>=2.4",

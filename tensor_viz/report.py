@@ -30,13 +30,6 @@ WORST_TABLES = (
     ("Worst flush-to-zero (nonzero |x| that becomes 0)", "flush_to_zero_ratio", "flush-to-zero"),
 )
 
-CSS = """body{font-family:sans-serif;margin:2em;max-width:1300px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #bbb;padding:3px 8px;
-font-size:13px;text-align:left}th{background:#eee}figure{margin:1em 0 2em}img{max-width:100%;
-border:1px solid #ddd}figcaption{font-size:14px;max-width:900px}.note{background:#fff7d6;padding:6px 10px}
-nav a{margin-right:10px}code{background:#f3f3f3}"""
-
-
 def worst(entries: list[Entry], key: str, n: int = TOP) -> list[tuple[Entry, float]]:
     """The ``n`` entries with the largest nonzero ``key`` ratio against their own format."""
     scored = [(e, r) for e in entries if (r := ratio(e, key))]
@@ -98,7 +91,7 @@ def render_index(result: "Result", sections: tuple[str, ...], opts: "Options") -
     worst_tables = [{"title": title, "what": what, "rows": _worst_rows(worst(ds.entries, key))}
                     for title, key, what in WORST_TABLES]
     return _template().render(
-        css=CSS, directory=cat.directory, n_tensors=len(ds.entries),
+        directory=cat.directory, n_tensors=len(ds.entries),
         n_from_manifest=sum(1 for e in ds.entries if e.source == "manifest"),
         files_read=result.files_read, sample_size=opts.sample_size, seed=opts.seed,
         n_pairs=len(ds.pairs), drawn=result.drawn, worst_tables=worst_tables,
