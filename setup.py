@@ -1,8 +1,8 @@
 """Low-precision numerics toolkit for Megatron-LM: capture, emulation, visualization, monitoring.
 
 Install with ``pip install -e .`` (torch first: ``pip install torch==2.13.0`` on a CPU machine).
-Packages: quant (numerics core), tensor_capture (what megatron/core/tensor_saver.py uses),
-tensor_viz (plots and reports), training_driver (training on megatron-core),
+Packages: lowp_common (console-command helpers), quant (numerics core), tensor_capture (what
+megatron/core/tensor_saver.py uses), tensor_viz (plots and reports), training_driver (training on megatron-core),
 training_profiler (static checker, monitor, analyzers).
 """
 from setuptools import find_packages, setup
@@ -13,11 +13,11 @@ setup(
     description="Capture, emulate and visualize FP8/MXFP/HiFP8 numerics in Megatron-LM training",
     python_requires=">=3.10",
     packages=find_packages(
-        include=["quant", "quant.*", "tensor_capture", "tensor_capture.*", "tensor_viz",
-                 "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
+        include=["lowp_common", "lowp_common.*", "quant", "quant.*", "tensor_capture",
+                 "tensor_capture.*", "tensor_viz", "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
-    package_data={"training_profiler": ["skills/*/README.md"]},
+    package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2", "templates/*.css"]},
     install_requires=[
         # A range, not a pin: users bring their own CUDA build of torch.
         "torch>=2.4",
@@ -26,6 +26,7 @@ setup(
         "matplotlib>=3.7",
         "tqdm>=4.60",
         "pyyaml>=6.0",
+        "jinja2>=3.0",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",

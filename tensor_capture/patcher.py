@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowp_common import atomic_write_text, cli_entry, fail
+
 from .patch_edits import (FAMILIES, LAYERS, MARK, PACKAGE_INFO, Edit, Family, FilePatch,
                           all_files, family_for, supported_text)
 
@@ -222,17 +224,7 @@ def _refusal(f: Path, detail: str, version: MegatronVersion) -> PatchError:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        if path.exists():
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, text)  # keeps the file's mode
 
 
 def _read(f: Path) -> str:
@@ -413,6 +405,7 @@ def _version_table() -> str:
                      for fam in FAMILIES)
 
 
+@cli_entry("megatron-tensor-patch", user_errors=(PatchError,))
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="megatron-tensor-patch",
@@ -455,13 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         verb = "reverted" if args.revert else "patched"
         print(f"{verb}: {', '.join(changed)}" if changed else f"already {verb}: nothing to do")
         return 0
-    except PatchError as exc:
-        print(f"megatron-tensor-patch: {exc}", file=sys.stderr)
-        return 2
     except OSError as exc:
-        print(f"megatron-tensor-patch: {exc.filename or args.tree}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 2
+        return fail(f"{exc.filename or args.tree}: {exc.strerror or exc}", "megatron-tensor-patch")
 
 
 if __name__ == "__main__":

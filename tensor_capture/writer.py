@@ -9,7 +9,6 @@ the manifest line is appended only after the rename.
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import sys
 import threading
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from lowp_common import atomic_path
 
 from . import schema, stats
 
@@ -128,17 +129,8 @@ class BackgroundWriter:
             item.stats_src = None
         meta[schema.META_STATS] = stats.decode(vec, item.ranges)
         if item.filename is not None and item.tensor is not None:
-            final = item.directory / item.filename
-            tmp = item.directory / f".{item.filename}.tmp{os.getpid()}"
-            try:
+            with atomic_path(item.directory / item.filename) as tmp:
                 torch.save({"tensor": item.tensor, "metadata": meta}, tmp)
-                os.replace(tmp, final)
-            except BaseException:
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass
-                raise
             self.files_written += 1
         record = dict(meta)
         record[schema.MANIFEST_FILE] = item.filename if item.tensor is not None else None

@@ -11,11 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lowp_common import UserError  # noqa: F401  (the CLI prints it as one line and exits 2)
 from tensor_capture import schema
-
-
-class UserError(Exception):
-    """A mistake in what the user passed; the CLI prints it as one line and exits 2."""
 
 
 @dataclass

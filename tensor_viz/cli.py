@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from lowp_common import UserError, cli_entry
 from tensor_viz import options as defaults
-from tensor_viz.catalog import UserError
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -60,17 +60,19 @@ def options(args: argparse.Namespace) -> defaults.Options:
 
 def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,
         description: str) -> int:
+    """Parse, build, print the summary; a UserError is one line and exit 2, Ctrl-C exits 130."""
+    return cli_entry(prog)(_run)(argv, prog, sections, quick, report, description)
+
+
+def _run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,
+         description: str) -> int:
     args = parser(prog, description).parse_args(argv)
     from tensor_viz import pipeline  # heavy (torch, matplotlib): only once the arguments parse
 
-    try:
-        opts = options(args)
-        if not sections:  # the quick view needs neither quantization errors nor maps
-            opts.whatif, opts.max_pairs = (), 0
-        result = pipeline.build(args.tensor_dir, args.output_dir, sections, opts, quick=quick, report=report)
-    except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
+    opts = options(args)
+    if not sections:  # the quick view needs neither quantization errors nor maps
+        opts.whatif, opts.max_pairs = (), 0
+    result = pipeline.build(args.tensor_dir, args.output_dir, sections, opts, quick=quick, report=report)
     cat = result.catalog
     print(f"{prog}: {len(cat.entries)} tensors in {cat.directory}; read values from {result.files_read} files; "
           f"{result.drawn} figures drawn into {args.output_dir}")

@@ -5,7 +5,6 @@ says why there is nothing to draw (the index lists it as a note).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
+
+from lowp_common import atomic_path  # noqa: E402
 
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "figure.titlesize": 13,
                      "axes.grid": True, "grid.alpha": 0.3})
@@ -57,13 +58,11 @@ class FigureSet:
             for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
                 if scale == "log":
                     axis.set_minor_locator(NullLocator())
-        final = folder / f"{name}.png"
-        tmp = folder / f".{name}.tmp.png"
         try:
-            fig.savefig(tmp, dpi=self.dpi, bbox_inches="tight")
+            with atomic_path(folder / f"{name}.png") as tmp:
+                fig.savefig(tmp, format="png", dpi=self.dpi, bbox_inches="tight")
         finally:
             plt.close(fig)
-        os.replace(tmp, final)
         record = Figure(section, f"{section}/{name}.png", title, caption)
         self.figures.append(record)
         return record

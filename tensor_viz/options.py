@@ -13,9 +13,36 @@ SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "atte
                  "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
                  "bf16_analysis", "backward_analysis", "rank_analysis")
 ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map",)
-FULL_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
-                 "attention_maps", "quantization_analysis", "layer_analysis", "overflow_analysis",
-                 "fp8_analysis", "bf16_analysis", "backward_analysis", "rank_analysis", "numerics_map")
+
+#: Every report section (a draw/ folder), in index.html order: (name, "plots module:function",
+#: what the section answers). The one list of sections: a new plot family is its
+#: tensor_viz/plots_<family>.py plus one row here. Names only, so --help loads no matplotlib.
+SECTION_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("distributions", "plots_basic:draw_distributions",
+     "What the values look like, per quant type, pass and tensor."),
+    ("heatmaps", "plots_basic:draw_heatmaps",
+     "Where in a tensor the large values sit (rows = tokens, columns = channels)."),
+    ("comparisons", "plots_basic:draw_comparisons", "How the quant types compare."),
+    ("statistics", "plots_basic:draw_statistics",
+     "Statistics of every captured tensor (stored at capture time)."),
+    ("attention_analysis", "plots_basic:draw_attention_analysis", "Attention inputs and outputs."),
+    ("attention_maps", "plots_basic:draw_attention_maps",
+     "Attention score maps, where they were captured."),
+    ("quantization_analysis", "plots_quant:draw_quantization",
+     "Quantization error, measured and what-if."),
+    ("layer_analysis", "plots_enhanced:draw_layers",
+     "Attention vs linear, layer index, sample and batch size."),
+    ("overflow_analysis", "plots_enhanced:draw_overflow",
+     "Overflow, underflow and flush-to-zero against each format."),
+    ("fp8_analysis", "plots_enhanced:draw_fp8", "HiFP8 vs MXFP8 runs."),
+    ("bf16_analysis", "plots_enhanced:draw_bf16",
+     "BF16 tensors: raw and normalized densities, shape statistics."),
+    ("backward_analysis", "plots_enhanced:draw_backward", "Forward vs backward, gradients."),
+    ("rank_analysis", "plots_enhanced:draw_ranks", "The same tensor across ranks."),
+    ("numerics_map", "plots_quant:draw_numerics_map",
+     "A layer x tensor map of one statistic over iterations."),
+)
+FULL_SECTIONS = tuple(name for name, _, _ in SECTION_TABLE)
 
 
 @dataclass

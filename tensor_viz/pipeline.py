@@ -6,42 +6,34 @@ a time in worker processes.
 """
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tensor_viz import plots_basic as pb
-from tensor_viz import plots_enhanced as pe
 from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
 # Re-exported: callers import the section lists and defaults from here too.
-from tensor_viz.options import DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS, SEED_SECTIONS, Options
+from tensor_viz.options import (DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS, SECTION_TABLE,
+                                SEED_SECTIONS, Options)
 
 __all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
            "Result", "build", "load", "draw"]
 from tensor_viz.values import FileTask, PairTask, can_fork, progress_bar, run_tasks
 
-# section name -> (drawing function, what the section answers); order = order in index.html
+
+def _drawer(ref: str) -> Callable[[Dataset, FigureSet], None]:
+    module, function = ref.split(":")
+    return getattr(importlib.import_module(f"tensor_viz.{module}"), function)
+
+
+# section name -> (drawing function, what the section answers), from options.SECTION_TABLE;
+# order = order in index.html
 SECTIONS: dict[str, tuple[Callable[[Dataset, FigureSet], None], str]] = {
-    "distributions": (pb.draw_distributions, "What the values look like, per quant type, pass and tensor."),
-    "heatmaps": (pb.draw_heatmaps, "Where in a tensor the large values sit (rows = tokens, columns = channels)."),
-    "comparisons": (pb.draw_comparisons, "How the quant types compare."),
-    "statistics": (pb.draw_statistics, "Statistics of every captured tensor (stored at capture time)."),
-    "attention_analysis": (pb.draw_attention_analysis, "Attention inputs and outputs."),
-    "attention_maps": (pb.draw_attention_maps, "Attention score maps, where they were captured."),
-    "quantization_analysis": (pq.draw_quantization, "Quantization error, measured and what-if."),
-    "layer_analysis": (pe.draw_layers, "Attention vs linear, layer index, sample and batch size."),
-    "overflow_analysis": (pe.draw_overflow, "Overflow, underflow and flush-to-zero against each format."),
-    "fp8_analysis": (pe.draw_fp8, "HiFP8 vs MXFP8 runs."),
-    "bf16_analysis": (pe.draw_bf16, "BF16 tensors: raw and normalized densities, shape statistics."),
-    "backward_analysis": (pe.draw_backward, "Forward vs backward, gradients."),
-    "rank_analysis": (pe.draw_ranks, "The same tensor across ranks."),
-    "numerics_map": (pq.draw_numerics_map, "A layer x tensor map of one statistic over iterations."),
-}
-assert tuple(SECTIONS) == FULL_SECTIONS, "options.FULL_SECTIONS must list every section in order"
+    name: (_drawer(ref), text) for name, ref, text in SECTION_TABLE}
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from lowp_common import atomic_path, atomic_write_text
 from tensor_viz.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -72,10 +73,11 @@ def write_quick(ds: "Dataset", catalog: Catalog, out: Path, fs: "FigureSet | Non
         _pie(axes[1, 0], Counter(e.name.layer_type for e in entries), "files by layer type")
         _pie(axes[1, 1], Counter(e.name.operation for e in entries), "files by pass (operation)")
         fig.suptitle(f"Quick analysis: {len(entries)} tensors in {catalog.directory}")
-        tmp = out / ".quick_analysis.tmp.png"
-        fig.savefig(tmp, dpi=fs.dpi if fs else 90, bbox_inches="tight")
-        plt.close(fig)
-        tmp.replace(out / "quick_analysis.png")
+        try:
+            with atomic_path(out / "quick_analysis.png") as tmp:
+                fig.savefig(tmp, format="png", dpi=fs.dpi if fs else 90, bbox_inches="tight")
+        finally:
+            plt.close(fig)
         written.append("quick_analysis.png")
         if fs is not None:
             fs.figures.append(Figure("quick", "quick_analysis.png", "Quick analysis",
@@ -98,9 +100,7 @@ def write_quick(ds: "Dataset", catalog: Catalog, out: Path, fs: "FigureSet | Non
     counts = catalog.problem_counts()
     lines.append(f"Problems: {sum(counts.values())}" + (" (" + ", ".join(f"{k} {n}" for k, n in
                                                                  sorted(counts.items())) + ")" if counts else ""))
-    tmp = out / ".tensor_stats.tmp.txt"
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(out / "tensor_stats.txt")
+    atomic_write_text(out / "tensor_stats.txt", "\n".join(lines) + "\n")
     written.append("tensor_stats.txt")
     return written
 

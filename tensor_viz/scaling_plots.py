@@ -17,6 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lowp_common import atomic_path  # noqa: E402
+
 X_LABEL = "scale exponent s (tensor divided by 2^s)"
 
 #: panel table of the six-panel figure: (title, [(metric key, legend, color)], y label, kind)
@@ -108,13 +110,11 @@ def _stats_box(xs: Sequence[float], ys: Sequence[float], label: str, rec: int) -
 
 
 def _save(fig, path: Path, dpi: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     try:
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+        with atomic_path(path, make_parents=True) as tmp:
+            fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

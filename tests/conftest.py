@@ -1,8 +1,75 @@
-"""Shared test setup: headless plotting, one thread per process (2-core CI)."""
+"""Shared test setup: headless plotting, one thread per process (2-core CI), and the test tiers.
+
+Tiers: ``python -m pytest -q tests`` runs everything (CI); ``python -m pytest -m "not slow"``
+is the fast tier (under a minute on 2 cores). A test is slow when it carries one of the slow
+tiers' markers, either from ``SLOW_TIERS`` below (keyed by module or module::test, so test files
+need no edits) or from its own ``pytestmark`` / ``@pytest.mark.megatron`` etc.
+"""
+import fnmatch
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+#: The slow tiers: marker -> what it means. Each of them implies ``slow``.
+TIER_MARKERS = {
+    "megatron": "builds or trains real megatron-core models (seconds each, imports megatron)",
+    "multiprocess": "starts processes: torchrun / gloo process groups, worker pools, child commands",
+    "browser": "opens the HTML report in headless Chromium",
+}
+
+#: "module.py", "module.py::test_name" or "module.py::fixture_name" (every test of that module
+#: using the fixture); fnmatch patterns, parameters ignored -> slow tiers.
+SLOW_TIERS = {
+    "test_capture_megatron.py": ("megatron",),
+    "test_capture_patch_versions.py::test_release_*": ("megatron",),  # downloads each release
+    "test_capture_driver.py": ("megatron", "multiprocess"),     # issue 10's capture runtime
+    "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
+    "test_capture_schedule.py::sched": ("megatron", "multiprocess"),
+    "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),
+    "test_capture_megatron.py::test_tp2_*": ("multiprocess",),
+    "test_training_driver.py": ("megatron",),
+    "test_training_driver.py::test_tensor_and_data_parallel_*": ("multiprocess",),
+    "test_training_driver.py::test_cli_port_in_use": ("multiprocess",),
+    "test_training_scripts.py::test_embedded_*": ("megatron", "multiprocess"),
+    "test_training_scripts.py::test_ctrl_c_*": ("megatron", "multiprocess"),
+    "test_training_scripts.py::test_collector_*": ("multiprocess",),
+    "test_training_scripts.py::test_example_script_*": ("megatron", "multiprocess"),
+    "test_profiler_layer_diff.py::test_megatron_*": ("megatron",),
+    "test_profiler_layer_diff.py::test_watch_training_on_megatron_*": ("megatron",),
+    "test_viz_report.py::built": ("multiprocess",),      # the full report with a worker pool
+    "test_viz_report.py::test_report_in_headless_chromium": ("browser", "multiprocess"),
+    "test_viz_badinput.py::test_scripts_run_from_repo_root": ("multiprocess",),
+    "test_scaling_cli.py::test_runs_as_a_file_*": ("multiprocess",),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: not in the fast tier (-m 'not slow'); CI runs it")
+    for name, meaning in TIER_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning} (slow tier)")
+
+
+def _tiers(item: pytest.Item) -> set[str]:
+    module = os.path.basename(str(item.fspath))
+    name = getattr(item, "originalname", item.name)
+    keys = [module, f"{module}::{name}"] + [f"{module}::{f}" for f in getattr(item, "fixturenames", ())]
+    found = {m.name for m in item.iter_markers() if m.name in TIER_MARKERS}
+    for pattern, tiers in SLOW_TIERS.items():
+        if any(fnmatch.fnmatchcase(k, pattern) for k in keys):
+            found.update(tiers)
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, so "not slow" sees these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = _tiers(item)
+        for name in sorted(tiers):
+            item.add_marker(name)
+        if tiers and not item.get_closest_marker("slow"):
+            item.add_marker("slow")

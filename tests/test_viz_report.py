@@ -184,3 +184,30 @@ def test_report_in_headless_chromium(built, tmp_path):
     assert check["images"] == len(result.figures.figures) > 20
     assert check["bad"] == []
     assert check["errors"] == []
+
+
+def test_markup_in_names_and_paths_is_escaped(tmp_path):
+    """A tensor name, a directory and a bad file holding <script> and & show as text, not markup."""
+    from viz_helpers import write_plain
+
+    cap, out = tmp_path / "cap<b>&x", tmp_path / "out"
+    evil = "a<script>alert(1)<&script>&b"
+    plain = write_plain(cap, torch.zeros(1), quant_type="fp8_e4m3")
+    t = torch.linspace(-1, 1, 256).reshape(4, 64)
+    t[0, :5] = 1000.0                          # overflow under fp8_e4m3: the name is in a table
+    name = schema.parse_filename(plain.name)
+    torch.save({"tensor": t, "metadata": {**name.to_dict(), "tensor_name": evil}},
+               plain.with_name(plain.name.replace("_input.pt", f"_{evil}.pt")))
+    plain.unlink()
+    (cap / "bad<i>&.pt").write_bytes(b"junk")
+    opts = pipeline.Options(workers=1, whatif=(), progress=False, sample_size=256)
+    result = pipeline.build(cap, out, ("overflow_analysis",), opts, quick=False)
+    assert result.exit_code == 0
+    page = (out / "index.html").read_text()
+    assert "<script" not in page.lower() and "cap<b>" not in page and "<i>" not in page
+    escaped = "a&lt;script&gt;alert(1)&lt;&amp;script&gt;&amp;b"
+    overflow = page.split("Worst overflow")[1].split("</table>")[0]
+    assert f"<td>L0 linear forward {escaped}</td>" in overflow
+    assert "cap&lt;b&gt;&amp;x</code>" in page
+    assert "bad&lt;i&gt;&amp;.pt</td>" in page
+    assert re.search(r"&(?!(amp|lt|gt|#39|#34);)", page.split("</style>")[1]) is None  # no bare &

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lowp_common import atomic_path, atomic_write_text
+
 from .errors import UserError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -56,13 +58,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def save_checkpoint(directory: str | os.PathLike[str], iteration: int, model: torch.nn.Module,
@@ -81,10 +78,7 @@ def save_checkpoint(directory: str | os.PathLike[str], iteration: int, model: to
         }, it_dir / _shard_name(tp, pp))
     _barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:
-        latest = root / LATEST_FILE
-        tmp = latest.with_name(latest.name + ".tmp")
-        tmp.write_text(f"{iteration}\n")
-        os.replace(tmp, latest)
+        atomic_write_text(root / LATEST_FILE, f"{iteration}\n")
     _barrier()
     return it_dir
 

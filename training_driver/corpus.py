@@ -19,6 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+from lowp_common import atomic_path
+
 from .errors import UserError
 
 # Standard-library modules whose docstrings are long-form English prose (read, never executed
@@ -109,9 +111,7 @@ def write_builtin_corpus(path: str | os.PathLike[str], max_chars: int | None = N
                         "--data with your own corpus")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_path(p) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for d in docs:
             fh.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
-    os.replace(tmp, p)
     return {"path": str(p), "documents": len(docs), "characters": sum(len(d) for d in docs)}

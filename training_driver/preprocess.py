@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from lowp_common import atomic_path
+
 from .errors import UserError, cli_entry
 from .tokenizer import Tokenizer, load_tokenizer, train_bpe
 
@@ -77,20 +79,13 @@ def write_indexed_dataset(documents: list[list[int]], output_prefix: str | os.Pa
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     prefix = os.fspath(output_prefix)
-    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{prefix}.tmp{os.getpid()}"
     dtype = _token_dtype(vocab_size)
-    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=dtype)
-    try:
+    with atomic_path(prefix + ".bin", make_parents=True) as tmp_bin, \
+            atomic_path(prefix + ".idx") as tmp_idx:
+        builder = IndexedDatasetBuilder(os.fspath(tmp_bin), dtype=dtype)
         for doc in documents:
             builder.add_document(np.asarray(doc, dtype=dtype), [len(doc)])
-        builder.finalize(tmp + ".idx")
-        os.replace(tmp + ".bin", prefix + ".bin")
-        os.replace(tmp + ".idx", prefix + ".idx")
-    finally:
-        for suffix in (".bin", ".idx"):
-            if os.path.exists(tmp + suffix):
-                os.remove(tmp + suffix)
+        builder.finalize(os.fspath(tmp_idx))
     return prefix
 
 

@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Protocol
 
+from lowp_common import atomic_write_text
+
 from .errors import UserError
 
 BPE_FILE_NAME = "lowp_bpe_tokenizer.json"
@@ -89,12 +91,10 @@ class ByteBPETokenizer:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         path = d / BPE_FILE_NAME
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({
+        atomic_write_text(path, json.dumps({
             "format": BPE_FORMAT, "version": 1, "merges": self.merges,
             "special_tokens": {"<eod>": self.eod, "<pad>": self.pad},
         }))
-        os.replace(tmp, path)
         return path
 
     @classmethod

@@ -1,18 +1,13 @@
 """What the training loop tells people and tools: console lines, TensorBoard scalars, a progress file."""
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
+
+from lowp_common import atomic_write_json
 
 
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, p)
+    atomic_write_json(path, data, indent=None, make_parents=True)  # a NaN loss is written "nan"
 
 
 class TrainLogger:

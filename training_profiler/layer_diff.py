@@ -15,7 +15,6 @@ outputs, at the price of 2 passes per group.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+from lowp_common import UserError, cli_entry, json_dumps
 from training_profiler._tensors import first_tensor
 
 from training_profiler.lowp_emulation import AUTOCAST_MODES, is_linear, precision
@@ -239,6 +239,7 @@ def _tiny_gpt(seed: int, num_layers: int) -> tuple[torch.nn.Module, Callable, Ca
     return model, lambda m: m(tokens, labels=tokens, **causal_inputs(tokens)).float().mean(), destroy_distributed
 
 
+@cli_entry("precision-diff")
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="precision-diff", description="Layer-wise fp32 vs low-precision diff: "
                                 "names the first layer where the error jumps.")
@@ -260,12 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = layer_diff(model, step, args.mode, group_size=args.group_size or None,
                             jump_factor=args.jump_factor, seed=args.seed, progress=True)
     except ValueError as exc:
-        print(f"precision-diff: error: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     finally:
         if cleanup:
             cleanup()
-    print(json.dumps(report.to_dict(), indent=2, default=str) if args.format == "json" else report.to_text())
+    print(json_dumps(report.to_dict(), indent=2, default=str) if args.format == "json" else report.to_text())
     return 0
 
 

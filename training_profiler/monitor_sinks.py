@@ -6,12 +6,13 @@ the record's ``message``. Sinks are picked by spec strings so the decorator stay
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import sys
 from typing import Any, Protocol
+
+from lowp_common import json_dumps
 
 
 class Sink(Protocol):
@@ -54,17 +55,6 @@ class LoggingSink:
         pass
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN/Inf: write them as strings so every line stays valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 class JsonlSink:
     """One JSON object a line; appended, flushed at every monitor sync."""
 
@@ -74,7 +64,7 @@ class JsonlSink:
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def emit(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(_clean(record), allow_nan=False) + "\n")
+        self._fh.write(json_dumps(record) + "\n")  # NaN/Inf as strings: every line valid JSON
 
     def flush(self) -> None:
         self._fh.flush()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from lowp_common import UserError, cli_entry
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_rules import RULES, RULES_BY_ID, RULES_BY_NAME, Finding, Rule, Severity
 
@@ -203,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_entry("amp-static-check")
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--list-rules" in argv:
@@ -214,8 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rules = select_rules(args.select.split(","), args.ignore.split(","))
         report = check_paths(args.paths, rules)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"amp-static-check: error: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     text = FORMATTERS[args.format](report)
     if text:
         print(text)

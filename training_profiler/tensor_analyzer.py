@@ -11,12 +11,13 @@ inside blocks of 32, and the overflow / flush-to-zero fractions per quant/ forma
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from typing import Any, Sequence
 
 import torch
+
+from lowp_common import UserError, cli_entry, json_dumps
 
 DEFAULT_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "hifp8", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4")
 # bf16 keeps 8 significant bits: a channel 2**8 times smaller than another falls below half an
@@ -175,18 +176,7 @@ def format_report(r: dict[str, Any], top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def _jsonable(r: dict[str, Any]) -> dict[str, Any]:
-    def clean(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return str(v)
-        if isinstance(v, dict):
-            return {str(k): clean(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [clean(x) for x in v]
-        return v
-    return clean(r)
-
-
+@cli_entry("analyze-tensor")
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="analyze-tensor", description="Analyze saved tensor files for "
                                 "dimension imbalance and low-precision overflow/underflow risk.")
@@ -207,8 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in formats:
             quant.get_format(f)
     except (KeyError, ValueError) as exc:
-        print(f"analyze-tensor: error: --formats: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(f"--formats: {exc}") from None
     reports, failed = [], 0
     for path in tqdm(args.files, desc="analyzing", unit="file", disable=len(args.files) < 3, file=sys.stderr):
         try:
@@ -219,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"analyze-tensor: error: {exc}", file=sys.stderr)
             failed += 1
     if args.format == "json":
-        print(json.dumps([_jsonable(r) for r in reports], indent=2))
+        print(json_dumps(reports, indent=2))  # NaN/Inf as "nan"/"inf"
     else:
         print("\n\n".join(format_report(r) for r in reports))
     return 1 if failed else 0

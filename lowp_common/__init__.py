@@ -1,0 +1,26 @@
+"""Bottom-layer helpers every console command shares; imports nothing of the project.
+
+``lowp_common.cli``: a user mistake becomes one line on stderr and exit 2 (Ctrl-C exits 130),
+files are written under a temporary name and renamed so a crash never leaves half a file, and
+numbers are made JSON-safe (NaN/Inf, numpy and torch scalars) in one place.
+"""
+from lowp_common.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_USER_ERROR,
+    UsageError,
+    UserError,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    cli_entry,
+    fail,
+    json_dumps,
+    json_safe,
+)
+
+__all__ = [
+    "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "UsageError", "UserError", "atomic_path",
+    "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "cli_entry", "fail",
+    "json_dumps", "json_safe",
+]

@@ -1,0 +1,174 @@
+"""Console-command plumbing shared by every command of the project (one definition each).
+
+- ``UserError`` + ``cli_entry(prog)``: a mistake the user can fix is one line
+  ``prog: error: ...`` on stderr and exit status 2, never a traceback; Ctrl-C exits 130.
+- ``atomic_write_text`` / ``atomic_write_bytes`` / ``atomic_write_json`` / ``atomic_path``:
+  write a temporary name in the target's directory, then ``os.replace`` it over the target,
+  so readers see the old file or the new one, never half of one.
+- ``json_safe`` / ``json_dumps``: JSON has no NaN or Infinity and no numpy/torch scalars;
+  convert them in one place so every report stays valid JSON.
+
+This module imports only the standard library (numpy and torch objects are recognised by
+duck typing), so every package of the project may import it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import math
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, TypeVar
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+F = TypeVar("F", bound=Callable[..., Any])
+PathLike = str | os.PathLike
+
+
+class UserError(Exception):
+    """A mistake the user can fix (bad path, bad argument); the message names the fix."""
+
+
+#: The same class under the name argparse users expect; ``except UserError`` catches both.
+UsageError = UserError
+
+
+def fail(message: str, prog: str | None = None, code: int = EXIT_USER_ERROR) -> int:
+    """Print ``prog: error: message`` as one line on stderr and return ``code`` (for ``return``)."""
+    line = " ".join(str(message).split("\n"))
+    print(f"{prog}: error: {line}" if prog else f"error: {line}", file=sys.stderr, flush=True)
+    return code
+
+
+def cli_entry(prog: str, user_errors: tuple[type[BaseException], ...] = ()) -> Callable[[F], F]:
+    """Wrap a console ``main`` so user mistakes exit 2 with one line and Ctrl-C exits 130.
+
+    ``UserError`` is always a user mistake; ``user_errors`` adds library exception types
+    (e.g. a config parser's ``ValueError`` subclass) that the command treats the same way.
+    Anything else is a bug in the tool and keeps its traceback.
+    """
+    caught = (UserError, *user_errors)
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(*args, **kwargs)
+            except caught as exc:
+                return fail(str(exc), prog)
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+                return EXIT_INTERRUPTED
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# --------------------------------------------------------------------------------------
+# atomic writes
+
+
+_TEMP_COUNTER = itertools.count()
+
+
+def _temp_name(path: Path) -> Path:
+    """A hidden sibling, unique per process and call, that does NOT end in the target's suffix:
+    a reader globbing ``*.pt`` / ``*.png`` never sees a half-written file."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}_{next(_TEMP_COUNTER)}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike, *, make_parents: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success rename it over ``path``.
+
+    An existing ``path`` keeps its permission bits. For writers that take a file name: ``torch.save(obj, tmp)``, ``fig.savefig(tmp, format="png")``
+    (the temporary name has no ``.png``, so name the format). On an exception the temporary file
+    is removed and ``path`` keeps its old content.
+    """
+    final = Path(path)
+    if make_parents:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_name(final)
+    try:
+        yield tmp
+        with contextlib.suppress(FileNotFoundError):  # replacing a file keeps its permissions
+            os.chmod(tmp, stat.S_IMODE(os.stat(final).st_mode))
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, *, make_parents: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically; returns the path."""
+    with atomic_path(path, make_parents=make_parents) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: PathLike, text: str, *, encoding: str = "utf-8",
+                      make_parents: bool = False) -> Path:
+    """Write ``text`` to ``path`` atomically (newlines as given); returns the path."""
+    with atomic_path(path, make_parents=make_parents) as tmp:
+        with open(tmp, "w", encoding=encoding, newline="") as fh:
+            fh.write(text)
+    return Path(path)
+
+
+def atomic_write_json(path: PathLike, obj: Any, *, indent: int | None = 2,
+                      nonfinite: Literal["string", "null"] = "string",
+                      make_parents: bool = False, **dumps_kwargs: Any) -> Path:
+    """``json_dumps(obj)`` plus a final newline, written atomically; returns the path."""
+    text = json_dumps(obj, indent=indent, nonfinite=nonfinite, **dumps_kwargs) + "\n"
+    return atomic_write_text(path, text, make_parents=make_parents)
+
+
+# --------------------------------------------------------------------------------------
+# JSON-safe numbers
+
+
+def _float(value: float, nonfinite: str) -> float | str | None:
+    if math.isfinite(value):
+        return value
+    return str(value) if nonfinite == "string" else None
+
+
+def json_safe(obj: Any, nonfinite: Literal["string", "null"] = "string") -> Any:
+    """A copy of ``obj`` that ``json.dumps(..., allow_nan=False)`` accepts.
+
+    NaN/Inf become ``"nan"``/``"inf"``/``"-inf"`` (``nonfinite="string"``, the project's
+    reports) or ``None``; numpy and torch scalars and 0-d arrays become Python numbers, arrays
+    and tensors become (nested) lists; dict keys become strings; paths become strings.
+    """
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)  # int subclasses (IntEnum, numpy's on some builds) as plain int
+    if isinstance(obj, float):
+        return _float(float(obj), nonfinite)
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v, nonfinite) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [json_safe(v, nonfinite) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    tolist = getattr(obj, "tolist", None)  # numpy arrays/scalars, torch tensors
+    if callable(tolist):
+        return json_safe(tolist(), nonfinite)
+    item = getattr(obj, "item", None)
+    if callable(item):
+        return json_safe(item(), nonfinite)
+    return obj
+
+
+def json_dumps(obj: Any, *, nonfinite: Literal["string", "null"] = "string", **kwargs: Any) -> str:
+    """``json.dumps`` of ``json_safe(obj)``; always strict JSON (``allow_nan=False``)."""
+    return json.dumps(json_safe(obj, nonfinite), allow_nan=False, **kwargs)
