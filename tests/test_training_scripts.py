@@ -31,7 +31,7 @@ def _check_tensor_dir(tensor_dir: Path) -> list[Path]:
 
 
 def test_embedded_default_run_collects_tensors(tmp_path):
-    """No data, no GPU: corpus from Python's docs, BPE, tiny Llama, capture, summary."""
+    """No data, no GPU: corpus from Python's docs, HF byte-level BPE, tiny Llama, capture, summary."""
     out = run([*COLLECT, "--train-iters", "3", "--default-corpus-chars", "80000", "--no-visualize"],
               cwd=tmp_path, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -50,7 +50,10 @@ def test_embedded_default_run_collects_tensors(tmp_path):
     manifest = list(read_manifest(tensor_dir))
     assert {r["file"] for r in manifest if r.get("file")} >= {f.name for f in files if f.parent == tensor_dir}
     # the corpus was built here from local text, and the tokenizer trained on it
-    assert (tmp_path / "runs/default/data/tokenizer/lowp_bpe_tokenizer.json").is_file()
+    assert (tmp_path / "runs/default/data/tokenizer/tokenizer.json").is_file()
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "runs/default/data/tokenizer")) == 512
     assert (tmp_path / "runs/default/data/python_docs_text_document.idx").is_file()
 
 
