@@ -270,3 +270,21 @@ def test_preprocess_missing_file(tmp_path, capsys):
 ])
 def test_lr_schedule(it, expected):
     assert lr_at(it, max_lr=1.0, min_lr=0.1, warmup_iters=4, total_iters=14) == pytest.approx(expected)
+
+
+def test_default_data_from_an_older_version_is_rebuilt(tmp_path):
+    """runs/default/data made with the old tokenizer format is rebuilt, not reused."""
+    from training_driver.collector import prepare_default_data
+
+    data = tmp_path / "data"
+    _old_format_dir(data / "tokenizer")
+    for suffix in (".bin", ".idx"):
+        (data / f"python_docs_text_document{suffix}").write_bytes(b"old")
+    paths = prepare_default_data(tmp_path, vocab_size=300, max_chars=5_000)
+    tok = load_tokenizer(paths["tokenizer"])
+    assert isinstance(tok, HFTokenizer) and not (data / "tokenizer" / OLD_FORMAT_FILE).exists()
+    assert (data / "python_docs_text_document.bin").read_bytes() != b"old"
+    meta = json.loads((data / "python_docs_text_document.meta.json").read_text())
+    assert meta["tokenizer_fingerprint"] == tok.fingerprint and meta["vocab_size"] == tok.vocab_size
+    again = prepare_default_data(tmp_path, vocab_size=300, max_chars=5_000)   # now reused
+    assert again == paths and load_tokenizer(again["tokenizer"]).fingerprint == tok.fingerprint
