@@ -16,7 +16,7 @@ from training_driver.errors import UserError
 from training_driver.optim import lr_at
 from training_driver.tokenizer import (EOD_TOKEN, OLD_FORMAT_FILE, TOKENIZER_FILE, HFTokenizer,
                                        load_tokenizer, save_tokenizer, train_bpe)
-from training_helpers import small_data  # noqa: F401 - fixture
+from training_helpers import one_error_line, run, small_data  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -139,8 +139,6 @@ def test_old_format_tokenizer_is_refused(tmp_path):
 
 def test_old_format_tokenizer_one_line_exit_2(small_data, tmp_path, capsys):
     """preprocess-corpus --tokenizer OLD and llama-train --tokenizer OLD: one line, exit 2."""
-    from training_driver import train
-
     old = str(_old_format_dir(tmp_path / "tokenizer"))
     rc = pp.main(["--input", small_data["corpus"], "--output-prefix", str(tmp_path / "o"),
                   "--tokenizer", old, "--quiet"])
@@ -148,9 +146,10 @@ def test_old_format_tokenizer_one_line_exit_2(small_data, tmp_path, capsys):
     assert rc == 2 and len(err.splitlines()) == 1
     assert err.startswith("preprocess-corpus: error:") and "old-format tokenizer" in err
     assert "re-run preprocess-corpus" in err and not (tmp_path / "o_text_document.bin").exists()
-    rc = train.main(["--data-path", small_data["data_path"], "--tokenizer", old, "--train-iters", "1"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1 and "old-format tokenizer" in err
+    out = run([sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
+               "--tokenizer", old, "--train-iters", "1"], cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "llama-train: error:" in out.stderr and "old-format tokenizer" in one_error_line(out.stderr)
 
 
 def test_data_made_with_another_tokenizer_is_refused(small_data, tok_dir, tok):
