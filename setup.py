@@ -27,10 +27,14 @@ setup(
         "tqdm>=4.60",
         "pyyaml>=6.0",
         "jinja2>=3.0",
+        # preprocess-corpus trains a byte-level BPE with it; small abi3 wheels, no torch.
+        "tokenizers>=0.15",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
-                 "safetensors>=0.4", "scipy>=1.10", "tensorboard>=2.10"],
+                 "safetensors>=0.4", "scipy>=1.10", "tensorboard>=2.10",
+                 # the tests load our tokenizer as Megatron-LM does (AutoTokenizer); no torch pulled
+                 "transformers>=4.40"],
         # GPU-only extras; nothing imports them unconditionally.
         "gpu": ["transformer-engine[pytorch]"],
         "tensorboard": ["tensorboard>=2.10"],

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,56 +14,96 @@ from training_driver import preprocess as pp
 from training_driver.corpus import builtin_documents, write_builtin_corpus
 from training_driver.errors import UserError
 from training_driver.optim import lr_at
-from training_driver.tokenizer import BPE_FILE_NAME, ByteBPETokenizer, load_tokenizer, train_bpe
-from training_helpers import small_data  # noqa: F401 - fixture
+from training_driver.tokenizer import (EOD_TOKEN, OLD_FORMAT_FILE, TOKENIZER_FILE, HFTokenizer,
+                                       load_tokenizer, save_tokenizer, train_bpe)
+from training_helpers import one_error_line, run, small_data  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3,
          "def f(x):\n    return x ** 2  # square\n\n",
-         "naïve café — 東京 123456 🙂", "the the the then there these"]
+         "naïve café — 東京 123456 🙂", "the the the then there these",
+         "  leading and trailing spaces\t\r\n  ", "tabs\tand\u00a0no-break\u2028separators"]
 
 
 @pytest.fixture(scope="module")
-def tok() -> ByteBPETokenizer:
-    return train_bpe(TEXTS * 5, vocab_size=300)
+def tok_dir(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("tok")
+    save_tokenizer(train_bpe(TEXTS * 5, vocab_size=300), d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def tok(tok_dir) -> HFTokenizer:
+    loaded = load_tokenizer(tok_dir)
+    assert isinstance(loaded, HFTokenizer)
+    return loaded
 
 
 def test_bpe_learns_merges_and_round_trips(tok):
-    assert 256 < tok.vocab_size <= 300
-    assert tok.eod == tok.vocab_size - 2 and tok.pad == tok.vocab_size - 1
+    assert 258 < tok.vocab_size <= 300
+    assert (tok.eod, tok.pad) == (0, 1)          # the special tokens come first
     for text in TEXTS:
         ids = tok.encode(text)
         assert tok.decode(ids) == text
-        assert all(0 <= i < tok.eod for i in ids)
+        assert all(2 <= i < tok.vocab_size for i in ids)
     # merges shorten frequent text: fewer ids than bytes
     assert len(tok.encode(TEXTS[0])) < len(TEXTS[0].encode()) // 2
+    assert tok.encode_batch(TEXTS) == [tok.encode(t) for t in TEXTS]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=80))
-def test_bpe_round_trips_any_text(text):
-    tok = _shared_tok()
+def test_bpe_round_trips_any_text(tok, text):
     assert tok.decode(tok.encode(text)) == text
 
 
-_TOK = {}
+def test_auto_tokenizer_loads_it_with_the_same_ids_and_exact_decode(tok_dir, tok):
+    """What Megatron-LM's --tokenizer-type HuggingFaceTokenizer does: AutoTokenizer(DIR)."""
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(tok_dir)
+    assert len(auto) == tok.vocab_size
+    assert (auto.eos_token, auto.eos_token_id, auto.pad_token_id) == (EOD_TOKEN, tok.eod, tok.pad)
+    for text in TEXTS:
+        ids = auto(text)["input_ids"]           # default call, special tokens on: none are added
+        assert ids == tok.encode(text)
+        assert auto.decode(ids) == text
 
 
-def _shared_tok():
-    if "t" not in _TOK:
-        _TOK["t"] = train_bpe(TEXTS * 5, vocab_size=300)
-    return _TOK["t"]
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=60))
+def test_auto_tokenizer_round_trips_any_text(tok_dir, tok, text):
+    auto = _auto(tok_dir)
+    ids = auto.encode(text)
+    assert ids == tok.encode(text) and auto.decode(ids) == text
 
 
-def test_bpe_is_deterministic_and_saves(tmp_path, tok):
-    again = train_bpe(TEXTS * 5, vocab_size=300)
-    assert again.merges == tok.merges
-    tok.save(tmp_path)
-    loaded = load_tokenizer(tmp_path)
-    assert isinstance(loaded, ByteBPETokenizer) and loaded.merges == tok.merges
-    assert loaded.encode(TEXTS[1]) == tok.encode(TEXTS[1])
-    assert load_tokenizer(tmp_path / BPE_FILE_NAME).vocab_size == tok.vocab_size
+_AUTO: dict = {}
+
+
+def _auto(path: str):
+    if path not in _AUTO:
+        from transformers import AutoTokenizer
+
+        _AUTO[path] = AutoTokenizer.from_pretrained(path)
+    return _AUTO[path]
+
+
+def test_megatron_core_huggingface_tokenizer_reads_it(tok_dir, tok):
+    """megatron-core's own HuggingFaceTokenizer wrapper agrees on vocabulary, eod and ids."""
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import HuggingFaceTokenizer
+
+    mt = HuggingFaceTokenizer(tok_dir)
+    assert (mt.vocab_size, mt.eod) == (tok.vocab_size, tok.eod)
+    for text in TEXTS:
+        assert mt.text_to_ids(text) == tok.encode(text)
+
+
+def test_bpe_is_deterministic(tmp_path, tok_dir, tok):
+    save_tokenizer(train_bpe(TEXTS * 5, vocab_size=300), tmp_path)
+    assert (tmp_path / TOKENIZER_FILE).read_bytes() == (Path(tok_dir) / TOKENIZER_FILE).read_bytes()
+    assert load_tokenizer(tmp_path / TOKENIZER_FILE).encode(TEXTS[1]) == tok.encode(TEXTS[1])
 
 
 def test_bpe_vocab_too_small():
@@ -74,18 +116,53 @@ def test_tokenizer_path_errors(tmp_path):
         load_tokenizer(tmp_path / "nope")
     with pytest.raises(UserError, match="no tokenizer found"):
         load_tokenizer(tmp_path)
-    (tmp_path / BPE_FILE_NAME).write_text("{broken")
-    with pytest.raises(UserError, match="cannot read the tokenizer"):
+    (tmp_path / TOKENIZER_FILE).write_text("{broken")
+    with pytest.raises(UserError, match="cannot load the tokenizer.*re-run preprocess-corpus"):
         load_tokenizer(tmp_path)
 
 
-def test_hf_directory_without_transformers_is_a_clear_error(tmp_path):
-    try:
-        import transformers  # noqa: F401
-        pytest.skip("transformers is installed; the guard is for machines without it")
-    except ImportError:
-        pass
-    (tmp_path / "tokenizer.json").write_text("{}")
+def _old_format_dir(path: Path) -> Path:
+    """What preprocess-corpus wrote before the Hugging Face format: one file of our own."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / OLD_FORMAT_FILE).write_text(json.dumps({
+        "format": "megatron-lowp-byte-bpe", "version": 1, "merges": [[116, 104]],
+        "special_tokens": {"<eod>": 257, "<pad>": 258}}))
+    return path
+
+
+def test_old_format_tokenizer_is_refused(tmp_path):
+    old = _old_format_dir(tmp_path / "tokenizer")
+    for path in (old, old / OLD_FORMAT_FILE):
+        with pytest.raises(UserError, match="old-format tokenizer.*re-run preprocess-corpus"):
+            load_tokenizer(path)
+
+
+def test_old_format_tokenizer_one_line_exit_2(small_data, tmp_path, capsys):
+    """preprocess-corpus --tokenizer OLD and llama-train --tokenizer OLD: one line, exit 2."""
+    old = str(_old_format_dir(tmp_path / "tokenizer"))
+    rc = pp.main(["--input", small_data["corpus"], "--output-prefix", str(tmp_path / "o"),
+                  "--tokenizer", old, "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert err.startswith("preprocess-corpus: error:") and "old-format tokenizer" in err
+    assert "re-run preprocess-corpus" in err and not (tmp_path / "o_text_document.bin").exists()
+    out = run([sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
+               "--tokenizer", old, "--train-iters", "1"], cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "llama-train: error:" in out.stderr and "old-format tokenizer" in one_error_line(out.stderr)
+
+
+def test_data_made_with_another_tokenizer_is_refused(small_data, tok_dir, tok):
+    from training_driver.data import check_tokenizer_matches
+
+    check_tokenizer_matches(small_data["data_path"], load_tokenizer(small_data["tokenizer"]))
+    with pytest.raises(UserError, match="tokenized with another tokenizer"):
+        check_tokenizer_matches(small_data["data_path"], tok)
+
+
+def test_hf_directory_without_tokenizer_json_needs_transformers(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)     # import transformers -> ImportError
+    (tmp_path / "vocab.json").write_text("{}")
     with pytest.raises(UserError, match="pip install transformers"):
         load_tokenizer(tmp_path)
 
@@ -116,11 +193,14 @@ def test_preprocess_round_trip(tmp_path):
     tok = load_tokenizer(summary["tokenizer"])
     ds = IndexedDataset(summary["data_prefix"])
     expected = TEXTS + ["first document\nstill first", "second document"]
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(summary["tokenizer"])
     assert len(ds) == len(expected) == summary["documents"]
     for i, text in enumerate(expected):
         ids = ds[i].tolist()
-        assert ids == tok.encode(text) + [tok.eod]
-        assert tok.decode(ids[:-1]) == text
+        assert ids == tok.encode(text) + [tok.eod] == auto(text)["input_ids"] + [auto.eos_token_id]
+        assert tok.decode(ids[:-1]) == text == auto.decode(ids[:-1])
     assert ds[0].dtype == np.uint16
     # re-using the saved tokenizer gives the same ids
     again = pp.preprocess([str(jsonl)], str(tmp_path / "out2" / "w"), tokenizer=summary["tokenizer"],
@@ -189,3 +269,21 @@ def test_preprocess_missing_file(tmp_path, capsys):
 ])
 def test_lr_schedule(it, expected):
     assert lr_at(it, max_lr=1.0, min_lr=0.1, warmup_iters=4, total_iters=14) == pytest.approx(expected)
+
+
+def test_default_data_from_an_older_version_is_rebuilt(tmp_path):
+    """runs/default/data made with the old tokenizer format is rebuilt, not reused."""
+    from training_driver.collector import prepare_default_data
+
+    data = tmp_path / "data"
+    _old_format_dir(data / "tokenizer")
+    for suffix in (".bin", ".idx"):
+        (data / f"python_docs_text_document{suffix}").write_bytes(b"old")
+    paths = prepare_default_data(tmp_path, vocab_size=300, max_chars=5_000)
+    tok = load_tokenizer(paths["tokenizer"])
+    assert isinstance(tok, HFTokenizer) and not (data / "tokenizer" / OLD_FORMAT_FILE).exists()
+    assert (data / "python_docs_text_document.bin").read_bytes() != b"old"
+    meta = json.loads((data / "python_docs_text_document.meta.json").read_text())
+    assert meta["tokenizer_fingerprint"] == tok.fingerprint and meta["vocab_size"] == tok.vocab_size
+    again = prepare_default_data(tmp_path, vocab_size=300, max_chars=5_000)   # now reused
+    assert again == paths and load_tokenizer(again["tokenizer"]).fingerprint == tok.fingerprint

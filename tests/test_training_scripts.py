@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ def _check_tensor_dir(tensor_dir: Path) -> list[Path]:
 
 
 def test_embedded_default_run_collects_tensors(tmp_path):
-    """No data, no GPU: corpus from Python's docs, BPE, tiny Llama, capture, summary."""
+    """No data, no GPU: corpus from Python's docs, HF byte-level BPE, tiny Llama, capture, summary."""
     out = run([*COLLECT, "--train-iters", "3", "--default-corpus-chars", "80000", "--no-visualize"],
               cwd=tmp_path, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -50,7 +51,10 @@ def test_embedded_default_run_collects_tensors(tmp_path):
     manifest = list(read_manifest(tensor_dir))
     assert {r["file"] for r in manifest if r.get("file")} >= {f.name for f in files if f.parent == tensor_dir}
     # the corpus was built here from local text, and the tokenizer trained on it
-    assert (tmp_path / "runs/default/data/tokenizer/lowp_bpe_tokenizer.json").is_file()
+    assert (tmp_path / "runs/default/data/tokenizer/tokenizer.json").is_file()
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "runs/default/data/tokenizer")) == 512
     assert (tmp_path / "runs/default/data/python_docs_text_document.idx").is_file()
 
 
@@ -73,8 +77,6 @@ def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path):
     while time.monotonic() < deadline and len(list((tmp_path / "t").glob("*.pt"))) < 5:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
-    import os
-
     os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C reaches the whole foreground group
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
@@ -153,12 +155,12 @@ def test_example_script_trains_and_captures(small_data, tmp_path):
     assert len(state["master_params"]) > 0 and state["master_params"][0].dtype == torch.float32
 
 
-def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data, tmp_path):
-    """MEGATRON_LM_DIR: the checkout is copied, patched, and its pretrain_gpt.py gets the 1B args.
+def _standin_checkout(tmp_path: Path, version: tuple[int, int, int] | None = None) -> Path:
+    """A stand-in Megatron-LM checkout (real Megatron-LM is not installed here).
 
-    The stand-in checkout holds the megatron-core files the patch set edits and a pretrain_gpt.py
-    that records its arguments and whether the megatron next to it (first on sys.path) is
-    patched (real Megatron-LM is not installed here).
+    It holds the megatron-core files the patch set reads, copied from the installed
+    megatron-core (``version`` rewrites package_info.py), and a pretrain_gpt.py that records its
+    arguments and whether the megatron next to it (first on sys.path) is patched.
     """
     import shutil
 
@@ -172,17 +174,47 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
         if (installed / rel).is_file():
             (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(installed / rel, checkout / rel)
+    if version is not None:
+        (checkout / "megatron/core/package_info.py").write_text(
+            "MAJOR = {}\nMINOR = {}\nPATCH = {}\nPRE_RELEASE = ''\n".format(*version))
     (checkout / "pretrain_gpt.py").write_text(
         "import json, os, sys\n"
         "layers = os.path.join(sys.path[0], 'megatron/core/tensor_parallel/layers.py')\n"
         "out = {'argv': sys.argv[1:], 'layers': layers,\n"
         "       'patched': '_tensor_saver' in open(layers).read()}\n"
         "open(os.environ['PROBE_OUT'], 'w').write(json.dumps(out))\n")
+    return checkout
+
+
+def _apex_importable() -> bool:
+    out = subprocess.run([sys.executable, "-c", "import torch, fused_weight_gradient_mlp_cuda"],
+                         capture_output=True)
+    return out.returncode == 0
+
+
+@pytest.mark.parametrize("apex", [False, True], ids=["no-apex", "apex-standin"])
+def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data, tmp_path, apex):
+    """MEGATRON_LM_DIR: version checked, the checkout copied and patched, and its pretrain_gpt.py
+    gets the 1B args; gradient-accumulation fusion is turned off exactly when apex's
+    fused_weight_gradient_mlp_cuda does not import ("apex-standin": an empty module of that
+    name on PYTHONPATH, a narrow stand-in for the launcher's import check only)."""
+    if not apex and _apex_importable():
+        pytest.skip("apex is installed here: the no-apex case cannot be run")
+    checkout = _standin_checkout(tmp_path)
+    extra = {}
+    if apex:
+        shim = tmp_path / "apex_standin"
+        shim.mkdir()
+        (shim / "fused_weight_gradient_mlp_cuda.py").write_text("# stand-in: import check only\n")
+        extra["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(shim)])
     out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=240,
               MEGATRON_LM_DIR=str(checkout), TENSOR_SAVE_ENABLED="true", GPUS_PER_NODE="1",
               MASTER_PORT=str(free_port()), PROBE_OUT=str(tmp_path / "probe.json"),
-              TRAIN_ITERS="7")
+              TRAIN_ITERS="7", **extra)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    import megatron.core.package_info as info
+
+    assert f"megatron-core {info.__version__}" in out.stderr      # the version was detected
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert probe["patched"] and str(tmp_path / "ckpt" / ".lowp") in probe["layers"]
     argv = probe["argv"]
@@ -190,9 +222,65 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
     assert pairs["--num-layers"] == "16" and pairs["--hidden-size"] == "2048"
     assert pairs["--num-query-groups"] == "8" and pairs["--rotary-base"] == "500000"
     assert pairs["--data-path"] == small_data["data_path"] and pairs["--train-iters"] == "7"
+    assert pairs["--tokenizer-type"] == "HuggingFaceTokenizer"
+    assert pairs["--tokenizer-model"] == small_data["tokenizer"]
+    assert pairs["--transformer-impl"] == "local"
     assert "--bf16" in argv and "--swiglu" in argv and "--fp8-format" not in argv
+    assert ("--no-gradient-accumulation-fusion" in argv) == (not apex)
+    assert ("passing --no-gradient-accumulation-fusion" in out.stderr) == (not apex)
     # the user's checkout itself is untouched
     assert "_tensor_saver" not in (checkout / "megatron/core/tensor_parallel/layers.py").read_text()
+
+
+def test_example_script_refuses_an_unsupported_megatron_version(small_data, tmp_path):
+    checkout = _standin_checkout(tmp_path, version=(0, 12, 0))
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=120,
+              MEGATRON_LM_DIR=str(checkout), PROBE_OUT=str(tmp_path / "probe.json"))
+    line = one_error_line(out.stderr)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert line.startswith("train_llama32_1b_h100_fp8.sh: error: MEGATRON_LM_DIR=")
+    assert "megatron-core 0.12.0 is not supported; supported:" in line
+    assert not (tmp_path / "probe.json").exists() and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("env,dtype,message", [
+    ({"CUSTOM_QUANT_TYPE": "mxfp9"}, "bf16", "CUSTOM_QUANT_TYPE='mxfp9' is not a known format"),
+    ({"CUSTOM_QUANT_TYPE": "mxfp8"}, "fp8",
+     "CUSTOM_QUANT_TYPE=mxfp8 with DTYPE fp8: fp8 runs Transformer Engine linears"),
+    ({"CUSTOM_QUANT_TYPE": "mxfp8", "MEGATRON_LM_DIR": "CHECKOUT"}, "fp8", "use DTYPE bf16"),
+], ids=["typo", "te-emulation", "te-emulation-megatron-lm"])
+def test_example_script_quant_mistakes_are_one_line(small_data, tmp_path, env, dtype, message):
+    """Before torchrun starts: no traceback, one line, exit 2 (on any machine, GPU or not)."""
+    if env.get("MEGATRON_LM_DIR") == "CHECKOUT":
+        env = {**env, "MEGATRON_LM_DIR": str(_standin_checkout(tmp_path))}
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data, dtype)], cwd=tmp_path, timeout=120,
+              PROBE_OUT=str(tmp_path / "probe.json"), **env)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert message in one_error_line(out.stderr)
+    assert not (tmp_path / "probe.json").exists()
+
+
+def test_example_script_refuses_an_old_format_tokenizer(small_data, tmp_path):
+    old = tmp_path / "old_tokenizer"
+    old.mkdir()
+    (old / "lowp_bpe_tokenizer.json").write_text('{"format": "megatron-lowp-byte-bpe"}')
+    args = _example_args(tmp_path, small_data)
+    out = run([*EXAMPLE, *args[:2], str(old), *args[3:]], cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    line = one_error_line(out.stderr)
+    assert "old-format tokenizer" in line and "re-run preprocess-corpus" in line
+
+
+def test_example_script_help_is_the_header_only():
+    out = run([*EXAMPLE, "--help"], cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip()
+    script = (ROOT / "examples/llama/train_llama32_1b_h100_fp8.sh").read_text().splitlines()
+    comments = {l.lstrip("#").strip() for l in script if l.startswith("#")}
+    for line in out.stdout.splitlines():       # every help line is a header comment, no code
+        assert line.strip() in comments, line
+    for word in ("CUSTOM_QUANT_TYPE", "MEGATRON_LM_DIR", "no-gradient-accumulation-fusion",
+                 "DTYPE bf16"):
+        assert word in out.stdout
 
 
 def test_summary_counts_and_marks_partial_iterations(tmp_path):

@@ -127,12 +127,15 @@ def prepare_default_data(workdir: str | os.PathLike[str], vocab_size: int = 512,
                          max_chars: int | None = None, rebuild: bool = False) -> dict[str, str]:
     """Build (or reuse) the default corpus, tokenizer and indexed dataset under ``workdir``."""
     from .corpus import write_builtin_corpus
-    from .preprocess import DOCUMENT_SUFFIX, preprocess
+    from .preprocess import DOCUMENT_SUFFIX, META_SUFFIX, preprocess
+    from .tokenizer import is_current_tokenizer_dir
 
     root = Path(workdir)
     prefix = str(root / "data" / f"python_docs{DOCUMENT_SUFFIX}")
     tokenizer = str(root / "data" / "tokenizer")
-    ready = all(Path(p).exists() for p in (prefix + ".bin", prefix + ".idx", tokenizer))
+    # Data from an older version (our own BPE, no .meta.json) is rebuilt, not reused.
+    ready = (all(Path(p).exists() for p in (prefix + ".bin", prefix + ".idx", prefix + META_SUFFIX))
+             and is_current_tokenizer_dir(tokenizer))
     if ready and not rebuild:
         say(f"reusing the default corpus in {root / 'data'} (--rebuild-data to redo)")
         return {"data_path": prefix, "tokenizer": tokenizer}
@@ -142,7 +145,8 @@ def prepare_default_data(workdir: str | os.PathLike[str], vocab_size: int = 512,
         f"{info['documents']} documents, {info['characters']:,} characters -> {corpus}")
     summary = preprocess([str(corpus)], prefix, tokenizer=None, tokenizer_out=tokenizer,
                          vocab_size=vocab_size, progress=sys.stderr.isatty())
-    say(f"trained a {summary['vocab_size']}-token BPE tokenizer and wrote "
+    say(f"trained a {summary['vocab_size']}-token byte-level BPE tokenizer (Hugging Face "
+        f"tokenizers) and wrote "
         f"{summary['tokens']:,} tokens to {prefix}.bin/.idx")
     return {"data_path": prefix, "tokenizer": tokenizer}
 
@@ -376,11 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.tokenizer:
             raise UserError("--data-path needs --tokenizer (the directory preprocess-corpus wrote)")
-        from .data import check_data_prefix
+        from .data import check_data_prefix, check_tokenizer_matches
         from .tokenizer import load_tokenizer
 
         check_data_prefix(args.data_path)
-        load_tokenizer(args.tokenizer)
+        check_tokenizer_matches(args.data_path, load_tokenizer(args.tokenizer))
         paths = {"data_path": args.data_path, "tokenizer": args.tokenizer}
     visualize = embedded if args.visualize is None else args.visualize
     if embedded and not env.get("TENSOR_SAVE_CONFIG"):

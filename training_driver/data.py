@@ -24,6 +24,28 @@ def check_data_prefix(prefix: str) -> None:
                         "the prefix written by preprocess-corpus (ending in _text_document)")
 
 
+def check_tokenizer_matches(prefix: str, tokenizer: Tokenizer) -> None:
+    """Refuse data whose ``.meta.json`` (written by preprocess-corpus) names another tokenizer.
+
+    Data without the record (made by Megatron-LM's own tools) is accepted as it is.
+    """
+    import json
+
+    meta_path = Path(prefix + ".meta.json")
+    if not meta_path.is_file():
+        return
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{meta_path}: not readable JSON ({exc}); re-run preprocess-corpus") from None
+    want, have = meta.get("tokenizer_fingerprint"), getattr(tokenizer, "fingerprint", "")
+    if (want and have and want != have) or meta.get("vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
+        raise UserError(f"data path {prefix} was tokenized with another tokenizer "
+                        f"({meta.get('tokenizer')}, vocabulary {meta.get('vocab_size')}) than the "
+                        f"one given (vocabulary {tokenizer.vocab_size}): pass that tokenizer, or "
+                        "re-run preprocess-corpus to make both again")
+
+
 def _ensure_helpers() -> None:
     """megatron's sample index builder is C++; wheels ship it compiled, source installs may not."""
     try:
@@ -75,6 +97,7 @@ def build_gpt_dataset(prefix: str, tokenizer: Tokenizer, seq_length: int, num_sa
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     check_data_prefix(prefix)
+    check_tokenizer_matches(prefix, tokenizer)
     _ensure_helpers()
     config = GPTDatasetConfig(
         random_seed=seed,

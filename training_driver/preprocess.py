@@ -3,7 +3,10 @@
 Writes ``{output_prefix}_text_document.bin`` / ``.idx`` through megatron.core.datasets'
 IndexedDatasetBuilder (one document per JSON line, or per blank-line-separated block of plain
 text, each followed by the end-of-document token), the layout Megatron's GPTDataset reads.
-Without ``--tokenizer`` a byte-level BPE is trained on the corpus and saved beside the data.
+Without ``--tokenizer`` a byte-level BPE is trained on the corpus with Hugging Face
+``tokenizers`` and saved beside the data as a directory ``transformers.AutoTokenizer`` loads
+(the one Megatron-LM's ``--tokenizer-type HuggingFaceTokenizer --tokenizer-model`` takes).
+``{prefix}.meta.json`` records which tokenizer made the ids, so training refuses a mismatch.
 """
 from __future__ import annotations
 
@@ -15,12 +18,13 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from lowp_common import atomic_path
+from lowp_common import atomic_path, atomic_write_json
 
 from .errors import UserError, cli_entry
-from .tokenizer import Tokenizer, load_tokenizer, train_bpe
+from .tokenizer import Tokenizer, load_tokenizer, save_tokenizer, train_bpe
 
 DOCUMENT_SUFFIX = "_text_document"
+META_SUFFIX = ".meta.json"
 JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
 
 
@@ -103,23 +107,30 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer: str | None = No
         texts.extend(read_documents(path, json_key))
     if not texts:
         raise UserError(f"no documents in {', '.join(inputs)}: the corpus is empty")
-    tok: Tokenizer
     if tokenizer:
-        tok = load_tokenizer(tokenizer)
         tokenizer_dir = tokenizer
     else:
-        tok = train_bpe(texts, vocab_size=vocab_size, progress=progress)
         tokenizer_dir = tokenizer_out or str(Path(output_prefix).parent / "tokenizer")
-        tok.save(tokenizer_dir)
+        save_tokenizer(train_bpe(texts, vocab_size=vocab_size, progress=progress), tokenizer_dir)
+    tok: Tokenizer = load_tokenizer(tokenizer_dir)  # encode with what is on disk
     docs: list[list[int]] = []
     n_tokens = 0
-    for text in tqdm(texts, desc="tokenizing", unit="doc", disable=not progress, leave=False):
-        ids = tok.encode(text)
-        ids.append(tok.eod)
-        docs.append(ids)
-        n_tokens += len(ids)
+    bar = tqdm(total=len(texts), desc="tokenizing", unit="doc", disable=not progress, leave=False)
+    for start in range(0, len(texts), 256):
+        for ids in tok.encode_batch(texts[start:start + 256]):
+            ids.append(tok.eod)
+            docs.append(ids)
+            n_tokens += len(ids)
+        bar.update(min(256, len(texts) - start))
+    bar.close()
     prefix = output_prefix if output_prefix.endswith(DOCUMENT_SUFFIX) else output_prefix + DOCUMENT_SUFFIX
+    meta = Path(prefix + META_SUFFIX)
+    meta.unlink(missing_ok=True)  # never leave a record of the previous tokenizer beside new data
     write_indexed_dataset(docs, prefix, tok.vocab_size)
+    atomic_write_json(meta, {"tokenizer": os.path.abspath(tokenizer_dir),
+                             "tokenizer_fingerprint": getattr(tok, "fingerprint", ""),
+                             "vocab_size": tok.vocab_size, "eod": tok.eod,
+                             "documents": len(docs), "tokens": n_tokens})
     return {"data_prefix": prefix, "tokenizer": str(tokenizer_dir), "documents": len(docs),
             "tokens": n_tokens, "vocab_size": tok.vocab_size}
 
@@ -136,10 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-prefix", required=True,
                    help="output path prefix; '_text_document.bin/.idx' is appended")
     p.add_argument("--tokenizer", default=None,
-                   help="existing tokenizer directory (ours or a local Hugging Face one); "
-                        "default: train a byte-level BPE on the corpus")
+                   help="existing tokenizer directory (one preprocess-corpus wrote, or a local "
+                        "Hugging Face one); default: train a byte-level BPE on the corpus with "
+                        "Hugging Face tokenizers")
     p.add_argument("--tokenizer-out", default=None,
-                   help="where to save a trained tokenizer (default: PREFIX's folder/tokenizer)")
+                   help="where to save a trained tokenizer (default: PREFIX's folder/tokenizer); "
+                        "transformers.AutoTokenizer.from_pretrained loads it")
     p.add_argument("--vocab-size", type=int, default=1024,
                    help="size of a trained tokenizer (default 1024)")
     p.add_argument("--json-key", default="text", help="JSON field holding the text (default text)")

@@ -4,14 +4,23 @@
 #   bash examples/llama/train_llama32_1b_h100_fp8.sh CHECKPOINT_PATH TENSORBOARD_LOGS_PATH \
 #        TOKENIZER_PATH DATA_PATH DTYPE
 #
-#   DTYPE       bf16, or fp8 (Transformer Engine hybrid FP8 recipe; needs TE and a GPU)
+#   DTYPE       bf16 (local linears), or fp8 (Transformer Engine linears with the hybrid FP8
+#               recipe; needs TE and a GPU)
+#   TOKENIZER_PATH  tokenizer directory: the one preprocess-corpus wrote, or a local Hugging
+#               Face one (e.g. model/llama3.2-1b); Megatron-LM loads it with AutoTokenizer
 #   DATA_PATH   indexed dataset prefix (preprocess-corpus output, ..._text_document)
 #
 # Environment:
 #   TENSOR_SAVE_ENABLED, TENSOR_SAVE_DIR, TENSOR_SAVER_ITERATION, CUSTOM_QUANT_TYPE
-#                      capture / emulation, applied through the patch set (patches/)
-#   MEGATRON_LM_DIR    a Megatron-LM checkout: run its pretrain_gpt.py on a patched copy;
-#                      unset: run this project's driver (training_driver/train.py)
+#                      capture / emulation, applied through the patch set (patches/).
+#                      CUSTOM_QUANT_TYPE emulates on local linears only: with DTYPE fp8
+#                      (Transformer Engine linears) it is refused (exit 2); use DTYPE bf16,
+#                      which runs --transformer-impl local.
+#   MEGATRON_LM_DIR    a Megatron-LM checkout: its version must be one the patch set supports
+#                      (megatron-tensor-patch --detect; else exit 2); its pretrain_gpt.py runs
+#                      on a patched copy; without apex (fused_weight_gradient_mlp_cuda) the
+#                      launcher adds --no-gradient-accumulation-fusion.
+#                      Unset: run this project's driver (training_driver/train.py)
 #   GPUS_PER_NODE (default: GPUs found, else 1), NNODES (1), NODE_RANK (0),
 #   MASTER_ADDR (localhost), MASTER_PORT (6000)
 #   TP, PP (1), MICRO_BATCH_SIZE (1), GLOBAL_BATCH_SIZE (8), SEQ_LENGTH (2048),
@@ -20,8 +29,8 @@
 #   WORKDIR            where the patched Megatron copy goes (default: CHECKPOINT_PATH/.lowp)
 set -euo pipefail
 
-usage() {
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+usage() {  # the comment block at the top of this file, without the '#'s
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
 }
 die() { echo "train_llama32_1b_h100_fp8.sh: error: $*" >&2; exit 2; }
 
@@ -49,9 +58,40 @@ esac
 DATA_PATH="${DATA_PATH%.bin}"; DATA_PATH="${DATA_PATH%.idx}"
 [[ -f "${DATA_PATH}.bin" && -f "${DATA_PATH}.idx" ]] || die "DATA_PATH ${DATA_PATH} has no .bin/.idx: run preprocess-corpus --input CORPUS --output-prefix PREFIX first"
 
+# Before anything starts: the capture settings (a CUSTOM_QUANT_TYPE typo), the tokenizer (an
+# old-format directory) and whether the data was made with it. One line and exit 2 on a mistake.
+PREFLIGHT=$("$PY" - "$TOKENIZER_PATH" "$DATA_PATH" 2>&1 <<'PY'
+import sys
+from lowp_common import UserError
+try:
+    from tensor_capture.config import ConfigError, load_config
+    from training_driver.capture import capture_requested
+    from training_driver.data import check_tokenizer_matches
+    from training_driver.tokenizer import load_tokenizer
+    try:
+        quant = load_config().quant_type or ""
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    check_tokenizer_matches(sys.argv[2], load_tokenizer(sys.argv[1]))
+except UserError as exc:
+    print("error:", " ".join(str(exc).split()))
+    sys.exit(2)
+print("ok", int(capture_requested()), quant or "-")
+PY
+) || die "$(printf '%s\n' "$PREFLIGHT" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^error: //')"
+read -r _ CAPTURE QUANT <<<"$(printf '%s\n' "$PREFLIGHT" | tail -n 1)"
+[[ "$QUANT" == - ]] && QUANT=""
+if [[ "$DTYPE" == fp8 && -n "$QUANT" ]]; then
+    die "CUSTOM_QUANT_TYPE=$QUANT with DTYPE fp8: fp8 runs Transformer Engine linears (--transformer-impl transformer_engine), where the emulation does not apply and would silently do nothing; use DTYPE bf16 (local linears, --transformer-impl local) to emulate $QUANT, or unset CUSTOM_QUANT_TYPE for real FP8"
+fi
+
 if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     [[ -d "$MEGATRON_LM_DIR" ]] || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR is not a directory: point it at a Megatron-LM checkout or unset it"
     [[ -f "$MEGATRON_LM_DIR/pretrain_gpt.py" ]] || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR has no pretrain_gpt.py: point it at a Megatron-LM checkout or unset it"
+    # The checkout's megatron-core version must be one the patch set supports.
+    DETECTED=$("$PY" -m tensor_capture.patcher --detect "$MEGATRON_LM_DIR" 2>&1) \
+        || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR: $(printf '%s\n' "$DETECTED" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^megatron-tensor-patch: error: //')"
+    MEGATRON_VERSION=$(printf '%s\n' "$DETECTED" | tail -n 1)
 fi
 
 HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
@@ -91,9 +131,6 @@ fi
 
 mkdir -p "$CHECKPOINT_PATH" "$TENSORBOARD_LOGS_PATH" "$WORKDIR"
 
-# Capture or emulation requested: build the patched megatron tree once for every rank.
-CAPTURE=$("$PY" -c 'from training_driver.capture import capture_requested; print(int(capture_requested()))')
-
 DIST_ARGS=(--nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK"
            --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT")
 
@@ -107,6 +144,14 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
         bash "$HERE/patches/apply_patches.sh" "$TREE" >/dev/null || die "could not apply the patch set to the copy of $MEGATRON_LM_DIR (see the message above)"
     fi
     IMPL=local; [[ "$DTYPE" == fp8 ]] && IMPL=transformer_engine
+    # Megatron's default gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda
+    # (with it, the patch set emulates and captures the fused weight-gradient path).
+    FUSION=()
+    if ! "$PY" -c 'import torch, fused_weight_gradient_mlp_cuda' >/dev/null 2>&1; then
+        FUSION=(--no-gradient-accumulation-fusion)
+        echo "train_llama32_1b_h100_fp8.sh: note: apex's fused_weight_gradient_mlp_cuda is not importable: passing --no-gradient-accumulation-fusion" >&2
+    fi
+    echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
     PRECISION=(--bf16)
     [[ "$DTYPE" == fp8 ]] && PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
     exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
@@ -119,7 +164,7 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
         --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE" \
         --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine \
         --lr-warmup-iters "$WARMUP_ITERS" --weight-decay 0.1 --clip-grad 1.0 \
-        --adam-beta1 0.9 --adam-beta2 0.95 "${PRECISION[@]}" \
+        --adam-beta1 0.9 --adam-beta2 0.95 "${PRECISION[@]}" ${FUSION[@]+"${FUSION[@]}"} \
         --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_PATH" \
         --data-path "$DATA_PATH" --split 99,1,0 \
         --save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL" \
