@@ -132,10 +132,16 @@ _FUSED_WGRAD = Edit("linear.wgrad_fused", "                    if weight.main_gr
 """)
 
 # LinearWithFrozenWeight
-_FROZEN_FWD_INLINE = _guarded_return("frozen.forward", """\
+# The guard goes after ``ctx.tp_group = tp_group``: backward reads it for the dgrad all-reduce.
+_FROZEN_FWD_INLINE = Edit("frozen.forward", """\
         ctx.tp_group = tp_group
         output = torch.matmul(input, weight.t())
-""", "linear_forward(ctx, input, weight, bias)")
+""", f"""\
+        ctx.tp_group = tp_group
+        if _tensor_saver.STATE.active:  {MARK}
+            return _tensor_saver.linear_forward(ctx, input, weight, bias)
+        output = torch.matmul(input, weight.t())
+""")
 _FROZEN_FWD_CALL = _guarded_return(
     "frozen.forward", "        return _linear_forward(input, weight, bias, output_dtype)\n",
     "linear_forward(ctx, input, weight, bias)", " and output_dtype in (None, input.dtype)")

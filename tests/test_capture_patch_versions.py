@@ -9,6 +9,7 @@ when the package registry cannot be reached. No Megatron code is kept in this re
 from __future__ import annotations
 
 import shutil
+import os
 import subprocess
 import sys
 import zipfile
@@ -45,7 +46,11 @@ def _download(version: str, cache: Path) -> tuple[Path | None, str]:
 
 @pytest.fixture(scope="module")
 def wheels(request) -> dict[str, Path]:
-    cache = Path(request.config.cache.mkdir("megatron-core-wheels"))
+    if getattr(request.config, "cache", None) is not None:
+        cache = Path(request.config.cache.mkdir("megatron-core-wheels"))
+    else:  # pytest run with -p no:cacheprovider
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "megatron-core-wheels"
+        cache.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=2) as pool:
         got = dict(zip(RELEASES, pool.map(lambda v: _download(v, cache), RELEASES)))
     failed = {v: out for v, (w, out) in got.items() if w is None}
