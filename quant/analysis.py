@@ -19,7 +19,7 @@ import torch
 
 from .elemwise import ElemParams, pow2_any, round_magnitude
 from .formats import SCALING_MX, SCALING_NVFP4, SCALING_TENSOR, FormatSpec, get_format
-from .quantize import _check_input, quantize, resolve_options, to_blocks
+from .dispatch import _check_input, quantize_raw, resolve_options, to_blocks
 from .scaling import (mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale,
                       tensor_scale)
 
@@ -152,8 +152,8 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
     with torch.no_grad():
         x = x.detach()
         if quantized is None:
-            quantized = quantize(x, spec, block_size=block_size, axis=axis, rounding=rounding,
-                                 scale_mode=scale_mode, saturate=saturate, analyze=False)
+            quantized = quantize_raw(x, spec, block_size=block_size, axis=axis,
+                                     rounding=rounding, scale_mode=scale_mode, saturate=saturate)
         if quantized.shape != x.shape:
             raise ValueError(f"analyze_quantization: quantized has shape "
                              f"{tuple(quantized.shape)}, x has {tuple(x.shape)}")

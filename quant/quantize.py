@@ -1,122 +1,18 @@
-"""``quantize``: the public fake-quantization entry point (validation, layout, dispatch).
-
-Layout for block formats: the block axis is moved last; a length that is not a multiple of the
-block size is zero-padded (zeros never change a block's amax, so this equals quantizing the
-partial block over its real elements); the padding is cropped off again.
+"""``quantize``: the public fake-quantization entry point (the core in ``dispatch`` plus the
+optional pre-quantization analysis), and ``quantize_ste`` for a straight-through gradient.
 """
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 
-from . import accel
-from .elemwise import ElemParams, cast_elements
-from .formats import (RANDOM_ROUNDING_MODES, SCALING_IDENTITY, SCALING_MX, SCALING_NONE,
-                      SCALING_NVFP4, SCALING_TENSOR, FormatSpec, check_rounding,
-                      check_scale_mode, get_format)
-from .scaling import quantize_mx_blocks, quantize_nvfp4_blocks, quantize_tensor_scaled
+from .analysis import analyze_quantization, warn_if_underflow
+from .dispatch import quantize_raw
+from .formats import FormatSpec
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ANALYZE_ENV = "QUANT_ANALYZE"
-
-
-def _check_input(x, where: str = "quantize") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{where}: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{where}: x has dtype {x.dtype}; supported input dtypes are float32, "
-                        "bfloat16 and float16 (convert first, e.g. x.float())")
-
-
-def resolve_options(spec: FormatSpec, rounding: Optional[str], scale_mode: str,
-                    block_size: Optional[int], generator) -> tuple[str, int]:
-    """Validate options against the format; return (rounding, block size)."""
-    rounding = check_rounding(spec.default_rounding if rounding is None else rounding, spec)
-    check_scale_mode(scale_mode)
-    if scale_mode != "floor" and spec.scaling != SCALING_MX:
-        raise ValueError(f"scale_mode={scale_mode!r} only applies to MX formats (mx*); "
-                         f"{spec.name} has scaling {spec.scaling!r}")
-    if block_size is not None:
-        if not spec.is_block:
-            raise ValueError(f"block_size only applies to block formats (mx*, nvfp4); "
-                             f"{spec.name} is not one")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return rounding, (block_size or spec.block_size or 0)
-
-
-def to_blocks(x: torch.Tensor, axis: int, block: int):
-    """Move ``axis`` last and split it into zero-padded blocks: returns (blocks, restore)."""
-    if x.dim() == 0:
-        x = x.reshape(1)
-        axis = 0
-    if not -x.dim() <= axis < x.dim():
-        raise ValueError(f"axis {axis} out of range for a tensor of shape {tuple(x.shape)}")
-    axis = axis % x.dim()
-    moved = x.movedim(axis, -1)
-    moved_shape = moved.shape
-    n = moved_shape[-1]
-    pad = (-n) % block
-    flat = moved.reshape(-1, n)
-    if pad:
-        flat = torch.nn.functional.pad(flat, (0, pad))
-    blocks = flat.reshape(flat.shape[0], -1, block)
-
-    def restore(yb: torch.Tensor) -> torch.Tensor:
-        y = yb.reshape(flat.shape[0], n + pad)
-        if pad:
-            y = y[:, :n]
-        return y.reshape(moved_shape).movedim(-1, axis)
-
-    return blocks, restore
-
-
-def _noise(shape, device, generator, rounding):
-    if rounding not in RANDOM_ROUNDING_MODES:
-        return None
-    return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
-
-
-# ---- one quantizer per scaling family (table-driven dispatch) -------------------------------
-
-def _q_identity(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    return x.clone()
-
-
-def _q_elements(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    noise = _noise(x.shape, x.device, generator, rounding)
-    return accel.run(cast_elements, x, (p, rounding, saturate), noise)
-
-
-def _q_tensor(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    noise = _noise(x.shape, x.device, generator, rounding)
-    return accel.run(quantize_tensor_scaled, x, (p, rounding, saturate), noise)
-
-
-def _q_mx(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    xb, restore = to_blocks(x, axis, block)
-    noise = _noise(xb.shape, xb.device, generator, rounding)
-    return restore(accel.run(quantize_mx_blocks, xb,
-                             (p, spec.emax, rounding, scale_mode, saturate), noise))
-
-
-def _q_nvfp4(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-    xb, restore = to_blocks(x, axis, block)
-    noise = _noise(xb.shape, xb.device, generator, rounding)
-    return restore(accel.run(quantize_nvfp4_blocks, xb, (p, rounding, saturate), noise))
-
-
-_DISPATCH: dict[str, Callable] = {
-    SCALING_IDENTITY: _q_identity,
-    SCALING_NONE: _q_elements,
-    SCALING_TENSOR: _q_tensor,
-    SCALING_MX: _q_mx,
-    SCALING_NVFP4: _q_nvfp4,
-}
 
 
 def _analysis_requested(analyze: Optional[bool]) -> bool:
@@ -139,32 +35,13 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
     (default: environment variable QUANT_ANALYZE=1); it never changes the result.
     The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
     """
-    _check_input(x)
-    spec = get_format(fmt)
-    rounding, block = resolve_options(spec, rounding, scale_mode, block_size, generator)
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        raise ValueError(f"axis must be an int, got {axis!r}")
-    p = ElemParams.of(spec)
-    with torch.no_grad():
-        xd = x.detach()
-        if xd.numel() == 0:
-            return xd.clone()
-        # kernels take the input dtype and compute in float32 (the casts fuse when compiled)
-        if spec.is_block and xd.dim() == 0:
-            y = _DISPATCH[spec.scaling](xd.reshape(1), spec, p, rounding, saturate, scale_mode,
-                                        block, 0, generator).reshape(())
-        else:
-            if not xd.is_contiguous() and not spec.is_block:
-                xd = xd.contiguous()
-            y = _DISPATCH[spec.scaling](xd, spec, p, rounding, saturate, scale_mode, block,
-                                        axis, generator)
-        y = y.contiguous()
-        if _analysis_requested(analyze):
-            from .analysis import analyze_quantization, warn_if_underflow
-            report = analyze_quantization(xd, spec, block_size=block_size, axis=axis,
-                                          rounding=rounding, scale_mode=scale_mode,
-                                          saturate=saturate, quantized=y)
-            warn_if_underflow(report)
+    y = quantize_raw(x, fmt, block_size=block_size, axis=axis, rounding=rounding,
+                     scale_mode=scale_mode, saturate=saturate, generator=generator)
+    if y.numel() and _analysis_requested(analyze):
+        report = analyze_quantization(x.detach(), fmt, block_size=block_size, axis=axis,
+                                      rounding=rounding, scale_mode=scale_mode,
+                                      saturate=saturate, quantized=y)
+        warn_if_underflow(report)
     return y
 
 
