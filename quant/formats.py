@@ -51,6 +51,7 @@ class FormatSpec:
     grid_emin: Optional[int] = None        # smallest exponent of the rounding grid (subnormals)
     default_rounding: str = "nearest_even"
     description: str = ""
+    torch_dtype: Optional[str] = None      # the torch dtype this format is ("bfloat16", ...)
 
     @property
     def is_block(self) -> bool:
@@ -122,8 +123,10 @@ _E2M3 = _minifloat("fp6_e2m3", 2, 3, ieee_like=False,
                    description="OCP MX FP6 E2M3 (ml_dtypes float6_e2m3fn): no Inf, no NaN")
 _E2M1 = _minifloat("fp4_e2m1", 2, 1, ieee_like=False,
                    description="OCP MX FP4 E2M1 (ml_dtypes float4_e2m1fn): no Inf, no NaN")
-_BF16 = _minifloat("bf16", 8, 7, ieee_like=True, description="bfloat16 cast")
-_FP16 = _minifloat("fp16", 5, 10, ieee_like=True, description="IEEE float16 cast")
+_BF16 = _minifloat("bf16", 8, 7, ieee_like=True, description="bfloat16 cast",
+                   torch_dtype="bfloat16")
+_FP16 = _minifloat("fp16", 5, 10, ieee_like=True, description="IEEE float16 cast",
+                   torch_dtype="float16")
 
 # MX INT8 element: two's complement with implicit scale 2^-6, used symmetrically (+-127/64).
 _INT8 = FormatSpec(
@@ -146,6 +149,7 @@ _FP32 = FormatSpec(
     max_normal=float((2 - 2.0 ** -23) * 2.0 ** 127), min_normal=2.0 ** -126,
     min_subnormal=2.0 ** -149, has_inf=True, has_nan=True, inf_encoding="S.11111111.0...0",
     nan_encoding="S.11111111.<nonzero>", grid_emin=-126, scaling=SCALING_IDENTITY,
+    torch_dtype="float32",
     description="no quantization (the input is returned as a copy)")
 
 
@@ -178,6 +182,23 @@ _OTHER = (
 )
 
 FORMATS: dict[str, FormatSpec] = {s.name: s for s in _ELEMENTS + _MX + _OTHER}
+
+#: torch dtype name -> the format that is that dtype (derived from the table)
+FORMAT_OF_DTYPE: dict[str, str] = {s.torch_dtype: s.name for s in FORMATS.values() if s.torch_dtype}
+#: element-format name -> its MX format (derived: mxfp8 is the MX format of fp8_e4m3, ...)
+MX_OF_ELEMENT: dict[str, str] = {s.element: s.name for s in FORMATS.values()
+                                 if s.scaling == SCALING_MX and s.element}
+
+
+def format_for_dtype(dtype) -> Optional[str]:
+    """The format name of a torch dtype (torch.bfloat16 -> 'bf16'), or None."""
+    return FORMAT_OF_DTYPE.get(str(dtype).replace("torch.", ""))
+
+
+def element_formats() -> tuple[str, ...]:
+    """The unscaled element formats that have an MX format (the sweep's --elem-format)."""
+    return tuple(MX_OF_ELEMENT)
+
 
 # E8M0 shared-scale range (codes 0x00..0xFE = 2^-127..2^127; 0xFF = NaN).
 E8M0_MIN_EXP = -127

@@ -30,11 +30,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-#: element formats the sweep accepts (the ``--elem-format`` choices)
-ELEMENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+from .analysis import severity as _severity
+from .formats import element_formats, get_format
+from .metrics import from_sums
+
+#: element formats the sweep accepts (the ``--elem-format`` choices): those with an MX format
+ELEMENT_FORMATS = element_formats()
 
 #: composite-score weights (the seed's: MSE 30 %, cosine 30 %, PSNR 20 %, MAE 10 %, rel. 10 %)
-COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
+COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine_similarity": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
 #: metrics where lower is better; the others (cosine, psnr) are higher-is-better
 LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_error"})
 #: metrics normalized in log10 space for the composite (errors span decades)
@@ -45,7 +49,7 @@ SEVERITY_NONE = "NONE"
 #: elements per [levels, chunk] tile in the batched pass (512 KiB of float32: stays in cache)
 DEFAULT_CHUNK = 1 << 17
 
-METRIC_NAMES = ("mse", "rmse", "cosine", "psnr", "mae", "max_abs_error", "relative_error")
+METRIC_NAMES = ("mse", "rmse", "cosine_similarity", "psnr", "mae", "max_abs_error", "relative_error")
 
 
 class SweepInputError(ValueError):
@@ -510,41 +514,17 @@ class LevelResult:
 
 
 def severity(ratio: float) -> str:
-    """HIGH above 1 %, MEDIUM above 0.1 %, else NONE (``quant.analysis.severity``, upper-cased
-    for the report)."""
-    from quant.analysis import severity as quant_severity
-
-    return quant_severity(ratio).upper()
+    """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), upper-cased
+    as the seed's report prints it."""
+    return _severity(ratio).upper()
 
 
 def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
-    """Metric values per level from the accumulated sums.
-
-    These are ``quant.metrics``' definitions (relative error = ||x - q||_1 / ||x||_1 as a
-    fraction; PSNR peak = max |x|; cosine 1 when both vectors are zero, 0 when one is)
-    rewritten over sums so that one pass serves every level; ``tests/test_scaling_sweep.py``
-    checks every level against ``quant.metrics`` on the materialized tensors.
-    """
-    n = max(st.n, 1)
-    mse = st.sse / n
-    rmse = mse.sqrt()
-    mae = st.sae / n
-    nx = math.sqrt(st.sum_x2)
-    nq = st.sum_q2.sqrt()
-    cosine = torch.where((nq > 0) & (nx > 0), st.sum_xq / (nq * nx).clamp_min(1e-300),
-                         torch.where((nq == 0) & (nx == 0), 1.0, 0.0))
-    peak2 = st.amax ** 2
-    if peak2 > 0:
-        psnr = torch.where(mse > 0, 10 * torch.log10(peak2 / mse.clamp_min(1e-300)), math.inf)
-    else:
-        psnr = torch.where(mse > 0, -math.inf, math.inf)
-    if st.sum_absx > 0:
-        rel = st.sae / st.sum_absx
-    else:
-        rel = torch.where(st.sae > 0, math.inf, 0.0).to(torch.float64)
-    cosine = cosine.to(torch.float64).clamp(-1.0, 1.0)   # as quant.metrics: no 1 + eps
-    return {"mse": mse, "rmse": rmse, "cosine": cosine, "psnr": psnr,
-            "mae": mae, "max_abs_error": st.max_err.clone(), "relative_error": rel}
+    """Metric values per level from the accumulated sums (``quant.metrics.from_sums``: the
+    definitions of ``quant.metrics``; ``tests/test_scaling_sweep.py`` checks every level
+    against ``quant.metrics`` on the materialized tensors)."""
+    return from_sums(st.n, st.sum_x2, st.sum_absx, st.amax, st.sum_q2, st.sum_xq, st.sse, st.sae,
+                     st.max_err)
 
 
 # --------------------------------------------------------------------------------------
@@ -606,7 +586,7 @@ STABILITY_RULES = (
     ("mse", "ratio", ((2.0, "⚠️  MSE varies significantly with scaling - choose the recommended "
                             "factor carefully"),),
      "✅ MSE is stable across scaling factors (max/min below 2x)"),
-    ("cosine", "delta", ((0.05, "⚠️  Cosine similarity varies significantly - scaling strongly "
+    ("cosine_similarity", "delta", ((0.05, "⚠️  Cosine similarity varies significantly - scaling strongly "
                                 "affects direction preservation"),
                          (0.01, "ℹ️  Cosine similarity is moderately sensitive to scaling")),
      "✅ Cosine similarity is very stable - scaling factor has minimal impact on direction "
@@ -622,7 +602,7 @@ def stability_analysis(metrics: dict[str, Sequence[float]]) -> dict[str, Any]:
     """Ranges, deltas and standard deviations (population) of the key metrics, with the
     rule-table messages. Non-finite values are left out of the statistics."""
     out: dict[str, Any] = {"messages": []}
-    for name in ("mse", "cosine", "psnr", "mae", "relative_error"):
+    for name in ("mse", "cosine_similarity", "psnr", "mae", "relative_error"):
         vals = [float(v) for v in metrics[name] if math.isfinite(float(v))]
         if not vals:
             out[name] = None
@@ -762,9 +742,7 @@ def get_element_grid(elem_format: str) -> ElementGrid:
     if elem_format not in ELEMENT_FORMATS:
         raise SweepInputError(f"--elem-format {elem_format!r}: not supported; choose one of "
                               + ", ".join(ELEMENT_FORMATS))
-    import quant
-
-    return element_grid(quant.get_format(elem_format), elem_format)
+    return element_grid(get_format(elem_format), elem_format)
 
 
 def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 21,

@@ -53,7 +53,7 @@ def format_parameters(res: SweepResult) -> list[str]:
 def format_level_line(i: int, lv: LevelResult, total: int) -> str:
     m = lv.metrics
     return (f"Level {i + 1}/{total}: Scale Exp {lv.scale_exp:.2f} (Factor "
-            f"{fmt_factor(lv.scale_factor)}) MSE {m['mse']:.6e}, Cosine {m['cosine']:.6f}, "
+            f"{fmt_factor(lv.scale_factor)}) MSE {m['mse']:.6e}, Cosine {m['cosine_similarity']:.6f}, "
             f"PSNR {m['psnr']:.2f} dB, MAE {m['mae']:.6e}, MaxErr {m['max_abs_error']:.6e}, "
             f"RelErr {m['relative_error'] * 100:.2f}% | overflow {lv.overflow_ratio * 100:.2f}%, "
             f"underflow {lv.underflow_ratio * 100:.2f}%, flushed {lv.flush_to_zero_ratio * 100:.2f}%")
@@ -61,10 +61,10 @@ def format_level_line(i: int, lv: LevelResult, total: int) -> str:
 
 def _metric_trio(lv: LevelResult) -> str:
     m = lv.metrics
-    return f"MSE: {m['mse']:.6e}, Cosine: {m['cosine']:.6f}, PSNR: {m['psnr']:.2f} dB"
+    return f"MSE: {m['mse']:.6e}, Cosine: {m['cosine_similarity']:.6f}, PSNR: {m['psnr']:.2f} dB"
 
 
-OPTIMA_LINES = (("mse", "🏆 Best MSE"), ("cosine", "🎯 Best Cosine Similarity"),
+OPTIMA_LINES = (("mse", "🏆 Best MSE"), ("cosine_similarity", "🎯 Best Cosine Similarity"),
                 ("psnr", "📊 Best PSNR"), ("mae", "📉 Best MAE"),
                 ("relative_error", "📐 Best Relative Error"))
 
@@ -93,11 +93,11 @@ def format_analysis(res: SweepResult) -> list[str]:
             f"   Composite Score: {rec.composite_score:.4f} (MSE 30%, cosine 30%, PSNR 20%, "
             "MAE 10%, relative error 10%; each min-max normalized over the levels)",
             "   Balanced Performance:",
-            f"     - MSE: {m['mse']:.6e}", f"     - Cosine Similarity: {m['cosine']:.6f}",
+            f"     - MSE: {m['mse']:.6e}", f"     - Cosine Similarity: {m['cosine_similarity']:.6f}",
             f"     - PSNR: {m['psnr']:.2f} dB", f"     - MAE: {m['mae']:.6e}",
             f"     - Relative Error: {m['relative_error'] * 100:.2f}%",
             SUBRULE, "PERFORMANCE ANALYSIS:", SHORT]
-    for key, label, fmt, unit in (("mse", "MSE", ".6e", ""), ("cosine", "Cosine", ".6f", ""),
+    for key, label, fmt, unit in (("mse", "MSE", ".6e", ""), ("cosine_similarity", "Cosine", ".6f", ""),
                                   ("psnr", "PSNR", ".2f", " dB")):
         s = st.get(key)
         if s is None:
@@ -105,7 +105,7 @@ def format_analysis(res: SweepResult) -> list[str]:
             continue
         out.append(f"{label} Range: {s['min']:{fmt}} to {s['max']:{fmt}}{unit} "
                    f"(Δ: {s['delta']:{fmt}}{unit})")
-    for key, label, fmt in (("mse", "MSE", ".6e"), ("cosine", "Cosine", ".6f")):
+    for key, label, fmt in (("mse", "MSE", ".6e"), ("cosine_similarity", "Cosine", ".6f")):
         s = st.get(key)
         if s is not None:
             out.append(f"{label} Stability (std): {s['std']:{fmt}}")
@@ -203,7 +203,7 @@ def format_overflow_summary(res: SweepResult) -> list[str]:
 
 TABLE_COLUMNS = (("scale_exp", "ScaleExp", "{:>9.3f}"), ("scale_factor", "Factor", "{:>14.6e}"),
                  ("mse", "MSE", "{:>13.6e}"), ("rmse", "RMSE", "{:>13.6e}"),
-                 ("cosine", "Cosine", "{:>10.6f}"), ("psnr", "PSNR_dB", "{:>9.2f}"),
+                 ("cosine_similarity", "Cosine", "{:>10.6f}"), ("psnr", "PSNR_dB", "{:>9.2f}"),
                  ("mae", "MAE", "{:>13.6e}"), ("max_abs_error", "MaxAbsErr", "{:>13.6e}"),
                  ("relative_error", "RelErr_%", "{:>9.3f}"),
                  ("overflow_ratio", "Overflow_%", "{:>10.4f}"),

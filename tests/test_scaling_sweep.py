@@ -17,7 +17,7 @@ FORMATS = ss.ELEMENT_FORMATS
 METRIC_FUNCS = {"mse": quant.metrics.mse, "rmse": quant.metrics.rmse, "mae": quant.metrics.mae,
                 "max_abs_error": quant.metrics.max_abs_error,
                 "relative_error": quant.metrics.relative_error,
-                "cosine": quant.metrics.cosine_similarity, "psnr": quant.metrics.psnr}
+                "cosine_similarity": quant.metrics.cosine_similarity, "psnr": quant.metrics.psnr}
 
 
 def _wide_tensor(n: int, seed: int, spread: float = 4.0) -> torch.Tensor:
@@ -221,7 +221,7 @@ def test_severity_classes(ratio, expected):
 
 
 def test_composite_score_normalization_by_hand():
-    metrics = {"mse": [1e-2, 1e-3, 1e-4], "cosine": [0.90, 0.99, 0.95],
+    metrics = {"mse": [1e-2, 1e-3, 1e-4], "cosine_similarity": [0.90, 0.99, 0.95],
                "psnr": [20.0, 30.0, 40.0], "mae": [1.0, 1.0, 1.0],
                "relative_error": [0.1, 0.01, 0.0]}
     scores = ss.composite_scores(metrics)
@@ -236,13 +236,13 @@ def test_composite_score_normalization_by_hand():
 
 
 def test_stability_rules_and_recommendation_position():
-    st = ss.stability_analysis({"mse": [1.0, 11.0], "cosine": [0.9990, 0.9999],
+    st = ss.stability_analysis({"mse": [1.0, 11.0], "cosine_similarity": [0.9990, 0.9999],
                                 "psnr": [30.0, 35.0], "mae": [1, 2], "relative_error": [1, 2]})
     assert st["mse"]["delta"] == 10.0 and st["mse"]["std"] == pytest.approx(5.0)
     assert st["messages"][0].startswith("⚠️  MSE varies significantly")
     assert st["messages"][1].startswith("✅ Cosine similarity is very stable")
     assert st["messages"][2].startswith("✅ Small PSNR range")
-    wide = ss.stability_analysis({"mse": [1.0, 1.5], "cosine": [0.5, 0.99],
+    wide = ss.stability_analysis({"mse": [1.0, 1.5], "cosine_similarity": [0.5, 0.99],
                                   "psnr": [10.0, 40.0], "mae": [1], "relative_error": [1]})
     assert wide["messages"][0].startswith("✅ MSE is stable")
     assert wide["messages"][1].startswith("⚠️  Cosine")
@@ -280,6 +280,6 @@ def test_all_zero_tensor_sweeps_with_defaults():
     res = ss.run_sweep(torch.zeros(64, dtype=torch.bfloat16), "fp8_e5m2", num_levels=4)
     assert all(lv.metrics["mse"] == 0.0 and lv.metrics["psnr"] == math.inf
                for lv in res.levels)
-    assert all(lv.metrics["cosine"] == 1.0 for lv in res.levels)  # quant: both zero -> 1
+    assert all(lv.metrics["cosine_similarity"] == 1.0 for lv in res.levels)  # quant: both zero -> 1
     assert res.plan.alignment.min_align is None
     json.loads(json_dumps(res.to_dict()))
