@@ -1,6 +1,6 @@
 """The fake-quantization core: validation, block layout and table dispatch per scaling family.
 
-``quantize.quantize`` (the public entry point) adds the optional pre-quantization analysis on
+``fakequant.quantize`` (the public entry point) adds the optional pre-quantization analysis on
 top; ``analysis`` uses this core directly, so neither imports the other in a loop.
 
 Layout for block formats: the block axis is moved last; a length that is not a multiple of the

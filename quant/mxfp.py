@@ -11,7 +11,7 @@ import torch
 
 from .analysis import _analyze_underflow_before_quantization  # noqa: F401  (seed name)
 from .formats import MX_OF_ELEMENT  # element-format name -> MX format name (from FORMATS)
-from .quantize import quantize
+from .fakequant import quantize
 
 
 def mx_format_for(elem_format: str) -> str:

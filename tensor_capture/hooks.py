@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import emulation
+from . import emulation, schema
 from .saver import get_tensor_saver
 from .state import STATE
 
@@ -99,7 +99,7 @@ class _LinearCall:
     capture_bwd: bool
 
 
-def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant="hp",
+def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant=schema.VARIANT_HP,
           axis=None):
     saver.save_tensor(t, layer_type, op, None, name, site.layer_idx, phase, component, None, sample,
                       it, module_path=site.module_path, submodule=site.submodule, variant=variant,
@@ -128,10 +128,10 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
         a = emulation.quantize(total_input, axis=-1)   # reduction dim: in-features
         w = emulation.quantize(weight, axis=-1)
         if cap and saver.config.save_quantized:
-            for name, t in (("input_quantized", a), ("weight_quantized", w)):
+            for name, t in ((schema.quantized_name("input"), a), (schema.quantized_name("weight"), w)):
                 if _wanted(saver, "linear", "forward", "pre", name, site, it):
                     _save(saver, t, "linear", "forward", "pre", name, site, it, sample, "linear",
-                          "quantized")
+                          schema.VARIANT_QUANTIZED)
     output = torch.matmul(a, w.t())
     if bias is not None:
         output = output + bias
@@ -164,10 +164,10 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
         g = emulation.quantize(grad_output, axis=-1)
         w = emulation.quantize(weight, axis=0)
         if cap and saver.config.save_quantized:
-            for name, t in (("grad_output_quantized", g), ("weight_quantized", w)):
+            for name, t in ((schema.quantized_name("grad_output"), g), (schema.quantized_name("weight"), w)):
                 if _wanted(saver, "linear", "backward", "pre", name, site, it):
                     _save(saver, t, "linear", "backward", "pre", name, site, it, sample, "linear",
-                          "quantized")
+                          schema.VARIANT_QUANTIZED)
     return g.matmul(w)
 
 
@@ -180,10 +180,11 @@ def linear_wgrad(ctx: Any, grad_output: torch.Tensor, total_input: torch.Tensor)
     call = _call(ctx)
     saver = get_tensor_saver()
     if call.capture_bwd and saver.enabled and saver.config.save_quantized:
-        for name, t in (("grad_output_quantized_wgrad", g), ("input_quantized_wgrad", a)):
+        for name, t in ((schema.quantized_name("grad_output", wgrad=True), g),
+                        (schema.quantized_name("input", wgrad=True), a)):
             if _wanted(saver, "linear", "backward", "pre", name, call.site, call.iteration):
                 _save(saver, t, "linear", "backward", "pre", name, call.site, call.iteration,
-                      call.sample_idx, "linear", "quantized")
+                      call.sample_idx, "linear", schema.VARIANT_QUANTIZED)
     return g.t().matmul(a)
 
 
@@ -254,11 +255,11 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
         key = emulation.quantize_ste(key, axis=-1)
         value = emulation.quantize_ste(value, axis=0)
         if cap and saver.config.save_quantized:
-            for name, t in (("query_quantized", query), ("key_quantized", key),
-                            ("value_quantized", value)):
+            for name, t in ((schema.quantized_name("query"), query), (schema.quantized_name("key"), key),
+                            (schema.quantized_name("value"), value)):
                 if _wanted(saver, "attention", "forward", "pre", name, site, it):
                     _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
-                          "quantized")
+                          schema.VARIANT_QUANTIZED)
     context = forward(query, key, value, *args, **kwargs)
     if cap:
         if _wanted(saver, "attention", "forward", "post", "context", site, it):
