@@ -1,7 +1,8 @@
 """Low-precision numerics toolkit for Megatron-LM: capture, emulation, visualization, monitoring.
 
 Install with ``pip install -e .`` (torch first: ``pip install torch==2.13.0`` on a CPU machine).
-Packages: lowp_common (console-command helpers), quant (numerics core), tensor_capture (what
+Packages: lowp_common (console-command helpers), quant (numerics core), quant_tools (its
+command-line applications), tensor_capture (what
 megatron/core/tensor_saver.py uses), tensor_viz (plots and reports), training_driver (training on megatron-core),
 training_profiler (static checker, monitor, analyzers).
 """
@@ -13,7 +14,7 @@ setup(
     description="Capture, emulate and visualize FP8/MXFP/HiFP8 numerics in Megatron-LM training",
     python_requires=">=3.10",
     packages=find_packages(
-        include=["lowp_common", "lowp_common.*", "quant", "quant.*", "tensor_capture",
+        include=["lowp_common", "lowp_common.*", "quant", "quant.*", "quant_tools", "quant_tools.*", "tensor_capture",
                  "tensor_capture.*", "tensor_viz", "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
@@ -42,8 +43,8 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "quant-demo=quant.demo:main",
-            "mxfp-scaling-test=quant.mxfp_scaling_test:main",
+            "quant-demo=quant_tools.demo:main",
+            "mxfp-scaling-test=quant_tools.scaling_cli:main",
             "megatron-tensor-patch=tensor_capture.patcher:main",
             "enhanced-tensor-visualizer=tensor_viz.enhanced_visualizer:main",
             "quick-visualize=tensor_viz.quick:main",

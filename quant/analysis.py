@@ -1,39 +1,147 @@
-"""Pre-quantization analysis: overflow, underflow and flush-to-zero, per tensor and per block.
+"""Pre-quantization analysis and THE definitions of overflow, underflow, flush-to-zero,
+saturation and severity that every tool uses (capture statistics, the sweep, the analyzer, the
+monitor). docs/quant.md states them; ``tests/test_numerics_truth.py`` feeds one tensor to every
+path.
 
-Definitions (all counts are over the input's elements; ratios divide by the element count):
-- overflow: +-Inf inputs, and finite values whose scaled magnitude rounds beyond max_normal
-  (they saturate to max_normal, or become Inf/NaN with saturate=False);
+Definitions (counts are over the elements considered; ratios divide by their number):
+- overflow: +-Inf inputs, and finite values whose magnitude, after the format's scale, rounds
+  beyond max_normal under the format's rounding (an element cast: ``|x| > overflow_from``, or
+  ``==`` when the tie rounds up; see :class:`CastLimits`);
+- saturation: what an overflowing value becomes with ``saturate=True``: +-max_normal (with
+  ``saturate=False`` it becomes Inf, NaN or is clamped, per the format's encodings);
 - underflow: finite nonzero values whose scaled magnitude is below the element's min_normal
   (they land in the subnormal range or flush to zero);
-- flush_to_zero: finite nonzero values whose quantized value is 0 (a subset of underflow).
+- flush_to_zero: finite nonzero values that quantize to 0 (a subset of underflow);
+- severity of a ratio (the seed's rule): ``high`` above 1 %, ``medium`` above 0.1 %, else
+  ``none``; overflow severity from the overflow ratio, underflow severity from the underflow
+  ratio, flush-to-zero severity from the flush-to-zero ratio.
 "Scaled" means after the block / tensor scale the format applies (MX, NVFP4, *_tensor).
-Severity (seed rule): high above 1 %, medium above 0.1 %, otherwise none.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Optional, Union
 
 import torch
 
 from .elemwise import ElemParams, pow2_any, round_magnitude
-from .formats import SCALING_MX, SCALING_NVFP4, SCALING_TENSOR, FormatSpec, get_format
-from .quantize import _check_input, quantize, resolve_options, to_blocks
+from .formats import (SCALING_MX, SCALING_NVFP4, SCALING_TENSOR, FormatSpec, format_for_dtype,
+                      get_format)
+from .dispatch import _check_input, quantize_raw, resolve_options, to_blocks
 from .scaling import (mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale,
                       tensor_scale)
 
 HIGH_THRESHOLD = 0.01
 MEDIUM_THRESHOLD = 0.001
+#: rounding modes whose overflow is judged by their nearest-rounding outcome
+_ANALYSIS_ROUNDING = {"stochastic": "nearest_even", "hybrid": "nearest_away"}
 
 
 def severity(ratio: float) -> str:
-    """'high' above 1 %, 'medium' above 0.1 %, else 'none'."""
+    """'high' above 1 %, 'medium' above 0.1 %, else 'none' (the seed's thresholds)."""
     if ratio > HIGH_THRESHOLD:
         return "high"
     if ratio > MEDIUM_THRESHOLD:
         return "medium"
     return "none"
+
+
+@dataclass(frozen=True)
+class CastLimits:
+    """Where an element cast (no scale) of a magnitude overflows, underflows and flushes.
+
+    overflow: ``|x| > overflow_from``, or ``|x| == overflow_from`` when ``overflow_inclusive``
+    (+-Inf always); underflow: ``0 < |x| < min_normal``; flush to zero: ``0 < |x| < flush_to``,
+    or ``== flush_to`` when ``flush_inclusive``. For round-to-nearest ``overflow_from`` is the
+    midpoint between max_normal and the next grid value and ``flush_to`` half the smallest
+    subnormal; the tie flags say which way the format's rounding sends the midpoint.
+    """
+
+    name: str
+    max_normal: float
+    min_normal: float
+    min_subnormal: float
+    overflow_from: float = math.inf
+    overflow_inclusive: bool = False
+    flush_to: float = 0.0
+    flush_inclusive: bool = False
+
+    def overflow_bound(self, dtype: torch.dtype) -> float:
+        """Smallest magnitude representable in ``dtype`` that overflows (inf: only Inf)."""
+        return _least_value(self.overflow_from, dtype, strict=not self.overflow_inclusive)
+
+    def underflow_bound(self, dtype: torch.dtype) -> float:
+        """Smallest magnitude representable in ``dtype`` that does not underflow."""
+        return _least_value(self.min_normal, dtype, strict=False)
+
+    def flush_bound(self, dtype: torch.dtype) -> float:
+        """Smallest magnitude representable in ``dtype`` that does not flush: a nonzero
+        ``|x|`` of that dtype flushes iff it is below this."""
+        return _least_value(self.flush_to, dtype, strict=self.flush_inclusive)
+
+
+def _least_value(t: float, dtype: torch.dtype, strict: bool) -> float:
+    """Smallest value of ``dtype`` that is >= t (> t when ``strict``)."""
+    if math.isinf(t):
+        return t
+    v = torch.tensor(t, dtype=torch.float64).to(dtype)
+    if float(v) < t or (strict and float(v) == t):
+        v = torch.nextafter(v, torch.tensor(math.inf, dtype=dtype))
+    return float(v)
+
+
+def _grid_step_at_max(spec: FormatSpec) -> float:
+    """Spacing of the element grid at max_normal, read from the rounding kernel."""
+    p = ElemParams.of(spec)
+    above = torch.nextafter(torch.tensor([spec.max_normal], dtype=torch.float32),
+                            torch.tensor([math.inf]))
+    nxt = float(round_magnitude(above, p, "stochastic", torch.zeros(1)))  # rounds up
+    if math.isinf(nxt):  # next value is beyond float32 (bf16): the next power of two
+        nxt = 2.0 ** (math.floor(math.log2(spec.max_normal)) + 1)
+    return nxt - spec.max_normal
+
+
+@lru_cache(maxsize=None)
+def cast_limits(fmt: Union[str, FormatSpec], rounding: Optional[str] = None) -> CastLimits:
+    """The :class:`CastLimits` of a format's element cast under ``rounding`` (None: the
+    format's default; stochastic is judged as nearest_even, hybrid as nearest_away)."""
+    spec = get_format(fmt)
+    mode = rounding or spec.default_rounding
+    mode = _ANALYSIS_ROUNDING.get(mode, mode)
+    step, sub = _grid_step_at_max(spec), spec.min_subnormal
+    if mode == "toward_zero":
+        over, over_tie, flush, flush_tie = spec.max_normal + step, True, sub, False
+    else:
+        odd_top = round(spec.max_normal / step) % 2 == 1   # RNE sends the tie to the even side
+        over, flush = spec.max_normal + step / 2, sub / 2
+        over_tie = mode == "nearest_away" or odd_top
+        flush_tie = mode == "nearest_even"                  # 0 is even; away goes up to sub
+    return CastLimits(spec.name, spec.max_normal, spec.min_normal, sub, over, over_tie, flush,
+                      flush_tie)
+
+
+def dtype_limits(dtype: torch.dtype) -> Optional[CastLimits]:
+    """CastLimits of a torch floating dtype: bf16 / fp16 / fp32 from the format table, other
+    floating dtypes (float64) from torch.finfo with IEEE round-to-nearest-even; None otherwise."""
+    name = format_for_dtype(dtype)
+    label = str(dtype).replace("torch.", "")
+    if name is not None:
+        return _relabel(cast_limits(name), label)
+    if not dtype.is_floating_point:
+        return None
+    fi = torch.finfo(dtype)
+    ulp_top = float(fi.max) * float(fi.eps) / (2 - float(fi.eps))   # spacing at max
+    sub = float(fi.tiny) * float(fi.eps)
+    return CastLimits(label, float(fi.max), float(fi.tiny), sub, float(fi.max) + ulp_top / 2,
+                      True, sub / 2, True)
+
+
+def _relabel(limits: CastLimits, name: str) -> CastLimits:
+    from dataclasses import replace
+    return replace(limits, name=name)
 
 
 @dataclass
@@ -52,7 +160,7 @@ class QuantAnalysis:
     underflow_ratio: float
     flush_to_zero_ratio: float
     overflow_severity: str
-    underflow_severity: str        # from the flush-to-zero ratio (what the warning uses)
+    underflow_severity: str        # from the underflow ratio (what the warning uses)
     range_before: tuple            # (min, max) over finite input values
     range_after: tuple             # (min, max) over finite quantized values
     absmax_before: float
@@ -63,6 +171,7 @@ class QuantAnalysis:
     min_normal: float
     min_subnormal: float
     block_size: Optional[int] = None
+    flush_to_zero_severity: str = "none"
     nan_blocks: int = 0            # blocks turned NaN by a NaN/Inf inside them
     # per block ([rows, nblocks], block axis moved last): counts and the scale of each block
     per_block: Optional[dict] = field(default=None, repr=False)
@@ -76,7 +185,7 @@ class QuantAnalysis:
         return d
 
     def warning_message(self) -> Optional[str]:
-        """The seed's underflow warning when flush-to-zero exceeds 0.1 %, else None."""
+        """The seed's underflow warning when underflow exceeds 0.1 %, else None."""
         if self.underflow_severity == "none":
             return None
         icon = "🔴" if self.underflow_severity == "high" else "🟡"
@@ -152,8 +261,8 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
     with torch.no_grad():
         x = x.detach()
         if quantized is None:
-            quantized = quantize(x, spec, block_size=block_size, axis=axis, rounding=rounding,
-                                 scale_mode=scale_mode, saturate=saturate, analyze=False)
+            quantized = quantize_raw(x, spec, block_size=block_size, axis=axis,
+                                     rounding=rounding, scale_mode=scale_mode, saturate=saturate)
         if quantized.shape != x.shape:
             raise ValueError(f"analyze_quantization: quantized has shape "
                              f"{tuple(quantized.shape)}, x has {tuple(x.shape)}")
@@ -174,7 +283,7 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
                                                           block, scale_mode)
         av = v.abs()
         p = ElemParams.of(spec)
-        mode = {"stochastic": "nearest_even", "hybrid": "nearest_away"}.get(rounding, rounding)
+        mode = _ANALYSIS_ROUNDING.get(rounding, rounding)
         over_v = round_magnitude(av, p, mode) > spec.max_normal
         under_v = av < spec.min_normal
         if restore is not None:
@@ -205,7 +314,8 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
             flush_to_zero_count=n_ftz, overflow_ratio=n_over / total,
             underflow_ratio=n_under / total, flush_to_zero_ratio=n_ftz / total,
             overflow_severity=severity(n_over / total),
-            underflow_severity=severity(n_ftz / total),
+            underflow_severity=severity(n_under / total),
+            flush_to_zero_severity=severity(n_ftz / total),
             range_before=_minmax(x32), range_after=_minmax(y32), absmax_before=_absmax(x32),
             absmax_after=_absmax(y32), min_nonzero_before=_min_nonzero(x32),
             min_nonzero_after=_min_nonzero(y32), max_normal=spec.max_normal,
@@ -214,7 +324,7 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
 
 
 def warn_if_underflow(report: QuantAnalysis, stream=None) -> Optional[str]:
-    """Print the underflow warning when flush-to-zero exceeds 0.1 % (stderr by default)."""
+    """Print the underflow warning when underflow exceeds 0.1 % (stderr by default)."""
     msg = report.warning_message()
     if msg is not None:
         print(msg, file=stream if stream is not None else sys.stderr, flush=True)
@@ -224,7 +334,7 @@ def warn_if_underflow(report: QuantAnalysis, stream=None) -> Optional[str]:
 def _analyze_underflow_before_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec],
                                            **kwargs) -> QuantAnalysis:
     """Seed-compatible name: analyse ``x`` before quantizing to ``fmt`` and print the warning
-    when flush-to-zero exceeds 0.1 %. Never changes any quantized result."""
+    when underflow exceeds 0.1 %. Never changes any quantized result."""
     report = analyze_quantization(x, fmt, **kwargs)
     warn_if_underflow(report)
     return report

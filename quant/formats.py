@@ -51,6 +51,8 @@ class FormatSpec:
     grid_emin: Optional[int] = None        # smallest exponent of the rounding grid (subnormals)
     default_rounding: str = "nearest_even"
     description: str = ""
+    torch_dtype: Optional[str] = None      # the torch dtype this format is ("bfloat16", ...)
+    survey: bool = False                   # in the default surveys (what-if plots, analyze-tensor)
 
     @property
     def is_block(self) -> bool:
@@ -112,9 +114,9 @@ def _minifloat(name, ebits, mbits, *, ieee_like, nan_all_ones_mantissa=False, **
                       inf_encoding=inf_enc, nan_encoding=nan_enc, grid_emin=emin, **kw)
 
 
-_E4M3 = _minifloat("fp8_e4m3", 4, 3, ieee_like=False, nan_all_ones_mantissa=True,
+_E4M3 = _minifloat("fp8_e4m3", 4, 3, ieee_like=False, nan_all_ones_mantissa=True, survey=True,
                    description="OCP FP8 E4M3 (ml_dtypes float8_e4m3fn): no Inf, NaN S.1111.111")
-_E5M2 = _minifloat("fp8_e5m2", 5, 2, ieee_like=True,
+_E5M2 = _minifloat("fp8_e5m2", 5, 2, ieee_like=True, survey=True,
                    description="OCP FP8 E5M2 (ml_dtypes float8_e5m2): IEEE-like Inf/NaN")
 _E3M2 = _minifloat("fp6_e3m2", 3, 2, ieee_like=False,
                    description="OCP MX FP6 E3M2 (ml_dtypes float6_e3m2fn): no Inf, no NaN")
@@ -122,8 +124,10 @@ _E2M3 = _minifloat("fp6_e2m3", 2, 3, ieee_like=False,
                    description="OCP MX FP6 E2M3 (ml_dtypes float6_e2m3fn): no Inf, no NaN")
 _E2M1 = _minifloat("fp4_e2m1", 2, 1, ieee_like=False,
                    description="OCP MX FP4 E2M1 (ml_dtypes float4_e2m1fn): no Inf, no NaN")
-_BF16 = _minifloat("bf16", 8, 7, ieee_like=True, description="bfloat16 cast")
-_FP16 = _minifloat("fp16", 5, 10, ieee_like=True, description="IEEE float16 cast")
+_BF16 = _minifloat("bf16", 8, 7, ieee_like=True, description="bfloat16 cast",
+                   torch_dtype="bfloat16", survey=True)
+_FP16 = _minifloat("fp16", 5, 10, ieee_like=True, description="IEEE float16 cast",
+                   torch_dtype="float16", survey=True)
 
 # MX INT8 element: two's complement with implicit scale 2^-6, used symmetrically (+-127/64).
 _INT8 = FormatSpec(
@@ -136,7 +140,7 @@ _HIF8 = FormatSpec(
     name="hifp8", bits=8, ebits=5, mbits=3, bias=0, emax=15, emin=-15, max_normal=2.0 ** 15,
     min_normal=2.0 ** -15, min_subnormal=2.0 ** -22, has_inf=True, has_nan=True,
     inf_encoding="0x6F / 0xEF", nan_encoding="0x80", signed_zero=False, tapered=True,
-    grid_emin=-22, default_rounding="nearest_away",
+    grid_emin=-22, default_rounding="nearest_away", survey=True,
     description="HiFloat8 (arXiv 2409.16626): dot-coded sign-magnitude exponent, tapered "
                 "mantissa (3/2/1 bits), denormals 2^-22..2^-16; ebits/mbits give the widest "
                 "exponent field (D=4 plus sign) and mantissa (3)")
@@ -146,27 +150,30 @@ _FP32 = FormatSpec(
     max_normal=float((2 - 2.0 ** -23) * 2.0 ** 127), min_normal=2.0 ** -126,
     min_subnormal=2.0 ** -149, has_inf=True, has_nan=True, inf_encoding="S.11111111.0...0",
     nan_encoding="S.11111111.<nonzero>", grid_emin=-126, scaling=SCALING_IDENTITY,
+    torch_dtype="float32",
     description="no quantization (the input is returned as a copy)")
 
 
-def _scaled(name, element: FormatSpec, scaling, block_size, scale_format, description):
+def _scaled(name, element: FormatSpec, scaling, block_size, scale_format, description,
+            survey=False):
     from dataclasses import replace
     return replace(element, name=name, scaling=scaling, block_size=block_size,
-                   scale_format=scale_format, element=element.name, description=description)
+                   scale_format=scale_format, element=element.name, description=description,
+                   survey=survey)
 
 
 _ELEMENTS = (_E4M3, _E5M2, _E3M2, _E2M3, _E2M1, _INT8)
 _MX = (
-    _scaled("mxfp8", _E4M3, SCALING_MX, 32, "e8m0", "OCP MXFP8: E4M3 elements, E8M0 scale / 32"),
+    _scaled("mxfp8", _E4M3, SCALING_MX, 32, "e8m0", "OCP MXFP8: E4M3 elements, E8M0 scale / 32", True),
     _scaled("mxfp8_e5m2", _E5M2, SCALING_MX, 32, "e8m0", "OCP MXFP8: E5M2 elements, E8M0 / 32"),
-    _scaled("mxfp6_e3m2", _E3M2, SCALING_MX, 32, "e8m0", "OCP MXFP6: E3M2 elements, E8M0 / 32"),
+    _scaled("mxfp6_e3m2", _E3M2, SCALING_MX, 32, "e8m0", "OCP MXFP6: E3M2 elements, E8M0 / 32", True),
     _scaled("mxfp6_e2m3", _E2M3, SCALING_MX, 32, "e8m0", "OCP MXFP6: E2M3 elements, E8M0 / 32"),
-    _scaled("mxfp4", _E2M1, SCALING_MX, 32, "e8m0", "OCP MXFP4: E2M1 elements, E8M0 / 32"),
+    _scaled("mxfp4", _E2M1, SCALING_MX, 32, "e8m0", "OCP MXFP4: E2M1 elements, E8M0 / 32", True),
     _scaled("mxint8", _INT8, SCALING_MX, 32, "e8m0", "OCP MXINT8: INT8 elements, E8M0 / 32"),
 )
 _OTHER = (
     _scaled("nvfp4", _E2M1, SCALING_NVFP4, 16, "e4m3+fp32",
-            "NVIDIA NVFP4: E2M1 elements, E4M3 scale / 16, FP32 per-tensor scale"),
+            "NVIDIA NVFP4: E2M1 elements, E4M3 scale / 16, FP32 per-tensor scale", True),
     _HIF8,
     _scaled("fp8_e4m3_tensor", _E4M3, SCALING_TENSOR, None, "fp32",
             "E4M3 with an FP32 per-tensor amax scale (Transformer Engine current scaling)"),
@@ -178,6 +185,28 @@ _OTHER = (
 )
 
 FORMATS: dict[str, FormatSpec] = {s.name: s for s in _ELEMENTS + _MX + _OTHER}
+
+#: the formats a survey tries by default (analyze-tensor, the report's what-if errors)
+SURVEY_FORMATS: tuple[str, ...] = tuple(n for n, s in FORMATS.items() if s.survey)
+#: quant-type names with an underscore, longest first (file-name parsing of old layouts)
+UNDERSCORED_NAMES: tuple[str, ...] = tuple(sorted((n for n in FORMATS if "_" in n), key=len,
+                                                  reverse=True))
+#: torch dtype name -> the format that is that dtype (derived from the table)
+FORMAT_OF_DTYPE: dict[str, str] = {s.torch_dtype: s.name for s in FORMATS.values() if s.torch_dtype}
+#: element-format name -> its MX format (derived: mxfp8 is the MX format of fp8_e4m3, ...)
+MX_OF_ELEMENT: dict[str, str] = {s.element: s.name for s in FORMATS.values()
+                                 if s.scaling == SCALING_MX and s.element}
+
+
+def format_for_dtype(dtype) -> Optional[str]:
+    """The format name of a torch dtype (torch.bfloat16 -> 'bf16'), or None."""
+    return FORMAT_OF_DTYPE.get(str(dtype).replace("torch.", ""))
+
+
+def element_formats() -> tuple[str, ...]:
+    """The unscaled element formats that have an MX format (the sweep's --elem-format)."""
+    return tuple(MX_OF_ELEMENT)
+
 
 # E8M0 shared-scale range (codes 0x00..0xFE = 2^-127..2^127; 0xFF = NaN).
 E8M0_MIN_EXP = -127

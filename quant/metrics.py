@@ -11,7 +11,7 @@ import math
 import torch
 
 __all__ = ["mse", "rmse", "mae", "max_abs_error", "relative_error", "cosine_similarity", "psnr",
-           "sqnr", "all_metrics"]
+           "sqnr", "all_metrics", "from_sums"]
 
 
 def _pair(ref, test, name: str):
@@ -101,3 +101,34 @@ def all_metrics(ref: torch.Tensor, test: torch.Tensor) -> dict:
     """Every metric above in one dict (keys are the function names)."""
     return {f.__name__: f(ref, test) for f in (mse, rmse, mae, max_abs_error, relative_error,
                                                 cosine_similarity, psnr, sqnr)}
+
+
+def from_sums(n: int, sum_x2: float, sum_absx: float, amax: float, sum_q2: torch.Tensor,
+              sum_xq: torch.Tensor, sse: torch.Tensor, sae: torch.Tensor,
+              max_err: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The metrics above for many test tensors at once, from sufficient statistics.
+
+    For a reference ``x`` (n elements, sum x^2, sum |x|, max |x|) and each candidate ``q`` (one
+    entry per candidate: sum q^2, sum x*q, sum (x-q)^2, sum |x-q|, max |x-q|), the same
+    definitions as mse ... relative_error: how the scale sweep gets every level from one pass.
+    Returns float64 tensors keyed by the metric function names.
+    """
+    n = max(n, 1)
+    mse_ = sse / n
+    nx = math.sqrt(sum_x2)
+    nq = sum_q2.sqrt()
+    cos = torch.where((nq > 0) & (nx > 0), sum_xq / (nq * nx).clamp_min(1e-300),
+                      torch.where((nq == 0) & (nx == 0), 1.0, 0.0))
+    peak2 = amax ** 2
+    if peak2 > 0:
+        psnr_ = torch.where(mse_ > 0, 10 * torch.log10(peak2 / mse_.clamp_min(1e-300)), math.inf)
+    else:
+        psnr_ = torch.where(mse_ > 0, -math.inf, math.inf)
+    if sum_absx > 0:
+        rel = sae / sum_absx
+    else:
+        rel = torch.where(sae > 0, math.inf, 0.0).to(torch.float64)
+    return {"mse": mse_, "rmse": mse_.sqrt(), "cosine_similarity":
+            cos.to(torch.float64).clamp(-1.0, 1.0),   # as cosine_similarity: never 1 + eps
+            "psnr": psnr_, "mae": sae / n, "max_abs_error": max_err.clone(),
+            "relative_error": rel}

@@ -1,7 +1,7 @@
 """Seed-compatible MX helpers (the seed's tools import from quant/mxfp.py).
 
 Thin names over the public API: quant_mx fake-quantizes with an MX format; the underflow
-analysis runs before quantization and prints the seed's warning above 0.1 % flush-to-zero.
+analysis runs before quantization and prints the seed's warning above 0.1 % underflow.
 """
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ from typing import Optional
 import torch
 
 from .analysis import _analyze_underflow_before_quantization  # noqa: F401  (seed name)
-from .quantize import quantize
-
-# element-format name (seed --elem-format values) -> MX format name
-MX_OF_ELEMENT = {"fp8_e4m3": "mxfp8", "fp8_e5m2": "mxfp8_e5m2", "fp6_e3m2": "mxfp6_e3m2",
-                 "fp6_e2m3": "mxfp6_e2m3", "fp4_e2m1": "mxfp4", "int8": "mxint8"}
+from .formats import MX_OF_ELEMENT  # element-format name -> MX format name (from FORMATS)
+from .fakequant import quantize
 
 
 def mx_format_for(elem_format: str) -> str:

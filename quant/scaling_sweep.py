@@ -30,11 +30,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-#: element formats the sweep accepts (the ``--elem-format`` choices)
-ELEMENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+from .analysis import severity as _severity
+from .formats import element_formats, get_format
+from .metrics import from_sums
+
+#: element formats the sweep accepts (the ``--elem-format`` choices): those with an MX format
+ELEMENT_FORMATS = element_formats()
 
 #: composite-score weights (the seed's: MSE 30 %, cosine 30 %, PSNR 20 %, MAE 10 %, rel. 10 %)
-COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
+COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine_similarity": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
 #: metrics where lower is better; the others (cosine, psnr) are higher-is-better
 LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_error"})
 #: metrics normalized in log10 space for the composite (errors span decades)
@@ -45,7 +49,7 @@ SEVERITY_NONE = "NONE"
 #: elements per [levels, chunk] tile in the batched pass (512 KiB of float32: stays in cache)
 DEFAULT_CHUNK = 1 << 17
 
-METRIC_NAMES = ("mse", "rmse", "cosine", "psnr", "mae", "max_abs_error", "relative_error")
+METRIC_NAMES = ("mse", "rmse", "cosine_similarity", "psnr", "mae", "max_abs_error", "relative_error")
 
 
 class SweepInputError(ValueError):
@@ -510,41 +514,17 @@ class LevelResult:
 
 
 def severity(ratio: float) -> str:
-    """HIGH above 1 %, MEDIUM above 0.1 %, else NONE (``quant.analysis.severity``, upper-cased
-    for the report)."""
-    from quant.analysis import severity as quant_severity
-
-    return quant_severity(ratio).upper()
+    """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), upper-cased
+    as the seed's report prints it."""
+    return _severity(ratio).upper()
 
 
 def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
-    """Metric values per level from the accumulated sums.
-
-    These are ``quant.metrics``' definitions (relative error = ||x - q||_1 / ||x||_1 as a
-    fraction; PSNR peak = max |x|; cosine 1 when both vectors are zero, 0 when one is)
-    rewritten over sums so that one pass serves every level; ``tests/test_scaling_sweep.py``
-    checks every level against ``quant.metrics`` on the materialized tensors.
-    """
-    n = max(st.n, 1)
-    mse = st.sse / n
-    rmse = mse.sqrt()
-    mae = st.sae / n
-    nx = math.sqrt(st.sum_x2)
-    nq = st.sum_q2.sqrt()
-    cosine = torch.where((nq > 0) & (nx > 0), st.sum_xq / (nq * nx).clamp_min(1e-300),
-                         torch.where((nq == 0) & (nx == 0), 1.0, 0.0))
-    peak2 = st.amax ** 2
-    if peak2 > 0:
-        psnr = torch.where(mse > 0, 10 * torch.log10(peak2 / mse.clamp_min(1e-300)), math.inf)
-    else:
-        psnr = torch.where(mse > 0, -math.inf, math.inf)
-    if st.sum_absx > 0:
-        rel = st.sae / st.sum_absx
-    else:
-        rel = torch.where(st.sae > 0, math.inf, 0.0).to(torch.float64)
-    cosine = cosine.to(torch.float64).clamp(-1.0, 1.0)   # as quant.metrics: no 1 + eps
-    return {"mse": mse, "rmse": rmse, "cosine": cosine, "psnr": psnr,
-            "mae": mae, "max_abs_error": st.max_err.clone(), "relative_error": rel}
+    """Metric values per level from the accumulated sums (``quant.metrics.from_sums``: the
+    definitions of ``quant.metrics``; ``tests/test_scaling_sweep.py`` checks every level
+    against ``quant.metrics`` on the materialized tensors)."""
+    return from_sums(st.n, st.sum_x2, st.sum_absx, st.amax, st.sum_q2, st.sum_xq, st.sse, st.sae,
+                     st.max_err)
 
 
 # --------------------------------------------------------------------------------------
@@ -606,7 +586,7 @@ STABILITY_RULES = (
     ("mse", "ratio", ((2.0, "⚠️  MSE varies significantly with scaling - choose the recommended "
                             "factor carefully"),),
      "✅ MSE is stable across scaling factors (max/min below 2x)"),
-    ("cosine", "delta", ((0.05, "⚠️  Cosine similarity varies significantly - scaling strongly "
+    ("cosine_similarity", "delta", ((0.05, "⚠️  Cosine similarity varies significantly - scaling strongly "
                                 "affects direction preservation"),
                          (0.01, "ℹ️  Cosine similarity is moderately sensitive to scaling")),
      "✅ Cosine similarity is very stable - scaling factor has minimal impact on direction "
@@ -622,7 +602,7 @@ def stability_analysis(metrics: dict[str, Sequence[float]]) -> dict[str, Any]:
     """Ranges, deltas and standard deviations (population) of the key metrics, with the
     rule-table messages. Non-finite values are left out of the statistics."""
     out: dict[str, Any] = {"messages": []}
-    for name in ("mse", "cosine", "psnr", "mae", "relative_error"):
+    for name in ("mse", "cosine_similarity", "psnr", "mae", "relative_error"):
         vals = [float(v) for v in metrics[name] if math.isfinite(float(v))]
         if not vals:
             out[name] = None
@@ -723,11 +703,12 @@ class SweepResult:
         return [lv.metrics[name] for lv in self.levels]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (inf/nan become strings so every JSON reader accepts them)."""
+        """Plain Python values (lists, dicts, floats: inf/nan stay floats; writers make them
+        JSON-safe, e.g. ``lowp_common.json_safe``)."""
         rec = self.recommendation
         ov = self.overflow
         ref = lambda lv: None if lv is None else lv.scale_exp  # noqa: E731
-        return _jsonable({
+        return {
             "format": self.format_name,
             "element": {"max_normal": self.grid.max_normal, "min_normal": self.grid.min_normal,
                         "min_subnormal": self.grid.min_subnormal},
@@ -753,17 +734,7 @@ class SweepResult:
                 "best_underflow": ref(ov["best_underflow"]),
                 "least_problematic": ref(ov["least_problematic"]),
             },
-        })
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else str(obj)
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
+        }
 
 
 def get_element_grid(elem_format: str) -> ElementGrid:
@@ -771,9 +742,7 @@ def get_element_grid(elem_format: str) -> ElementGrid:
     if elem_format not in ELEMENT_FORMATS:
         raise SweepInputError(f"--elem-format {elem_format!r}: not supported; choose one of "
                               + ", ".join(ELEMENT_FORMATS))
-    import quant
-
-    return element_grid(quant.get_format(elem_format), elem_format)
+    return element_grid(get_format(elem_format), elem_format)
 
 
 def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 21,
@@ -836,234 +805,3 @@ def _run_sweep(tensor, grid, elem_format, num_levels, max_scale_exp, min_scale_e
     rec = recommend(levels, scores, plan.min_exp, plan.max_exp)
     return SweepResult(elem_format, grid, info, plan, levels, scores,
                        stability_analysis(mets), overflow_summary(levels), rec, scale_bits)
-
-
-# --------------------------------------------------------------------------------------
-# text reports (the log and the results file say the same)
-
-RULE = "=" * 80
-SUBRULE = "-" * 80
-SHORT = "-" * 40
-
-
-def fmt_factor(f: float) -> str:
-    """The seed prints factors with 6 decimals; tiny or huge ones need an exponent."""
-    return f"{f:.6f}" if 1e-4 <= abs(f) < 1e7 else f"{f:.6e}"
-
-
-def format_tensor_info(res: SweepResult) -> list[str]:
-    t = res.tensor
-    lines = [f"Tensor shape: {tuple(t['shape'])}, dtype: {t['dtype']}, elements: {t['numel']}",
-             f"Value range: [{t['min']:.6e}, {t['max']:.6e}], max |x|: {t['amax']:.6e}, "
-             f"min non-zero |x|: "
-             + ("none" if t["min_nonzero_abs"] is None else f"{t['min_nonzero_abs']:.6e}"),
-             f"Zeros: {t['zeros']}"]
-    if t["nan"] or t["inf"]:
-        lines.append(f"⚠️  Excluded non-finite values: {t['nan']} NaN, {t['inf']} Inf "
-                     f"({(t['nan'] + t['inf']) / t['numel'] * 100:.4f}% of elements); "
-                     f"metrics use the {t['finite']} finite values")
-    return lines
-
-
-def format_parameters(res: SweepResult) -> list[str]:
-    p, g = res.plan, res.grid
-    al = p.alignment
-    lines = [f"Format: {res.format_name} ({g.layout}; max normal {g.max_normal:.6g}, min normal "
-             f"{g.min_normal:.6g}, min subnormal {g.min_subnormal:.6g})",
-             f"Scale bits: {res.scale_bits} (E{res.scale_bits}M0 exponents "
-             f"{list(scale_exponent_limits(res.scale_bits))})",
-             "Max alignment exponent floor(log2(amax/max_normal)): "
-             + ("undefined" if al.max_align is None else str(al.max_align)),
-             "Min alignment exponent ceil(log2(min_nonzero/min_normal)): "
-             + ("undefined" if al.min_align is None else str(al.min_align)),
-             f"Scale exponent range: {p.min_exp:.2f} to {p.max_exp:.2f}, {len(p.levels)} levels"]
-    lines += [f"Note: {n}" for n in p.notes]
-    return lines
-
-
-def format_level_line(i: int, lv: LevelResult, total: int) -> str:
-    m = lv.metrics
-    return (f"Level {i + 1}/{total}: Scale Exp {lv.scale_exp:.2f} (Factor "
-            f"{fmt_factor(lv.scale_factor)}) MSE {m['mse']:.6e}, Cosine {m['cosine']:.6f}, "
-            f"PSNR {m['psnr']:.2f} dB, MAE {m['mae']:.6e}, MaxErr {m['max_abs_error']:.6e}, "
-            f"RelErr {m['relative_error'] * 100:.2f}% | overflow {lv.overflow_ratio * 100:.2f}%, "
-            f"underflow {lv.underflow_ratio * 100:.2f}%, flushed {lv.flush_to_zero_ratio * 100:.2f}%")
-
-
-def _metric_trio(lv: LevelResult) -> str:
-    m = lv.metrics
-    return f"MSE: {m['mse']:.6e}, Cosine: {m['cosine']:.6f}, PSNR: {m['psnr']:.2f} dB"
-
-
-OPTIMA_LINES = (("mse", "🏆 Best MSE"), ("cosine", "🎯 Best Cosine Similarity"),
-                ("psnr", "📊 Best PSNR"), ("mae", "📉 Best MAE"),
-                ("relative_error", "📐 Best Relative Error"))
-
-
-def format_analysis(res: SweepResult) -> list[str]:
-    """SCALING FACTOR ANALYSIS & RECOMMENDATIONS (the seed's sections, in its order)."""
-    rec, lv_all, st = res.recommendation, res.levels, res.stability
-    p = res.plan
-    out = [RULE, "SCALING FACTOR ANALYSIS & RECOMMENDATIONS", RULE,
-           f"Format: {res.format_name} ({res.grid.layout})",
-           f"Tested {len(lv_all)} scaling levels from {p.min_exp:.2f} to {p.max_exp:.2f}",
-           SUBRULE, "INDIVIDUAL METRIC OPTIMA:", SHORT]
-    for key, label in OPTIMA_LINES:
-        i = rec.best_by_metric.get(key)
-        if i is None:
-            out.append(f"{label}: undefined at every level")
-            continue
-        lv = lv_all[i]
-        out += [f"{label}: Scale Exp = {lv.scale_exp:.2f}, Factor = {fmt_factor(lv.scale_factor)}",
-                f"    {_metric_trio(lv)}"]
-    lv = lv_all[rec.index]
-    m = lv.metrics
-    out += [SUBRULE, "COMPOSITE RECOMMENDATION:", SHORT,
-            f"⭐ RECOMMENDED Scaling Factor: {fmt_factor(lv.scale_factor)}",
-            f"   Scale Exponent: {lv.scale_exp:.2f}",
-            f"   Composite Score: {rec.composite_score:.4f} (MSE 30%, cosine 30%, PSNR 20%, "
-            "MAE 10%, relative error 10%; each min-max normalized over the levels)",
-            "   Balanced Performance:",
-            f"     - MSE: {m['mse']:.6e}", f"     - Cosine Similarity: {m['cosine']:.6f}",
-            f"     - PSNR: {m['psnr']:.2f} dB", f"     - MAE: {m['mae']:.6e}",
-            f"     - Relative Error: {m['relative_error'] * 100:.2f}%",
-            SUBRULE, "PERFORMANCE ANALYSIS:", SHORT]
-    for key, label, fmt, unit in (("mse", "MSE", ".6e", ""), ("cosine", "Cosine", ".6f", ""),
-                                  ("psnr", "PSNR", ".2f", " dB")):
-        s = st.get(key)
-        if s is None:
-            out.append(f"{label} Range: no finite values")
-            continue
-        out.append(f"{label} Range: {s['min']:{fmt}} to {s['max']:{fmt}}{unit} "
-                   f"(Δ: {s['delta']:{fmt}}{unit})")
-    for key, label, fmt in (("mse", "MSE", ".6e"), ("cosine", "Cosine", ".6f")):
-        s = st.get(key)
-        if s is not None:
-            out.append(f"{label} Stability (std): {s['std']:{fmt}}")
-    out += [SUBRULE, "RECOMMENDATIONS:", SHORT] + list(st["messages"])
-    out += [SUBRULE, "FINAL RECOMMENDATION:", SHORT,
-            f"🎯 Use scaling factor: {fmt_factor(lv.scale_factor)}",
-            f"   This provides the best balance of accuracy and stability for "
-            f"{res.format_name} quantization",
-            f"   Scale exponent: {lv.scale_exp:.2f}"
-            + ("" if lv.mx_scale else " (not an integer: no E8M0 scale encodes it; nearest "
-               f"MX scales are 2^{math.floor(lv.scale_exp)} and 2^{math.ceil(lv.scale_exp)})"),
-            f"   {rec.position_message}"]
-    if lv.overflow_severity != SEVERITY_NONE or lv.underflow_severity != SEVERITY_NONE:
-        out.append(f"   ⚠️  At this level: overflow {lv.overflow_ratio * 100:.2f}% "
-                   f"({lv.overflow_severity}), underflow {lv.underflow_ratio * 100:.2f}% "
-                   f"({lv.underflow_severity})")
-    out.append(RULE)
-    return out
-
-
-def format_overflow_summary(res: SweepResult) -> list[str]:
-    """OVERFLOW/UNDERFLOW ANALYSIS SUMMARY (issues per level, extremes, recommendations)."""
-    ov, g = res.overflow, res.grid
-    rng = lambda lv: f"[{lv.scaled_range[0]:.2e}, {lv.scaled_range[1]:.2e}]"  # noqa: E731
-    qrng = lambda lv: f"[{lv.quantized_range[0]:.2e}, {lv.quantized_range[1]:.2e}]"  # noqa: E731
-    out = [RULE, "OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", RULE, f"Format: {res.format_name}",
-           f"Analyzed {len(res.levels)} scaling levels",
-           f"Significant overflow/underflow detected in {len(ov['significant'])} levels", SUBRULE]
-    if ov["overflow_levels"]:
-        out += ["🔴 OVERFLOW ISSUES:", SHORT]
-        for lv in ov["overflow_levels"]:
-            out += [f"  Scale Exp: {lv.scale_exp:.2f} (Factor: {fmt_factor(lv.scale_factor)})",
-                    f"    Overflow: {lv.overflow_count} ({lv.overflow_ratio * 100:.2f}%)",
-                    f"    Max Normal: {g.max_normal:.2e}",
-                    f"    Tensor Range: {rng(lv)} (after quantization {qrng(lv)})",
-                    f"    Severity: {lv.overflow_severity}"]
-        out.append("")
-    if ov["underflow_levels"]:
-        out += ["🟡 UNDERFLOW ISSUES:", SHORT]
-        for lv in ov["underflow_levels"]:
-            out += [f"  Scale Exp: {lv.scale_exp:.2f} (Factor: {fmt_factor(lv.scale_factor)})",
-                    f"    Underflow: {lv.underflow_count} ({lv.underflow_ratio * 100:.2f}%)",
-                    f"    Flush to Zero: {lv.flush_to_zero_count} "
-                    f"({lv.flush_to_zero_ratio * 100:.2f}%)",
-                    f"    Min Normal: {g.min_normal:.2e}",
-                    f"    Tensor Range: {rng(lv)} (after quantization {qrng(lv)})",
-                    f"    Severity: {lv.underflow_severity}"]
-        out.append("")
-    wo, bo = ov["worst_overflow"], ov["best_overflow"]
-    out += ["OVERFLOW EXTREMES:", SHORT]
-    if wo is None or wo.overflow_count == 0:
-        out.append("No overflow at any level")
-    else:
-        out += [f"Worst Overflow: Scale Exp {wo.scale_exp:.2f}",
-                f"  {wo.overflow_ratio * 100:.2f}% overflow",
-                f"Best Overflow: Scale Exp {bo.scale_exp:.2f}",
-                f"  {bo.overflow_ratio * 100:.2f}% overflow"]
-    wu, bu = ov["worst_underflow"], ov["best_underflow"]
-    out += ["", "UNDERFLOW EXTREMES:", SHORT]
-    if wu is None or wu.underflow_count == 0:
-        out.append("No underflow at any level")
-    else:
-        out += [f"Worst Underflow: Scale Exp {wu.scale_exp:.2f}",
-                f"  {wu.underflow_ratio * 100:.2f}% underflow, "
-                f"{wu.flush_to_zero_ratio * 100:.2f}% flushed to zero",
-                f"Best Underflow: Scale Exp {bu.scale_exp:.2f}",
-                f"  {bu.underflow_ratio * 100:.2f}% underflow, "
-                f"{bu.flush_to_zero_ratio * 100:.2f}% flushed to zero"]
-    out += [SUBRULE, "OVERFLOW/UNDERFLOW RECOMMENDATIONS:", SHORT]
-    if ov["any_high"]:
-        out += ["⚠️  AVOID scaling factors with HIGH overflow/underflow severity",
-                "   These factors cause significant precision loss"]
-    if ov["overflow_levels"]:
-        out += ["🔴 OVERFLOW WARNING:", "   Avoid scaling factors that cause overflow",
-                "   These values will be saturated to max representable value"]
-    if ov["underflow_levels"]:
-        out += ["🟡 UNDERFLOW CONSIDERATIONS:",
-                "   Moderate underflow may be acceptable depending on use case",
-                "   Balance between underflow and overflow risks"]
-    clean = ov["clean_levels"]
-    if not clean:
-        lp = ov["least_problematic"]
-        out += ["⚠️  All scaling levels have some overflow/underflow - choose least problematic",
-                f"💡 Least problematic scaling: {lp.scale_exp:.2f}",
-                f"   Overflow: {lp.overflow_ratio * 100:.2f}%, "
-                f"Underflow: {lp.underflow_ratio * 100:.2f}%"]
-    else:
-        out += [f"✅ {len(clean)} of {len(res.levels)} levels have no significant "
-                "overflow/underflow (< 0.1%)",
-                f"💡 Recommended scaling range: {min(lv.scale_exp for lv in clean):.2f} to "
-                f"{max(lv.scale_exp for lv in clean):.2f}"]
-    out.append(RULE)
-    return out
-
-
-TABLE_COLUMNS = (("scale_exp", "ScaleExp", "{:>9.3f}"), ("scale_factor", "Factor", "{:>14.6e}"),
-                 ("mse", "MSE", "{:>13.6e}"), ("rmse", "RMSE", "{:>13.6e}"),
-                 ("cosine", "Cosine", "{:>10.6f}"), ("psnr", "PSNR_dB", "{:>9.2f}"),
-                 ("mae", "MAE", "{:>13.6e}"), ("max_abs_error", "MaxAbsErr", "{:>13.6e}"),
-                 ("relative_error", "RelErr_%", "{:>9.3f}"),
-                 ("overflow_ratio", "Overflow_%", "{:>10.4f}"),
-                 ("underflow_ratio", "Underflow_%", "{:>11.4f}"),
-                 ("flush_to_zero_ratio", "FlushZero_%", "{:>11.4f}"),
-                 ("composite", "Composite", "{:>9.4f}"))
-
-
-def results_table(res: SweepResult) -> list[str]:
-    """One row per level: every metric, the overflow/underflow ratios and the score."""
-    widths = [len(fmt.format(0.0)) for _, _, fmt in TABLE_COLUMNS]
-    head = " ".join(f"{h:>{w}}" for (_, h, _), w in zip(TABLE_COLUMNS, widths))
-    rows = [head, "-" * len(head)]
-    for lv, sc in zip(res.levels, res.scores):
-        vals = dict(lv.metrics, relative_error=lv.metrics["relative_error"] * 100,
-                    scale_exp=lv.scale_exp, scale_factor=lv.scale_factor,
-                    overflow_ratio=lv.overflow_ratio * 100, underflow_ratio=lv.underflow_ratio * 100,
-                    flush_to_zero_ratio=lv.flush_to_zero_ratio * 100, composite=sc)
-        rows.append(" ".join(fmt.format(vals[k]) for k, _, fmt in TABLE_COLUMNS))
-    return rows
-
-
-def results_text(res: SweepResult, source: str = "") -> str:
-    """The whole ``mxfp_scaling_results_<format>.txt``."""
-    lines = [RULE, f"MXFP SCALING TEST RESULTS: {res.format_name}", RULE]
-    if source:
-        lines.append(f"Input: {source}")
-    lines += format_tensor_info(res) + format_parameters(res)
-    lines += ["How a level is applied: x / 2^s is cast to the element format (round to nearest "
-              "even, saturating), then multiplied by 2^s; ratios are of finite elements.", ""]
-    lines += results_table(res) + [""] + format_analysis(res) + [""] + format_overflow_summary(res)
-    return "\n".join(lines) + "\n"

@@ -79,6 +79,18 @@ class CaptureConfig:
 _NESTED = {"iterations": {"start": "iter_start", "end": "iter_end", "every": "iter_every"}}
 
 
+def env_requests_activity(env: Mapping[str, str] | None = None) -> bool:
+    """Is capture on? The one reading of the environment for that question: TENSOR_SAVE_ENABLED
+    set to anything but a false value, a CUSTOM_QUANT_TYPE that emulates, or a
+    TENSOR_SAVE_CONFIG file. Cheap and lenient on purpose: a misspelled value counts as "on",
+    so that load_config runs and rejects it with a clear message instead of capture staying
+    silently off."""
+    env = os.environ if env is None else env
+    return (env.get(ENV_ENABLED, "").strip().lower() not in _FALSE
+            or env.get(ENV_QUANT, "").strip().lower() not in NO_QUANT
+            or bool(env.get(ENV_CONFIG, "").strip()))
+
+
 def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import emulation
+from . import emulation, schema
 from .saver import get_tensor_saver
 from .state import STATE
 
@@ -101,7 +101,7 @@ class _LinearCall:
     capture_bwd: bool
 
 
-def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant="hp",
+def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant=schema.VARIANT_HP,
           axis=None):
     saver.save_tensor(t, layer_type, op, None, name, site.layer_idx, phase, component, None, sample,
                       it, module_path=site.module_path, submodule=site.submodule, variant=variant,
@@ -132,10 +132,10 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
         w = emulation.quantize(weight, axis=-1, kind="linear forward weight",
                                site=site.module_path, iteration=it)
         if cap and saver.config.save_quantized:
-            for name, t in (("input_quantized", a), ("weight_quantized", w)):
+            for name, t in ((schema.quantized_name("input"), a), (schema.quantized_name("weight"), w)):
                 if _wanted(saver, "linear", "forward", "pre", name, site, it):
                     _save(saver, t, "linear", "forward", "pre", name, site, it, sample, "linear",
-                          "quantized")
+                          schema.VARIANT_QUANTIZED)
     output = torch.matmul(a, w.t())
     if bias is not None:
         output = output + bias
@@ -170,10 +170,10 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
         g = emulation.quantize(grad_output, axis=-1, kind="linear dgrad grad_output", **where)
         w = emulation.quantize(weight, axis=0, kind="linear dgrad weight", **where)
         if cap and saver.config.save_quantized:
-            for name, t in (("grad_output_quantized", g), ("weight_quantized", w)):
+            for name, t in ((schema.quantized_name("grad_output"), g), (schema.quantized_name("weight"), w)):
                 if _wanted(saver, "linear", "backward", "pre", name, site, it):
                     _save(saver, t, "linear", "backward", "pre", name, site, it, sample, "linear",
-                          "quantized")
+                          schema.VARIANT_QUANTIZED)
     return g.matmul(w)
 
 
@@ -188,10 +188,11 @@ def _wgrad_operands(ctx: Any, grad_output: torch.Tensor,
     a = emulation.quantize(total_input, axis=0, kind="linear wgrad input", **where)
     saver = get_tensor_saver()
     if call.capture_bwd and saver.enabled and saver.config.save_quantized:
-        for name, t in (("grad_output_quantized_wgrad", g), ("input_quantized_wgrad", a)):
+        for name, t in ((schema.quantized_name("grad_output", wgrad=True), g),
+                        (schema.quantized_name("input", wgrad=True), a)):
             if _wanted(saver, "linear", "backward", "pre", name, call.site, call.iteration):
                 _save(saver, t, "linear", "backward", "pre", name, call.site, call.iteration,
-                      call.sample_idx, "linear", "quantized")
+                      call.sample_idx, "linear", schema.VARIANT_QUANTIZED)
     return g, a
 
 
@@ -317,11 +318,11 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
         key = emulation.quantize_ste(key, axis=-1, kind="attention key", **where)
         value = emulation.quantize_ste(value, axis=0, kind="attention value", **where)
         if cap and saver.config.save_quantized:
-            for name, t in (("query_quantized", query), ("key_quantized", key),
-                            ("value_quantized", value)):
+            for name, t in ((schema.quantized_name("query"), query), (schema.quantized_name("key"), key),
+                            (schema.quantized_name("value"), value)):
                 if _wanted(saver, "attention", "forward", "pre", name, site, it):
                     _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
-                          "quantized")
+                          schema.VARIANT_QUANTIZED)
     _RUNNING_ATTENTION[0] = site.module_path
     context = forward(query, key, value, *args, **kwargs)
     if cap:

@@ -229,7 +229,7 @@ class TensorSaver:
                     component: str = "unknown", rank: int | None = None,
                     sample_idx: int | None = None, iteration: int | None = None, *,
                     module_path: str | None = None, submodule: str | None = None,
-                    variant: str = "hp", metadata: dict[str, Any] | None = None,
+                    variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
                     quant_axis: int | None = None) -> str | None:
         """Capture one tensor (the seeds' signature plus keyword extras).
 
@@ -290,12 +290,12 @@ class TensorSaver:
             schema.META_SHAPE: list(tensor.shape), schema.META_DTYPE: str(tensor.dtype),
             schema.META_MODULE_PATH: module_path, schema.META_SUBMODULE: submodule,
             schema.META_VARIANT: variant, schema.META_SAMPLED_ROWS: sampled_rows,
-            "sampled_row_stride": row_stride, "emulated_format": (
+            schema.META_SAMPLED_ROW_STRIDE: row_stride, schema.META_EMULATED_FORMAT: (
                 self.config.quant_type if self.config.emulating else None),
-            "tp_rank": info["tp_rank"], "pp_rank": info["pp_rank"], "dp_rank": info["dp_rank"],
-            "world_size": info["world_size"], schema.META_MCORE_VERSION: megatron_core_version(),
+            **{k: info[k] for k in schema.META_PARALLEL},
+            schema.META_MCORE_VERSION: megatron_core_version(),
         })
-        if quant_axis is not None and variant == "hp":
+        if quant_axis is not None and variant == schema.VARIANT_HP:
             analyses = self._analyses(full, quant_axis)
             if analyses:
                 meta[schema.META_QUANT_ANALYSIS] = analyses

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
+from quant.formats import UNDERSCORED_NAMES  # the format table; loads no torch
+
 SCHEMA_VERSION = 3
 
 LAYER_TYPES = ("attention", "linear")
@@ -43,10 +45,7 @@ TENSOR_SUFFIX = ".pt"
 
 # Quant-type names that contain underscores; only needed to split the ambiguous
 # older names (v1/v2), where quant_type and tensor_name are both free text.
-_UNDERSCORED_QUANT_TYPES = (
-    "fp8_e4m3_tensor", "fp8_e5m2_tensor", "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3",
-    "fp4_e2m1", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3",
-)
+_UNDERSCORED_QUANT_TYPES = UNDERSCORED_NAMES   # from quant.FORMATS, longest first
 
 
 @dataclass(frozen=True)
@@ -196,12 +195,39 @@ META_SHAPE = "shape"                  # list[int], of the full tensor (before ro
 META_DTYPE = "dtype"                  # e.g. "torch.bfloat16"
 META_MODULE_PATH = "module_path"      # e.g. "decoder.layers.3.mlp.linear_fc1"
 META_SUBMODULE = "submodule"          # linear_qkv | linear_proj | linear_fc1 | linear_fc2 | core_attention
-META_VARIANT = "variant"              # "hp" (high precision) or "quantized" (operand the GEMM saw)
+META_VARIANT = "variant"              # VARIANT_HP or VARIANT_QUANTIZED
 META_STATS = "stats"                  # dict, see STAT_KEYS
 META_SAMPLED_ROWS = "sampled_rows"    # None, or the number of rows kept in the file
-META_PARALLEL = ("tp_rank", "pp_rank", "dp_rank", "world_size")
+META_SAMPLED_ROW_STRIDE = "sampled_row_stride"   # stride of the kept rows (None: all kept)
+META_EMULATED_FORMAT = "emulated_format"         # CUSTOM_QUANT_TYPE being emulated, or None
+META_TP_RANK, META_PP_RANK, META_DP_RANK, META_WORLD_SIZE = (
+    "tp_rank", "pp_rank", "dp_rank", "world_size")
+META_PARALLEL = (META_TP_RANK, META_PP_RANK, META_DP_RANK, META_WORLD_SIZE)
 META_MCORE_VERSION = "megatron_core_version"
 MANIFEST_FILE = "file"                # relative file name, None in stats-only mode
+
+# Values of META_VARIANT: the high-precision tensor, or the operand a GEMM saw (fake-quantized).
+VARIANT_HP = "hp"
+VARIANT_QUANTIZED = "quantized"
+# Tensor-name suffixes of a quantized operand: "input_quantized" beside "input" (forward / dgrad
+# operand), "grad_output_quantized_wgrad" beside "grad_output" (quantized along the wgrad GEMM's
+# reduction axis). Longest first, so a reader strips the right one.
+QUANTIZED_SUFFIX = "_quantized"
+QUANTIZED_WGRAD_SUFFIX = "_quantized_wgrad"
+QUANTIZED_SUFFIXES = (QUANTIZED_WGRAD_SUFFIX, QUANTIZED_SUFFIX)
+
+
+def quantized_name(tensor_name: str, wgrad: bool = False) -> str:
+    """The tensor name of ``tensor_name``'s quantized operand (``input`` -> ``input_quantized``)."""
+    return tensor_name + (QUANTIZED_WGRAD_SUFFIX if wgrad else QUANTIZED_SUFFIX)
+
+
+def hp_twin_name(tensor_name: str) -> str:
+    """The high-precision tensor name a quantized operand's name refers to."""
+    for suffix in QUANTIZED_SUFFIXES:
+        if tensor_name.endswith(suffix):
+            return tensor_name[: -len(suffix)]
+    return tensor_name
 
 # Statistics computed on the whole tensor before any copy or sampling.
 STAT_KEYS = (
@@ -210,8 +236,9 @@ STAT_KEYS = (
 )
 # Overflow/underflow against a dtype or quant format, stored under stats["range"][name]:
 # {"upper_overflow_count", "lower_overflow_count", "overflow_count", "underflow_count",
-#  "flush_to_zero_count", and "*_ratio" for each} where upper = x > max, lower = x < -max,
-# underflow = 0 < |x| < min_normal, flush_to_zero = 0 < |x| < min_subnormal / 2.
+#  "flush_to_zero_count", and "*_ratio" for each}, with quant.analysis' definitions (upper:
+# +Inf and values whose cast rounds above max_normal, lower: the same below -max_normal,
+# underflow: 0 < |x| < min_normal, flush_to_zero: nonzero values the cast rounds to 0).
 STAT_RANGE = "range"
 # log2-magnitude histogram of finite nonzero values: {"min_exp": e0, "counts": [n_e0, n_e0+1, ...]}
 # where a value x falls in bin floor(log2(|x|)).

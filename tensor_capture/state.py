@@ -6,7 +6,7 @@ import (cheap, no validation) and refreshed whenever a saver is configured.
 """
 from __future__ import annotations
 
-import os
+from .config import env_requests_activity  # noqa: F401  (the facade imports it from here)
 
 
 class _State:
@@ -25,9 +25,3 @@ class _State:
 
 STATE = _State()
 
-
-def env_requests_activity(env: "os._Environ[str] | dict[str, str]" = os.environ) -> bool:
-    """True when the environment asks for capture or emulation (validated later)."""
-    enabled = env.get("TENSOR_SAVE_ENABLED", "").strip().lower() not in ("", "0", "false", "no", "off")
-    quant = env.get("CUSTOM_QUANT_TYPE", "").strip().lower() not in ("", "fp32", "none")
-    return enabled or quant or bool(env.get("TENSOR_SAVE_CONFIG", "").strip())

@@ -13,10 +13,12 @@ for exponents ``HIST_MIN_EXP .. HIST_MAX_EXP``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+
+from quant.analysis import CastLimits, cast_limits, dtype_limits
+from quant.formats import SCALING_IDENTITY, SCALING_NONE, get_format
 
 from . import schema
 
@@ -30,57 +32,34 @@ _RANGE_COUNTS = ("upper_overflow_count", "lower_overflow_count", "underflow_coun
                  "flush_to_zero_count")
 
 
-@dataclass(frozen=True)
-class RangeSpec:
-    """Thresholds of one number format: largest finite, smallest normal, smallest subnormal."""
-
-    name: str
-    max_normal: float
-    min_normal: float
-    min_subnormal: float
-
-
-_DTYPE_FORMAT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+#: Thresholds of one number format: the one definition of overflow / underflow / flush to zero
+#: lives in quant.analysis (CastLimits: max_normal, min_normal, min_subnormal and where the
+#: format's rounding overflows and flushes); the counts below apply it exactly.
+RangeSpec = CastLimits
 
 
 def dtype_range(dtype: torch.dtype) -> RangeSpec | None:
-    """Thresholds of a torch floating dtype, from quant's format table (float64 from finfo)."""
-    name = _DTYPE_FORMAT.get(dtype)
-    label = str(dtype).replace("torch.", "")
-    if name is not None:
-        spec = _quant_spec(name)
-        if spec is not None:
-            return RangeSpec(label, float(spec.max_normal), float(spec.min_normal),
-                             float(spec.min_subnormal))
-    if dtype.is_floating_point:  # float64, or quant not importable
-        fi = torch.finfo(dtype)
-        return RangeSpec(label, float(fi.max), float(fi.tiny), float(fi.tiny) * float(fi.eps))
-    return None
+    """Thresholds of a torch floating dtype (quant's table; float64 from finfo)."""
+    return dtype_limits(dtype)
 
 
 def is_scaled(fmt_name: str) -> bool:
     """True for formats with a block or tensor scale (MX, NVFP4, *_tensor)."""
     spec = _quant_spec(fmt_name)
-    return spec is not None and getattr(spec, "scaling", "none") not in ("none", "identity")
+    return spec is not None and spec.scaling not in (SCALING_NONE, SCALING_IDENTITY)
 
 
 def format_range(fmt_name: str) -> RangeSpec | None:
     """Thresholds of an unscaled quant format; None for scaled formats, whose raw values are
     not compared with the element range (see the saver's quant analysis instead)."""
-    spec = _quant_spec(fmt_name)
-    if spec is None or is_scaled(fmt_name):
+    if _quant_spec(fmt_name) is None or is_scaled(fmt_name):
         return None
-    return RangeSpec(fmt_name, float(spec.max_normal), float(spec.min_normal),
-                     float(spec.min_subnormal))
+    return cast_limits(fmt_name)
 
 
 def _quant_spec(name: str) -> Any:
     try:
-        import quant
-    except ImportError:
-        return None
-    try:
-        return quant.get_format(name)
+        return get_format(name)
     except (KeyError, ValueError):
         return None
 
@@ -151,7 +130,7 @@ def _compute_host(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor 
     parts = [scalars]
     if ranges:
         parts.append(_range_counts_host(a, absa, ranges, hist, mn.item(), mx.item(),
-                                        zero_count))
+                                        zero_count, min_nz, ct))
     parts.append(hist.to(torch.float64))
     return torch.cat(parts)
 
@@ -179,15 +158,15 @@ def _exp_hist(absa: torch.Tensor, field: torch.Tensor, field_counts: torch.Tenso
     return hist
 
 
-def _range_counts_host(a, absa, ranges, hist, mn, mx, zero_count) -> torch.Tensor:
+def _range_counts_host(a, absa, ranges, hist, mn, mx, zero_count, min_nz, ct) -> torch.Tensor:
     out: list[float] = []
     cum = None
     for spec in ranges:
-        M = spec.max_normal
-        out.append(float((a > M).sum()) if mx > M else 0.0)
-        out.append(float((a < -M).sum()) if mn < -M else 0.0)
-        for t in (spec.min_normal, spec.min_subnormal / 2):
-            if t <= 0:                            # below every positive float: nothing
+        up = spec.overflow_bound(ct)              # |x| >= up overflows (all values finite here)
+        out.append(float((a >= up).sum()) if mx >= up else 0.0)
+        out.append(float((a <= -up).sum()) if mn <= -up else 0.0)
+        for t in (spec.min_normal, spec.flush_bound(ct)):   # nonzero |x| < t
+            if t <= 0 or min_nz >= t:             # nothing nonzero below t: no pass needed
                 out.append(0.0)
             elif _is_pow2(t):
                 k = math.frexp(t)[1] - 1          # |x| < 2^k  <=>  floor(log2|x|) < k
@@ -238,7 +217,8 @@ def _compute_device(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tenso
     ])
     parts = [scalars]
     if nr:
-        parts.append(_range_counts(fa, ranges, zero_fa, ct))
+        pos_inf = (a == math.inf).sum()
+        parts.append(_range_counts(fa, ranges, zero_fa, ct, pos_inf, inf_count - pos_inf))
     _, exp = torch.frexp(absf)                       # |x| = m * 2^e, m in [0.5, 1)
     idx = torch.where(nonzero, exp.to(torch.int64) - 1 - HIST_MIN_EXP + 1, 0)
     hist = torch.bincount(idx, minlength=_HIST_BINS + 1)[1:_HIST_BINS + 1]
@@ -247,12 +227,13 @@ def _compute_device(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tenso
 
 
 def _range_counts(fa: torch.Tensor, ranges: Sequence[RangeSpec], zero_fa: torch.Tensor,
-                  ct: torch.dtype) -> torch.Tensor:
+                  ct: torch.dtype, pos_inf: torch.Tensor, neg_inf: torch.Tensor) -> torch.Tensor:
     """Overflow/underflow counts for every spec with one bucketize and one bincount.
 
-    Strict comparisons (x > max, x < -max, 0 < |x| < t) become half-open buckets
-    ``b[k-1] <= x < b[k]`` by moving each boundary to the neighbouring value of the
-    compute dtype; a bound the dtype cannot reach is decided analytically.
+    The comparisons (x >= up, x <= -up, 0 < |x| < t) become half-open buckets
+    ``b[k-1] <= x < b[k]`` with bounds that are values of the compute dtype; a bound the dtype
+    cannot reach is decided analytically. ``fa`` has its non-finite values zeroed: +-Inf
+    (``pos_inf`` / ``neg_inf``) are added to the upper / lower overflow.
     """
     fi = torch.finfo(ct)
     smallest = fi.tiny * fi.eps
@@ -266,32 +247,30 @@ def _range_counts(fa: torch.Tensor, ranges: Sequence[RangeSpec], zero_fa: torch.
 
     for spec in ranges:
         entry: list[Any] = []
-        if spec.max_normal < fi.max:
-            up = _next_above(spec.max_normal, ct)                 # x > M  <=>  x >= up
+        up = spec.overflow_bound(ct)                               # overflow: x >= up
+        if math.isfinite(up):
             entry.append(add(up))
-            entry.append(add(_step(-up, math.inf, ct)))            # x < -M <=>  x < next(-up)
+            entry.append(add(_step(-up, math.inf, ct)))            # x <= -up <=> x < next(-up)
         else:
             entry.extend([None, None])
-        for t in (spec.min_normal, spec.min_subnormal / 2):
-            if t <= smallest:
-                entry.append(None)                                 # 0 < |x| < t impossible
+        for te in (spec.underflow_bound(ct), spec.flush_bound(ct)):  # 0 < |x| < te
+            if te <= smallest:
+                entry.append(None)                                 # 0 < |x| < te impossible
                 continue
-            te = _round_up(t, ct)                                  # |x| < t <=> |x| < te
             entry.append((add(_step(-te, 0.0, ct)), add(te)))      # -te < x < te
         plan.append(entry)
-    if not bounds:
-        return torch.zeros(4 * len(ranges), dtype=torch.float64, device=dev)
     order = sorted(range(len(bounds)), key=lambda i: bounds[i])
     pos = {orig: k for k, orig in enumerate(order)}
-    b = torch.tensor([bounds[i] for i in order], dtype=ct, device=dev)
-    idx = torch.bucketize(fa, b, right=True)                       # b[k-1] <= x < b[k] -> k
-    cum = torch.bincount(idx, minlength=len(bounds) + 1).cumsum(0)  # cum[k] = #(x < b[k])
+    if bounds:
+        b = torch.tensor([bounds[i] for i in order], dtype=ct, device=dev)
+        idx = torch.bucketize(fa, b, right=True)                   # b[k-1] <= x < b[k] -> k
+        cum = torch.bincount(idx, minlength=len(bounds) + 1).cumsum(0)  # cum[k] = #(x < b[k])
     n = fa.numel()
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     out = []
     for upper, lower, normal_pair, ftz_pair in plan:
-        out.append(n - cum[pos[upper]] if upper is not None else zero)
-        out.append(cum[pos[lower]] if lower is not None else zero)
+        out.append((n - cum[pos[upper]] if upper is not None else zero) + pos_inf)
+        out.append((cum[pos[lower]] if lower is not None else zero) + neg_inf)
         for pair in (normal_pair, ftz_pair):
             out.append(zero if pair is None else cum[pos[pair[1]]] - cum[pos[pair[0]]] - zero_fa)
     return torch.stack([o.to(torch.float64) for o in out])
@@ -299,22 +278,6 @@ def _range_counts(fa: torch.Tensor, ranges: Sequence[RangeSpec], zero_fa: torch.
 
 def _step(v: float, toward: float, ct: torch.dtype) -> float:
     return torch.nextafter(torch.tensor(v, dtype=ct), torch.tensor(toward, dtype=ct)).item()
-
-
-def _next_above(t: float, ct: torch.dtype) -> float:
-    """Smallest value of dtype ct strictly greater than t."""
-    v = torch.tensor(t, dtype=ct)
-    if v.item() <= t:
-        v = torch.nextafter(v, torch.tensor(math.inf, dtype=ct))
-    return v.item()
-
-
-def _round_up(t: float, ct: torch.dtype) -> float:
-    """Smallest value of dtype ct that is >= t, so |x| < t keeps its meaning for ct values."""
-    v = torch.tensor(t, dtype=ct)
-    if v.item() < t:
-        v = torch.nextafter(v, torch.tensor(math.inf, dtype=ct))
-    return v.item()
 
 
 def decode(vec: torch.Tensor | Sequence[float], ranges: Sequence[RangeSpec] = ()) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from quant.formats import FORMATS
+
 from .saver import TensorSaver
 
 _LINEARS = (("self_attention.linear_qkv", 1.0), ("self_attention.linear_proj", 0.5),
@@ -38,7 +40,7 @@ def write_synthetic_run(directory: str | Path, *, quant_types: Sequence[str] = (
         return t
 
     for qt in quant_types:
-        emulate = qt not in ("bf16", "fp16", "fp32")
+        emulate = getattr(FORMATS.get(qt), "torch_dtype", None) is None  # bf16/fp16/fp32: plain
         for rank in ranks:
             saver = TensorSaver(enabled=True, save_dir=str(out), stats_only=stats_only,
                                 quant_type=qt if emulate else None)

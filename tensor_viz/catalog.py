@@ -37,7 +37,7 @@ class Entry:
 
     @property
     def variant(self) -> str:
-        return str(self.meta.get(schema.META_VARIANT) or "hp")
+        return str(self.meta.get(schema.META_VARIANT) or schema.VARIANT_HP)
 
     @property
     def dtype(self) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_WHATIF = ("fp8_e4m3", "fp8_e5m2", "hifp8", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4", "bf16")
+from quant.formats import SURVEY_FORMATS  # the format table; loads no torch
+
+DEFAULT_WHATIF = SURVEY_FORMATS
 MAP_STAT_NAMES = ("absmax", "std", "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")
 DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tensor_capture import schema
 from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
@@ -54,23 +55,14 @@ class Result:
         return 0 if self.drawn else 1
 
 
-# Tensor-name suffixes of the operand a GEMM saw (the capture saves "input_quantized" beside
-# "input", "grad_output_quantized_wgrad" beside "grad_output", ...).
-QUANTIZED_SUFFIXES = ("_quantized_wgrad", "_quantized")
-
-
-def hp_twin_name(tensor_name: str) -> str:
-    """The high-precision tensor name a quantized operand's name refers to."""
-    for suffix in QUANTIZED_SUFFIXES:
-        if tensor_name.endswith(suffix):
-            return tensor_name[: -len(suffix)]
-    return tensor_name
+QUANTIZED_SUFFIXES = schema.QUANTIZED_SUFFIXES   # names and pairing: tensor_capture.schema
+hp_twin_name = schema.hp_twin_name
 
 
 def _pair_key(e: Entry, tensor_name: str):
     n = e.name
     return (n.iteration, n.layer_type, n.layer_idx, n.quant_type, n.rank, n.sample_idx, tensor_name,
-            e.meta.get("module_path"))
+            e.meta.get(schema.META_MODULE_PATH))
 
 
 def _select(entries: list[Entry], opts: Options) -> list[Entry]:
@@ -95,7 +87,7 @@ def _quant_available() -> bool:
     """True when quant's quantize() and metrics import (the numerics core is optional here)."""
     try:
         from quant import metrics  # noqa: F401
-        from quant.quantize import quantize  # noqa: F401
+        from quant import quantize  # noqa: F401
 
         return callable(quantize)
     except Exception:
@@ -119,7 +111,7 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
     tasks: list[FileTask | PairTask] = []
     heat_done: set = set()
     for e in chosen:
-        wants_whatif = bool(whatif) and e.variant != "quantized" and len(whatif_done) < opts.whatif_files \
+        wants_whatif = bool(whatif) and e.variant != schema.VARIANT_QUANTIZED and len(whatif_done) < opts.whatif_files \
             and (e.label, e.name.quant_type) not in whatif_done
         if wants_whatif:
             whatif_done.add((e.label, e.name.quant_type))
@@ -172,10 +164,10 @@ def _pairs(entries: list[Entry], opts: Options) -> list[tuple[Entry, Entry]]:
         return []
     hp: dict[tuple, dict[str, Entry]] = {}
     for e in entries:
-        if e.path and e.variant != "quantized":
+        if e.path and e.variant != schema.VARIANT_QUANTIZED:
             hp.setdefault(_pair_key(e, e.name.tensor_name), {})[e.name.operation] = e
     pairs = []
-    for q in sorted((e for e in entries if e.path and e.variant == "quantized"), key=lambda e: e.path or ""):
+    for q in sorted((e for e in entries if e.path and e.variant == schema.VARIANT_QUANTIZED), key=lambda e: e.path or ""):
         twins = hp.get(_pair_key(q, hp_twin_name(q.name.tensor_name)), {})
         twin = twins.get(q.name.operation) or next(iter(twins.values()), None)
         if twin is not None:

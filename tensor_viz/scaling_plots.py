@@ -26,7 +26,7 @@ X_LABEL = "scale exponent s (tensor divided by 2^s)"
 PANELS = (
     ("Mean squared error", [("mse", "MSE", "tab:blue"), ("rmse", "RMSE", "tab:cyan")],
      "error (value², RMSE: value units)", "auto"),
-    ("Cosine similarity", [("cosine", "cosine", "tab:green")], "cosine similarity (1 = same "
+    ("Cosine similarity", [("cosine_similarity", "cosine", "tab:green")], "cosine similarity (1 = same "
                                                                 "direction)", "linear"),
     ("PSNR", [("psnr", "PSNR", "tab:purple")], "PSNR (dB, peak = max |x|)", "linear"),
     ("Absolute error", [("mae", "MAE", "tab:orange"), ("max_abs_error", "max |error|", "tab:red")],
@@ -142,7 +142,7 @@ def plot_summary(res: Any, path: str | os.PathLike[str], tensor_name: str = "",
     xs = [lv.scale_exp for lv in res.levels]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     table = (("mse", "Mean squared error", "MSE (value²)", "tab:blue", "auto"),
-             ("cosine", "Cosine similarity", "cosine similarity", "tab:green", "linear"),
+             ("cosine_similarity", "Cosine similarity", "cosine similarity", "tab:green", "linear"),
              ("psnr", "PSNR", "PSNR (dB, peak = max |x|)", "tab:purple", "linear"),
              ("composite", "Composite score (MSE 30%, cosine 30%, PSNR 20%, MAE 10%, rel. 10%)",
               "composite score (0-1, 1 = best)", "black", "linear"))
@@ -152,7 +152,7 @@ def plot_summary(res: Any, path: str | os.PathLike[str], tensor_name: str = "",
     lv = res.levels[rec.index]
     text = (f"Recommended: s = {rec.scale_exp:.2f} (factor {lv.scale_factor:.6g})\n"
             f"composite {rec.composite_score:.4f}, MSE {lv.metrics['mse']:.3e}, "
-            f"cosine {lv.metrics['cosine']:.6f}, PSNR {lv.metrics['psnr']:.2f} dB\n"
+            f"cosine {lv.metrics['cosine_similarity']:.6f}, PSNR {lv.metrics['psnr']:.2f} dB\n"
             f"overflow {lv.overflow_ratio * 100:.2f}%, underflow {lv.underflow_ratio * 100:.2f}%")
     fig.text(0.5, 0.005, text, ha="center", va="bottom", fontsize=10,
              bbox={"boxstyle": "round", "facecolor": "lightyellow", "alpha": 0.9})

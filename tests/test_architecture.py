@@ -33,7 +33,6 @@ EXCEPTIONS: dict[str, str] = {
     # issue 11 item 1 (wt-numerics): these move to quant_tools/; the seed path stays a shim
     # that runs quant_tools' command, so it keeps importing it.
     "quant/mxfp_scaling_test.py": "the seed's script path: a shim that runs the sweep command",
-    "quant/demo.py": "pending: moves to quant_tools/ (delete this line then)",
 }
 PROJECT = {p.split("/")[0] for p in MAY_IMPORT} | {"quant_tools"}
 

@@ -12,17 +12,21 @@ from hypothesis import strategies as st
 from tensor_capture import stats
 from tensor_capture.stats import RangeSpec
 
-E4M3 = RangeSpec("e4m3", 448.0, 2.0 ** -6, 2.0 ** -9)
+E4M3 = stats.format_range("fp8_e4m3")   # quant.analysis.cast_limits: overflow above 464, flush <= 2^-10
 
 
 def _brute(x: np.ndarray, spec: RangeSpec) -> dict:
+    """quant.analysis' definitions in numpy: overflow = +-Inf or |x| beyond overflow_from (or at
+    it when the tie rounds up); flush = 0 < |x| below flush_to (or at it when the tie flushes)."""
     f = x[np.isfinite(x)]
     a = np.abs(f)
+    beyond = (a > spec.overflow_from) | ((a == spec.overflow_from) & spec.overflow_inclusive)
+    flushed = (a < spec.flush_to) | ((a == spec.flush_to) & spec.flush_inclusive)
     return {
-        "upper_overflow_count": int((f > spec.max_normal).sum()),
-        "lower_overflow_count": int((f < -spec.max_normal).sum()),
+        "upper_overflow_count": int((beyond & (f > 0)).sum() + (x == np.inf).sum()),
+        "lower_overflow_count": int((beyond & (f < 0)).sum() + (x == -np.inf).sum()),
         "underflow_count": int(((a > 0) & (a < spec.min_normal)).sum()),
-        "flush_to_zero_count": int(((a > 0) & (a < spec.min_subnormal / 2)).sum()),
+        "flush_to_zero_count": int(((a > 0) & flushed).sum()),
     }
 
 
@@ -34,10 +38,11 @@ def test_counts_on_the_boundaries(host_path):
     assert (s["numel"], s["zero_count"], s["nan_count"], s["inf_count"]) == (14, 2, 1, 2)
     assert (s["min"], s["max"], s["absmax"]) == (-500.0, 449.0, 500.0)
     assert s["min_nonzero_abs"] == 2 ** -11
-    r = s["range"]["e4m3"]
-    assert (r["upper_overflow_count"], r["lower_overflow_count"], r["overflow_count"]) == (1, 1, 2)
-    assert (r["underflow_count"], r["flush_to_zero_count"]) == (3, 1)
-    assert r["overflow_ratio"] == 2 / 14
+    r = s["range"]["fp8_e4m3"]
+    # 449 rounds to 448 (no overflow); -500 and +-Inf overflow; -2^-10 is the tie that flushes
+    assert (r["upper_overflow_count"], r["lower_overflow_count"], r["overflow_count"]) == (1, 2, 3)
+    assert (r["underflow_count"], r["flush_to_zero_count"]) == (3, 2)
+    assert r["overflow_ratio"] == 3 / 14
     finite = x[torch.isfinite(x)].double()
     assert math.isclose(s["mean"], finite.mean().item(), rel_tol=1e-6)
     assert math.isclose(s["std"], finite.std().item(), rel_tol=1e-6)
@@ -52,8 +57,8 @@ def test_matches_brute_force(values, dtype, host_path):
     """Both paths (host fast path and the sync-free device path) against numpy."""
     x = torch.tensor(values, dtype=torch.float32).to(dtype)
     xs = x.double().numpy()
-    specs = [E4M3, stats.dtype_range(dtype), RangeSpec("fp16", 65504.0, 2.0 ** -14, 2.0 ** -24),
-             RangeSpec("odd", 300.0, 0.003, 0.0001)]       # thresholds that are not powers of 2
+    specs = [E4M3, stats.dtype_range(dtype), stats.format_range("fp16"),
+             RangeSpec("odd", 300.0, 0.003, 0.0001, overflow_from=300.0, flush_to=0.00005)]
     s = stats.decode(stats.compute(x, specs, host_path=host_path), specs)
     for spec in specs:
         got = {k: s["range"][spec.name][k] for k in _brute(xs, spec)}

@@ -129,7 +129,6 @@ PACKAGES = ("lowp_common", "quant", "quant_tools", "tensor_capture", "tensor_viz
 #: os.replace that is not a copy of atomic_path: "file": reason.
 OTHER_RENAMES = {
     "tensor_capture/patcher.py": "swaps a whole patched megatron/core directory into place",
-    "quant/mxfp_scaling_test.py": "pending: the sweep command moves to quant_tools/ (lead adapts)",
 }
 
 

@@ -90,7 +90,7 @@ def test_warning_text_and_opt_in(capsys, monkeypatch):
 
 def test_medium_warning_and_silence_below_threshold(capsys):
     x = torch.ones(1000)
-    x[:5] = 1e-5                  # 0.5 % flushed -> medium
+    x[:5] = 1e-5                  # 0.5 % underflow (all flushed) -> medium
     r = _analyze_underflow_before_quantization(x, "fp8_e4m3")
     assert r.underflow_severity == "medium"
     assert "🟡" in capsys.readouterr().err

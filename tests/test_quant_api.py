@@ -177,7 +177,7 @@ def test_cosine_of_identical_tensors_is_one():
 
 
 def test_demo_runs(capsys):
-    from quant import demo
+    from quant_tools import demo
     assert demo.main(["--formats", "mxfp8", "hifp8", "--json"]) == 0
     out = capsys.readouterr().out
     assert '"format": "mxfp8"' in out and '"sqnr"' in out

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from quant import mxfp_scaling_test as cli
+from quant_tools import scaling_cli as cli
 
 REPO = Path(__file__).resolve().parents[1]
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - (INFO|ERROR) - ")

@@ -9,13 +9,15 @@ import pytest
 import torch
 
 import quant
+from lowp_common import json_dumps
 from quant import scaling_sweep as ss
+from quant_tools import scaling_report as report
 
 FORMATS = ss.ELEMENT_FORMATS
 METRIC_FUNCS = {"mse": quant.metrics.mse, "rmse": quant.metrics.rmse, "mae": quant.metrics.mae,
                 "max_abs_error": quant.metrics.max_abs_error,
                 "relative_error": quant.metrics.relative_error,
-                "cosine": quant.metrics.cosine_similarity, "psnr": quant.metrics.psnr}
+                "cosine_similarity": quant.metrics.cosine_similarity, "psnr": quant.metrics.psnr}
 
 
 def _wide_tensor(n: int, seed: int, spread: float = 4.0) -> torch.Tensor:
@@ -185,7 +187,7 @@ def test_nan_and_inf_are_counted_and_excluded():
     clean = ss.run_sweep(torch.tensor([1.0, -2.0, 0.5]), "fp8_e4m3", num_levels=3)
     assert [lv.metrics for lv in res.levels] == [lv.metrics for lv in clean.levels]
     assert any("Excluded non-finite values: 1 NaN, 2 Inf" in line
-               for line in ss.format_tensor_info(res))
+               for line in report.format_tensor_info(res))
 
 
 def test_overflow_example_of_the_seed():
@@ -203,7 +205,7 @@ def test_overflow_example_of_the_seed():
     summary = ss.overflow_summary(res.levels)
     assert summary["worst_overflow"] is lv0 and summary["worst_underflow"] is lv10
     assert summary["clean_levels"] == [lv5]
-    text = "\n".join(ss.format_overflow_summary(res))
+    text = "\n".join(report.format_overflow_summary(res))
     for needle in ("OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", "🔴 OVERFLOW ISSUES:",
                    "Overflow: 10 (5.00%)", "Severity: HIGH", "🟡 UNDERFLOW ISSUES:",
                    "Worst Overflow: Scale Exp 0.00", "Worst Underflow: Scale Exp 10.00",
@@ -219,7 +221,7 @@ def test_severity_classes(ratio, expected):
 
 
 def test_composite_score_normalization_by_hand():
-    metrics = {"mse": [1e-2, 1e-3, 1e-4], "cosine": [0.90, 0.99, 0.95],
+    metrics = {"mse": [1e-2, 1e-3, 1e-4], "cosine_similarity": [0.90, 0.99, 0.95],
                "psnr": [20.0, 30.0, 40.0], "mae": [1.0, 1.0, 1.0],
                "relative_error": [0.1, 0.01, 0.0]}
     scores = ss.composite_scores(metrics)
@@ -234,13 +236,13 @@ def test_composite_score_normalization_by_hand():
 
 
 def test_stability_rules_and_recommendation_position():
-    st = ss.stability_analysis({"mse": [1.0, 11.0], "cosine": [0.9990, 0.9999],
+    st = ss.stability_analysis({"mse": [1.0, 11.0], "cosine_similarity": [0.9990, 0.9999],
                                 "psnr": [30.0, 35.0], "mae": [1, 2], "relative_error": [1, 2]})
     assert st["mse"]["delta"] == 10.0 and st["mse"]["std"] == pytest.approx(5.0)
     assert st["messages"][0].startswith("⚠️  MSE varies significantly")
     assert st["messages"][1].startswith("✅ Cosine similarity is very stable")
     assert st["messages"][2].startswith("✅ Small PSNR range")
-    wide = ss.stability_analysis({"mse": [1.0, 1.5], "cosine": [0.5, 0.99],
+    wide = ss.stability_analysis({"mse": [1.0, 1.5], "cosine_similarity": [0.5, 0.99],
                                   "psnr": [10.0, 40.0], "mae": [1], "relative_error": [1]})
     assert wide["messages"][0].startswith("✅ MSE is stable")
     assert wide["messages"][1].startswith("⚠️  Cosine")
@@ -255,7 +257,7 @@ def test_stability_rules_and_recommendation_position():
 
 def test_reports_have_every_section_and_json_is_strict():
     res = ss.run_sweep(_wide_tensor(1500, 6), "fp4_e2m1", num_levels=7)
-    text = ss.results_text(res, "some.pt")
+    text = report.results_text(res, "some.pt")
     for header in ("SCALING FACTOR ANALYSIS & RECOMMENDATIONS", "INDIVIDUAL METRIC OPTIMA:",
                    "🏆 Best MSE", "🎯 Best Cosine Similarity", "📊 Best PSNR",
                    "COMPOSITE RECOMMENDATION:", "⭐ RECOMMENDED Scaling Factor",
@@ -264,12 +266,12 @@ def test_reports_have_every_section_and_json_is_strict():
                    "OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", "OVERFLOW EXTREMES:",
                    "UNDERFLOW EXTREMES:", "OVERFLOW/UNDERFLOW RECOMMENDATIONS:"):
         assert header in text, header
-    table = ss.results_table(res)
+    table = report.results_table(res)
     assert len(table) == 2 + 7
     first = table[2].split()
     assert float(first[0]) == pytest.approx(res.levels[0].scale_exp, abs=1e-3)
     assert float(first[2]) == pytest.approx(res.levels[0].metrics["mse"], rel=1e-6)
-    doc = json.loads(json.dumps(res.to_dict(), allow_nan=False))
+    doc = json.loads(json_dumps(res.to_dict()))  # what the command writes: strict JSON
     assert len(doc["levels"]) == 7
     assert doc["recommendation"]["scale_exp"] == res.recommendation.scale_exp
 
@@ -278,6 +280,6 @@ def test_all_zero_tensor_sweeps_with_defaults():
     res = ss.run_sweep(torch.zeros(64, dtype=torch.bfloat16), "fp8_e5m2", num_levels=4)
     assert all(lv.metrics["mse"] == 0.0 and lv.metrics["psnr"] == math.inf
                for lv in res.levels)
-    assert all(lv.metrics["cosine"] == 1.0 for lv in res.levels)  # quant: both zero -> 1
+    assert all(lv.metrics["cosine_similarity"] == 1.0 for lv in res.levels)  # quant: both zero -> 1
     assert res.plan.alignment.min_align is None
-    json.dumps(res.to_dict(), allow_nan=False)
+    json.loads(json_dumps(res.to_dict()))

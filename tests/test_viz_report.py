@@ -148,7 +148,7 @@ def test_numerics_map_cells_are_stored_stats(built):
 def test_whatif_and_measured_errors_use_quant(built):
     pytest.importorskip("quant.quantize")
     from quant import metrics
-    from quant.quantize import quantize
+    from quant import quantize
 
     _, _, result, _ = built
     e = next(e for e in result.dataset.entries if e.whatif)

@@ -14,16 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 PATCHED_DIR_ENV = "MEGATRON_LOWP_PATCHED_DIR"
-_TRUE = {"1", "true", "yes", "on"}
 
 
 def capture_requested(env: dict[str, str] | None = None) -> bool:
-    """TENSOR_SAVE_ENABLED is true, or a CUSTOM_QUANT_TYPE (other than fp32) asks for emulation."""
-    env = os.environ if env is None else env
-    if env.get("TENSOR_SAVE_ENABLED", "").strip().lower() in _TRUE:
-        return True
-    quant = env.get("CUSTOM_QUANT_TYPE", "").strip().lower()
-    return quant not in ("", "fp32", "none")
+    """Is capture on? (``tensor_capture.config.env_requests_activity``: the one reading.)"""
+    from tensor_capture.config import env_requests_activity
+
+    return env_requests_activity(env)
 
 
 def check_capture_config(env: dict[str, str] | None = None) -> None:

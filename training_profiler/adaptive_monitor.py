@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from quant.analysis import dtype_limits as quant_dtype_limits
 from training_profiler._tensors import first_tensor
 
 from training_profiler.monitor_sinks import Sink, make_sink
@@ -32,13 +33,13 @@ _NSTATS = 4
 
 
 def dtype_limits(dtype: torch.dtype) -> tuple[float, float]:
-    """(max finite, smallest normal) of a floating dtype, from torch.finfo (the one source).
+    """(max finite, smallest normal) of a floating dtype, from quant.analysis.dtype_limits.
 
     Underflow here means a nonzero value below the smallest normal: it has entered the
     subnormal range (losing mantissa bits) or, one step further, flushes to zero.
     """
-    fi = torch.finfo(dtype)
-    return float(fi.max), float(fi.smallest_normal)
+    lim = quant_dtype_limits(dtype)
+    return lim.max_normal, lim.min_normal
 
 
 class AdaptiveThreshold:
@@ -269,9 +270,10 @@ class TrainingMonitor:
 
     def _limits_for(self, dtype: torch.dtype) -> tuple[float, float]:
         d = self.watch_dtype or dtype
-        if d not in self._limits:
-            mx, mn = dtype_limits(d)
-            self._limits[d] = (mx * self.overflow_margin, mn)
+        if d not in self._limits:   # quant.analysis' overflow / underflow, compared in float32
+            lim = quant_dtype_limits(d)
+            self._limits[d] = (lim.overflow_bound(torch.float32) * self.overflow_margin,
+                               lim.underflow_bound(torch.float32))
         return self._limits[d]
 
     def _record(self, kind: str, i: int, t: torch.Tensor) -> None:
@@ -286,9 +288,9 @@ class TrainingMonitor:
         flat = t.detach().reshape(-1)
         mn, mx = torch.aminmax(flat)
         stride = max(1, flat.numel() // self.sample_size)
-        a = flat[::stride].abs()
-        row = torch.stack((torch.maximum(mx, -mn).float(), (a > over).sum().float(),
-                           ((a < tiny) & (a != 0)).sum().float(), a.float().mean()))
+        a = flat[::stride].abs().float()
+        row = torch.stack((torch.maximum(mx, -mn).float(), (a >= over).sum().float(),
+                           ((a < tiny) & (a != 0)).sum().float(), a.mean()))
         self._buffers[kind][self._pending, i].copy_(row)  # type: ignore[index]
         self._numel[kind][i] = a.numel()
 

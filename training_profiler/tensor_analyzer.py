@@ -17,9 +17,15 @@ from typing import Any, Sequence
 
 import torch
 
+import quant
 from lowp_common import UserError, cli_entry, json_dumps
+from quant.formats import FORMATS, SCALING_MX, SURVEY_FORMATS
 
-DEFAULT_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "hifp8", "mxfp8", "mxfp6_e3m2", "mxfp4", "nvfp4")
+DEFAULT_FORMATS = SURVEY_FORMATS
+#: the MX formats whose element span block_dynamic_range compares with, and the training dtypes
+#: whose overflow makes a tensor HIGH risk (both derived from quant.FORMATS)
+_MX_SPANS = tuple(n for n in SURVEY_FORMATS if FORMATS[n].scaling == SCALING_MX)
+_DTYPE_FORMATS = tuple(n for n in SURVEY_FORMATS if FORMATS[n].torch_dtype)
 # bf16 keeps 8 significant bits: a channel 2**8 times smaller than another falls below half an
 # ulp of it in a bf16 sum and is lost; 2**4 already costs half of its bits.
 _BF16_BITS = -int(math.log2(torch.finfo(torch.bfloat16).eps)) + 1
@@ -52,21 +58,15 @@ def block_dynamic_range(x: torch.Tensor, block_size: int = 32) -> dict[str, Any]
     out = {"block_size": block_size, "blocks": int(a.shape[0]), "all_zero_blocks": int((~live).sum()),
            "median_bits": float(bits.median()), "p99_bits": float(torch.quantile(bits.double(), 0.99)),
            "max_bits": float(bits.max())}
-    try:
-        import quant
-        for name in ("mxfp8", "mxfp6_e3m2", "mxfp4"):
-            spec = quant.get_format(name)
-            span = math.log2(spec.max_normal / spec.min_subnormal)
-            out[f"fraction_beyond_{name}"] = float((bits > span).double().mean())
-    except ImportError:  # quant is part of this project; only a broken install lacks it
-        pass
+    for name in _MX_SPANS:
+        spec = quant.get_format(name)
+        span = math.log2(spec.max_normal / spec.min_subnormal)
+        out[f"fraction_beyond_{name}"] = float((bits > span).double().mean())
     return out
 
 
 def format_risks(x: torch.Tensor, formats: Sequence[str] = DEFAULT_FORMATS) -> dict[str, dict[str, float]]:
     """Overflow / underflow / flush-to-zero fractions of x in each format, via quant/."""
-    import quant
-
     out = {}
     for name in formats:
         a = quant.analyze_quantization(x.float(), name)
@@ -127,7 +127,7 @@ def analyze_tensor(tensor: torch.Tensor, name: str = "tensor", *, channel_axis: 
     elif dim_ratio >= MEDIUM_RATIO:
         reasons.append(f"dimension {small} is {dim_ratio:.3g}x smaller than dimension {big}")
         level = "HIGH" if level == "HIGH" else "MEDIUM"
-    for fmt in ("bf16", "fp16"):
+    for fmt in _DTYPE_FORMATS:
         r = report["formats"].get(fmt, {})
         if r.get("overflow_ratio", 0) > 0:
             reasons.append(f"{r['overflow_ratio']:.3g} of the values overflow {fmt}")
@@ -193,7 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
-        import quant
         for f in formats:
             quant.get_format(f)
     except (KeyError, ValueError) as exc:

@@ -1,4 +1,7 @@
-"""``quantize``: the public fake-quantization entry point (validation, layout, dispatch).
+"""The fake-quantization core: validation, block layout and table dispatch per scaling family.
+
+``fakequant.quantize`` (the public entry point) adds the optional pre-quantization analysis on
+top; ``analysis`` uses this core directly, so neither imports the other in a loop.
 
 Layout for block formats: the block axis is moved last; a length that is not a multiple of the
 block size is zero-padded (zeros never change a block's amax, so this equals quantizing the
@@ -6,7 +9,6 @@ partial block over its real elements); the padding is cropped off again.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional, Union
 
 import torch
@@ -19,7 +21,6 @@ from .formats import (RANDOM_ROUNDING_MODES, SCALING_IDENTITY, SCALING_MX, SCALI
 from .scaling import quantize_mx_blocks, quantize_nvfp4_blocks, quantize_tensor_scaled
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-ANALYZE_ENV = "QUANT_ANALYZE"
 
 
 def _check_input(x, where: str = "quantize") -> None:
@@ -119,26 +120,12 @@ _DISPATCH: dict[str, Callable] = {
 }
 
 
-def _analysis_requested(analyze: Optional[bool]) -> bool:
-    if analyze is not None:
-        return bool(analyze)
-    return os.environ.get(ANALYZE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
-             axis: int = -1, rounding: Optional[str] = None, scale_mode: str = "floor",
-             saturate: bool = True, generator: Optional[torch.Generator] = None,
-             analyze: Optional[bool] = None) -> torch.Tensor:
-    """Fake-quantize ``x`` to format ``fmt``: returns the dequantized values, same shape and dtype.
-
-    rounding: nearest_even | nearest_away | toward_zero | stochastic, plus hybrid for hifp8
-    (None = the format's default: nearest_away for hifp8, nearest_even otherwise); the random
-    modes draw uniform noise from ``generator``. scale_mode: floor | ceil | rceil (MX only).
-    saturate: clamp finite overflow (and +-Inf) to +-max_normal; False gives the format's overflow
-    encoding (Inf, or NaN for E4M3). analyze: print the pre-quantization underflow warning
-    (default: environment variable QUANT_ANALYZE=1); it never changes the result.
-    The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
-    """
+def quantize_raw(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
+                 block_size: Optional[int] = None, axis: int = -1,
+                 rounding: Optional[str] = None, scale_mode: str = "floor",
+                 saturate: bool = True,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``quantize`` without the analysis hook: the dequantized values (see quantize)."""
     _check_input(x)
     spec = get_format(fmt)
     rounding, block = resolve_options(spec, rounding, scale_mode, block_size, generator)
@@ -159,34 +146,4 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
             y = _DISPATCH[spec.scaling](xd, spec, p, rounding, saturate, scale_mode, block,
                                         axis, generator)
         y = y.contiguous()
-        if _analysis_requested(analyze):
-            from .analysis import analyze_quantization, warn_if_underflow
-            report = analyze_quantization(xd, spec, block_size=block_size, axis=axis,
-                                          rounding=rounding, scale_mode=scale_mode,
-                                          saturate=saturate, quantized=y)
-            warn_if_underflow(report)
     return y
-
-
-class _QuantizeSTE(torch.autograd.Function):
-    """Forward: exactly quantize(x); backward: identity."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, fmt, kwargs: dict) -> torch.Tensor:  # type: ignore[override]
-        return quantize(x, fmt, **kwargs)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return grad, None, None
-
-
-def quantize_ste(x: torch.Tensor, fmt: Union[str, FormatSpec], **kwargs) -> torch.Tensor:
-    """Fake quantization with a straight-through gradient: forward quantize(x), backward
-    identity (for quantization-aware training and emulated GEMM operands).
-
-    An autograd Function rather than ``x + (q - x).detach()``: that sum is not q when x is
-    Inf (Inf - Inf = NaN) or far above a saturated q (q is lost to rounding).
-    """
-    if x.requires_grad and torch.is_grad_enabled():
-        return _QuantizeSTE.apply(x, fmt, kwargs)
-    return quantize(x, fmt, **kwargs)

@@ -6,16 +6,13 @@ linear-layer inputs look); with --input it reads a captured .pt file safely.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional
 
 import torch
 
-from . import metrics
-from .analysis import analyze_quantization
-from .formats import FORMATS
-from .quantize import quantize
+from lowp_common import UserError, cli_entry, json_dumps
+from quant import FORMATS, analyze_quantization, metrics, quantize
 
 
 def captured_like(rows: int = 256, cols: int = 1024, seed: int = 0) -> torch.Tensor:
@@ -53,6 +50,20 @@ def _print_table(rows: list[dict], out) -> None:
               f"{r['overflow']:8.3%}  {r['severity']}", file=out)
 
 
+def load_input(path: str) -> torch.Tensor:
+    """A captured / saved tensor as a non-empty floating-point tensor (float64 -> float32)."""
+    from tensor_capture.schema import load_tensor_file
+
+    try:
+        x, _meta = load_tensor_file(path)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not torch.is_floating_point(x) or x.numel() == 0:
+        raise UserError(f"{path}: needs a non-empty floating-point tensor")
+    return x.float() if x.dtype == torch.float64 else x
+
+
+@cli_entry("quant-demo")
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="quant-demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,29 +76,15 @@ def main(argv: Optional[list] = None) -> int:
     args = ap.parse_args(argv)
     bad = [f for f in args.formats if f not in FORMATS]
     if bad:
-        print(f"quant-demo: --formats: unknown {', '.join(bad)}; valid: {', '.join(FORMATS)}",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"--formats: unknown {', '.join(bad)}; valid: {', '.join(FORMATS)}")
     if args.input:
-        from tensor_capture.schema import load_tensor_file
-        try:
-            x, _meta = load_tensor_file(args.input)
-        except ValueError as exc:
-            print(f"quant-demo: {exc}", file=sys.stderr)
-            return 2
-        if not torch.is_floating_point(x) or x.dtype == torch.float64:
-            x = x.float() if torch.is_floating_point(x) else None
-        if x is None or x.numel() == 0:
-            print(f"quant-demo: {args.input}: needs a non-empty floating-point tensor",
-                  file=sys.stderr)
-            return 2
-        source = args.input
+        x, source = load_input(args.input), args.input
     else:
         x = captured_like(seed=args.seed)
         source = "built-in captured-like activation"
     rows = evaluate(x, args.formats)
     if args.json:
-        print(json.dumps({"source": source, "shape": list(x.shape), "dtype": str(x.dtype),
+        print(json_dumps({"source": source, "shape": list(x.shape), "dtype": str(x.dtype),
                           "results": rows}, indent=1))
     else:
         print(f"{source}: shape {tuple(x.shape)}, {x.dtype}")

@@ -1,0 +1,69 @@
+"""``quantize``: the public fake-quantization entry point (the core in ``dispatch`` plus the
+optional pre-quantization analysis), and ``quantize_ste`` for a straight-through gradient.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+import torch
+
+from .analysis import analyze_quantization, warn_if_underflow
+from .dispatch import quantize_raw
+from .formats import FormatSpec
+
+ANALYZE_ENV = "QUANT_ANALYZE"
+
+
+def _analysis_requested(analyze: Optional[bool]) -> bool:
+    if analyze is not None:
+        return bool(analyze)
+    return os.environ.get(ANALYZE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
+             axis: int = -1, rounding: Optional[str] = None, scale_mode: str = "floor",
+             saturate: bool = True, generator: Optional[torch.Generator] = None,
+             analyze: Optional[bool] = None) -> torch.Tensor:
+    """Fake-quantize ``x`` to format ``fmt``: returns the dequantized values, same shape and dtype.
+
+    rounding: nearest_even | nearest_away | toward_zero | stochastic, plus hybrid for hifp8
+    (None = the format's default: nearest_away for hifp8, nearest_even otherwise); the random
+    modes draw uniform noise from ``generator``. scale_mode: floor | ceil | rceil (MX only).
+    saturate: clamp finite overflow (and +-Inf) to +-max_normal; False gives the format's overflow
+    encoding (Inf, or NaN for E4M3). analyze: print the pre-quantization underflow warning
+    (default: environment variable QUANT_ANALYZE=1); it never changes the result.
+    The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
+    """
+    y = quantize_raw(x, fmt, block_size=block_size, axis=axis, rounding=rounding,
+                     scale_mode=scale_mode, saturate=saturate, generator=generator)
+    if y.numel() and _analysis_requested(analyze):
+        report = analyze_quantization(x.detach(), fmt, block_size=block_size, axis=axis,
+                                      rounding=rounding, scale_mode=scale_mode,
+                                      saturate=saturate, quantized=y)
+        warn_if_underflow(report)
+    return y
+
+
+class _QuantizeSTE(torch.autograd.Function):
+    """Forward: exactly quantize(x); backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fmt, kwargs: dict) -> torch.Tensor:  # type: ignore[override]
+        return quantize(x, fmt, **kwargs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None, None
+
+
+def quantize_ste(x: torch.Tensor, fmt: Union[str, FormatSpec], **kwargs) -> torch.Tensor:
+    """Fake quantization with a straight-through gradient: forward quantize(x), backward
+    identity (for quantization-aware training and emulated GEMM operands).
+
+    An autograd Function rather than ``x + (q - x).detach()``: that sum is not q when x is
+    Inf (Inf - Inf = NaN) or far above a saturated q (q is lost to rounding).
+    """
+    if x.requires_grad and torch.is_grad_enabled():
+        return _QuantizeSTE.apply(x, fmt, kwargs)
+    return quantize(x, fmt, **kwargs)
