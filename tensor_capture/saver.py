@@ -41,12 +41,7 @@ __all__ = ["TensorSaver", "get_tensor_saver", "configure", "save_tensor", "save_
 def megatron_core_version() -> str | None:
     """The version of the megatron-core tree actually running (a patched copy or a Megatron-LM
     checkout may differ from the pip-installed distribution), else the installed distribution's."""
-    info = sys.modules.get("megatron.core.package_info")
-    if info is None and "megatron.core" in sys.modules:
-        try:
-            import megatron.core.package_info as info  # noqa: F811  (cheap: constants only)
-        except ImportError:
-            info = None
+    info = sys.modules.get("megatron.core.package_info")   # megatron/core/__init__ imports it
     if isinstance(getattr(info, "__version__", None), str):
         return info.__version__
     try:

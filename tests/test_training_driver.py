@@ -179,3 +179,20 @@ def test_stop_file_ends_the_run_cleanly_with_a_checkpoint(small_data, tmp_path):
                 master_port=free_port())
     assert len(out["losses"]) == 1
     assert checkpoint.latest_iteration(tmp_path / "c") == 1
+
+
+@pytest.mark.parametrize("kw", [dict(dtype="fp8"), dict(transformer_impl="te")])
+def test_emulation_on_te_linears_is_refused(small_data, monkeypatch, kw):
+    """CUSTOM_QUANT_TYPE never silently does nothing on Transformer Engine linears.
+
+    TE needs CUDA, so its presence is stubbed (the one thing this CPU cannot provide)."""
+    from training_driver import train as train_mod
+
+    monkeypatch.setattr(train_mod, "_te_available", lambda: True)
+    monkeypatch.delenv("CUSTOM_QUANT_TYPE", raising=False)
+    assert check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)["use_te"]
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "mxfp8")
+    with pytest.raises(UserError, match="cannot be emulated .* Transformer Engine linears"):
+        check_config(_cfg(small_data, **kw), 1, cuda=True, capture=True)
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "fp32")   # the "no emulation" name stays allowed
+    assert check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)["use_te"]

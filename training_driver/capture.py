@@ -23,6 +23,18 @@ def capture_requested(env: dict[str, str] | None = None) -> bool:
     return env_requests_activity(env)
 
 
+def emulation_requested(env: dict[str, str] | None = None) -> bool:
+    """Does CUSTOM_QUANT_TYPE name a format to emulate? (The capture config's own reading.)"""
+    try:
+        from tensor_capture.config import ConfigError, load_config
+    except ImportError:
+        return False
+    try:
+        return load_config(env=os.environ if env is None else env).emulating
+    except ConfigError:
+        return True   # check_capture_config reports the mistake itself
+
+
 def check_capture_config(env: dict[str, str] | None = None) -> None:
     """Validate TENSOR_SAVE_* / CUSTOM_QUANT_TYPE up front: UserError with the capture's message."""
     from .errors import UserError

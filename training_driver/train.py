@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .capture import emulation_requested
 from .errors import UserError, cli_entry
 from .train_log import TrainLogger
 
@@ -135,6 +136,12 @@ def check_config(cfg: TrainConfig, world_size: int, cuda: bool, capture: bool) -
     # Capture hooks sit in megatron's local layers; TE only when asked for or needed by fp8.
     use_te = impl == "te" or cfg.dtype == "fp8" or (
         impl == "auto" and cuda and _te_available() and not capture)
+    if use_te and emulation_requested():
+        # The emulation lives in megatron-core's local linears; TE's would ignore it silently.
+        why = "--dtype fp8" if cfg.dtype == "fp8" else "--transformer-impl te"
+        raise UserError(f"CUSTOM_QUANT_TYPE={os.environ.get('CUSTOM_QUANT_TYPE')} cannot be emulated "
+                        f"with {why}: it selects Transformer Engine linears, which the emulation does "
+                        "not reach; use --dtype bf16 with --transformer-impl local (or auto)")
     return {"data_parallel_size": dp, "global_batch_size": gbs,
             "num_micro_batches": gbs // (cfg.micro_batch_size * dp), "shape": shape,
             "use_te": use_te}
