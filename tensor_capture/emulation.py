@@ -2,8 +2,9 @@
 
 Why along the reduction axis: MX hardware scales blocks of 32 consecutive elements of the
 dot product, so a block must run along the dimension the GEMM sums over (in-features for
-the forward, out-features for dgrad, tokens for wgrad). Per-tensor and element formats
-ignore the axis.
+the forward, out-features for dgrad, tokens for wgrad). The callers (tensor_capture.hooks)
+take each operand's axis from quant.gemm_plan, the plan precision-diff uses too.
+Per-tensor and element formats ignore the axis.
 
 ``kind`` names the operand ("linear forward input", ...) for the pre-quantization underflow
 warning (:mod:`tensor_capture.underflow`), which runs only while ``STATE.warn_underflow``.

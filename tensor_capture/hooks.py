@@ -23,6 +23,9 @@ from typing import Any, Callable
 
 import torch
 
+from quant import gemm_plan
+from quant.gemm_plan import OperandPlan
+
 from . import emulation, schema
 from .saver import get_tensor_saver
 from .state import STATE
@@ -112,6 +115,40 @@ def _wanted(saver, layer_type, op, phase, name, site, it) -> bool:
     return saver.should_capture(layer_type, op, phase, name, site.layer_idx, site.module_path, it)
 
 
+# -- emulation: each GEMM operand quantized along quant.gemm_plan's axis ----------------------------
+#: layer type -> the underflow warning's operand kind (tensor_capture.underflow)
+_KIND = {"linear": "linear {gemm} {operand}", "attention": "attention {operand}"}
+_COMPONENT = {"linear": "linear", "attention": "FA"}
+_FORWARD_GEMMS = frozenset({"forward", "qk", "pv"})
+
+
+def _quantized_name(p: OperandPlan) -> str:
+    """The captured name of a quantized operand (the wgrad GEMM's carry a suffix)."""
+    return schema.quantized_name(p.operand, wgrad=p.gemm == "wgrad")
+
+
+def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: int | None,
+              ste: bool = False) -> gemm_plan.Quantizer:
+    """The quantizer of the emulated CUSTOM_QUANT_TYPE for one call: along the plan's axis,
+    with the underflow warning, capturing each quantized operand when save_quantized."""
+    fn = emulation.quantize_ste if ste else emulation.quantize
+    keep = cap and saver.config.save_quantized
+    kind, component = _KIND[layer_type], _COMPONENT[layer_type]
+
+    def q(t: torch.Tensor, p: OperandPlan) -> torch.Tensor:
+        out = fn(t, axis=p.axis, kind=kind.format(gemm=p.gemm, operand=p.operand),
+                 site=site.module_path, iteration=it)
+        if keep:
+            name = _quantized_name(p)
+            op = "forward" if p.gemm in _FORWARD_GEMMS else "backward"
+            if _wanted(saver, layer_type, op, "pre", name, site, it):
+                _save(saver, out, layer_type, op, "pre", name, site, it, sample, component,
+                      schema.VARIANT_QUANTIZED)
+        return out
+
+    return q
+
+
 def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None) -> torch.Tensor:
     """input @ weight.t() (+ bias), on fake-quantized operands when emulating; captures."""
@@ -121,24 +158,12 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     cap = saver.enabled and not STATE.paused
     ctx._tc = _LinearCall(site, it, sample, cap)
     if cap:
-        for name, t in (("input", total_input), ("weight", weight)):
-            if _wanted(saver, "linear", "forward", "pre", name, site, it):
-                _save(saver, t, "linear", "forward", "pre", name, site, it, sample, "linear",
-                      axis=-1)
-    a, w = total_input, weight
-    if STATE.emulate:
-        a = emulation.quantize(total_input, axis=-1,   # reduction dim: in-features
-                               kind="linear forward input", site=site.module_path, iteration=it)
-        w = emulation.quantize(weight, axis=-1, kind="linear forward weight",
-                               site=site.module_path, iteration=it)
-        if cap and saver.config.save_quantized:
-            for name, t in ((schema.quantized_name("input"), a), (schema.quantized_name("weight"), w)):
-                if _wanted(saver, "linear", "forward", "pre", name, site, it):
-                    _save(saver, t, "linear", "forward", "pre", name, site, it, sample, "linear",
-                          schema.VARIANT_QUANTIZED)
-    output = torch.matmul(a, w.t())
-    if bias is not None:
-        output = output + bias
+        for p, t in zip(gemm_plan.GEMM_OPERANDS["forward"], (total_input, weight)):
+            if _wanted(saver, "linear", "forward", "pre", p.operand, site, it):
+                _save(saver, t, "linear", "forward", "pre", p.operand, site, it, sample, "linear",
+                      axis=p.axis)
+    q = _emulator(saver, cap, "linear", site, it, sample) if STATE.emulate else None
+    output = gemm_plan.linear_forward(total_input, weight, bias, q)
     if cap and _wanted(saver, "linear", "forward", "post", "output", site, it):
         _save(saver, output, "linear", "forward", "post", "output", site, it, sample, "linear")
     return output
@@ -154,52 +179,39 @@ def _call(ctx: Any) -> _LinearCall:
 
 
 def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """grad_output @ weight, quantized along the out-features (reduction) dim when emulating."""
+    """grad_output @ weight, operands quantized along the dgrad plan (out-features) when emulating."""
     call = _call(ctx)
     saver = get_tensor_saver()
     cap = call.capture_bwd and saver.enabled
     site, it, sample = call.site, call.iteration, call.sample_idx
     if cap:
-        for name, t, axis in (("grad_output", grad_output, -1), ("weight", weight, 0)):
-            if _wanted(saver, "linear", "backward", "pre", name, site, it):
-                _save(saver, t, "linear", "backward", "pre", name, site, it, sample, "linear",
-                      axis=axis)
-    g, w = grad_output, weight
-    if STATE.emulate:
-        where = dict(site=site.module_path, iteration=it)
-        g = emulation.quantize(grad_output, axis=-1, kind="linear dgrad grad_output", **where)
-        w = emulation.quantize(weight, axis=0, kind="linear dgrad weight", **where)
-        if cap and saver.config.save_quantized:
-            for name, t in ((schema.quantized_name("grad_output"), g), (schema.quantized_name("weight"), w)):
-                if _wanted(saver, "linear", "backward", "pre", name, site, it):
-                    _save(saver, t, "linear", "backward", "pre", name, site, it, sample, "linear",
-                          schema.VARIANT_QUANTIZED)
-    return g.matmul(w)
+        for p, t in zip(gemm_plan.GEMM_OPERANDS["dgrad"], (grad_output, weight)):
+            if _wanted(saver, "linear", "backward", "pre", p.operand, site, it):
+                _save(saver, t, "linear", "backward", "pre", p.operand, site, it, sample, "linear",
+                      axis=p.axis)
+    q = _emulator(saver, cap, "linear", site, it, sample) if STATE.emulate else None
+    return gemm_plan.linear_dgrad(grad_output, weight, q)
 
 
 def _wgrad_operands(ctx: Any, grad_output: torch.Tensor,
                     total_input: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The wgrad GEMM's operands: quantized along the token (reduction) dim when emulating."""
-    if not STATE.emulate:
-        return grad_output, total_input
-    call = _call(ctx)
-    where = dict(site=call.site.module_path, iteration=call.iteration)
-    g = emulation.quantize(grad_output, axis=0, kind="linear wgrad grad_output", **where)
-    a = emulation.quantize(total_input, axis=0, kind="linear wgrad input", **where)
-    saver = get_tensor_saver()
-    if call.capture_bwd and saver.enabled and saver.config.save_quantized:
-        for name, t in ((schema.quantized_name("grad_output", wgrad=True), g),
-                        (schema.quantized_name("input", wgrad=True), a)):
-            if _wanted(saver, "linear", "backward", "pre", name, call.site, call.iteration):
-                _save(saver, t, "linear", "backward", "pre", name, call.site, call.iteration,
-                      call.sample_idx, "linear", schema.VARIANT_QUANTIZED)
+    """The wgrad GEMM's operands: quantized along the wgrad plan (tokens) when emulating."""
+    g, a = gemm_plan.quantize_operands("wgrad", (grad_output, total_input), _wgrad_emulator(ctx))
     return g, a
 
 
+def _wgrad_emulator(ctx: Any) -> gemm_plan.Quantizer | None:
+    if not STATE.emulate:
+        return None
+    call = _call(ctx)
+    saver = get_tensor_saver()
+    return _emulator(saver, call.capture_bwd and saver.enabled, "linear", call.site,
+                     call.iteration, call.sample_idx)
+
+
 def linear_wgrad(ctx: Any, grad_output: torch.Tensor, total_input: torch.Tensor) -> torch.Tensor:
-    """grad_output.t() @ input (2-D), both quantized along the token (reduction) dim when emulating."""
-    g, a = _wgrad_operands(ctx, grad_output, total_input)
-    return g.t().matmul(a)
+    """grad_output.t() @ input (2-D), operands quantized along the wgrad plan (tokens) when emulating."""
+    return gemm_plan.linear_wgrad(grad_output, total_input, _wgrad_emulator(ctx))
 
 
 # apex's fused_weight_gradient_mlp_cuda: main_grad dtype -> the function upstream calls.
@@ -264,6 +276,8 @@ def linear_backward_post(ctx: Any, grad_input: torch.Tensor | None,
 
 
 # -- attention ---------------------------------------------------------------------------------------
+_QKV = (gemm_plan.plan("qk", "query"), gemm_plan.plan("qk", "key"), gemm_plan.plan("pv", "value"))
+_PROBS = gemm_plan.plan("pv", "probs")
 _RUNNING_ATTENTION: list[str | None] = [None]   # module path of the attention now in forward
 def _attention_site(module: torch.nn.Module) -> Site:
     site = _SITES.get(module)
@@ -303,26 +317,19 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
     site = _attention_site(module) if cap or STATE.warn_underflow else UNKNOWN_SITE
     it, sample = saver.iteration, saver.sample_idx
     if cap:
-        for name, t, axis in (("query", query, -1), ("key", key, -1), ("value", value, 0)):
+        for p, t in zip(_QKV, (query, key, value)):
+            name = p.operand
             if _wanted(saver, "attention", "forward", "pre", name, site, it):
                 _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
-                      axis=axis if emulate and STATE.emulate_attention else None)
+                      axis=p.axis if emulate and STATE.emulate_attention else None)
             if t.requires_grad and _wanted(saver, "attention", "backward", "post", "grad_" + name,
                                            site, it):
                 t.register_hook(_grad_hook(saver, "grad_" + name, "post", site, it, sample))
     if emulate and STATE.emulate_attention:
-        # Q·Kᵀ reduces over head_dim (last axis of q and k); P·V reduces over the key
-        # sequence (axis 0 of v, [sk, b, groups, head_dim]); P is quantized in the forward.
-        where = dict(site=site.module_path, iteration=it)
-        query = emulation.quantize_ste(query, axis=-1, kind="attention query", **where)
-        key = emulation.quantize_ste(key, axis=-1, kind="attention key", **where)
-        value = emulation.quantize_ste(value, axis=0, kind="attention value", **where)
-        if cap and saver.config.save_quantized:
-            for name, t in ((schema.quantized_name("query"), query), (schema.quantized_name("key"), key),
-                            (schema.quantized_name("value"), value)):
-                if _wanted(saver, "attention", "forward", "pre", name, site, it):
-                    _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
-                          schema.VARIANT_QUANTIZED)
+        # Q·Kᵀ and P·V operands along quant.gemm_plan's axes (P: quantize_probs, in the
+        # forward); straight-through gradients.
+        q = _emulator(saver, cap, "attention", site, it, sample, ste=True)
+        query, key, value = (q(t, p) for p, t in zip(_QKV, (query, key, value)))
     _RUNNING_ATTENTION[0] = site.module_path
     context = forward(query, key, value, *args, **kwargs)
     if cap:
@@ -335,7 +342,7 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
 
 
 def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
-    """P of P·V, fake-quantized along the key axis (its reduction dim), gradient passed through."""
-    return emulation.quantize_ste(attention_probs, axis=-1, kind="attention probs",
+    """P of P·V, fake-quantized along the plan's axis (the key axis), gradient passed through."""
+    return emulation.quantize_ste(attention_probs, axis=_PROBS.axis, kind="attention probs",
                                   site=_RUNNING_ATTENTION[0],
                                   iteration=get_tensor_saver().iteration)

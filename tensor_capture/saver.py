@@ -1,4 +1,4 @@
-"""TensorSaver: decides what to capture, computes statistics on the device, hands off to the writer.
+"""TensorSaver: the capture facade (policy decides what, record builds it, sink writes it).
 
 Usable on its own (no Megatron needed)::
 
@@ -15,21 +15,18 @@ Inside a patched Megatron tree the process-wide instance comes from :func:`get_t
 from __future__ import annotations
 
 import logging
-import math
 import os
-import sys
 import threading
-import time
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import budget, numbering, schema, stats
-from .config import CaptureConfig, ConfigError, load_config, with_overrides
+from . import budget, numbering, schema
+from .config import CaptureConfig, ConfigError, load_config
+from .policy import CapturePolicy, Warnings
+from .record import RecordBuilder, megatron_core_version, short_dtype
+from .sink import CaptureSink
 from .state import STATE
-from .writer import BackgroundWriter, WriteItem
 
 log = logging.getLogger("tensor_capture")
 
@@ -37,51 +34,14 @@ __all__ = ["TensorSaver", "get_tensor_saver", "configure", "save_tensor", "save_
            "save_linear_tensors", "ConfigError"]
 
 
-@lru_cache(maxsize=1)
-def megatron_core_version() -> str | None:
-    """The version of the megatron-core tree actually running (a patched copy or a Megatron-LM
-    checkout may differ from the pip-installed distribution), else the installed distribution's."""
-    info = sys.modules.get("megatron.core.package_info")   # megatron/core/__init__ imports it
-    if isinstance(getattr(info, "__version__", None), str):
-        return info.__version__
-    try:
-        from importlib.metadata import version
-
-        return version("megatron-core")
-    except Exception:
-        return None
-
-
-def _parallel_ranks() -> dict[str, int | None]:
-    """Global/TP/PP/DP ranks and world size, without importing Megatron if it is not loaded."""
-    out: dict[str, int | None] = {"rank": 0, "tp_rank": None, "pp_rank": None, "dp_rank": None,
-                                  "world_size": 1}
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        out["rank"] = dist.get_rank()
-        out["world_size"] = dist.get_world_size()
-    else:
-        out["rank"] = int(os.environ.get("RANK", 0) or 0)
-        out["world_size"] = int(os.environ.get("WORLD_SIZE", 1) or 1)
-    ps = sys.modules.get("megatron.core.parallel_state")
-    if ps is not None:
-        try:
-            if ps.model_parallel_is_initialized():
-                out["tp_rank"] = ps.get_tensor_model_parallel_rank()
-                out["pp_rank"] = ps.get_pipeline_model_parallel_rank()
-                out["dp_rank"] = ps.get_data_parallel_rank()
-        except Exception:  # partially initialized state: leave them unknown
-            pass
-    return out
-
-
-def _short_dtype(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-            torch.float64: "fp64"}.get(dtype, str(dtype).replace("torch.", ""))
-
-
 class TensorSaver:
-    """Captures tensors with metadata and statistics; see the module docstring."""
+    """Captures tensors with metadata and statistics; see the module docstring.
+
+    A facade over three parts with one job each: ``policy`` (what to capture:
+    tensor_capture.policy), ``records`` (metadata + statistics -> record:
+    tensor_capture.record) and ``sink`` (the directory, background writer and disk errors:
+    tensor_capture.sink). The training loop drives ``iteration`` and ``sample_idx``.
+    """
 
     #: CPU tensors: compute statistics on the writer thread (False: on the caller's thread).
     host_stats_in_writer: bool = True
@@ -94,30 +54,20 @@ class TensorSaver:
         self.config = config
         self.iteration: int = config.iteration
         self.sample_idx: int | None = None
-        self._lock = threading.Lock()
-        self._counter = 0
-        self._bytes = 0
-        self._saved_iters: set[int] = set()
-        self._warned: set[str] = set()
-        self._failed: str | None = None
         self._closed = False
-        self._writer: BackgroundWriter | None = None
-        self._dir_ready = False
-        self._ranks: dict[str, int | None] | None = None
-        self._ranges_cache: dict[torch.dtype, tuple[stats.RangeSpec, ...]] = {}
-        self._want_cache: dict[tuple, bool] = {}
-        self._stats_cache: dict[tuple, torch.Tensor] = {}
-        self._ts_sec = -1
-        self._ts = ""
-        self.budget = budget.ByteBudget(config.byte_budget, config.min_iterations)
-        self.directory = Path(config.save_dir)
+        self._warnings = Warnings()
+        self.policy = CapturePolicy(config, self._warnings.once)
+        self.records = RecordBuilder(config)
+        self.sink = CaptureSink(config.save_dir, config.queue_size, on_failure=self._on_failure)
+        self.budget = self.policy.budget
+        self.directory = self.sink.directory
         if config.enabled:
-            self._prepare_dir()
+            self.sink.prepare_dir()
 
     # -- state the training loop drives --------------------------------------------------------
     @property
     def enabled(self) -> bool:
-        return self.config.enabled and self._failed is None and not self._closed
+        return self.config.enabled and self.sink.failed is None and not self._closed
 
     @property
     def quant_type(self) -> str | None:
@@ -125,97 +75,57 @@ class TensorSaver:
 
     def set_iteration(self, iteration: int) -> None:
         self.iteration = int(iteration)
-        self._stats_cache.clear()
+        self.records.new_iteration()
 
     def step(self) -> None:
         """Advance to the next iteration (call once per optimizer step)."""
         self.iteration += 1
-        self._stats_cache.clear()
+        self.records.new_iteration()
 
     def set_sample_idx(self, sample_idx: int | None) -> None:
         self.sample_idx = None if sample_idx is None else int(sample_idx)
 
     def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        self.sink.flush()
 
     def close(self) -> None:
         if self._closed:
             return
-        if self._writer is not None:
-            self._writer.close()
-        if self.config.enabled and self._failed is None and self.config.min_iterations and (
-                len(self._saved_iters) < self.config.min_iterations):
+        self.sink.close()
+        saved = self.policy.saved_iters
+        if self.config.enabled and self.sink.failed is None and self.config.min_iterations and (
+                len(saved) < self.config.min_iterations):
             log.warning("tensor capture: saved %d iteration(s), fewer than min_iterations=%d "
                         "(training stopped early, or the iteration schedule skipped them)",
-                        len(self._saved_iters), self.config.min_iterations)
+                        len(saved), self.config.min_iterations)
         self._closed = True
 
     @property
     def saved_iterations(self) -> list[int]:
-        return sorted(self._saved_iters)
+        return sorted(self.policy.saved_iters)
 
     @property
     def bytes_saved(self) -> int:
-        return self._bytes
+        return self.policy.bytes
 
-    # -- selection -------------------------------------------------------------------------------
+    # -- selection (tensor_capture.policy) ---------------------------------------------------------
     def iteration_selected(self, iteration: int | None = None) -> bool:
         """Whether the schedule (start/end/every, max_iterations) saves this iteration."""
-        c = self.config
-        it = self.iteration if iteration is None else iteration
-        if it < c.iter_start or (c.iter_end is not None and it > c.iter_end):
-            return False
-        if (it - c.iter_start) % c.iter_every:
-            return False
-        if c.max_iterations is not None and it not in self._saved_iters and (
-                len(self._saved_iters) >= c.max_iterations):
-            return False
-        return True
+        return self.policy.iteration_selected(self.iteration if iteration is None else iteration)
 
     def wants(self, layer_type: str, operation: str, phase: str, tensor_name: str,
               layer_idx: int | None = None, module_path: str | None = None) -> bool:
         """Whether the layer/operation/phase/tensor filters select this tensor (cached)."""
-        key = (layer_type, operation, phase, tensor_name, layer_idx, module_path)
-        hit = self._want_cache.get(key)
-        if hit is not None:
-            return hit
-        c = self.config
-        ok = (layer_type in c.layer_types or layer_type not in ("attention", "linear")) and (
-            operation in c.operations or operation not in ("forward", "backward")) and (
-            phase in c.phases or phase not in ("pre", "post"))
-        if ok and c.tensor_names is not None:
-            ok = tensor_name in c.tensor_names
-        if ok and c.layers is not None:
-            ok = layer_idx in c.layers
-        if ok and c.module_regex is not None:
-            import re
-
-            ok = module_path is not None and re.search(c.module_regex, module_path) is not None
-        self._want_cache[key] = ok
-        return ok
+        return self.policy.wants(layer_type, operation, phase, tensor_name, layer_idx, module_path)
 
     def should_capture(self, layer_type: str, operation: str, phase: str, tensor_name: str,
                        layer_idx: int | None = None, module_path: str | None = None,
                        iteration: int | None = None) -> bool:
-        return (self.enabled and self.iteration_selected(iteration)
-                and self.wants(layer_type, operation, phase, tensor_name, layer_idx, module_path)
-                and self._rank_selected())
-
-    def _rank_selected(self) -> bool:
-        if self.config.ranks is None:
-            return True
-        return self._rank_info()["rank"] in self.config.ranks
-
-    def _rank_info(self) -> dict[str, int | None]:
-        if self._ranks is None or (self._ranks["tp_rank"] is None and
-                                   "megatron.core.parallel_state" in sys.modules):
-            info = _parallel_ranks()
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                self._ranks = info   # stable from now on
-            else:
-                return info
-        return self._ranks
+        p = self.policy
+        return (self.enabled and p.iteration_selected(self.iteration if iteration is None
+                                                      else iteration)
+                and p.wants(layer_type, operation, phase, tensor_name, layer_idx, module_path)
+                and p.rank_selected())
 
     # -- saving ----------------------------------------------------------------------------------
     def save_tensor(self, tensor: torch.Tensor, layer_type: str, operation: str,
@@ -245,82 +155,38 @@ class TensorSaver:
                                  phase, component, rank, sample_idx, it, module_path, submodule,
                                  variant, metadata, quant_axis)
         except ValueError as exc:   # a bad naming field from a caller: say so, keep training
-            self._warn_once(f"bad:{exc}", f"tensor capture: skipped a tensor: {exc}")
+            self._warnings.once(f"bad:{exc}", f"tensor capture: skipped a tensor: {exc}")
             return None
 
     def _capture(self, tensor, layer_type, operation, quant_type, tensor_name, layer_idx, phase,
                  component, rank, sample_idx, it, module_path, submodule, variant, metadata,
                  quant_axis=None):
-        info = self._rank_info()
+        policy, records = self.policy, self.records
+        info = policy.rank_info()
         rank = info["rank"] if rank is None else rank
         sample_idx = self.sample_idx if sample_idx is None else sample_idx
-        quant_label = quant_type or self.config.quant_type or _short_dtype(tensor.dtype)
-        ranges = self._ranges(tensor.dtype)
-        x = full = tensor.detach()
+        quant_label = quant_type or self.config.quant_type or short_dtype(tensor.dtype)
+        ranges = records.ranges(tensor.dtype)
+        full = tensor.detach()
         is_param = tensor.is_leaf and tensor.requires_grad
         # CPU tensors: statistics run on the writer thread over the copy the file needs anyway
         # (torch ops release the GIL, so they overlap the training step on another core).
-        defer = self.host_stats_in_writer and not x.is_cuda and not is_param
-        stats_vec = None if defer else self._stats(x, ranges, is_param)
-        keep_file, sampled_rows, row_stride = not self.config.stats_only, None, None
-        if keep_file:
-            x, sampled_rows, row_stride = self._sample_rows(x)
-            nbytes = x.numel() * x.element_size()
-            keep_file = self._budget_allows(nbytes, it)
-        with self._lock:
-            self._counter += 1
-            counter = self._counter
-            if keep_file:
-                self._bytes += nbytes
-            self._saved_iters.add(it)
+        defer = self.host_stats_in_writer and not full.is_cuda and not is_param
+        stats_vec = None if defer else records.stats(full, ranges, is_param)
+        keep_file, kept, sampled_rows, row_stride, nbytes = policy.file_plan(full, it)
+        counter = policy.book(it, nbytes)
         name = schema.TensorName(
             layer_type=layer_type, operation=operation, tensor_name=tensor_name,
             quant_type=quant_label, layer_idx=layer_idx, phase=phase, component=component,
-            iteration=it, rank=rank, sample_idx=sample_idx, timestamp=self._timestamp(),
+            iteration=it, rank=rank, sample_idx=sample_idx, timestamp=records.timestamp(),
             counter=counter,
         )
         filename = schema.build_filename(name) if keep_file else None
-        meta = {f: getattr(name, f) for f in schema.NAME_FIELDS}   # asdict() is slow here
-        meta.update({
-            schema.META_SHAPE: list(tensor.shape), schema.META_DTYPE: str(tensor.dtype),
-            schema.META_MODULE_PATH: module_path, schema.META_SUBMODULE: submodule,
-            schema.META_VARIANT: variant, schema.META_SAMPLED_ROWS: sampled_rows,
-            schema.META_SAMPLED_ROW_STRIDE: row_stride, schema.META_EMULATED_FORMAT: (
-                self.config.quant_type if self.config.emulating else None),
-            **{k: info[k] for k in schema.META_PARALLEL},
-            schema.META_MCORE_VERSION: megatron_core_version(),
-        })
-        if quant_axis is not None and variant == schema.VARIANT_HP:
-            analyses = self._analyses(full, quant_axis)
-            if analyses:
-                meta[schema.META_QUANT_ANALYSIS] = analyses
-        if metadata:
-            meta.update(metadata)
-        event = None
-        if x.is_cuda:
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True) if keep_file else None
-            if host is not None:
-                host.copy_(x, non_blocking=True)
-            svec = torch.empty(stats_vec.shape, dtype=stats_vec.dtype, pin_memory=True)
-            svec.copy_(stats_vec, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        elif defer:
-            # A copy: the caller may overwrite its buffer (Megatron reuses some) after we return.
-            src = full.clone(memory_format=torch.contiguous_format)
-            host = None
-            if keep_file:
-                host = src if sampled_rows is None else x.clone(memory_format=torch.contiguous_format)
-            svec = None
-        else:
-            host = x.clone(memory_format=torch.contiguous_format) if keep_file else None
-            svec = stats_vec
-        writer = self._get_writer()
-        if writer is None:
-            return None
-        item = WriteItem(self.directory, rank, filename, host, svec, ranges, meta, event,
-                         stats_src=src if defer else None)
-        if not writer.submit(item):
+        meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
+                                row_stride, quant_axis, metadata)
+        item = records.build(self.directory, rank, filename, full, kept if keep_file else None,
+                             sampled_rows is not None, stats_vec, ranges, meta)
+        if not self.sink.submit(item):
             return None
         return str(self.directory / filename) if filename else ""
 
@@ -346,124 +212,10 @@ class TensorSaver:
                                     component, rank, sample_idx, iteration, **kw)
                 for n, t in (("input", input_tensor), ("weight", weight))}
 
-    # -- helpers ---------------------------------------------------------------------------------
-    def _ranges(self, dtype: torch.dtype) -> tuple[stats.RangeSpec, ...]:
-        hit = self._ranges_cache.get(dtype)
-        if hit is not None:
-            return hit
-        specs: list[stats.RangeSpec] = []
-        own = stats.dtype_range(dtype)
-        if own is not None:
-            specs.append(own)
-        names = list(self.config.range_formats)
-        if self.config.emulating and self.config.quant_type not in names:
-            names.insert(0, self.config.quant_type)
-        for n in names:
-            spec = stats.format_range(n)
-            if spec is not None and spec.name not in {s.name for s in specs}:
-                specs.append(spec)
-        out = tuple(specs)
-        self._ranges_cache[dtype] = out
-        return out
-
-    def _stats(self, x: torch.Tensor, ranges: tuple[stats.RangeSpec, ...],
-               is_param: bool) -> torch.Tensor:
-        """Statistics, reused for an unchanged parameter (a weight is captured in the forward
-        and again in the backward of the same step; ``_version`` changes on any update).
-        Only parameters: they stay allocated, so their address cannot be reused by another."""
-        if not is_param:
-            return stats.compute(x, ranges)
-        key = (x.data_ptr(), x._version, tuple(x.shape), x.stride(), x.dtype, ranges)
-        hit = self._stats_cache.get(key)
-        if hit is None:
-            if len(self._stats_cache) > 4096:
-                self._stats_cache.clear()
-            hit = self._stats_cache[key] = stats.compute(x, ranges)
-        return hit
-
-    def _analysis_formats(self) -> tuple[str, ...]:
-        names = list(self.config.range_formats)
-        if self.config.emulating and self.config.quant_type not in names:
-            names.insert(0, self.config.quant_type)
-        return tuple(n for n in names if stats.is_scaled(n))
-
-    def _analyses(self, x: torch.Tensor, axis: int) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        names = self._analysis_formats()
-        if not names or x.numel() == 0 or not x.is_floating_point():
-            return out
-        import quant
-
-        for name in names:
-            try:
-                out[name] = quant.analyze_quantization(x, name, axis=axis).to_dict()
-                out[name]["axis"] = axis
-            except Exception as exc:  # analysis is advisory; never stop a capture for it
-                out[name] = {"error": str(exc).splitlines()[0][:200]}
-        return out
-
-    def _sample_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, int | None, int | None]:
-        max_rows = self.config.max_rows
-        if max_rows is None or x.dim() == 0:
-            return x, None, None
-        rows = x.numel() // max(x.shape[-1], 1) if x.dim() >= 2 else x.numel()
-        if rows <= max_rows:
-            return x, None, None
-        stride = math.ceil(rows / max_rows)
-        flat = x.reshape(rows, -1) if x.dim() >= 2 else x.reshape(rows, 1)
-        kept = flat[::stride]
-        if x.dim() < 2:
-            kept = kept.reshape(-1)
-        return kept, kept.shape[0], stride
-
-    def _budget_allows(self, nbytes: int, it: int) -> bool:
-        return self.budget.allows(self._bytes, nbytes, it, self._saved_iters, self._warn_once)
-
-    def _timestamp(self) -> str:
-        now = int(time.time())
-        if now != self._ts_sec:
-            self._ts_sec = now
-            self._ts = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
-        return self._ts
-
-    def _prepare_dir(self) -> bool:
-        if self._dir_ready:
-            return True
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            probe = self.directory / f".write_probe_{os.getpid()}"
-            with open(probe, "wb") as fh:
-                fh.write(b"0")
-            probe.unlink()
-        except OSError as exc:
-            self._disable(f"tensor capture: cannot write to {self.directory} "
-                          f"({exc.strerror or exc}); saving is disabled, training continues. "
-                          "Fix: set TENSOR_SAVE_DIR to a writable directory.")
-            return False
-        self._dir_ready = True
-        return True
-
-    def _get_writer(self) -> BackgroundWriter | None:
-        if self._writer is None:
-            with self._lock:
-                if self._writer is None:
-                    if not self._prepare_dir():
-                        return None
-                    self._writer = BackgroundWriter(self.config.queue_size, on_error=self._disable)
-        return self._writer
-
-    def _disable(self, message: str) -> None:
-        if self._failed is None:
-            self._failed = message
-            print(message, file=sys.stderr, flush=True)
-            if self is _GLOBAL.get("saver"):
-                _refresh_state(self)
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
-            print(message, file=sys.stderr, flush=True)
+    def _on_failure(self) -> None:
+        """The sink turned saving off: the hot-path flag must follow for the global saver."""
+        if self is _GLOBAL.get("saver"):
+            _refresh_state(self)
 
 
 def _config_dict(config: CaptureConfig) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -183,6 +184,130 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+# ---- the signals ------------------------------------------------------------------------------
+class _StepView:
+    """One synced step's numbers, parsed once for the signals to read."""
+
+    __slots__ = ("step", "row", "loss", "gnorm", "layer_norms", "has_layers")
+
+    def __init__(self, monitor: "TrainingMonitor", step: int, row: dict[str, np.ndarray]) -> None:
+        self.step, self.row = step, row
+        self.loss = float(row["loss"])
+        self.gnorm: float | None = None          # None: no model; < 0: no gradients this step
+        self.layer_norms: np.ndarray | None = None
+        self.has_layers = monitor.model is not None and "gnorm" in row   # per-layer data possible
+        if self.has_layers:
+            g = row["gnorm"]
+            self.gnorm = float(g[0])
+            norms = g[1:1 + len(monitor.layers)]
+            if not self.gnorm < 0 and len(norms) == len(monitor.layers) > 0:
+                self.layer_norms = norms
+
+    def stats(self, monitor: "TrainingMonitor", kind: str) -> np.ndarray | None:
+        """The per-layer statistics rows of ``kind`` ("act" / "grad"), None when not taken."""
+        if not self.has_layers or kind not in self.row:
+            return None
+        return self.row[kind][:len(monitor.layers)]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One watched signal: how its value is read, how it is judged, what its alert says.
+
+    ``threshold`` None: the value alarms when non-finite (no baseline needed); else the keyword
+    arguments of its AdaptiveThreshold (per-layer signals warm up at the statistics cadence).
+    ``read(monitor, view)`` returns the value (a float, or an array over the watched layers
+    when ``per_layer``) or None when the step has no data for it. ``record``: the history key
+    of ``summary(monitor, threshold, value)`` (default: the value itself; None: not recorded).
+    ``note``: the alert's note, text or ``note(monitor, view, threshold, value)``.
+    """
+
+    name: str
+    read: Callable[["TrainingMonitor", _StepView], Any]
+    threshold: dict[str, Any] | None = None
+    per_layer: bool = False
+    record: str | None = None
+    summary: Callable[["TrainingMonitor", AdaptiveThreshold, Any], Any] | None = None
+    note: str | Callable[..., str] = ""
+    alerts: bool = True
+
+
+def _nanmax_or_nan(_m: Any, _th: Any, v: np.ndarray) -> float:
+    return float(np.nanmax(v)) if np.isfinite(v).any() else float("nan")
+
+
+def _distortion_max(_m: Any, th: AdaptiveThreshold, scale: np.ndarray) -> float | None:
+    if not th.ready:
+        return None
+    mean, _ = th.reference()
+    with np.errstate(all="ignore"):
+        shift = np.abs(scale - mean)
+    return float(np.nanmax(shift)) if np.isfinite(shift).any() else 0.0
+
+
+def _act_scale(m: "TrainingMonitor", v: _StepView) -> np.ndarray | None:
+    """Each layer's activation scale, log2 mean|x| (binades); NaN where undefined."""
+    act = v.stats(m, "act")
+    if act is None:
+        return None
+    with np.errstate(all="ignore"):
+        scale = np.log2(act[:, _MEANABS])
+    return np.where(np.isfinite(scale), scale, np.nan)
+
+
+def _grad_norm_note(m: "TrainingMonitor", v: _StepView, th: AdaptiveThreshold, value: float) -> str:
+    note = m._why(th, value)
+    z = m.th_layer_gnorm.last_z
+    if v.layer_norms is not None and z is not None and len(z) and np.isfinite(z).any():
+        note += f"; largest layer jump: '{m.layers[int(np.nanargmax(z))]}'"
+    return note
+
+
+def _absmax(kind: str) -> Callable[["TrainingMonitor", _StepView], Any]:
+    def read(m: "TrainingMonitor", v: _StepView) -> np.ndarray | None:
+        stats = v.stats(m, kind)
+        return None if stats is None else stats[:, _ABSMAX]
+    return read
+
+
+def _ratios(kind: str, col: int) -> Callable[["TrainingMonitor", _StepView], Any]:
+    def read(m: "TrainingMonitor", v: _StepView) -> np.ndarray | None:
+        stats = v.stats(m, kind)
+        return None if stats is None else m._ratio(stats, col, kind)
+    return read
+
+
+def _range_signals(kind: str, what: str, order: str) -> tuple[Signal, ...]:
+    """A kind's non-finite check and its overflow / underflow ratio signals."""
+    ratio = dict(direction="up", range_check=False, rel_floor=0.5, abs_floor=1e-4)
+    return (Signal(f"{kind}_nonfinite", _absmax(kind), per_layer=True,
+                   note=f"non-finite {what} (first watched layer in {order} order)"),) + tuple(
+        Signal(f"{kind}_{name}_ratio", _ratios(kind, col), ratio, per_layer=True,
+               record=f"{kind}_{name}_ratio_max", summary=_nanmax_or_nan)
+        for name, col in (("overflow", _OVERFLOW), ("underflow", _UNDERFLOW)))
+
+
+#: Every signal the monitor judges, in the order its alerts and history fields appear.
+SIGNALS: tuple[Signal, ...] = (
+    Signal("loss_nonfinite", lambda m, v: v.loss, note="non-finite loss"),
+    Signal("loss", lambda m, v: v.loss, dict(direction="up"),
+           note=lambda m, v, th, x: m._why(th, x)),
+    Signal("grad_norm_nonfinite", lambda m, v: None if v.gnorm is None or v.gnorm < 0 else v.gnorm,
+           note="non-finite gradient norm"),
+    # before grad_norm: its alert names the layer whose norm jumped most this step
+    Signal("layer_grad_norm", lambda m, v: v.layer_norms, dict(direction="up", range_check=False),
+           per_layer=True, alerts=False),
+    Signal("grad_norm", lambda m, v: None if v.gnorm is None else (math.nan if v.gnorm < 0 else v.gnorm),
+           dict(direction="up"), record="grad_norm", note=_grad_norm_note),
+    *_range_signals("act", "activations", "forward"),
+    *_range_signals("grad", "output gradients", "module"),
+    Signal("distortion", _act_scale,
+           dict(direction="both", range_check=False, rel_floor=0.0, abs_floor=0.25),
+           per_layer=True, record="distortion_max_binades", summary=_distortion_max,
+           note="activation scale (log2 mean|x|) shifted from its baseline"),
+)
+
+
 class TrainingMonitor:
     """The state behind ``@watch_training``; usable directly with ``step(loss)``."""
 
@@ -209,17 +334,20 @@ class TrainingMonitor:
         self.suppressed_alerts = 0
         window = alert_window if rolling else None
         mk = functools.partial(AdaptiveThreshold, warmup_steps, sigma, window)
-        self.th_loss = mk("up")
-        self.th_gnorm = mk("up")
         # Layer statistics are taken every layer_stats_every steps, so their thresholds warm up
         # and roll over proportionally fewer samples.
         lw = max(2, warmup_steps // layer_stats_every)
         lwin = max(2, alert_window // layer_stats_every) if rolling else None
         mkl = functools.partial(AdaptiveThreshold, lw, sigma, lwin)
-        self.th_layer_gnorm = mkl("up", range_check=False)
-        self.th_ratio = {k: mkl("up", range_check=False, rel_floor=0.5, abs_floor=1e-4)
+        #: signal name -> its AdaptiveThreshold (one per adaptive signal of SIGNALS)
+        self.thresholds: dict[str, AdaptiveThreshold] = {
+            sig.name: (mkl if sig.per_layer else mk)(**sig.threshold)
+            for sig in SIGNALS if sig.threshold is not None}
+        th = self.thresholds
+        self.th_loss, self.th_gnorm, self.th_layer_gnorm = th["loss"], th["grad_norm"], th["layer_grad_norm"]
+        self.th_ratio = {k: th[f"{k}_ratio"]
                          for k in ("act_overflow", "act_underflow", "grad_overflow", "grad_underflow")}
-        self.th_dist = mkl("both", range_check=False, rel_floor=0.0, abs_floor=0.25)
+        self.th_dist = th["distortion"]
         self._collect = layer_stats_every == 1  # are the hooks recording during this step?
         self._slot_has_stats = [False] * sync_every
         self.step = 0
@@ -374,91 +502,80 @@ class TrainingMonitor:
             return np.where(self._numel[kind] > 0, stats[:, col] / np.maximum(self._numel[kind], 1), np.nan)
 
     def _judge(self, step: int, row: dict[str, np.ndarray]) -> None:
-        loss = float(row["loss"])
-        rec: dict[str, Any] = {"kind": "metrics", "step": step, "loss": loss}
+        """Read and judge every signal of SIGNALS for one step, in table order; publish."""
+        view = _StepView(self, step, row)
+        rec: dict[str, Any] = {"kind": "metrics", "step": step, "loss": view.loss}
         alerts: list[dict[str, Any]] = []
+        for sig in SIGNALS:
+            value = sig.read(self, view)
+            if value is None:
+                continue
+            if sig.threshold is None:
+                self._judge_nonfinite(sig, view, value, alerts)
+            else:
+                self._judge_adaptive(sig, view, value, rec, alerts)
+        self._publish(step, view.loss, rec, alerts)
 
-        def alert(metric: str, value: float, th: AdaptiveThreshold | None, idx: int = 0,
-                  layer: str | None = None, note: str = "") -> None:
-            msg = f"[ALERT] Step {step} | "
-            if layer is not None:
-                msg += f"Layer '{layer}' "
-            msg += f"{metric}: {_fmt(value)}"
-            base_mean = base_std = dev = None
-            if th is not None and th.ready:
-                mean, std = th.reference()
-                base_mean, base_std = float(mean[idx]), float(std[idx])
-                dev = float(th.last_z[idx]) if th.last_z is not None else None
-                msg += f" (baseline: {_fmt(base_mean)}±{_fmt(base_std)})"
-                if dev is not None and math.isfinite(dev):
-                    msg += f" | Deviation: {dev:.1f}σ"
-            if note:
-                msg += f" | {note}"
-            alerts.append({"kind": "alert", "step": step, "metric": metric, "value": value,
-                           "layer": layer, "baseline_mean": base_mean, "baseline_std": base_std,
-                           "deviation": dev, "message": msg})
+    def _alert(self, alerts: list[dict[str, Any]], step: int, metric: str, value: float,
+               th: AdaptiveThreshold | None, idx: int = 0, layer: str | None = None,
+               note: str = "") -> None:
+        msg = f"[ALERT] Step {step} | "
+        if layer is not None:
+            msg += f"Layer '{layer}' "
+        msg += f"{metric}: {_fmt(value)}"
+        base_mean = base_std = dev = None
+        if th is not None and th.ready:
+            mean, std = th.reference()
+            base_mean, base_std = float(mean[idx]), float(std[idx])
+            dev = float(th.last_z[idx]) if th.last_z is not None else None
+            msg += f" (baseline: {_fmt(base_mean)}±{_fmt(base_std)})"
+            if dev is not None and math.isfinite(dev):
+                msg += f" | Deviation: {dev:.1f}σ"
+        if note:
+            msg += f" | {note}"
+        alerts.append({"kind": "alert", "step": step, "metric": metric, "value": value,
+                       "layer": layer, "baseline_mean": base_mean, "baseline_std": base_std,
+                       "deviation": dev, "message": msg})
 
-        # Non-finite values need no baseline.
-        if not math.isfinite(loss):
-            self._nonfinite_seen = True
-            alert("loss_nonfinite", loss, None, note="non-finite loss")
-        bad = self.th_loss.update(loss) if math.isfinite(loss) else np.zeros(1, bool)
-        if bad[0]:
-            alert("loss", loss, self.th_loss, note=self._why(self.th_loss, loss))
+    def _judge_nonfinite(self, sig: Signal, view: _StepView, value: Any,
+                         alerts: list[dict[str, Any]]) -> None:
+        """Non-finite values need no baseline; per layer, the first such layer is named."""
+        if sig.per_layer:
+            bad = ~np.isfinite(value)
+            if not bad.any():
+                return
+            i = int(np.argmax(bad))
+            value, layer = float(value[i]), self.layers[i]
+        elif math.isfinite(value):
+            return
+        else:
+            layer = None
+        self._nonfinite_seen = True
+        self._alert(alerts, view.step, sig.name, value, None, layer=layer,
+                    note=sig.note if isinstance(sig.note, str) else sig.note(self, view, None, value))
 
-        if self.model is not None and "gnorm" in row:
-            g = row["gnorm"]
-            gnorm, layer_norms = float(g[0]), g[1:1 + len(self.layers)]
-            if gnorm < 0:  # the step left no gradients behind
-                gnorm, layer_norms = math.nan, layer_norms[:0]
-            elif not math.isfinite(gnorm):
-                self._nonfinite_seen = True
-                alert("grad_norm_nonfinite", gnorm, None, note="non-finite gradient norm")
-            rec["grad_norm"] = gnorm
-            gbad = self.th_gnorm.update(gnorm) if math.isfinite(gnorm) else np.zeros(1, bool)
-            has_layers = len(layer_norms) == len(self.layers) > 0
-            if has_layers:
-                self.th_layer_gnorm.update(layer_norms)
-            if gbad[0]:
-                note = self._why(self.th_gnorm, gnorm)
-                z = self.th_layer_gnorm.last_z
-                if has_layers and z is not None and len(z) and np.isfinite(z).any():
-                    note += f"; largest layer jump: '{self.layers[int(np.nanargmax(z))]}'"
-                alert("grad_norm", gnorm, self.th_gnorm, note=note)
-            for kind in ("act", "grad"):
-                if kind not in row:
-                    continue
-                stats = row[kind][:len(self.layers)]
-                nonfinite = ~np.isfinite(stats[:, _ABSMAX])
-                if nonfinite.any():
-                    self._nonfinite_seen = True
-                    i = int(np.argmax(nonfinite))
-                    what = "activations" if kind == "act" else "output gradients"
-                    order = "forward" if kind == "act" else "module"
-                    alert(f"{kind}_nonfinite", float(stats[i, _ABSMAX]), None, layer=self.layers[i],
-                          note=f"non-finite {what} (first watched layer in {order} order)")
-                for name, col in (("overflow", _OVERFLOW), ("underflow", _UNDERFLOW)):
-                    ratios = self._ratio(stats, col, kind)
-                    th = self.th_ratio[f"{kind}_{name}"]
-                    rbad = th.update(ratios)
-                    rec[f"{kind}_{name}_ratio_max"] = float(np.nanmax(ratios)) if np.isfinite(ratios).any() else float("nan")
-                    for i in np.flatnonzero(rbad):
-                        alert(f"{kind}_{name}_ratio", float(ratios[i]), th, idx=int(i), layer=self.layers[i])
-            if "act" in row:
-                # Distortion: shift of each layer's activation scale (log2 mean|x|, in binades).
-                with np.errstate(all="ignore"):
-                    scale = np.log2(row["act"][:len(self.layers), _MEANABS])
-                scale = np.where(np.isfinite(scale), scale, np.nan)
-                dbad = self.th_dist.update(scale)
-                if self.th_dist.ready:
-                    mean, _ = self.th_dist.reference()
-                    with np.errstate(all="ignore"):
-                        shift = np.abs(scale - mean)
-                    rec["distortion_max_binades"] = float(np.nanmax(shift)) if np.isfinite(shift).any() else 0.0
-                for i in np.flatnonzero(dbad):
-                    alert("distortion", float(scale[i]), self.th_dist, idx=int(i), layer=self.layers[i],
-                          note="activation scale (log2 mean|x|) shifted from its baseline")
+    def _judge_adaptive(self, sig: Signal, view: _StepView, value: Any, rec: dict[str, Any],
+                        alerts: list[dict[str, Any]]) -> None:
+        th = self.thresholds[sig.name]
+        if sig.per_layer:
+            bad = th.update(value)
+        else:   # a scalar teaches its baseline only finite values (its non-finite signal alarms)
+            bad = th.update(value) if math.isfinite(value) else None
+        if sig.record is not None:
+            summary = value if sig.summary is None else sig.summary(self, th, value)
+            if summary is not None:
+                rec[sig.record] = summary
+        if not sig.alerts or bad is None:
+            return
+        for i in np.flatnonzero(bad):
+            v = float(value[i]) if sig.per_layer else value
+            note = sig.note if isinstance(sig.note, str) else sig.note(self, view, th, v)
+            self._alert(alerts, view.step, sig.name, v, th, idx=int(i),
+                        layer=self.layers[i] if sig.per_layer else None, note=note)
 
+    def _publish(self, step: int, loss: float, rec: dict[str, Any],
+                 alerts: list[dict[str, Any]]) -> None:
+        """History, sinks, the baseline notice, alerts (with their cool-down) and the status line."""
         self.history.append({k: v for k, v in rec.items() if k != "kind"})
         for s in self.sinks:
             s.emit(rec)

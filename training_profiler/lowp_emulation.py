@@ -1,76 +1,111 @@
-"""Low-precision emulation of Linear layers on any nn.Module, by hooks (no model copy).
+"""Low-precision emulation of Linear layers on any nn.Module, in place (no model copy).
 
-Why hooks: the layer-wise diff must run the same weights in fp32 and in a CUSTOM_QUANT_TYPE
-format without a second copy of the model (it must fit where the model does not fit twice) and
-without the Megatron patch set. For every Linear-like module, a forward pre-hook quantizes the
-input and swaps in a quantized view of the weight (straight-through gradient to the real
-parameter); the forward hook puts the parameter back and makes the output's gradient pass
-through the quantizer in backward, so both GEMM directions see low-precision operands.
-Modes named ``autocast_bf16`` / ``autocast_fp16`` use torch.autocast instead.
+Why the training's GEMMs: precision-diff must measure the format the training emulation
+(CUSTOM_QUANT_TYPE in a patched Megatron) uses, so every Linear-like module computes through
+quant.gemm_plan.EmulatedLinear, the same three GEMMs on the same plan: forward (input and
+weight along in-features), dgrad (grad_output and weight along out-features), wgrad
+(grad_output and input along tokens). Inside the block an nn.Linear's ``forward`` and a
+Megatron Column/RowParallelLinear's ``_forward_impl`` are instance attributes calling it;
+both are removed on exit. No second copy of the model (it must fit where the model does not
+fit twice), no Megatron patch set. Modes named ``autocast_bf16`` / ``autocast_fp16`` use
+torch.autocast instead.
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
 import torch
 
-from training_profiler._tensors import first_tensor
+from quant import gemm_plan
 
-# Megatron's tensor-parallel linears (local spec) and TE's, recognised by class name so this
-# module never imports Megatron.
-_LINEAR_CLASS_NAMES = {"ColumnParallelLinear", "RowParallelLinear", "TELinear", "TEColumnParallelLinear",
-                       "TERowParallelLinear", "Linear"}
+# Megatron's tensor-parallel linears (local spec), recognised by class name so this module
+# never imports Megatron; their GEMMs run in ``_forward_impl``.
+_MEGATRON_LINEARS = {"ColumnParallelLinear", "RowParallelLinear"}
+# Transformer Engine's: their GEMMs run inside TE's kernels, which cannot be emulated.
+_TE_LINEARS = {"TELinear", "TEColumnParallelLinear", "TERowParallelLinear",
+               "TELayerNormColumnParallelLinear"}
 AUTOCAST_MODES = {"autocast_bf16": torch.bfloat16, "autocast_fp16": torch.float16}
+_MISSING = object()
+
+
+def _kind(module: torch.nn.Module) -> str | None:
+    """'torch' | 'megatron' | 'te' for a Linear-like module with a 2-D weight, else None."""
+    w = getattr(module, "weight", None)
+    if not (isinstance(w, torch.nn.Parameter) and w.dim() == 2):
+        return None
+    name = type(module).__name__
+    if name in _TE_LINEARS or type(module).__module__.startswith("transformer_engine"):
+        return "te"
+    if isinstance(module, torch.nn.Linear):
+        return "torch"
+    return "megatron" if name in _MEGATRON_LINEARS else None
 
 
 def is_linear(module: torch.nn.Module) -> bool:
-    w = getattr(module, "weight", None)
-    return (isinstance(module, torch.nn.Linear) or type(module).__name__ in _LINEAR_CLASS_NAMES) \
-        and isinstance(w, torch.nn.Parameter) and w.dim() == 2
+    return _kind(module) is not None
+
+
+def _torch_forward(module: torch.nn.Linear, quantize: gemm_plan.Quantizer,
+                   input: torch.Tensor) -> torch.Tensor:
+    return gemm_plan.EmulatedLinear.apply(input, module.weight, module.bias, quantize)
+
+
+def _megatron_impl(quantize: gemm_plan.Quantizer, input: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None = None, *args: Any, allreduce_dgrad: bool = False,
+                   sequence_parallel: bool = False, **kwargs: Any) -> torch.Tensor:
+    """megatron-core's linear_with_grad_accumulation_and_async_allreduce at tensor-parallel
+    size 1 (gradient_accumulation_fusion does not apply: precision-diff never touches .grad)."""
+    if allreduce_dgrad or sequence_parallel:
+        raise ValueError("format emulation of Megatron linears needs tensor-parallel size 1 "
+                         "without sequence parallelism (run precision-diff on one rank)")
+    return gemm_plan.EmulatedLinear.apply(input, weight, bias, quantize)
+
+
+def _patch(module: torch.nn.Module, kind: str, quantize: gemm_plan.Quantizer, where: str,
+           done: list[tuple[torch.nn.Module, str, Any]]) -> None:
+    if kind == "te":
+        raise ValueError(f"{where or type(module).__name__}: a Transformer Engine linear; its GEMMs "
+                         "run inside TE and cannot be emulated like the training emulation "
+                         "(build the model with the local spec)")
+    if kind == "torch" and type(module).forward is not torch.nn.Linear.forward:
+        raise ValueError(f"{where or type(module).__name__}: {type(module).__name__} overrides "
+                         "nn.Linear.forward, so its GEMMs cannot be emulated")
+    attr, fn = (("forward", partial(_torch_forward, module, quantize)) if kind == "torch"
+                else ("_forward_impl", partial(_megatron_impl, quantize)))
+    done.append((module, attr, module.__dict__.get(attr, _MISSING)))
+    setattr(module, attr, fn)
 
 
 @contextlib.contextmanager
 def emulate_linears(model: torch.nn.Module, fmt: str, grad_fmt: str | None = None) -> Iterator[list[str]]:
-    """Inside the block, every Linear-like module of ``model`` computes with ``fmt`` operands
-    (input and weight quantized in forward, output gradient quantized with ``grad_fmt``,
-    default ``fmt``, in backward). Yields the names of the emulated modules."""
+    """Inside the block, every Linear-like module of ``model`` computes its forward, dgrad and
+    wgrad GEMMs as the training emulation does (quant.gemm_plan), inputs and weights in
+    ``fmt``, output gradients in ``grad_fmt`` (default ``fmt``; "fp32": unquantized). Yields
+    the names of the emulated modules."""
     import quant
 
     quant.get_format(fmt)  # fail early, with quant's message, on an unknown name
-    grad_fmt = grad_fmt or fmt
-    if grad_fmt != "fp32":
+    if grad_fmt is not None and grad_fmt != "fp32":
         quant.get_format(grad_fmt)
-    handles, saved, names = [], {}, []
-
-    def pre(module, args, kwargs):
-        w = module._parameters["weight"]
-        saved[id(module)] = w
-        module._parameters["weight"] = quant.quantize_ste(w, fmt)
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
-            args = (quant.quantize_ste(args[0], fmt),) + tuple(args[1:])
-        return args, kwargs
-
-    def post(module, args, kwargs, output):
-        module._parameters["weight"] = saved.pop(id(module))
-        t = first_tensor(output)
-        if grad_fmt != "fp32" and t is not None and t.requires_grad:
-            # The gradient arriving at this output is quantized before it flows into the GEMMs.
-            t.register_hook(lambda g: quant.quantize(g, grad_fmt))
-        return output
-
+    quantize = gemm_plan.format_quantizer(fmt, grad_fmt)
+    done: list[tuple[torch.nn.Module, str, Any]] = []
+    names: list[str] = []
     try:
         for name, m in model.named_modules():
-            if is_linear(m):
+            kind = _kind(m)
+            if kind is not None:
+                _patch(m, kind, quantize, name, done)
                 names.append(name)
-                handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-                handles.append(m.register_forward_hook(post, with_kwargs=True))
         yield names
     finally:
-        for h in handles:
-            h.remove()
-        for name, m in model.named_modules():  # a forward that raised leaves a swapped weight
-            if id(m) in saved:
-                m._parameters["weight"] = saved.pop(id(m))
+        for m, attr, old in reversed(done):
+            if old is _MISSING:
+                delattr(m, attr)       # the class's method again
+            else:
+                setattr(m, attr, old)
 
 
 @contextlib.contextmanager
