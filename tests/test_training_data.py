@@ -161,6 +161,30 @@ def test_data_made_with_another_tokenizer_is_refused(small_data, tok_dir, tok):
         check_tokenizer_matches(small_data["data_path"], tok)
 
 
+def test_data_beside_an_old_format_tokenizer_is_refused(small_data, tmp_path, capsys):
+    """Data an older preprocess-corpus wrote (no .meta.json, the old tokenizer in PREFIX's
+    folder/tokenizer) is refused even with a current tokenizer; meta-less data alone (Megatron-LM's
+    own tools) is accepted."""
+    import shutil
+
+    from training_driver import train
+    from training_driver.data import check_tokenizer_matches
+
+    prefix = tmp_path / "data" / "old_text_document"
+    prefix.parent.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(small_data["data_path"] + suffix, str(prefix) + suffix)
+    current = load_tokenizer(small_data["tokenizer"])
+    check_tokenizer_matches(str(prefix), current)                 # no record, nothing beside
+    _old_format_dir(prefix.parent / "tokenizer")
+    with pytest.raises(UserError, match="old-format tokenizer.*re-run preprocess-corpus"):
+        check_tokenizer_matches(str(prefix), current)
+    rc = train.main(["--data-path", str(prefix), "--tokenizer", small_data["tokenizer"],
+                     "--train-iters", "1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "old-format tokenizer" in err
+
+
 def test_hf_directory_without_tokenizer_json_needs_transformers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)     # import transformers -> ImportError
     (tmp_path / "vocab.json").write_text("{}")
