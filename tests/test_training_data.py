@@ -100,6 +100,33 @@ def test_megatron_core_huggingface_tokenizer_reads_it(tok_dir, tok):
         assert mt.text_to_ids(text) == tok.encode(text)
 
 
+def test_megatron_build_tokenizer_gives_the_dataset_ids(small_data):
+    """What pretrain_gpt.py (0.16.1) calls for ``--tokenizer-type HuggingFaceTokenizer
+    --tokenizer-model DIR``: megatron-core's build_tokenizer(args), the other tokenizer
+    arguments at Megatron-LM 0.16.1's parser defaults. Its ids are those in our .bin."""
+    import argparse
+
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+    args = argparse.Namespace(
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=small_data["tokenizer"],
+        tokenizer_metadata=None, tokenizer_special_tokens=None, tokenizer_hf_use_fast=False,
+        tokenizer_hf_include_special_tokens=False, trust_remote_code=False, vocab_file=None,
+        merge_file=None, vocab_size=None, tiktoken_pattern=None, tiktoken_num_special_tokens=1000,
+        tokenizer_sentencepiece_legacy=False)
+    mt = build_tokenizer(args)
+    ours = load_tokenizer(small_data["tokenizer"])
+    assert (mt.vocab_size, mt.eod) == (ours.vocab_size, ours.eod)
+    ds = IndexedDataset(small_data["data_path"])
+    texts = list(pp.read_documents(small_data["corpus"]))
+    assert len(ds) == len(texts) > 10
+    for i, text in enumerate(texts):
+        ids = ds[i].tolist()
+        assert mt.tokenize(text) + [mt.eod] == ids
+        assert mt.detokenize(ids[:-1]) == text
+
+
 def test_bpe_is_deterministic(tmp_path, tok_dir, tok):
     save_tokenizer(train_bpe(TEXTS * 5, vocab_size=300), tmp_path)
     assert (tmp_path / TOKENIZER_FILE).read_bytes() == (Path(tok_dir) / TOKENIZER_FILE).read_bytes()
