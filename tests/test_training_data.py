@@ -100,6 +100,33 @@ def test_megatron_core_huggingface_tokenizer_reads_it(tok_dir, tok):
         assert mt.text_to_ids(text) == tok.encode(text)
 
 
+def test_megatron_build_tokenizer_gives_the_dataset_ids(small_data):
+    """What pretrain_gpt.py (0.16.1) calls for ``--tokenizer-type HuggingFaceTokenizer
+    --tokenizer-model DIR``: megatron-core's build_tokenizer(args), the other tokenizer
+    arguments at Megatron-LM 0.16.1's parser defaults. Its ids are those in our .bin."""
+    import argparse
+
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+    args = argparse.Namespace(
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=small_data["tokenizer"],
+        tokenizer_metadata=None, tokenizer_special_tokens=None, tokenizer_hf_use_fast=False,
+        tokenizer_hf_include_special_tokens=False, trust_remote_code=False, vocab_file=None,
+        merge_file=None, vocab_size=None, tiktoken_pattern=None, tiktoken_num_special_tokens=1000,
+        tokenizer_sentencepiece_legacy=False)
+    mt = build_tokenizer(args)
+    ours = load_tokenizer(small_data["tokenizer"])
+    assert (mt.vocab_size, mt.eod) == (ours.vocab_size, ours.eod)
+    ds = IndexedDataset(small_data["data_path"])
+    texts = list(pp.read_documents(small_data["corpus"]))
+    assert len(ds) == len(texts) > 10
+    for i, text in enumerate(texts):
+        ids = ds[i].tolist()
+        assert mt.tokenize(text) + [mt.eod] == ids
+        assert mt.detokenize(ids[:-1]) == text
+
+
 def test_bpe_is_deterministic(tmp_path, tok_dir, tok):
     save_tokenizer(train_bpe(TEXTS * 5, vocab_size=300), tmp_path)
     assert (tmp_path / TOKENIZER_FILE).read_bytes() == (Path(tok_dir) / TOKENIZER_FILE).read_bytes()
@@ -158,6 +185,30 @@ def test_data_made_with_another_tokenizer_is_refused(small_data, tok_dir, tok):
     check_tokenizer_matches(small_data["data_path"], load_tokenizer(small_data["tokenizer"]))
     with pytest.raises(UserError, match="tokenized with another tokenizer"):
         check_tokenizer_matches(small_data["data_path"], tok)
+
+
+def test_data_beside_an_old_format_tokenizer_is_refused(small_data, tmp_path, capsys):
+    """Data an older preprocess-corpus wrote (no .meta.json, the old tokenizer in PREFIX's
+    folder/tokenizer) is refused even with a current tokenizer; meta-less data alone (Megatron-LM's
+    own tools) is accepted."""
+    import shutil
+
+    from training_driver import train
+    from training_driver.data import check_tokenizer_matches
+
+    prefix = tmp_path / "data" / "old_text_document"
+    prefix.parent.mkdir()
+    for suffix in (".bin", ".idx"):
+        shutil.copy(small_data["data_path"] + suffix, str(prefix) + suffix)
+    current = load_tokenizer(small_data["tokenizer"])
+    check_tokenizer_matches(str(prefix), current)                 # no record, nothing beside
+    _old_format_dir(prefix.parent / "tokenizer")
+    with pytest.raises(UserError, match="old-format tokenizer.*re-run preprocess-corpus"):
+        check_tokenizer_matches(str(prefix), current)
+    rc = train.main(["--data-path", str(prefix), "--tokenizer", small_data["tokenizer"],
+                     "--train-iters", "1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "old-format tokenizer" in err
 
 
 def test_hf_directory_without_tokenizer_json_needs_transformers(tmp_path, monkeypatch):

@@ -197,7 +197,9 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
     """MEGATRON_LM_DIR: version checked, the checkout copied and patched, and its pretrain_gpt.py
     gets the 1B args; gradient-accumulation fusion is turned off exactly when apex's
     fused_weight_gradient_mlp_cuda does not import ("apex-standin": an empty module of that
-    name on PYTHONPATH, a narrow stand-in for the launcher's import check only)."""
+    name on PYTHONPATH, a narrow stand-in for the launcher's import check only). The
+    apex-standin case names the tokenizer by its tokenizer.json file: Megatron-LM gets the
+    directory, which is what AutoTokenizer.from_pretrained takes."""
     if not apex and _apex_importable():
         pytest.skip("apex is installed here: the no-apex case cannot be run")
     checkout = _standin_checkout(tmp_path)
@@ -207,7 +209,10 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
         shim.mkdir()
         (shim / "fused_weight_gradient_mlp_cuda.py").write_text("# stand-in: import check only\n")
         extra["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(shim)])
-    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=240,
+    args = _example_args(tmp_path, small_data)
+    if apex:
+        args[2] = str(Path(small_data["tokenizer"]) / "tokenizer.json")
+    out = run([*EXAMPLE, *args], cwd=tmp_path, timeout=240,
               MEGATRON_LM_DIR=str(checkout), TENSOR_SAVE_ENABLED="true", GPUS_PER_NODE="1",
               MASTER_PORT=str(free_port()), PROBE_OUT=str(tmp_path / "probe.json"),
               TRAIN_ITERS="7", **extra)
@@ -230,6 +235,21 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
     assert ("passing --no-gradient-accumulation-fusion" in out.stderr) == (not apex)
     # the user's checkout itself is untouched
     assert "_tensor_saver" not in (checkout / "megatron/core/tensor_parallel/layers.py").read_text()
+
+
+def test_example_script_megatron_lm_needs_transformers(small_data, tmp_path):
+    """Megatron-LM's HuggingFaceTokenizer calls transformers.AutoTokenizer: without transformers
+    (a stand-in package that fails to import) one line and exit 2, before anything runs."""
+    checkout = _standin_checkout(tmp_path)
+    shim = tmp_path / "no_transformers"
+    (shim / "transformers").mkdir(parents=True)
+    (shim / "transformers" / "__init__.py").write_text("raise ImportError('stand-in: absent')\n")
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=120,
+              MEGATRON_LM_DIR=str(checkout), PROBE_OUT=str(tmp_path / "probe.json"),
+              PYTHONPATH=os.pathsep.join([str(ROOT), str(shim)]))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "pip install transformers" in one_error_line(out.stderr)
+    assert not (tmp_path / "probe.json").exists() and not (tmp_path / "ckpt").exists()
 
 
 def test_example_script_refuses_an_unsupported_megatron_version(small_data, tmp_path):

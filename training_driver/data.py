@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
-from .tokenizer import Tokenizer, megatron_tokenizer
+from .tokenizer import OLD_FORMAT_FILE, RERUN, Tokenizer, megatron_tokenizer
 
 
 def check_data_prefix(prefix: str) -> None:
@@ -27,12 +27,19 @@ def check_data_prefix(prefix: str) -> None:
 def check_tokenizer_matches(prefix: str, tokenizer: Tokenizer) -> None:
     """Refuse data whose ``.meta.json`` (written by preprocess-corpus) names another tokenizer.
 
-    Data without the record (made by Megatron-LM's own tools) is accepted as it is.
+    Data without the record (made by Megatron-LM's own tools) is accepted as it is, unless an
+    old-format tokenizer sits where an older preprocess-corpus saved it (``PREFIX's
+    folder/tokenizer``): its ids are that tokenizer's, which no current tokenizer reproduces.
     """
     import json
 
     meta_path = Path(prefix + ".meta.json")
     if not meta_path.is_file():
+        old = Path(prefix).parent / "tokenizer" / OLD_FORMAT_FILE
+        if old.is_file():
+            raise UserError(f"data path {prefix} has no {meta_path.name} record and lies beside "
+                            f"the old-format tokenizer {old}: an older preprocess-corpus made it "
+                            f"with ids no tokenizer of this version reproduces; {RERUN}")
         return
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

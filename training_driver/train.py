@@ -178,6 +178,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
     derived = check_config(cfg, world_size, cuda, capture)
     tokenizer = load_tokenizer(cfg.tokenizer)
     data.check_data_prefix(cfg.data_path)
+    data.check_tokenizer_matches(cfg.data_path, tokenizer)  # before any model is built
     shape_d = derived["shape"]
     tp, pp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
     multiple = cfg.make_vocab_size_divisible_by * tp

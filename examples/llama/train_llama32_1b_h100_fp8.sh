@@ -15,11 +15,13 @@
 #                      capture / emulation, applied through the patch set (patches/).
 #                      CUSTOM_QUANT_TYPE emulates on local linears only: with DTYPE fp8
 #                      (Transformer Engine linears) it is refused (exit 2); use DTYPE bf16,
-#                      which runs --transformer-impl local.
+#                      which runs --transformer-impl local. Capture with fp8 does not save
+#                      the Transformer Engine linears (a note says so).
 #   MEGATRON_LM_DIR    a Megatron-LM checkout: its version must be one the patch set supports
 #                      (megatron-tensor-patch --detect; else exit 2); its pretrain_gpt.py runs
 #                      on a patched copy; without apex (fused_weight_gradient_mlp_cuda) the
-#                      launcher adds --no-gradient-accumulation-fusion.
+#                      launcher adds --no-gradient-accumulation-fusion; Megatron-LM loads
+#                      TOKENIZER_PATH with transformers (must import, else exit 2).
 #                      Unset: run this project's driver (training_driver/train.py)
 #   GPUS_PER_NODE (default: GPUs found, else 1), NNODES (1), NODE_RANK (0),
 #   MASTER_ADDR (localhost), MASTER_PORT (6000)
@@ -81,6 +83,8 @@ PY
 ) || die "$(printf '%s\n' "$PREFLIGHT" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^error: //')"
 read -r _ CAPTURE QUANT <<<"$(printf '%s\n' "$PREFLIGHT" | tail -n 1)"
 [[ "$QUANT" == - ]] && QUANT=""
+# A tokenizer.json file stands for its directory (what AutoTokenizer.from_pretrained takes).
+[[ -f "$TOKENIZER_PATH" ]] && TOKENIZER_PATH=$(dirname "$TOKENIZER_PATH")
 if [[ "$DTYPE" == fp8 && -n "$QUANT" ]]; then
     die "CUSTOM_QUANT_TYPE=$QUANT with DTYPE fp8: fp8 runs Transformer Engine linears (--transformer-impl transformer_engine), where the emulation does not apply and would silently do nothing; use DTYPE bf16 (local linears, --transformer-impl local) to emulate $QUANT, or unset CUSTOM_QUANT_TYPE for real FP8"
 fi
@@ -92,12 +96,18 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     DETECTED=$("$PY" -m tensor_capture.patcher --detect "$MEGATRON_LM_DIR" 2>&1) \
         || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR: $(printf '%s\n' "$DETECTED" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^megatron-tensor-patch: error: //')"
     MEGATRON_VERSION=$(printf '%s\n' "$DETECTED" | tail -n 1)
+    # --tokenizer-type HuggingFaceTokenizer: Megatron-LM loads TOKENIZER_PATH with transformers.
+    "$PY" -c 'import transformers' >/dev/null 2>&1 \
+        || die "MEGATRON_LM_DIR: Megatron-LM loads TOKENIZER_PATH with transformers.AutoTokenizer (--tokenizer-type HuggingFaceTokenizer), and transformers does not import here: pip install transformers"
 fi
 
 HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 if [[ "$DTYPE" == fp8 ]]; then
     [[ "$HAS_CUDA" == 1 ]] || die "DTYPE fp8 needs a CUDA GPU (none found): use bf16, or CUSTOM_QUANT_TYPE to emulate a format"
     "$PY" -c 'import transformer_engine' >/dev/null 2>&1 || die "DTYPE fp8 needs Transformer Engine: pip install transformer-engine[pytorch]"
+    if [[ "$CAPTURE" == 1 ]]; then
+        echo "train_llama32_1b_h100_fp8.sh: note: DTYPE fp8 runs Transformer Engine linears, which capture does not reach (docs/capture.md, 'Not captured'): their tensors are not saved; DTYPE bf16 captures them" >&2
+    fi
 fi
 
 if [[ "$HAS_CUDA" == 1 ]]; then
