@@ -31,6 +31,7 @@ SLOW_TIERS = {
     "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
     "test_capture_schedule.py::sched": ("megatron", "multiprocess"),
     "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),
+    "test_emulation_consistency.py::both_paths": ("megatron", "multiprocess"),
     "test_capture_megatron.py::test_tp2_*": ("multiprocess",),
     "test_training_driver.py": ("megatron",),
     "test_training_driver.py::test_tensor_and_data_parallel_*": ("multiprocess",),
