@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Optional, Union
 
@@ -129,7 +129,7 @@ def dtype_limits(dtype: torch.dtype) -> Optional[CastLimits]:
     name = format_for_dtype(dtype)
     label = str(dtype).replace("torch.", "")
     if name is not None:
-        return _relabel(cast_limits(name), label)
+        return replace(cast_limits(name), name=label)
     if not dtype.is_floating_point:
         return None
     fi = torch.finfo(dtype)
@@ -137,11 +137,6 @@ def dtype_limits(dtype: torch.dtype) -> Optional[CastLimits]:
     sub = float(fi.tiny) * float(fi.eps)
     return CastLimits(label, float(fi.max), float(fi.tiny), sub, float(fi.max) + ulp_top / 2,
                       True, sub / 2, True)
-
-
-def _relabel(limits: CastLimits, name: str) -> CastLimits:
-    from dataclasses import replace
-    return replace(limits, name=name)
 
 
 @dataclass
