@@ -47,7 +47,7 @@ setup(
             "mxfp-scaling-test=quant_tools.scaling_cli:main",
             "megatron-tensor-patch=tensor_capture.patcher:main",
             "enhanced-tensor-visualizer=tensor_viz.enhanced_visualizer:main",
-            "quick-visualize=tensor_viz.quick:main",
+            "quick-visualize=tensor_viz.quick_cli:main",
             "visualize-tensors=tensor_viz.full:main",
             "llama-train=training_driver.train:main",
             "preprocess-corpus=training_driver.preprocess:main",

@@ -24,7 +24,9 @@ import os
 import sys
 from typing import Any, Callable
 
+from . import budget
 from .config import ENV_ITERATION
+from .saver import get_tensor_saver, on_new_session, stop_capture
 from .state import STATE
 
 
@@ -42,12 +44,12 @@ _N = _Numbering()
 
 def reset() -> None:
     """Forget the count (a new capture session: configure() / reset_tensor_saver())."""
-    from . import underflow
-
     _N.next_iteration = None
     _N.resume = None
     _N.running = False
-    underflow.reset()
+
+
+on_new_session(reset)
 
 
 def resume_at(iteration: int) -> None:
@@ -114,8 +116,6 @@ def _run_eval(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
 
 def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    from .saver import get_tensor_saver
-
     saver = get_tensor_saver()
     if _N.next_iteration is None:
         _N.next_iteration = first_iteration(saver)
@@ -136,16 +136,12 @@ def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 def end_iteration(saver: Any, iteration: int) -> None:
     """After a training iteration: a budget that could not hold it ends the run; when no later
     iteration can be captured, say so once and stop capturing (emulation goes on)."""
-    from . import budget
-
     if not saver.enabled:
         return
     saver.budget.check()
     reason = budget.finished_reason(saver.config, saver.saved_iterations, iteration + 1)
     if reason is None:
         return
-    from .saver import stop_capture
-
     line = budget.stop_line(saver, iteration, reason)
     stop_capture(saver)
     if budget._rank() == 0:

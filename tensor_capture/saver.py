@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from . import budget, numbering, schema
+from . import budget, schema, sites
 from .config import CaptureConfig, ConfigError, load_config
 from .policy import CapturePolicy, Warnings
-from .record import RecordBuilder, megatron_core_version, short_dtype
+from .record import RecordBuilder, short_dtype
 from .sink import CaptureSink
 from .state import STATE
 
@@ -227,6 +227,21 @@ def _config_dict(config: CaptureConfig) -> dict[str, Any]:
 # -- the process-wide saver ------------------------------------------------------------------------
 _GLOBAL: dict[str, TensorSaver] = {}
 _GLOBAL_LOCK = threading.Lock()
+#: Forget-your-state callbacks of modules that keep per-session state (iteration numbering,
+#: the underflow warning's once-per-iteration memory); they register themselves on import, so
+#: the saver never imports them (they import the saver).
+_SESSION_RESETS: list[Callable[[], None]] = []
+
+
+def on_new_session(reset: Callable[[], None]) -> None:
+    """Call ``reset`` whenever the process-wide saver is replaced or reset."""
+    if reset not in _SESSION_RESETS:
+        _SESSION_RESETS.append(reset)
+
+
+def _reset_session_state() -> None:
+    for reset in _SESSION_RESETS:
+        reset()
 
 
 def _refresh_state(saver: TensorSaver) -> None:
@@ -235,12 +250,10 @@ def _refresh_state(saver: TensorSaver) -> None:
     STATE.emulate_attention = STATE.emulate and saver.config.emulate_attention
     STATE.warn_underflow = STATE.emulate and saver.config.underflow_warnings
     STATE.active = saver.enabled or STATE.emulate
-    from . import hooks
-
     if saver.enabled or STATE.warn_underflow:   # module paths for captures and warnings
-        hooks.install_discovery()
+        sites.install_discovery()
     else:                      # the global module hook costs every module call: remove it
-        hooks.uninstall_discovery()
+        sites.uninstall_discovery()
 
 
 def get_tensor_saver() -> TensorSaver:
@@ -273,7 +286,7 @@ def configure(config: CaptureConfig | str | os.PathLike[str] | None = None,
         if old is not None:
             old.close()
         _GLOBAL["saver"] = saver
-        numbering.reset()
+        _reset_session_state()
         _refresh_state(saver)
         if saver.enabled:
             budget.announce_start(saver.config, notes)
@@ -293,14 +306,12 @@ def reset_tensor_saver() -> None:
         old = _GLOBAL.pop("saver", None)
         if old is not None:
             old.close()
-        numbering.reset()
+        _reset_session_state()
         STATE.active = STATE.emulate = STATE.emulate_attention = False
         STATE.paused = STATE.warn_underflow = False
         STATE.quant_type = None
         STATE.current_linear = None
-        from . import hooks
-
-        hooks.uninstall_discovery()
+        sites.uninstall_discovery()
 
 
 def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_type: str | None = None,

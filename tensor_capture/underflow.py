@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+from .saver import on_new_session
+
 
 class _Turns:
     __slots__ = ("iteration", "done", "seen", "checked")
@@ -38,6 +40,9 @@ def reset() -> None:
     _T.done = set()
     _T.seen = {}
     _T.checked = {}
+
+
+on_new_session(reset)
 
 
 def _my_turn(kind: str, site: str | None) -> bool:

@@ -45,6 +45,8 @@ SECTION_TABLE: tuple[tuple[str, str, str], ...] = (
      "A layer x tensor map of one statistic over iterations."),
 )
 FULL_SECTIONS = tuple(name for name, _, _ in SECTION_TABLE)
+#: section name -> the one-line description index.html shows
+SECTION_DESCRIPTIONS: dict[str, str] = {name: text for name, _, text in SECTION_TABLE}
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +16,7 @@ from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
+from tensor_viz.result import Result
 # Re-exported: callers import the section lists and defaults from here too.
 from tensor_viz.options import (DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS, SECTION_TABLE,
                                 SEED_SECTIONS, Options)
@@ -35,24 +35,6 @@ def _drawer(ref: str) -> Callable[[Dataset, FigureSet], None]:
 # order = order in index.html
 SECTIONS: dict[str, tuple[Callable[[Dataset, FigureSet], None], str]] = {
     name: (_drawer(ref), text) for name, ref, text in SECTION_TABLE}
-
-
-@dataclass
-class Result:
-    catalog: Catalog
-    dataset: Dataset
-    figures: FigureSet
-    files_read: int = 0
-    extra_files: list[str] = field(default_factory=list)   # quick_analysis.png, tensor_stats.txt, ...
-
-    @property
-    def drawn(self) -> int:
-        return self.figures.drawn()
-
-    @property
-    def exit_code(self) -> int:
-        """0 when at least one real figure was drawn, 1 when nothing could be drawn."""
-        return 0 if self.drawn else 1
 
 
 QUANTIZED_SUFFIXES = schema.QUANTIZED_SUFFIXES   # names and pairing: tensor_capture.schema

@@ -3,7 +3,6 @@ tensor_stats.txt, from stored statistics and a small reproducible sample of valu
 from __future__ import annotations
 
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -103,16 +102,3 @@ def write_quick(ds: "Dataset", catalog: Catalog, out: Path, fs: "FigureSet | Non
     atomic_write_text(out / "tensor_stats.txt", "\n".join(lines) + "\n")
     written.append("tensor_stats.txt")
     return written
-
-
-def main(argv: list[str] | None = None) -> int:
-    """quick-visualize: quick_analysis.png + tensor_stats.txt."""
-    from tensor_viz import cli
-
-    return cli.run(argv, prog="quick-visualize", sections=(), quick=True, report=False,
-                   description="Quick view of a captured-tensor directory: quick_analysis.png "
-                               "(value histogram, pies by quant type, layer type, pass) and tensor_stats.txt.")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

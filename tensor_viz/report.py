@@ -8,16 +8,14 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jinja2
 
 from lowp_common import atomic_write_text
 from tensor_viz.catalog import Catalog, Entry
 from tensor_viz.data import Dataset, group, ratio
-
-if TYPE_CHECKING:
-    from tensor_viz.pipeline import Options, Result
+from tensor_viz.options import SECTION_DESCRIPTIONS, Options
+from tensor_viz.result import Result
 
 TOP = 10
 MAX_PROBLEMS_SHOWN = 50
@@ -77,15 +75,14 @@ def write_problems(catalog: Catalog, out: Path) -> None:
     atomic_write_text(out / "problems.txt", ("\n".join(lines) + "\n") if lines else "no problems\n")
 
 
-def write_index(result: "Result", out: Path, sections: tuple[str, ...], opts: "Options") -> str:
+def write_index(result: Result, out: Path, sections: tuple[str, ...], opts: Options) -> str:
     """Write OUT/index.html (temp name, then rename); returns its name."""
     atomic_write_text(out / "index.html", render_index(result, sections, opts))
     return "index.html"
 
 
-def render_index(result: "Result", sections: tuple[str, ...], opts: "Options") -> str:
+def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> str:
     """The page's text: the data of ``result`` through templates/report.html.j2 (autoescaped)."""
-    from tensor_viz.pipeline import SECTIONS
 
     ds, cat, fs = result.dataset, result.catalog, result.figures
     worst_tables = [{"title": title, "what": what, "rows": _worst_rows(worst(ds.entries, key))}
@@ -100,7 +97,7 @@ def render_index(result: "Result", sections: tuple[str, ...], opts: "Options") -
                                      "no operand pairs saved and no what-if formats"),
         problem_counts=sorted(cat.problem_counts().items()),
         problems=cat.problems[:MAX_PROBLEMS_SHOWN], quick=fs.in_section("quick"),
-        sections=[{"name": s, "description": SECTIONS[s][1], "figures": fs.in_section(s)}
+        sections=[{"name": s, "description": SECTION_DESCRIPTIONS[s], "figures": fs.in_section(s)}
                   for s in sections])
 
 

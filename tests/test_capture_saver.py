@@ -248,9 +248,9 @@ def test_process_wide_saver_from_environment(tmp_path, monkeypatch):
             saver_mod.get_tensor_saver()
     finally:
         saver_mod.reset_tensor_saver()
-        from tensor_capture import hooks
+        from tensor_capture import sites
 
-        hooks.uninstall_discovery()
+        sites.uninstall_discovery()
     assert not STATE.active
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from viz_helpers import Evil, write_plain, write_tensor  # noqa: E402
 
 from tensor_capture import schema  # noqa: E402
-from tensor_viz import enhanced_visualizer, full, pipeline, quick  # noqa: E402
+from tensor_viz import enhanced_visualizer, full, pipeline, quick_cli  # noqa: E402
 from tensor_viz.catalog import scan  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def test_missing_directory_is_a_one_line_usage_error(tmp_path, capsys):
 def test_file_instead_of_directory(tmp_path, capsys):
     f = tmp_path / "x.pt"
     f.write_bytes(b"")
-    assert quick.main(["--tensor_dir", str(f), "--output_dir", str(tmp_path / "o")] + FAST) == 2
+    assert quick_cli.main(["--tensor_dir", str(f), "--output_dir", str(tmp_path / "o")] + FAST) == 2
     assert "not a directory" in capsys.readouterr().err
 
 

@@ -14,7 +14,6 @@ from tensor_capture.hooks import (
     linear_wgrad,
     linear_wgrad_fused,
     quantize_probs,
-    register_model,
     te_attention_forward,
 )
 from tensor_capture.saver import (
@@ -27,6 +26,7 @@ from tensor_capture.saver import (
     save_tensor,
 )
 from tensor_capture.numbering import resume_at, wrap_schedule
+from tensor_capture.sites import register_model
 from tensor_capture.state import STATE, env_requests_activity
 
 
