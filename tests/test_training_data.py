@@ -26,6 +26,14 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3,
          "  leading and trailing spaces\t\r\n  ", "tabs\tand\u00a0no-break\u2028separators"]
 
 
+@pytest.fixture(autouse=True)
+def _no_rendezvous_env(monkeypatch):
+    """llama-train's main (called in-process here) checks a MASTER_PORT it finds; tests that
+    ran megatron in this process before may have left one (still bound) in the environment."""
+    for var in ("MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("tok")
