@@ -1,13 +1,15 @@
 """What the training loop tells people and tools: console lines, TensorBoard scalars, a progress file."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from lowp_common import atomic_write_json
+from lowp_common import atomic_write_text
 
 
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    atomic_write_json(path, data, indent=None, make_parents=True)  # a NaN loss is written "nan"
+    # Python's NaN token on purpose: the collector reads the loss back as a float to print it.
+    atomic_write_text(path, json.dumps(data), make_parents=True)
 
 
 class TrainLogger:
