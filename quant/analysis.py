@@ -197,23 +197,22 @@ class QuantAnalysis:
                 f"    Severity: {sev}")
 
 
-def _minmax(t: torch.Tensor) -> tuple:
-    fin = t[torch.isfinite(t)]
-    if fin.numel() == 0:
-        return (float("nan"), float("nan"))
-    return (float(fin.min()), float(fin.max()))
+def _range_summary(t: torch.Tensor) -> tuple[tuple[float, float], float, float]:
+    """((min, max), absmax, smallest nonzero magnitude) over the finite values; NaN when none.
 
-
-def _min_nonzero(t: torch.Tensor) -> float:
+    One pass per statistic with torch.where (no boolean-index copies): it runs on every
+    operand the emulation's underflow warning analyses."""
+    fin = torch.isfinite(t)
     a = t.abs()
-    a = a[torch.isfinite(a) & (a > 0)]
-    return float(a.min()) if a.numel() else float("nan")
-
-
-def _absmax(t: torch.Tensor) -> float:
-    a = t.abs()
-    a = a[torch.isfinite(a)]
-    return float(a.max()) if a.numel() else float("nan")
+    inf = torch.tensor(float("inf"), dtype=t.dtype, device=t.device)
+    lo = float(torch.where(fin, t, inf).amin())
+    hi = float(torch.where(fin, t, -inf).amax())
+    amax = float(torch.where(fin, a, -inf).amax())
+    mnz = float(torch.where(fin & (a > 0), a, inf).amin())
+    nan = float("nan")
+    if lo == float("inf"):          # no finite value at all
+        return (nan, nan), nan, nan
+    return (lo, hi), amax, (mnz if mnz != float("inf") else nan)
 
 
 def _scaled_layout(x32, spec, axis, block, scale_mode):
@@ -303,6 +302,7 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
             nan_blocks = int((~block_finite).sum())
 
         n_over, n_under, n_ftz = int(overflow.sum()), int(underflow.sum()), int(ftz.sum())
+        before, after = _range_summary(x32), _range_summary(y32)
         return QuantAnalysis(
             format=spec.name, total=total, nonzero=int(nonzero.sum()), nan_count=nan_count,
             inf_count=int(inf_mask.sum()), overflow_count=n_over, underflow_count=n_under,
@@ -311,9 +311,9 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
             overflow_severity=severity(n_over / total),
             underflow_severity=severity(n_under / total),
             flush_to_zero_severity=severity(n_ftz / total),
-            range_before=_minmax(x32), range_after=_minmax(y32), absmax_before=_absmax(x32),
-            absmax_after=_absmax(y32), min_nonzero_before=_min_nonzero(x32),
-            min_nonzero_after=_min_nonzero(y32), max_normal=spec.max_normal,
+            range_before=before[0], range_after=after[0], absmax_before=before[1],
+            absmax_after=after[1], min_nonzero_before=before[2],
+            min_nonzero_after=after[2], max_normal=spec.max_normal,
             min_normal=spec.min_normal, min_subnormal=spec.min_subnormal,
             block_size=block or None, nan_blocks=nan_blocks, per_block=per_block)
 
