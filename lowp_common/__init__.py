@@ -15,6 +15,7 @@ from lowp_common.cli import (
     atomic_write_text,
     cli_entry,
     fail,
+    human_bytes,
     json_dumps,
     json_safe,
 )
@@ -22,5 +23,5 @@ from lowp_common.cli import (
 __all__ = [
     "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "UsageError", "UserError", "atomic_path",
     "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "cli_entry", "fail",
-    "json_dumps", "json_safe",
+    "human_bytes", "json_dumps", "json_safe",
 ]

@@ -172,3 +172,15 @@ def json_safe(obj: Any, nonfinite: Literal["string", "null"] = "string") -> Any:
 def json_dumps(obj: Any, *, nonfinite: Literal["string", "null"] = "string", **kwargs: Any) -> str:
     """``json.dumps`` of ``json_safe(obj)``; always strict JSON (``allow_nan=False``)."""
     return json.dumps(json_safe(obj, nonfinite), allow_nan=False, **kwargs)
+
+
+def human_bytes(n: float) -> str:
+    """A byte count for people, in decimal units (kB, MB, GB, TB) as capture settings are
+    written ("byte_budget: 10kB"); infinity reads "unlimited"."""
+    if n == math.inf:
+        return "unlimited"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"

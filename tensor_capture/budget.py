@@ -24,7 +24,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from lowp_common import human_bytes
+
 from .config import CaptureConfig
+from .ranks import global_rank
 
 DISK_FRACTION = 0.5          # of the free disk at start, per node
 
@@ -35,16 +38,6 @@ class CaptureBudgetError(SystemExit):
     def __init__(self, message: str) -> None:
         super().__init__(2)
         self.message = message
-
-
-def human_bytes(n: float) -> str:
-    if n == math.inf:
-        return "unlimited"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def free_bytes(directory: str | os.PathLike[str]) -> int:
@@ -84,19 +77,10 @@ def bounded(config: CaptureConfig, env: Mapping[str, str] = os.environ,
     return (replace(config, **changes) if changes else config), notes
 
 
-def _rank(env: Mapping[str, str] = os.environ) -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    try:
-        return int(env.get("RANK", "0") or 0)
-    except ValueError:
-        return 0
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+def announce(line: str) -> None:
+    """Print a capture-wide line once per job (global rank 0), on stderr."""
+    if global_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def start_line(config: CaptureConfig, notes: Mapping[str, str]) -> str:
@@ -126,8 +110,8 @@ def start_line(config: CaptureConfig, notes: Mapping[str, str]) -> str:
 
 
 def announce_start(config: CaptureConfig, notes: Mapping[str, str]) -> None:
-    if config.enabled and _rank() == 0:
-        _say(start_line(config, notes))
+    if config.enabled:
+        announce(start_line(config, notes))
 
 
 def finished_reason(config: CaptureConfig, saved: set[int] | list[int], next_iteration: int) -> str | None:
@@ -146,7 +130,7 @@ def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
     its = f"{saved[0]}..{saved[-1]}" if len(saved) > 1 else (str(saved[0]) if saved else "none")
     return (f"tensor capture: stopped after iteration {last_iteration} ({reason}): "
             f"{len(saved)} iteration(s) saved ({its}), {human_bytes(saver.bytes_saved)} of files "
-            f"on rank {_rank()} in {saver.directory}")
+            f"on rank {global_rank()} in {saver.directory}")
 
 
 class ByteBudget:
@@ -186,8 +170,8 @@ class ByteBudget:
         self.too_small = False      # say it once
         msg = (f"tensor capture: byte_budget {human_bytes(self.budget)} per rank cannot hold one "
                f"iteration (iteration {self.first} needs {human_bytes(self.first_needed)} on rank "
-               f"{_rank() if rank is None else rank}); raise byte_budget (e.g. '20GB' or "
+               f"{global_rank() if rank is None else rank}); raise byte_budget (e.g. '20GB' or "
                "'unlimited' in TENSOR_SAVE_CONFIG), free disk space, or capture less (layers, "
                "module_regex, tensor_names, max_rows, stats_only)")
-        _say(msg)
+        print(msg, file=sys.stderr, flush=True)   # on the rank that ran out
         raise CaptureBudgetError(msg)

@@ -144,8 +144,7 @@ def end_iteration(saver: Any, iteration: int) -> None:
         return
     line = budget.stop_line(saver, iteration, reason)
     stop_capture(saver)
-    if budget._rank() == 0:
-        budget._say(line)
+    budget.announce(line)
 
 
 def wrap_schedule(func: Callable[..., Any]) -> Callable[..., Any]:

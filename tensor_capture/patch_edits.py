@@ -111,16 +111,18 @@ _FWD_CALL = _guarded_return(
     "linear_forward(ctx, total_input, weight, bias)",
     " and output_dtype in (None, total_input.dtype)")
 
-_DGRAD = Edit("linear.dgrad", """\
-                total_input = input
-        grad_input = grad_output.matmul(weight)
-""", f"""\
-                total_input = input
-        if _tensor_saver.STATE.active:  {MARK}
+def _guarded_dgrad(name: str, lead: str) -> Edit:
+    """The dgrad GEMM through ``linear_dgrad`` when active; ``lead`` (the upstream line before
+    it) makes the anchor occur once in the file."""
+    gemm = "        grad_input = grad_output.matmul(weight)\n"
+    return Edit(name, lead + gemm, f"""\
+{lead}        if _tensor_saver.STATE.active:  {MARK}
             grad_input = _tensor_saver.linear_dgrad(ctx, grad_output, weight)
         else:
-            grad_input = grad_output.matmul(weight)
-""")
+    {gemm}""")
+
+
+_DGRAD = _guarded_dgrad("linear.dgrad", "                total_input = input\n")
 
 # gradient_accumulation_fusion: apex's wgrad_gemm_accum_* into weight.main_grad (all versions).
 _FUSED_WGRAD = Edit("linear.wgrad_fused", "                    if weight.main_grad.dtype == torch.float32:\n", f"""\
@@ -145,16 +147,7 @@ _FROZEN_FWD_INLINE = Edit("frozen.forward", """\
 _FROZEN_FWD_CALL = _guarded_return(
     "frozen.forward", "        return _linear_forward(input, weight, bias, output_dtype)\n",
     "linear_forward(ctx, input, weight, bias)", " and output_dtype in (None, input.dtype)")
-_FROZEN_DGRAD_PLAIN = Edit("frozen.dgrad", """\
-        (weight,) = ctx.saved_tensors
-        grad_input = grad_output.matmul(weight)
-""", f"""\
-        (weight,) = ctx.saved_tensors
-        if _tensor_saver.STATE.active:  {MARK}
-            grad_input = _tensor_saver.linear_dgrad(ctx, grad_output, weight)
-        else:
-            grad_input = grad_output.matmul(weight)
-""")
+_FROZEN_DGRAD_PLAIN = _guarded_dgrad("frozen.dgrad", "        (weight,) = ctx.saved_tensors\n")
 # 0.19+: the dgrad splits on grad_output.dim() > 2 (a reshape work-around for torch's matmul).
 _FROZEN_DGRAD_BRANCHED = Edit("frozen.dgrad", "        if grad_output.dim() > 2:\n", f"""\
         if _tensor_saver.STATE.active:  {MARK}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import sys
 import threading
@@ -19,34 +18,11 @@ from typing import Callable
 import torch
 
 from . import budget
+from .ranks import RankInfo, parallel_ranks
 from .config import CaptureConfig
 
 log = logging.getLogger("tensor_capture")
 
-RankInfo = dict[str, "int | None"]
-
-
-def parallel_ranks() -> RankInfo:
-    """Global/TP/PP/DP ranks and world size, without importing Megatron if it is not loaded."""
-    out: RankInfo = {"rank": 0, "tp_rank": None, "pp_rank": None, "dp_rank": None,
-                     "world_size": 1}
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        out["rank"] = dist.get_rank()
-        out["world_size"] = dist.get_world_size()
-    else:
-        out["rank"] = int(os.environ.get("RANK", 0) or 0)
-        out["world_size"] = int(os.environ.get("WORLD_SIZE", 1) or 1)
-    ps = sys.modules.get("megatron.core.parallel_state")
-    if ps is not None:
-        try:
-            if ps.model_parallel_is_initialized():
-                out["tp_rank"] = ps.get_tensor_model_parallel_rank()
-                out["pp_rank"] = ps.get_pipeline_model_parallel_rank()
-                out["dp_rank"] = ps.get_data_parallel_rank()
-        except Exception:  # partially initialized state: leave them unknown
-            pass
-    return out
 
 
 class Warnings:

@@ -139,7 +139,6 @@ def plot_summary(res: Any, path: str | os.PathLike[str], tensor_name: str = "",
     """The summary figure: MSE, cosine similarity, PSNR and the composite score, with the
     recommended level and a text box of the recommendation."""
     data = _series(res)
-    xs = [lv.scale_exp for lv in res.levels]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     table = (("mse", "Mean squared error", "MSE (value²)", "tab:blue", "auto"),
              ("cosine_similarity", "Cosine similarity", "cosine similarity", "tab:green", "linear"),

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lowp_common import human_bytes
+
 from .errors import UserError, cli_entry
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -86,15 +88,6 @@ def summarize(directory: str | os.PathLike[str], only: set[Path] | None = None) 
     return s
 
 
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def format_summary(s: TensorSummary, directory: str | os.PathLike[str],
                    finished_iterations: int | None = None) -> str:
     """Readable summary; with ``finished_iterations`` (iterations training completed), captured
@@ -105,7 +98,7 @@ def format_summary(s: TensorSummary, directory: str | os.PathLike[str],
             lines.append(f"    {str(key):<16} {n:>6}  ({100.0 * n / max(1, s.files):5.1f}%)")
         return lines
 
-    out = [f"tensor summary for {directory}: {s.files} files, {_human_bytes(s.bytes)}"]
+    out = [f"tensor summary for {directory}: {s.files} files, {human_bytes(s.bytes)}"]
     if s.files:
         out += table("layer type", s.by_layer_type)
         out += table("operation", s.by_operation)
