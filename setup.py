@@ -35,7 +35,9 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
                  "safetensors>=0.4", "scipy>=1.10", "tensorboard>=2.10",
                  # the tests load our tokenizer as Megatron-LM does (AutoTokenizer); no torch pulled
-                 "transformers>=4.40"],
+                 "transformers>=4.40",
+                 # the Triton kernels are tested on the CPU in its interpreter (TRITON_INTERPRET=1)
+                 "triton>=3.2"],
         # GPU-only extras; nothing imports them unconditionally.
         "gpu": ["transformer-engine[pytorch]"],
         "tensorboard": ["tensorboard>=2.10"],

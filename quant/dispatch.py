@@ -14,11 +14,13 @@ from typing import Callable, Optional, Union
 import torch
 
 from . import accel
+from .backends import resolve_backend, triton_kernels
 from .elemwise import ElemParams, cast_elements
 from .formats import (RANDOM_ROUNDING_MODES, SCALING_IDENTITY, SCALING_MX, SCALING_NONE,
                       SCALING_NVFP4, SCALING_TENSOR, FormatSpec, check_rounding,
                       check_scale_mode, get_format)
-from .scaling import quantize_mx_blocks, quantize_nvfp4_blocks, quantize_tensor_scaled
+from .scaling import (nvfp4_scale_of_amax, quantize_mx_blocks,
+                      quantize_nvfp4_blocks, quantize_tensor_scaled, tensor_scale_of_amax)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -120,17 +122,78 @@ _DISPATCH: dict[str, Callable] = {
 }
 
 
+# ---- the same families on the Triton kernels (bit-identical; see quant/triton_kernels.py) ----
+# Inputs are made contiguous first. Random rounding draws the torch backend's noise, in its
+# layout, from the same generator, then hands it to the kernel in x's layout: the same generator
+# state gives the same result on both backends.
+
+def _block_noise(x, axis, block, generator, rounding):
+    """Noise drawn exactly as the torch backend draws it for blocks, laid out like x."""
+    if rounding not in RANDOM_ROUNDING_MODES:
+        return None
+    meta_blocks, restore = to_blocks(torch.empty(x.shape, device="meta"), axis, block)
+    return restore(_noise(meta_blocks.shape, x.device, generator, rounding)).contiguous()
+
+
+def _t_elements(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    noise = _noise(x.shape, x.device, generator, rounding)
+    return triton_kernels().cast_elements(x.contiguous(), p, rounding, saturate, noise)
+
+
+def _t_tensor(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    tk = triton_kernels()
+    x = x.contiguous()
+    scale = tensor_scale_of_amax(tk.finite_amax(x), p.max_normal)
+    noise = _noise(x.shape, x.device, generator, rounding)
+    return tk.cast_elements(x, p, rounding, saturate, noise, scale=scale)
+
+
+def _block_axis(x: torch.Tensor, axis: int) -> int:
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis {axis} out of range for a tensor of shape {tuple(x.shape)}")
+    return axis % x.dim()
+
+
+def _t_mx(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    x = x.contiguous()
+    axis = _block_axis(x, axis)
+    noise = _block_noise(x, axis, block, generator, rounding)
+    return triton_kernels().quantize_mx(x, axis, block, p, spec.emax, rounding, scale_mode,
+                                        saturate, noise)
+
+
+def _t_nvfp4(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    tk = triton_kernels()
+    x = x.contiguous()
+    axis = _block_axis(x, axis)
+    s_t = nvfp4_scale_of_amax(tk.finite_amax(x))
+    noise = _block_noise(x, axis, block, generator, rounding)
+    return tk.quantize_nvfp4(x, axis, block, p, rounding, saturate, s_t, noise)
+
+
+_TRITON_DISPATCH: dict[str, Callable] = {
+    SCALING_IDENTITY: _q_identity,
+    SCALING_NONE: _t_elements,
+    SCALING_TENSOR: _t_tensor,
+    SCALING_MX: _t_mx,
+    SCALING_NVFP4: _t_nvfp4,
+}
+_TABLES = {"torch": _DISPATCH, "triton": _TRITON_DISPATCH}
+
+
 def quantize_raw(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
                  block_size: Optional[int] = None, axis: int = -1,
                  rounding: Optional[str] = None, scale_mode: str = "floor",
                  saturate: bool = True,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 generator: Optional[torch.Generator] = None,
+                 backend: str = "auto") -> torch.Tensor:
     """``quantize`` without the analysis hook: the dequantized values (see quantize)."""
     _check_input(x)
     spec = get_format(fmt)
     rounding, block = resolve_options(spec, rounding, scale_mode, block_size, generator)
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise ValueError(f"axis must be an int, got {axis!r}")
+    table = _TABLES[resolve_backend(backend, x)]
     p = ElemParams.of(spec)
     with torch.no_grad():
         xd = x.detach()
@@ -138,12 +201,12 @@ def quantize_raw(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
             return xd.clone()
         # kernels take the input dtype and compute in float32 (the casts fuse when compiled)
         if spec.is_block and xd.dim() == 0:
-            y = _DISPATCH[spec.scaling](xd.reshape(1), spec, p, rounding, saturate, scale_mode,
-                                        block, 0, generator).reshape(())
+            y = table[spec.scaling](xd.reshape(1), spec, p, rounding, saturate, scale_mode,
+                                    block, 0, generator).reshape(())
         else:
             if not xd.is_contiguous() and not spec.is_block:
                 xd = xd.contiguous()
-            y = _DISPATCH[spec.scaling](xd, spec, p, rounding, saturate, scale_mode, block,
-                                        axis, generator)
+            y = table[spec.scaling](xd, spec, p, rounding, saturate, scale_mode, block, axis,
+                                    generator)
         y = y.contiguous()
     return y

@@ -24,7 +24,7 @@ def _analysis_requested(analyze: Optional[bool]) -> bool:
 def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
              axis: int = -1, rounding: Optional[str] = None, scale_mode: str = "floor",
              saturate: bool = True, generator: Optional[torch.Generator] = None,
-             analyze: Optional[bool] = None) -> torch.Tensor:
+             analyze: Optional[bool] = None, backend: str = "auto") -> torch.Tensor:
     """Fake-quantize ``x`` to format ``fmt``: returns the dequantized values, same shape and dtype.
 
     rounding: nearest_even | nearest_away | toward_zero | stochastic, plus hybrid for hifp8
@@ -33,10 +33,14 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
     saturate: clamp finite overflow (and +-Inf) to +-max_normal; False gives the format's overflow
     encoding (Inf, or NaN for E4M3). analyze: print the pre-quantization underflow warning
     (default: environment variable QUANT_ANALYZE=1); it never changes the result.
+    backend: auto | torch | triton (see quant.backends; auto = Triton for CUDA tensors when
+    Triton imports); every backend gives the same bits, random rounding included for the same
+    generator state.
     The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
     """
     y = quantize_raw(x, fmt, block_size=block_size, axis=axis, rounding=rounding,
-                     scale_mode=scale_mode, saturate=saturate, generator=generator)
+                     scale_mode=scale_mode, saturate=saturate, generator=generator,
+                     backend=backend)
     if y.numel() and _analysis_requested(analyze):
         report = analyze_quantization(x.detach(), fmt, block_size=block_size, axis=axis,
                                       rounding=rounding, scale_mode=scale_mode,

@@ -76,7 +76,11 @@ def finite_amax(x: torch.Tensor) -> torch.Tensor:
 
 def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
     """FP32 per-tensor scale amax / (6 * 448) over finite values; 1 for an all-zero tensor."""
-    amax = finite_amax(x)
+    return nvfp4_scale_of_amax(finite_amax(x))
+
+
+def nvfp4_scale_of_amax(amax: torch.Tensor) -> torch.Tensor:
+    """The NVFP4 per-tensor scale from the finite amax (shared by both backends)."""
     return torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
 
 
@@ -109,7 +113,11 @@ def quantize_nvfp4_blocks(xb: torch.Tensor, p: ElemParams, rounding: str, satura
 def tensor_scale(x: torch.Tensor, max_normal: float) -> torch.Tensor:
     """Per-tensor scale max_normal / amax (finite values); 1 when amax is 0 or the scale is not
     finite (Transformer Engine current scaling, margin 0)."""
-    amax = finite_amax(x)
+    return tensor_scale_of_amax(finite_amax(x), max_normal)
+
+
+def tensor_scale_of_amax(amax: torch.Tensor, max_normal: float) -> torch.Tensor:
+    """The per-tensor scale from the finite amax (shared by both backends)."""
     scale = max_normal / amax
     return torch.where((amax > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
 

@@ -9,6 +9,9 @@ import fnmatch
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Triton kernels run in Triton's CPU interpreter where there is no GPU; it must be chosen before
+# any kernel is defined (quant.triton_kernels reads it when imported).
+os.environ.setdefault("TRITON_INTERPRET", "0" if os.path.exists("/dev/nvidia0") else "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
