@@ -4,6 +4,10 @@
 clone() reads and writes the tensor once: the memory floor any out-of-place quantizer pays.
 A ratio of 0.5 means quantize runs at half of clone's throughput. Clone and quantize runs are
 interleaved and each ratio is median(clone) / median(quantize) over the same period.
+
+On CUDA each timed run is a CUDA-event-timed loop of --inner calls, and the table adds the
+achieved bandwidth (the input read once + the output written once, per second) as a fraction
+of the device's peak memory bandwidth (from NVML: memory clock x bus width x 2, or --peak-gbps).
 """
 from __future__ import annotations
 
@@ -28,8 +32,36 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def peak_bandwidth_gbps(device: str) -> float | None:
+    """The device's peak memory bandwidth in GB/s from NVML (None when NVML cannot tell)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        index = torch.device(device).index or 0
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        bus_bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+        return 2 * mhz * 1e6 * bus_bits / 8 / 1e9       # double data rate
+    except Exception:  # no NVML, no permission, old driver: the caller says "unknown"
+        return None
+
+
+def _cuda_timer(fn, inner: int):
+    """Seconds per call of fn, from CUDA events around ``inner`` back-to-back calls."""
+    def timed():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / inner
+    return timed
+
+
 def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: str,
-        device: str, dtype: torch.dtype = torch.float32) -> list[dict]:
+        device: str, dtype: torch.dtype = torch.float32, backend: str = "auto",
+        inner: int = 20) -> list[dict]:
     import os
     os.environ["QUANT_COMPILE"] = compile_mode
     import quant
@@ -38,9 +70,15 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
 
-    def clone():
+    def clone_once():
         x.clone()
+
+    def clone():
+        clone_once()
         sync()
+
+    if x.is_cuda:
+        clone = _cuda_timer(clone_once, inner)
 
     for _ in range(warmup):
         clone()
@@ -50,8 +88,11 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
     for name in formats:
         quant.get_format(name)  # clear error for a bad name before any timing
 
+        def q_once(name=name):
+            quant.quantize(x, name, backend=backend)
+
         def q(name=name):
-            quant.quantize(x, name)
+            q_once(name)
             sync()
 
         t_first = time.perf_counter()
@@ -62,14 +103,19 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
         # interleave clone and quantize so load changes on a shared machine hit both alike
         tc, tq = [], []
         for _ in range(repeats):
-            tc.append(_time(clone, 1))
-            tq.append(_time(q, 1))
+            if x.is_cuda:
+                tc.append(clone())
+                tq.append(_cuda_timer(q_once, inner)())
+            else:
+                tc.append(_time(clone, 1))
+                tq.append(_time(q, 1))
         t_c, t_q = statistics.median(tc), statistics.median(tq)
         clone_times += tc
         results.append({"format": name, "seconds": t_q, "first_call_s": first,
                         "gb_per_s": 2 * nbytes / t_q / 1e9, "clone_seconds": t_c,
                         "ratio_to_clone": t_c / t_q})
-    t_clone = statistics.median(clone_times) if clone_times else _time(clone, repeats)
+    t_clone = statistics.median(clone_times) if clone_times else (
+        clone() if x.is_cuda else _time(clone, repeats))
     for r in results:
         # The conservative ratio: against clone's median over the whole run, not only the
         # runs interleaved with this format (clone right after a quantize can be slower).
@@ -99,6 +145,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                     help="input dtype (default float32)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
+                    help="quantization kernels (default auto: Triton for CUDA tensors)")
+    ap.add_argument("--inner", type=int, default=20,
+                    help="CUDA: calls per event-timed run (default 20)")
+    ap.add_argument("--peak-gbps", type=float, default=None,
+                    help="CUDA: the device's peak memory bandwidth in GB/s (default: from NVML)")
     args = ap.parse_args(argv)
     if args.rows < 1 or args.cols < 1 or args.repeats < 1 or args.warmup < 0:
         ap.error("--rows/--cols/--repeats must be >= 1 and --warmup >= 0")
@@ -106,20 +158,29 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         results = run(args.formats, args.rows, args.cols, args.repeats, args.warmup,
-                      args.compile, args.device, DTYPES[args.dtype])
+                      args.compile, args.device, DTYPES[args.dtype], args.backend,
+                      max(args.inner, 1))
     except (ValueError, RuntimeError) as exc:
         print(f"bench_quant: {exc}", file=sys.stderr)
         return 2
+    cuda = torch.device(args.device).type == "cuda"
+    peak = (args.peak_gbps or peak_bandwidth_gbps(args.device)) if cuda else None
+    where = torch.cuda.get_device_name(args.device) if cuda else (
+        f"{torch.get_num_threads()} threads")
     print(f"quantize throughput on a {args.rows}x{args.cols} {args.dtype} tensor, device "
-          f"{args.device}, {torch.get_num_threads()} threads, compile={args.compile}, "
+          f"{args.device} ({where}), backend={args.backend}, compile={args.compile}, "
           f"median of {args.repeats}")
+    if cuda:
+        print(f"peak memory bandwidth: {f'{peak:.0f} GB/s' if peak else 'unknown (--peak-gbps)'}"
+              f"; GB/s = (bytes read + bytes written) / time")
     print("vs clone: clone ms (timed interleaved with that format) / quantize ms; "
           "vs clone (all): clone's median over the whole run / quantize ms")
-    print(f"{'format':<12} {'ms':>9} {'GB/s':>8} {'clone ms':>9} {'vs clone':>9} "
+    print(f"{'format':<12} {'ms':>9} {'GB/s':>8} {'of peak':>8} {'clone ms':>9} {'vs clone':>9} "
           f"{'vs clone (all)':>15} {'first call s':>13}")
     for r in results:
-        print(f"{r['format']:<12} {r['seconds'] * 1e3:9.2f} {r['gb_per_s']:8.2f} "
-              f"{r['clone_seconds'] * 1e3:9.2f} {r['ratio_to_clone']:9.3f} "
+        frac = f"{r['gb_per_s'] / peak:8.1%}" if peak else f"{'-':>8}"
+        print(f"{r['format']:<12} {r['seconds'] * 1e3:9.3f} {r['gb_per_s']:8.1f} {frac} "
+              f"{r['clone_seconds'] * 1e3:9.3f} {r['ratio_to_clone']:9.3f} "
               f"{r['ratio_to_clone_overall']:15.3f} {r['first_call_s']:13.2f}")
     return 0
 

@@ -144,7 +144,7 @@ def _cast(v, noise, GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.
 
 
 @triton.jit
-def _load_f32(ptr, offs, mask):
+def load_f32(ptr, offs, mask):
     """Load as float32. bfloat16 is widened in bit space (exact), because Triton's interpreter
     mishandles bfloat16 subnormals in its conversion."""
     raw = tl.load(ptr + offs, mask=mask, other=0.0)
@@ -179,7 +179,7 @@ def _elements_kernel(x_ptr, y_ptr, noise_ptr, scale_ptr, inv_ptr, n,
     """Element casts; with HAS_SCALE the per-tensor scaled cast cast(x * s) * (1 / s)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    v = _load_f32(x_ptr, offs, mask)
+    v = load_f32(x_ptr, offs, mask)
     if HAS_NOISE:
         noise = tl.load(noise_ptr + offs, mask=mask, other=1.0)
     else:
@@ -198,7 +198,7 @@ def _finite_amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     """Per-program max |x| over finite values (0 where none); the caller reduces the partials."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    a = tl.abs(_load_f32(x_ptr, offs, offs < n))
+    a = tl.abs(load_f32(x_ptr, offs, offs < n))
     a = tl.where(a < float("inf"), a, 0.0)
     tl.store(out_ptr + pid, tl.max(a, axis=0))
 
@@ -219,7 +219,7 @@ def _block_tile(x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE: tl.constexp
     pos = kb[:, None] * BLOCK + j[None, :]
     mask = (b < nblocks)[:, None] & (j < BLOCK)[None, :] & (pos < n)
     offs = (o * n)[:, None] * inner + pos * inner + i[:, None]
-    v = _load_f32(x_ptr, offs, mask)
+    v = load_f32(x_ptr, offs, mask)
     if HAS_NOISE:
         noise = tl.load(noise_ptr + offs, mask=mask, other=1.0)
     else:

@@ -68,15 +68,21 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool | None = None
-            ) -> torch.Tensor:
+def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool | None = None,
+            kernel: bool | None = None) -> torch.Tensor:
     """Packed statistics of ``x`` (any shape, any stride) as a float64 vector on x's device.
 
     Min/max/mean/std are over finite values; counts are exact. Decode with :func:`decode`.
     ``host_path`` (default: on for CPU tensors) takes the CPU fast path, which may branch on
     values (free on the host) and avoids the slow CPU kernels (bincount over wide ranges,
     bucketize, boolean masks); it falls back to the general path for non-finite input.
+    ``kernel`` (default: on for CUDA tensors when Triton imports) computes everything in one
+    fused Triton pass (``stats_kernel``); True forces it (CPU tensors: Triton's interpreter).
     """
+    if kernel is None:
+        kernel = x.is_cuda and _stats_kernel() is not None
+    if kernel and x.numel() and x.dtype != torch.float64:
+        return _compute_kernel(x, ranges)
     if host_path is None:
         host_path = x.device.type == "cpu"
     if host_path:
@@ -84,6 +90,36 @@ def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool |
         if vec is not None:
             return vec
     return _compute_device(x, ranges)
+
+
+_KERNEL: dict = {}
+
+
+def _stats_kernel():
+    """``tensor_capture.stats_kernel`` when Triton imports, else None (imported once)."""
+    if "module" not in _KERNEL:
+        try:
+            from . import stats_kernel as module
+        except ImportError:
+            module = None
+        _KERNEL["module"] = module
+    return _KERNEL["module"]
+
+
+def _compute_kernel(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor:
+    """The packed vector from the fused Triton pass (bounds as float32 values, as the torch
+    paths compare float32 / bf16 / fp16 input in float32)."""
+    kernel = _stats_kernel()
+    if kernel is None:
+        raise RuntimeError("capture statistics with kernel=True need the triton package "
+                           "(pip install triton)")
+    ct = torch.float32
+    bounds = [(r.overflow_bound(ct), r.underflow_bound(ct), r.flush_bound(ct)) for r in ranges]
+    scalars, counts, f32_hist, min_exp = kernel.compute_parts(x.detach().reshape(-1), bounds)
+    hist = torch.zeros(_HIST_BINS, dtype=torch.float64, device=x.device)
+    lo = min_exp - HIST_MIN_EXP
+    hist[lo: lo + f32_hist.numel()] = f32_hist
+    return torch.cat([scalars, counts, hist] if ranges else [scalars, hist])
 
 
 def _is_pow2(t: float) -> bool:
