@@ -10,29 +10,30 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:-gpu_check_logs}
 mkdir -p "$LOG"
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 step() { echo; echo "=== $1 ($(date +%T))"; }
 step "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory --format=csv
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 step "1. Triton tests on CUDA"
-python -m pytest -q -p no:cacheprovider -n 8 tests/test_quant_triton.py \
+"$PY" -m pytest -q -p no:cacheprovider -n 8 tests/test_quant_triton.py \
     tests/test_capture_stats_kernel.py 2>&1 | tail -15 | tee "$LOG/tests.txt"
 step "2. bench_quant 8192x8192 bf16"
 for b in triton torch; do
-  python bench/bench_quant.py --device cuda --dtype bfloat16 --rows 8192 --cols 8192 \
+  "$PY" bench/bench_quant.py --device cuda --dtype bfloat16 --rows 8192 --cols 8192 \
       --backend $b --repeats 5 2>&1 | tee "$LOG/bench_quant_$b.txt"
 done
 step "3. bench_stats"
-python bench/bench_stats.py --device cuda 2>&1 | tee "$LOG/bench_stats.txt"
+"$PY" bench/bench_stats.py --device cuda 2>&1 | tee "$LOG/bench_stats.txt"
 step "4. bench_emulation on CUDA"
-python bench/bench_emulation.py --device cuda --rounds 4 2>&1 | grep -v Warning \
+"$PY" bench/bench_emulation.py --device cuda --rounds 4 2>&1 | grep -v Warning \
     | grep -v warnings.warn | tee "$LOG/bench_emulation.txt"
 step "5. collector: captured + emulated tiny Llama on CUDA"
-python -m training_driver.collector --quant-type mxfp8 --tensor-dir /tmp/gpu_caps \
+"$PY" -m training_driver.collector --quant-type mxfp8 --tensor-dir /tmp/gpu_caps \
     --workdir /tmp/gpu_work --no-visualize 2>&1 | grep -v Warning | grep -v warnings.warn \
     | tail -40 | tee "$LOG/collector.txt"
-python - <<'PY' 2>&1 | tee -a "$LOG/collector.txt"
+"$PY" - <<'PY' 2>&1 | tee -a "$LOG/collector.txt"
 import glob, json, os
 files = sorted(glob.glob("/tmp/gpu_caps/**/*.pt", recursive=True))
 print(len(files), "tensor files,", sum(os.path.getsize(f) for f in files) // 1024, "KiB")
