@@ -5,9 +5,10 @@
 Why a second implementation: on CUDA the torch kernels are ~15 elementwise passes. These kernels
 must give the torch backend's results bit for bit, so every step mirrors it:
 
-- rounding works on integers: ``q = |x| * 2^(m - e)`` is exact (a power-of-two scaling), its
-  integer part comes from a float -> int conversion (truncation = floor for q >= 0, exact below
-  2^23; larger q, Inf and NaN are already integral and pass through);
+- rounding works on integers: ``q = |x| * 2^(m - e)`` is exact (a power-of-two scaling);
+  nearest rounding is ``(q + 2^23) - 2^23`` (the float adder's own ties-to-even), the other
+  modes take the integer part from a float -> int conversion (truncation = floor for q >= 0);
+  larger q, Inf and NaN are already integral and pass through;
 - divisions are IEEE round-to-nearest (``tl.div_rn``), never the approximate GPU division;
 - floating multiply-add contraction is off at launch, so no product is fused into an add;
 - NaN never enters a min/max: block amax is taken over finite values and a block holding
@@ -28,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .backends import triton_interpreting
 from .elemwise import ElemParams
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
 
@@ -45,6 +47,8 @@ _E4M3 = ElemParams(grid_emin=-6, grid_emax=9, mbits=3, tapered=False, max_normal
 ELEMENTS_PER_PROGRAM = 2048     # element and per-tensor kernels
 BLOCKS_PER_PROGRAM = 64         # block kernels: blocks per program (a tile of blocks x block)
 _LAUNCH = {"enable_fp_fusion": False}
+#: bfloat16 conversions in bit space under the interpreter only (compiled: one native cvt)
+INTERPRETED: tl.constexpr = tl.constexpr(triton_interpreting())
 E8M0_MIN: tl.constexpr = tl.constexpr(E8M0_MIN_EXP)
 E8M0_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_EXP)
 
@@ -97,21 +101,26 @@ def _round_magnitude(a, noise, GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr,
         q = a * _pow2(m - e)
     else:
         q = (a * ((128 - e) << 23).to(tl.float32, bitcast=True)) * (2.0 ** (MBITS - 1))
-    small = q < 8388608.0                      # below 2^23: q may have a fraction
-    qs = tl.where(small, q, 0.0)
-    fl = qs.to(tl.int32)                       # truncation = floor for q >= 0
-    frac = qs - fl.to(tl.float32)              # exact
-    if ROUNDING == 0:      # nearest, ties to even
-        up = (frac > 0.5) | ((frac == 0.5) & ((fl & 1) == 1))
-    elif ROUNDING == 1:    # nearest, ties away
-        up = frac >= 0.5
-    elif ROUNDING == 2:    # toward zero
-        up = frac < 0.0
-    elif ROUNDING == 3:    # stochastic
-        up = noise < frac
-    else:                  # hybrid (HiF8): ties away for |E| <= 3, stochastic above
-        up = tl.where(tl.abs(e) >= 4, noise < frac, frac >= 0.5)
-    r = tl.where(small, (fl + up.to(tl.int32)).to(tl.float32), q)
+    if ROUNDING <= 1:
+        # nearest: (q + 2^23) - 2^23 is q rounded to an integer, ties to even, for
+        # 0 <= q < 2^22 (two exact-by-construction float adds); larger q, Inf and NaN are
+        # integral already. Ties away: one step up where the even neighbour lies below a tie.
+        small = q < 4194304.0
+        r = tl.where(small, (q + 8388608.0) - 8388608.0, q)
+        if ROUNDING == 1:
+            r = tl.where((q - r) == 0.5, r + 1.0, r)
+    else:
+        small = q < 8388608.0                  # below 2^23: q may have a fraction
+        qs = tl.where(small, q, 0.0)
+        fl = qs.to(tl.int32)                   # truncation = floor for q >= 0
+        frac = qs - fl.to(tl.float32)          # exact
+        if ROUNDING == 2:      # toward zero
+            up = frac < 0.0
+        elif ROUNDING == 3:    # stochastic
+            up = noise < frac
+        else:                  # hybrid (HiF8): ties away for |E| <= 3, stochastic above
+            up = tl.where(tl.abs(e) >= 4, noise < frac, frac >= 0.5)
+        r = tl.where(small, (fl + up.to(tl.int32)).to(tl.float32), q)
     if single:
         return r * _pow2(e - m)
     return (r * (2.0 ** (-MBITS))) * _pow2(e)
@@ -145,10 +154,10 @@ def _cast(v, noise, GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.
 
 @triton.jit
 def load_f32(ptr, offs, mask):
-    """Load as float32. bfloat16 is widened in bit space (exact), because Triton's interpreter
-    mishandles bfloat16 subnormals in its conversion."""
+    """Load as float32. Under the interpreter bfloat16 is widened in bit space (exact), because
+    its conversion mishandles bfloat16 subnormals; compiled, the native widening is exact."""
     raw = tl.load(ptr + offs, mask=mask, other=0.0)
-    if ptr.dtype.element_ty == tl.bfloat16:
+    if INTERPRETED and ptr.dtype.element_ty == tl.bfloat16:
         bits = (raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16
         return bits.to(tl.float32, bitcast=True)
     return raw.to(tl.float32)
@@ -156,10 +165,10 @@ def load_f32(ptr, offs, mask):
 
 @triton.jit
 def _to_output(y, out_ptr):
-    """float32 y in the output's dtype, rounded to nearest even. bfloat16 is rounded here in bit
-    space and narrowed by a bit cast, because Triton's interpreter truncates float32 -> bfloat16
-    (and flushes its subnormals) while torch and the GPU round to nearest even."""
-    if out_ptr.dtype.element_ty == tl.bfloat16:
+    """float32 y in the output's dtype, rounded to nearest even (native conversion when
+    compiled). Under the interpreter bfloat16 is rounded in bit space and narrowed by a bit cast,
+    because the interpreter truncates float32 -> bfloat16 and flushes its subnormals."""
+    if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         bits = y.to(tl.int32, bitcast=True)
         rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
         rounded = tl.where(y != y, bits >> 16, rounded)     # NaN: keep it a NaN
@@ -205,20 +214,26 @@ def _finite_amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _block_tile(x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE: tl.constexpr,
-                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr):
+                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
+                ALIGNED: tl.constexpr):
     """Load a tile of ROWS blocks of the tensor viewed as [outer, n, inner], blocks of BLOCK
     along n (the quantization axis); consecutive blocks step along ``inner`` first, so loads
-    are coalesced whether or not the axis is the last one. Returns offsets, mask, values, noise
-    and per-block (finite amax, has NaN/Inf)."""
+    are coalesced whether or not the axis is the last one. ALIGNED (axis last, n a multiple of
+    BLOCK): block b is elements b*BLOCK .. b*BLOCK+BLOCK-1, one contiguous tile (vector loads).
+    Returns offsets, mask, values, noise and per-block (finite amax, has NaN/Inf)."""
     b = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    i = b % inner
-    t = b // inner
-    kb = t % nkb
-    o = t // nkb
     j = tl.arange(0, BLOCK_P2)
-    pos = kb[:, None] * BLOCK + j[None, :]
-    mask = (b < nblocks)[:, None] & (j < BLOCK)[None, :] & (pos < n)
-    offs = (o * n)[:, None] * inner + pos * inner + i[:, None]
+    if ALIGNED:
+        offs = b[:, None] * BLOCK + j[None, :]
+        mask = (b < nblocks)[:, None] & (j < BLOCK)[None, :]
+    else:
+        i = b % inner
+        t = b // inner
+        kb = t % nkb
+        o = t // nkb
+        pos = kb[:, None] * BLOCK + j[None, :]
+        mask = (b < nblocks)[:, None] & (j < BLOCK)[None, :] & (pos < n)
+        offs = (o * n)[:, None] * inner + pos * inner + i[:, None]
     v = load_f32(x_ptr, offs, mask)
     if HAS_NOISE:
         noise = tl.load(noise_ptr + offs, mask=mask, other=1.0)
@@ -237,10 +252,11 @@ def _mx_kernel(x_ptr, y_ptr, noise_ptr, nblocks, n, inner, nkb,
                GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.constexpr,
                TAPERED: tl.constexpr, ROUNDING: tl.constexpr, MAX_NORMAL: tl.constexpr,
                OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr):
+               BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
+               ALIGNED: tl.constexpr):
     """scaling.quantize_mx_blocks: E8M0 shared exponent per block, then the element cast."""
     offs, mask, v, noise, amax, nonfinite = _block_tile(
-        x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS)
+        x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
     if SCALE_MODE == 0:
         s = _exponent(amax) - EMAX_ELEM
     elif SCALE_MODE == 1:
@@ -263,10 +279,11 @@ def _nvfp4_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
                   GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.constexpr,
                   TAPERED: tl.constexpr, ROUNDING: tl.constexpr, MAX_NORMAL: tl.constexpr,
                   OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
-                  BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr):
+                  BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
+                  ALIGNED: tl.constexpr):
     """scaling.quantize_nvfp4_blocks: E4M3 block scale times the FP32 tensor scale s_t."""
     offs, mask, v, noise, amax, nonfinite = _block_tile(
-        x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS)
+        x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
     s_t = tl.load(st_ptr)
     raw = tl.div_rn(tl.div_rn(amax, 6.0), s_t)
     raw = tl.where(raw < 0.001953125, 0.001953125, tl.where(raw > 448.0, 448.0, raw))
@@ -333,8 +350,8 @@ def _block_launch(kernel, x, axis, block, noise, extra_ptrs, constants) -> torch
     rows = max(1, min(BLOCKS_PER_PROGRAM, 2048 // p2))
     kernel[(triton.cdiv(nblocks, rows),)](
         x, y, noise if noise is not None else x, *extra_ptrs, nblocks, n, inner, nkb,
-        HAS_NOISE=noise is not None, BLOCK=block, BLOCK_P2=p2, ROWS=rows, **constants,
-        **_LAUNCH)
+        HAS_NOISE=noise is not None, BLOCK=block, BLOCK_P2=p2, ROWS=rows,
+        ALIGNED=inner == 1 and n % block == 0, **constants, **_LAUNCH)
     return y
 
 
