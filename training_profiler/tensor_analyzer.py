@@ -68,10 +68,7 @@ def format_risks(x: torch.Tensor, formats: Sequence[str] = DEFAULT_FORMATS) -> d
     for name in formats:
         a = quant.analyze_quantization(x.float(), name)
         out[name] = {"overflow_ratio": float(a.overflow_ratio), "underflow_ratio": float(a.underflow_ratio),
-                     "flush_to_zero_ratio": float(a.flush_to_zero_ratio),
-                     "overflow_severity": a.overflow_severity,
-                     "underflow_severity": a.underflow_severity,
-                     "flush_to_zero_severity": a.flush_to_zero_severity}
+                     "flush_to_zero_ratio": float(a.flush_to_zero_ratio)}
     return out
 
 
