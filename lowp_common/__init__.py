@@ -18,10 +18,11 @@ from lowp_common.cli import (
     human_bytes,
     json_dumps,
     json_safe,
+    staged_dir,
 )
 
 __all__ = [
     "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "UsageError", "UserError", "atomic_path",
     "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "cli_entry", "fail",
-    "human_bytes", "json_dumps", "json_safe",
+    "human_bytes", "json_dumps", "json_safe", "staged_dir",
 ]

@@ -131,6 +131,35 @@ def atomic_write_json(path: PathLike, obj: Any, *, indent: int | None = 2,
     return atomic_write_text(path, text, make_parents=make_parents)
 
 
+@contextlib.contextmanager
+def staged_dir(final: PathLike) -> Iterator[Path]:
+    """Yield an empty hidden directory inside ``final`` for a run's outputs; on success move
+    every file in it into ``final`` (``os.replace`` each: readers see an old file or the new
+    one), on an exception remove it, and ``final`` and its parents too when this call created
+    them and they are empty: a failed run leaves nothing behind, a successful one replaces
+    only the files it wrote."""
+    import shutil
+    import tempfile
+
+    final = Path(final)
+    created = [d for d in (final, *final.parents) if not d.exists()]
+    final.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".partial-", dir=final))
+    try:
+        yield stage
+        for src in sorted(p for p in stage.rglob("*") if p.is_file()):
+            dst = final / src.relative_to(stage)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+        shutil.rmtree(stage, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for d in sorted(created, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()            # only when empty
+        raise
+
+
 # --------------------------------------------------------------------------------------
 # JSON-safe numbers
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from . import sweep_verdicts
 from .analysis import severity as _severity
 from .formats import element_formats, get_format
 from .metrics import from_sums
@@ -291,6 +292,8 @@ class LevelPlan:
     min_exp: float
     alignment: Alignment
     notes: list[str] = field(default_factory=list)
+    #: why fewer than sweep_verdicts.MIN_CURVE_LEVELS levels were swept ("" when not)
+    sparse_reason: str = ""
 
 
 def plan_levels(values: torch.Tensor, grid: ElementGrid, *, num_levels: int = 21,
@@ -302,7 +305,11 @@ def plan_levels(values: torch.Tensor, grid: ElementGrid, *, num_levels: int = 21
     max 0 and min = -(the format's normal span in binades), said in ``notes``. When both
     bounds are automatic and the tensor's range is narrower than the format's (min
     alignment above max alignment), the two are swapped: every level between is then free
-    of both overflow and underflow. Levels beyond the E{scale_bits}M0 range are clipped.
+    of both overflow and underflow. When both bounds are automatic and the alignments meet
+    (one exponent: the tensor's range is exactly as wide as the format's), the range is
+    widened to that exponent +- ceil(span / 2), span = ceil(log2(max_normal / min_normal)),
+    the width the all-zero default also uses, so a sweep never collapses to one point unasked
+    (a recommendation compares levels). Levels beyond the E{scale_bits}M0 range are clipped.
     """
     if num_levels < 1:
         raise SweepInputError(f"--num-levels {num_levels}: must be at least 1 (default 21)")
@@ -323,6 +330,13 @@ def plan_levels(values: torch.Tensor, grid: ElementGrid, *, num_levels: int = 21
         notes.append(f"min alignment {auto_min} is above max alignment {auto_max} (the tensor's "
                      "range fits inside the format's normal range); sweeping between them")
         auto_max, auto_min = auto_min, auto_max
+    if max_scale_exp is None and min_scale_exp is None and auto_min == auto_max and num_levels > 1:
+        half = max(1, math.ceil(span / 2))
+        notes.append(f"max and min alignment are both {auto_max} (the tensor's range is as wide "
+                     "as the format's normal range): one exponent cannot be compared with "
+                     f"anything, so the sweep is widened by ceil({span} binades / 2) = {half} on "
+                     f"each side to [{auto_max - half}, {auto_max + half}]")
+        auto_max, auto_min = auto_max + half, auto_min - half
     max_exp = float(auto_max if max_scale_exp is None else max_scale_exp)
     min_exp = float(auto_min if min_scale_exp is None else min_scale_exp)
     if min_exp > max_exp:
@@ -341,7 +355,20 @@ def plan_levels(values: torch.Tensor, grid: ElementGrid, *, num_levels: int = 21
         levels = sorted(set(levels))
     else:
         levels = torch.linspace(min_exp, max_exp, num_levels, dtype=torch.float64).tolist()
-    return LevelPlan(levels, max_exp, min_exp, al, notes)
+    sparse = ""
+    if len(levels) < sweep_verdicts.MIN_CURVE_LEVELS:
+        given = [f for f, v in (("--min-scale-exp", min_scale_exp),
+                                ("--max-scale-exp", max_scale_exp)) if v is not None]
+        if num_levels < sweep_verdicts.MIN_CURVE_LEVELS:
+            sparse = f"--num-levels {num_levels} asked for"
+        elif any("clipped" in n for n in notes):
+            sparse = f"both ends were clipped to the {scale_bits}-bit scale limit {max_exp:g}"
+        else:
+            sparse = ("--min-scale-exp and --max-scale-exp are both " if len(given) == 2 else
+                      f"{given[0]} equals the automatic other end, " if given else
+                      "the range is the single exponent ") + f"{max_exp:g}"
+        notes.append(f"{len(levels)} level(s) swept: {sparse}")
+    return LevelPlan(levels, max_exp, min_exp, al, notes, sparse)
 
 
 def scale_factors(levels: Sequence[float]) -> torch.Tensor:
@@ -581,27 +608,11 @@ def _best_index(vals: Sequence[float], lower: bool) -> int | None:
     return max(idx, key=lambda i: (sign * vals[i], i))
 
 
-#: stability rules: (metric, statistic, [(threshold, message)...], fallback message)
-STABILITY_RULES = (
-    ("mse", "ratio", ((2.0, "⚠️  MSE varies significantly with scaling - choose the recommended "
-                            "factor carefully"),),
-     "✅ MSE is stable across scaling factors (max/min below 2x)"),
-    ("cosine_similarity", "delta", ((0.05, "⚠️  Cosine similarity varies significantly - scaling strongly "
-                                "affects direction preservation"),
-                         (0.01, "ℹ️  Cosine similarity is moderately sensitive to scaling")),
-     "✅ Cosine similarity is very stable - scaling factor has minimal impact on direction "
-     "preservation"),
-    ("psnr", "delta", ((20.0, "⚠️  Large PSNR range - scaling factor strongly affects quality"),
-                       (10.0, "ℹ️  Moderate PSNR range - scaling factor noticeably affects "
-                              "quality")),
-     "✅ Small PSNR range - scaling factor has limited impact on quality"),
-)
-
-
 def stability_analysis(metrics: dict[str, Sequence[float]]) -> dict[str, Any]:
-    """Ranges, deltas and standard deviations (population) of the key metrics, with the
-    rule-table messages. Non-finite values are left out of the statistics."""
-    out: dict[str, Any] = {"messages": []}
+    """Ranges, deltas, max/min ratios and standard deviations (population) of the key metrics
+    over the levels, with ``n`` the number of finite values (non-finite ones are left out;
+    None when there is none). The words about them come from ``sweep_verdicts.RULES``."""
+    out: dict[str, Any] = {}
     for name in ("mse", "cosine_similarity", "psnr", "mae", "relative_error"):
         vals = [float(v) for v in metrics[name] if math.isfinite(float(v))]
         if not vals:
@@ -611,25 +622,9 @@ def stability_analysis(metrics: dict[str, Sequence[float]]) -> dict[str, Any]:
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
         lo, hi = min(vals), max(vals)
         ratio = hi / lo if lo > 0 else (math.inf if hi > 0 else 1.0)
-        out[name] = {"min": lo, "max": hi, "delta": hi - lo, "std": std, "ratio": ratio}
-    for name, stat, rules, fallback in STABILITY_RULES:
-        st = out.get(name)
-        if st is None:
-            out["messages"].append(f"ℹ️  {name}: no finite values to judge stability")
-            continue
-        msg = next((m for thr, m in rules if st[stat] > thr), fallback)
-        out["messages"].append(msg)
+        out[name] = {"min": lo, "max": hi, "delta": hi - lo, "std": std, "ratio": ratio,
+                     "n": len(vals)}
     return out
-
-
-#: where the recommended level sits between min (0) and max (1) alignment
-POSITION_RULES = (
-    (0.8, "📍 Close to max alignment: large values are protected from overflow; the smallest "
-          "values may underflow"),
-    (0.2, "📍 This is a balanced middle ground between overflow and underflow"),
-    (-math.inf, "📍 Close to min alignment: small values are preserved; the largest values may "
-                "saturate (overflow)"),
-)
 
 
 def overflow_summary(levels: Sequence[LevelResult]) -> dict[str, Any]:
@@ -662,22 +657,29 @@ class Recommendation:
     scale_exp: float
     scale_factor: float
     composite_score: float
-    position: float            # 0 = min alignment end of the sweep, 1 = max alignment end
-    position_message: str
-    best_by_metric: dict[str, int]
+    position: float            # 0 = smallest exponent of the sweep, 1 = largest
+
+
+def best_by_metric(levels: Sequence[LevelResult]) -> dict[str, int]:
+    """Index of the best level per metric (NaN never wins; ties: the larger exponent)."""
+    best = {k: _best_index([lv.metrics[k] for lv in levels], k in LOWER_IS_BETTER)
+            for k in METRIC_NAMES}
+    return {k: v for k, v in best.items() if v is not None}
+
+
+def composite_best(levels: Sequence[LevelResult], scores: Sequence[float]) -> int:
+    """Index of the composite-best level (ties: the larger exponent, the overflow-safe side)."""
+    return max(range(len(levels)), key=lambda i: (round(scores[i], 12), levels[i].scale_exp))
 
 
 def recommend(levels: Sequence[LevelResult], scores: Sequence[float],
               min_exp: float, max_exp: float) -> Recommendation:
-    """The composite-best level (ties: the larger exponent, i.e. the overflow-safe side)."""
-    metrics = {k: [lv.metrics[k] for lv in levels] for k in METRIC_NAMES}
-    best = {k: _best_index(metrics[k], k in LOWER_IS_BETTER) for k in METRIC_NAMES}
-    idx = max(range(len(levels)), key=lambda i: (round(scores[i], 12), levels[i].scale_exp))
+    """The composite-best level as a Recommendation (whether to make one at all is
+    ``sweep_verdicts``' call: see ``run_sweep``)."""
+    idx = composite_best(levels, scores)
     lv = levels[idx]
     pos = 0.5 if max_exp == min_exp else (lv.scale_exp - min_exp) / (max_exp - min_exp)
-    msg = next(m for thr, m in POSITION_RULES if pos > thr or thr == -math.inf)
-    return Recommendation(idx, lv.scale_exp, lv.scale_factor, scores[idx], pos, msg,
-                          {k: v for k, v in best.items() if v is not None})
+    return Recommendation(idx, lv.scale_exp, lv.scale_factor, scores[idx], pos)
 
 
 # --------------------------------------------------------------------------------------
@@ -696,8 +698,16 @@ class SweepResult:
     scores: list[float]
     stability: dict[str, Any]
     overflow: dict[str, Any]
-    recommendation: Recommendation
+    recommendation: Recommendation | None      # None: the verdicts say why not
     scale_bits: int
+    best_by_metric: dict[str, int] = field(default_factory=dict)
+    #: topic -> [sweep_verdicts.Verdict] (stability, recommendation, position, range, advice,
+    #: plot_note)
+    verdicts: dict[str, list] = field(default_factory=dict)
+
+    def says(self, topic: str) -> list[str]:
+        """The phrases of one verdict topic (empty when none applies)."""
+        return [v.text for v in self.verdicts.get(topic, []) if v.text]
 
     def metric(self, name: str) -> list[float]:
         return [lv.metrics[name] for lv in self.levels]
@@ -721,11 +731,16 @@ class SweepResult:
             "levels": [dict(lv.to_dict(), composite_score=s)
                        for lv, s in zip(self.levels, self.scores)],
             "best_by_metric": {k: self.levels[i].scale_exp
-                               for k, i in rec.best_by_metric.items()},
-            "recommendation": {"scale_exp": rec.scale_exp, "scale_factor": rec.scale_factor,
-                               "composite_score": rec.composite_score,
-                               "position": rec.position, "note": rec.position_message},
+                               for k, i in self.best_by_metric.items()},
+            "recommendation": None if rec is None else {
+                "scale_exp": rec.scale_exp, "scale_factor": rec.scale_factor,
+                "composite_score": rec.composite_score, "position": rec.position,
+                "note": " ".join(self.says("position"))},
+            "no_recommendation": None if rec is not None else " ".join(
+                self.says("recommendation")),
             "stability": {k: v for k, v in self.stability.items()},
+            "verdicts": {t: [{"rule": v.rule, "text": v.text} for v in vs]
+                         for t, vs in self.verdicts.items()},
             "overflow_summary": {
                 "significant_levels": [lv.scale_exp for lv in ov["significant"]],
                 "clean_levels": [lv.scale_exp for lv in ov["clean_levels"]],
@@ -802,6 +817,10 @@ def _run_sweep(tensor, grid, elem_format, num_levels, max_scale_exp, min_scale_e
             "finite": prep.finite_count, "nan": prep.nan_count, "inf": prep.inf_count,
             "zeros": st.zeros, "min": st.xmin, "max": st.xmax, "amax": st.amax,
             "min_nonzero_abs": plan.alignment.amin_nonzero}
-    rec = recommend(levels, scores, plan.min_exp, plan.max_exp)
-    return SweepResult(elem_format, grid, info, plan, levels, scores,
-                       stability_analysis(mets), overflow_summary(levels), rec, scale_bits)
+    stability = stability_analysis(mets)
+    chosen, verdicts = sweep_verdicts.decide(levels, scores, stability, st.zeros == st.n,
+                                             plan.sparse_reason, composite_best(levels, scores))
+    rec = None if chosen is None else recommend(levels, scores, plan.min_exp, plan.max_exp)
+    return SweepResult(elem_format, grid, info, plan, levels, scores, stability,
+                       overflow_summary(levels), rec, scale_bits,
+                       best_by_metric(levels) if rec is not None else {}, verdicts)

@@ -236,28 +236,50 @@ def _close_logger(logger: logging.Logger) -> None:
         h.close()
 
 
+class _Discard(Exception):
+    """The sweep of one file failed (already logged): drop its staged outputs."""
+
+
 def process_tensor(idx: int, path: str, name: str, args: argparse.Namespace, stream) -> Outcome:
     """Sweep one file: log (console + file), results text, figures. Never raises for bad
-    input: the outcome carries the one-line error."""
-    from quant import scaling_sweep as ss
-    from quant_tools import scaling_report as report
+    input: the outcome carries the one-line error.
+
+    Everything is written into a hidden staging folder (``lowp_common.staged_dir``) and moved
+    into the output directory only when the whole sweep succeeded; a failed run leaves no
+    folder, log or partial file behind (its reason is on the console and in the summary)."""
+    from lowp_common import staged_dir
 
     out_dir = output_dir_for(name, args.output_dir, len(args.input_tensor) > 1)
     outcome = Outcome(path, name, out_dir)
-    fmt = args.elem_format
     try:
         check_readable(path)
     except InputError as exc:  # nothing to log about a file that is not there
         outcome.error = str(exc)
         return outcome
+    start = time.perf_counter()
     try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as exc:
-        outcome.error = f"{out_dir}: cannot create the output directory ({_reason(exc)})"
-        return outcome
-    log_path = os.path.join(out_dir, f"mxfp_scaling_test_{name}_{fmt}.log")
-    logger = _make_logger(idx, log_path, stream)
-    outcome.files["log"] = log_path
+        with staged_dir(out_dir) as stage:
+            _sweep_into(stage, idx, path, name, args, stream, outcome)
+    except _Discard:
+        pass
+    except OSError as exc:   # the output directory itself: cannot create or fill it
+        outcome.ok, outcome.files = False, {}
+        outcome.error = f"{out_dir}: cannot write the output directory ({_reason(exc)})"
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+
+
+def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Namespace, stream,
+                outcome: Outcome) -> None:
+    """The sweep of one file, its files written into ``stage`` (named by their final paths in
+    the log and the outcome); raises _Discard after logging a failure."""
+    from quant import scaling_sweep as ss
+    from quant_tools import scaling_report as report
+
+    out_dir, fmt = outcome.output_dir, args.elem_format
+    final = lambda fname: os.path.join(out_dir, fname)  # noqa: E731
+    log_name = f"mxfp_scaling_test_{name}_{fmt}.log"
+    logger = _make_logger(idx, str(stage / log_name), stream)
     start = time.perf_counter()
     try:
         logger.info(RULE)
@@ -289,44 +311,46 @@ def process_tensor(idx: int, path: str, name: str, args: argparse.Namespace, str
             logger.info(report.format_level_line(i, lv, len(res.levels)))
         for line in report.format_analysis(res) + report.format_overflow_summary(res):
             logger.info(line)
-        results_path = os.path.join(out_dir, f"mxfp_scaling_results_{fmt}.txt")
-        atomic_write_text(results_path, report.results_text(res, path))
-        outcome.files["results"] = results_path
-        logger.info(f"Results saved to: {results_path}")
+        results_name = f"mxfp_scaling_results_{fmt}.txt"
+        atomic_write_text(stage / results_name, report.results_text(res, path))
+        files = {"log": final(log_name), "results": final(results_name)}
+        logger.info(f"Results saved to: {files['results']}")
         if not args.no_plots:
             from tensor_viz.scaling_plots import plot_summary, plot_sweep
 
-            plot_path = os.path.join(out_dir, f"mxfp_scaling_test_{fmt}.png")
-            summary_path = os.path.join(out_dir, f"mxfp_scaling_summary_{fmt}.png")
-            plot_sweep(res, plot_path, name)
-            logger.info(f"Plot saved to: {plot_path}")
-            plot_summary(res, summary_path, name)
-            logger.info(f"Summary plot saved to: {summary_path}")
-            outcome.files.update(plot=plot_path, summary=summary_path)
+            plot_name, summary_name = f"mxfp_scaling_test_{fmt}.png", f"mxfp_scaling_summary_{fmt}.png"
+            plot_sweep(res, stage / plot_name, name)
+            logger.info(f"Plot saved to: {final(plot_name)}")
+            plot_summary(res, stage / summary_name, name)
+            logger.info(f"Summary plot saved to: {final(summary_name)}")
+            files.update(plot=final(plot_name), summary=final(summary_name))
         rec = res.recommendation
-        logger.info(f"Best result: scale exponent {rec.scale_exp:.2f} (factor "
-                    f"{report.fmt_factor(rec.scale_factor)}), composite score "
-                    f"{rec.composite_score:.4f}")
-        outcome.seconds = time.perf_counter() - start
-        logger.info(f"Log saved to: {log_path}")
+        if rec is None:
+            for line in res.says("recommendation"):
+                logger.info(line)
+        else:
+            logger.info(f"Best result: scale exponent {rec.scale_exp:.2f} (factor "
+                        f"{report.fmt_factor(rec.scale_factor)}), composite score "
+                        f"{rec.composite_score:.4f}")
+        logger.info(f"Log saved to: {files['log']}")
         logger.info(f"Test completed at {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                    f"in {outcome.seconds:.2f} s")
-        outcome.ok, outcome.result = True, res
+                    f"in {time.perf_counter() - start:.2f} s")
+        outcome.ok, outcome.result, outcome.files = True, res, files
     except (InputError, ss.SweepInputError) as exc:
         outcome.error = str(exc)
         logger.error(f"❌ {exc}")
+        raise _Discard from None
     except (OSError, MemoryError) as exc:
         outcome.error = f"{path}: {type(exc).__name__}: {_reason(exc)}"
         logger.error(f"❌ {outcome.error}")
+        raise _Discard from None
     except Exception as exc:  # a bug, not a user mistake: keep going with the other files
         outcome.error = (f"{path}: internal error {type(exc).__name__}: {_reason(exc)} "
-                         f"(traceback in {log_path}; please report it)")
-        logger.error(f"❌ {outcome.error}")
-        logger.debug(traceback.format_exc())
+                         "(traceback above; please report it)")
+        logger.error(f"❌ {outcome.error}\n{traceback.format_exc()}")
+        raise _Discard from None
     finally:
-        outcome.seconds = time.perf_counter() - start
         _close_logger(logger)
-    return outcome
 
 
 def _progress_bar(tensor: Any, name: str):

@@ -1,8 +1,9 @@
 """Text reports of an MXFP scale sweep: the console / log lines and the results file.
 
-The sweep's numbers and its analyses (stability messages, overflow summary, recommendation)
-come from ``quant.scaling_sweep``; this module only lays them out as text (the log and the
-``mxfp_scaling_results_<format>.txt`` file say the same).
+The sweep's numbers and its analyses come from ``quant.scaling_sweep``, every verdict phrase
+(stability, recommendation, its position, the range, the advice) from the rule table of
+``quant.sweep_verdicts`` through ``SweepResult.says``; this module only lays them out as text
+(the log and the ``mxfp_scaling_results_<format>.txt`` file say the same).
 """
 from __future__ import annotations
 
@@ -70,33 +71,42 @@ OPTIMA_LINES = (("mse", "🏆 Best MSE"), ("cosine_similarity", "🎯 Best Cosin
 
 
 def format_analysis(res: SweepResult) -> list[str]:
-    """SCALING FACTOR ANALYSIS & RECOMMENDATIONS (the seed's sections, in its order)."""
+    """SCALING FACTOR ANALYSIS & RECOMMENDATIONS (the seed's sections, in its order). Without a
+    recommendation (one level, all zeros, every level alike) the sections that would compare
+    levels say why instead."""
     rec, lv_all, st = res.recommendation, res.levels, res.stability
     p = res.plan
     out = [RULE, "SCALING FACTOR ANALYSIS & RECOMMENDATIONS", RULE,
            f"Format: {res.format_name} ({res.grid.layout})",
-           f"Tested {len(lv_all)} scaling levels from {p.min_exp:.2f} to {p.max_exp:.2f}",
+           (f"Tested {len(lv_all)} scaling levels from {p.min_exp:.2f} to {p.max_exp:.2f}"
+            if len(lv_all) > 1 else f"Tested 1 scaling level at {p.max_exp:.2f}"),
            SUBRULE, "INDIVIDUAL METRIC OPTIMA:", SHORT]
-    for key, label in OPTIMA_LINES:
-        i = rec.best_by_metric.get(key)
+    no_rec = res.says("recommendation") if rec is None else []
+    if rec is None:
+        out += no_rec
+    for key, label in OPTIMA_LINES if rec is not None else ():
+        i = res.best_by_metric.get(key)
         if i is None:
             out.append(f"{label}: undefined at every level")
             continue
         lv = lv_all[i]
         out += [f"{label}: Scale Exp = {lv.scale_exp:.2f}, Factor = {fmt_factor(lv.scale_factor)}",
                 f"    {_metric_trio(lv)}"]
-    lv = lv_all[rec.index]
-    m = lv.metrics
-    out += [SUBRULE, "COMPOSITE RECOMMENDATION:", SHORT,
-            f"⭐ RECOMMENDED Scaling Factor: {fmt_factor(lv.scale_factor)}",
-            f"   Scale Exponent: {lv.scale_exp:.2f}",
-            f"   Composite Score: {rec.composite_score:.4f} (MSE 30%, cosine 30%, PSNR 20%, "
-            "MAE 10%, relative error 10%; each min-max normalized over the levels)",
-            "   Balanced Performance:",
-            f"     - MSE: {m['mse']:.6e}", f"     - Cosine Similarity: {m['cosine_similarity']:.6f}",
-            f"     - PSNR: {m['psnr']:.2f} dB", f"     - MAE: {m['mae']:.6e}",
-            f"     - Relative Error: {m['relative_error'] * 100:.2f}%",
-            SUBRULE, "PERFORMANCE ANALYSIS:", SHORT]
+    out += [SUBRULE, "COMPOSITE RECOMMENDATION:", SHORT]
+    if rec is None:
+        out += no_rec
+    else:
+        lv = lv_all[rec.index]
+        m = lv.metrics
+        out += [f"⭐ RECOMMENDED Scaling Factor: {fmt_factor(lv.scale_factor)}",
+                f"   Scale Exponent: {lv.scale_exp:.2f}",
+                f"   Composite Score: {rec.composite_score:.4f} (MSE 30%, cosine 30%, PSNR 20%, "
+                "MAE 10%, relative error 10%; each min-max normalized over the levels)",
+                "   Balanced Performance:",
+                f"     - MSE: {m['mse']:.6e}", f"     - Cosine Similarity: {m['cosine_similarity']:.6f}",
+                f"     - PSNR: {m['psnr']:.2f} dB", f"     - MAE: {m['mae']:.6e}",
+                f"     - Relative Error: {m['relative_error'] * 100:.2f}%"]
+    out += [SUBRULE, "PERFORMANCE ANALYSIS:", SHORT]
     for key, label, fmt, unit in (("mse", "MSE", ".6e", ""), ("cosine_similarity", "Cosine", ".6f", ""),
                                   ("psnr", "PSNR", ".2f", " dB")):
         s = st.get(key)
@@ -109,19 +119,24 @@ def format_analysis(res: SweepResult) -> list[str]:
         s = st.get(key)
         if s is not None:
             out.append(f"{label} Stability (std): {s['std']:{fmt}}")
-    out += [SUBRULE, "RECOMMENDATIONS:", SHORT] + list(st["messages"])
-    out += [SUBRULE, "FINAL RECOMMENDATION:", SHORT,
-            f"🎯 Use scaling factor: {fmt_factor(lv.scale_factor)}",
-            f"   This provides the best balance of accuracy and stability for "
-            f"{res.format_name} quantization",
-            f"   Scale exponent: {lv.scale_exp:.2f}"
-            + ("" if lv.mx_scale else " (not an integer: no E8M0 scale encodes it; nearest "
-               f"MX scales are 2^{math.floor(lv.scale_exp)} and 2^{math.ceil(lv.scale_exp)})"),
-            f"   {rec.position_message}"]
-    if lv.overflow_severity != SEVERITY_NONE or lv.underflow_severity != SEVERITY_NONE:
-        out.append(f"   ⚠️  At this level: overflow {lv.overflow_ratio * 100:.2f}% "
-                   f"({lv.overflow_severity}), underflow {lv.underflow_ratio * 100:.2f}% "
-                   f"({lv.underflow_severity})")
+    out += [SUBRULE, "RECOMMENDATIONS:", SHORT]
+    out += res.says("mse") + res.says("cosine") + res.says("psnr")
+    out += [SUBRULE, "FINAL RECOMMENDATION:", SHORT]
+    if rec is None:
+        out += no_rec
+    else:
+        lv = lv_all[rec.index]
+        out += [f"🎯 Use scaling factor: {fmt_factor(lv.scale_factor)}",
+                f"   The best composite score of the {len(lv_all)} levels for "
+                f"{res.format_name} quantization",
+                f"   Scale exponent: {lv.scale_exp:.2f}"
+                + ("" if lv.mx_scale else " (not an integer: no E8M0 scale encodes it; nearest "
+                   f"MX scales are 2^{math.floor(lv.scale_exp)} and 2^{math.ceil(lv.scale_exp)})")]
+        out += [f"   {t}" for t in res.says("position")]
+        if lv.overflow_severity != SEVERITY_NONE or lv.underflow_severity != SEVERITY_NONE:
+            out.append(f"   ⚠️  At this level: overflow {lv.overflow_ratio * 100:.2f}% "
+                       f"({lv.overflow_severity}), underflow {lv.underflow_ratio * 100:.2f}% "
+                       f"({lv.underflow_severity})")
     out.append(RULE)
     return out
 
@@ -156,7 +171,9 @@ def format_overflow_summary(res: SweepResult) -> list[str]:
         out.append("")
     wo, bo = ov["worst_overflow"], ov["best_overflow"]
     out += ["OVERFLOW EXTREMES:", SHORT]
-    if wo is None or wo.overflow_count == 0:
+    if res.says("extremes"):
+        out += res.says("extremes")
+    elif wo is None or wo.overflow_count == 0:
         out.append("No overflow at any level")
     else:
         out += [f"Worst Overflow: Scale Exp {wo.scale_exp:.2f}",
@@ -165,7 +182,9 @@ def format_overflow_summary(res: SweepResult) -> list[str]:
                 f"  {bo.overflow_ratio * 100:.2f}% overflow"]
     wu, bu = ov["worst_underflow"], ov["best_underflow"]
     out += ["", "UNDERFLOW EXTREMES:", SHORT]
-    if wu is None or wu.underflow_count == 0:
+    if res.says("extremes"):
+        out += res.says("extremes")
+    elif wu is None or wu.underflow_count == 0:
         out.append("No underflow at any level")
     else:
         out += [f"Worst Underflow: Scale Exp {wu.scale_exp:.2f}",
@@ -175,28 +194,7 @@ def format_overflow_summary(res: SweepResult) -> list[str]:
                 f"  {bu.underflow_ratio * 100:.2f}% underflow, "
                 f"{bu.flush_to_zero_ratio * 100:.2f}% flushed to zero"]
     out += [SUBRULE, "OVERFLOW/UNDERFLOW RECOMMENDATIONS:", SHORT]
-    if ov["any_high"]:
-        out += ["⚠️  AVOID scaling factors with HIGH overflow/underflow severity",
-                "   These factors cause significant precision loss"]
-    if ov["overflow_levels"]:
-        out += ["🔴 OVERFLOW WARNING:", "   Avoid scaling factors that cause overflow",
-                "   These values will be saturated to max representable value"]
-    if ov["underflow_levels"]:
-        out += ["🟡 UNDERFLOW CONSIDERATIONS:",
-                "   Moderate underflow may be acceptable depending on use case",
-                "   Balance between underflow and overflow risks"]
-    clean = ov["clean_levels"]
-    if not clean:
-        lp = ov["least_problematic"]
-        out += ["⚠️  All scaling levels have some overflow/underflow - choose least problematic",
-                f"💡 Least problematic scaling: {lp.scale_exp:.2f}",
-                f"   Overflow: {lp.overflow_ratio * 100:.2f}%, "
-                f"Underflow: {lp.underflow_ratio * 100:.2f}%"]
-    else:
-        out += [f"✅ {len(clean)} of {len(res.levels)} levels have no significant "
-                "overflow/underflow (< 0.1%)",
-                f"💡 Recommended scaling range: {min(lv.scale_exp for lv in clean):.2f} to "
-                f"{max(lv.scale_exp for lv in clean):.2f}"]
+    out += res.says("advice") + res.says("range")
     out.append(RULE)
     return out
 

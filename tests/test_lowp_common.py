@@ -153,3 +153,26 @@ def test_no_other_copies_of_the_atomic_write():
             if "os.replace(" in path.read_text(encoding="utf-8") and rel not in OTHER_RENAMES:
                 found.append(rel)
     assert found == [], f"use lowp_common.atomic_path / atomic_write_* in {found}"
+
+
+def test_staged_dir_publishes_on_success_and_leaves_nothing_on_failure(tmp_path):
+    from lowp_common import staged_dir
+
+    out = tmp_path / "a" / "b"
+    with staged_dir(out) as stage:
+        (stage / "r.txt").write_text("new")
+        (stage / "sub").mkdir()
+        (stage / "sub" / "p.png").write_bytes(b"png")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == \
+        ["r.txt", "sub", "sub/p.png"]
+    with pytest.raises(RuntimeError):                      # existing folder: old files kept
+        with staged_dir(out) as stage:
+            (stage / "r.txt").write_text("half")
+            raise RuntimeError("sweep failed")
+    assert (out / "r.txt").read_text() == "new" and not list(out.glob(".partial-*"))
+    fresh = tmp_path / "x" / "y" / "z"
+    with pytest.raises(KeyboardInterrupt):                 # created folders are removed again
+        with staged_dir(fresh) as stage:
+            (stage / "log").write_text("started")
+            raise KeyboardInterrupt
+    assert not (tmp_path / "x").exists()

@@ -22,11 +22,118 @@ def test_seed_example_dimension_imbalance() -> None:
     assert r["risk_level"] == "HIGH" and "FP32" in r["suggestion"] and "Dimension 1" in r["suggestion"]
 
 
-def test_balanced_tensor_is_low_risk() -> None:
+def test_balanced_tensor_is_low_risk_only_for_formats_that_hold_it() -> None:
     torch.manual_seed(0)
-    r = analyze_tensor(torch.randn(256, 64), "act")
+    x = torch.randn(256, 64)
+    r = analyze_tensor(x, "act", formats=["bf16", "fp8_e5m2"])
     assert r["risk_level"] == "LOW" and r["dim_ratio"] < HIGH_RATIO / 16
-    assert set(r["formats"]) >= {"bf16", "mxfp8", "mxfp4"}
+    assert r["findings"] == [] and r["safe_formats"] == ["bf16", "fp8_e5m2"]
+    assert "looks safe" in r["suggestion"] and "bf16, fp8_e5m2" in r["suggestion"]
+    # the default survey includes mxfp4, whose rows say most blocks lose their small values
+    d = analyze_tensor(x, "act")
+    assert set(d["formats"]) >= {"bf16", "mxfp8", "mxfp4"}
+    assert d["risk_level"] == "HIGH" and "looks safe" not in d["suggestion"]
+    assert "mxfp4" in {s for f in d["findings"] for s in f["subjects"]}
+    assert "mxfp4" not in d["safe_formats"] and "bf16" in d["safe_formats"]
+
+
+def test_small_gradients_are_not_called_safe() -> None:
+    """Issue 15, finding 1: gradient-sized values (normal * 1e-6) flush in fp8 and hifp8 and
+    underflow fp16; the verdict said LOW / looks safe."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(512, 256, generator=g) * 1e-6).to(torch.bfloat16)
+    r = analyze_tensor(x, "grad_key")
+    rows = r["formats"]
+    assert rows["fp8_e4m3"]["flush_to_zero_ratio"] > 0.99 and rows["fp16"]["underflow_ratio"] > 0.99
+    assert r["risk_level"] == "HIGH" and "safe" not in r["suggestion"]
+    by_rule = {(f["rule"], f["level"]): f for f in r["findings"]}
+    assert {"fp8_e4m3", "hifp8", "fp16"} <= set(by_rule["flush_to_zero", "HIGH"]["subjects"])
+    assert {"fp8_e4m3", "fp16"} <= set(by_rule["underflow", "HIGH"]["subjects"])
+    assert r["safe_formats"] == ["bf16"]
+    text = format_report(r)
+    assert "Risk: HIGH" in text and "flush to zero in fp8_e4m3 (100%)" in text
+    assert "No rule fired for: bf16" in text
+
+
+def test_verdict_follows_every_format_row_through_quant_severity() -> None:
+    """Whatever the tensor, a row whose ratio quant.analysis.severity calls high (medium) makes
+    the verdict at least HIGH (MEDIUM), and a format is only listed safe when all its rows
+    are 'none'."""
+    from quant.analysis import severity
+    rank = {"LOW": 0, "MEDIUM": 1, "HIGH": 2, "CANNOT JUDGE": -1}
+    g = torch.Generator().manual_seed(7)
+    for scale in (1e-7, 1e-3, 1.0, 300.0, 1e5):
+        x = torch.randn(64, 64, generator=g) * scale
+        r = analyze_tensor(x, f"x{scale:g}")
+        for name, row in r["formats"].items():
+            worst = max((severity(row[k]) for k in ("overflow_ratio", "underflow_ratio",
+                                                    "flush_to_zero_ratio")),
+                        key=["none", "medium", "high"].index)
+            need = {"none": 0, "medium": 1, "high": 2}[worst]
+            assert rank[r["risk_level"]] >= need, (scale, name, row, r["risk_level"])
+            assert (name in r["safe_formats"]) == (worst == "none"), (scale, name)
+
+
+def test_underflow_alone_makes_high() -> None:
+    x = (1 + torch.rand(64, 32)) * 1e-6     # below fp16's min normal, above half its subnormal
+    r = analyze_tensor(x, formats=["fp16"])
+    row = r["formats"]["fp16"]
+    assert row["underflow_ratio"] == 1.0 and row["flush_to_zero_ratio"] == 0.0
+    assert r["risk_level"] == "HIGH"
+    assert [(f["rule"], f["level"], f["subjects"]) for f in r["findings"]] == \
+        [("underflow", "HIGH", ["fp16"])]
+
+
+def test_flush_and_overflow_levels_follow_the_severity_bounds() -> None:
+    x = torch.ones(100, 40)
+    x.view(-1)[:12] = 1e-4                     # 0.3 %: flushes in fp8_e4m3 (below 2^-10)
+    r = analyze_tensor(x, formats=["fp8_e4m3"])
+    ratio = quant.analyze_quantization(x, "fp8_e4m3").flush_to_zero_ratio
+    assert ratio == 12 / 4000
+    assert r["risk_level"] == "MEDIUM"
+    assert {(f["rule"], f["level"]) for f in r["findings"]} == {("flush_to_zero", "MEDIUM"),
+                                                                ("underflow", "MEDIUM")}
+    x.view(-1)[:60] = 1e-4                     # 1.5 %: high
+    assert analyze_tensor(x, formats=["fp8_e4m3"])["risk_level"] == "HIGH"
+    y = torch.ones(4000, 1)                    # one channel: no dimension ratio
+    y.view(-1)[:8] = 1000.0                    # 0.2 % saturate at 448
+    r = analyze_tensor(y, formats=["fp8_e4m3", "bf16"])
+    assert r["risk_level"] == "MEDIUM" and r["findings"][0]["rule"] == "overflow"
+    assert r["safe_formats"] == ["bf16"]
+
+
+def test_all_zeros_and_too_few_values_cannot_be_judged() -> None:
+    z = analyze_tensor(torch.zeros(64, 64), "z")
+    assert z["risk_level"] == "CANNOT JUDGE" and z["safe_formats"] == []
+    assert "all 4096 finite values are zero" in z["suggestion"] and "safe" not in z["suggestion"]
+    few = analyze_tensor(torch.randn(16, 8), "few", formats=["bf16"])
+    assert few["risk_level"] == "CANNOT JUDGE" and "only 128 nonzero finite values" in few["suggestion"]
+    assert "cannot judge: only 128" in format_report(few)
+    # found risks stand however few the values are
+    bad = torch.ones(4, 4)
+    bad[0, 0] = float("inf")
+    r = analyze_tensor(bad, formats=["bf16"])
+    assert r["risk_level"] == "HIGH" and r["cannot_judge"]
+
+
+def test_every_rule_of_the_table_fires_on_its_case() -> None:
+    from training_profiler.tensor_verdict import RULES
+
+    imbalanced = torch.stack([torch.full((2000,), 1000.0), torch.full((2000,), 1.0)], 1)
+    mid = torch.stack([torch.full((2000,), 32.0), torch.full((2000,), 1.0)], 1)
+    wide_blocks = torch.logspace(-6, 0, 32).repeat(64, 1)    # each block spans 20 binades
+    cases = {"nonfinite": (torch.tensor([1.0, float("nan")] * 600), ["bf16"]),
+             "dim_imbalance": (imbalanced, ["bf16"]),
+             "dtype_overflow": (torch.full((2000,), 1e5), ["fp16"]),
+             "overflow": (torch.full((2000,), 1000.0), ["fp8_e4m3"]),
+             "flush_to_zero": (torch.full((2000,), 1e-4), ["fp8_e4m3"]),
+             "underflow": (torch.full((2000,), 1e-6), ["fp16"]),
+             "block_span": (wide_blocks, ["mxfp4"])}
+    assert set(cases) == {rule.id for rule in RULES}, "add a case for the new rule"
+    for rule_id, (x, formats) in cases.items():
+        r = analyze_tensor(x, rule_id, formats=formats)
+        assert rule_id in {f["rule"] for f in r["findings"]}, (rule_id, r["findings"])
+    assert analyze_tensor(mid, formats=["bf16"])["risk_level"] == "MEDIUM"
 
 
 def test_format_fractions_come_from_quant() -> None:
@@ -42,7 +149,7 @@ def test_fp16_overflow_and_nonfinite_raise_risk() -> None:
     x = torch.ones(8, 4)
     x[0, 0] = 1e6
     r = analyze_tensor(x, formats=["fp16"])
-    assert r["risk_level"] == "HIGH" and any("overflow fp16" in s for s in r["reasons"])
+    assert r["risk_level"] == "HIGH" and any("overflow to Inf in fp16" in s for s in r["reasons"])
     y = torch.ones(8, 4)
     y[1, 1] = float("nan")
     r = analyze_tensor(y, formats=[])
@@ -85,7 +192,7 @@ def test_cli_on_saved_files(tmp_path, capsys) -> None:
     r = run(str(a), str(b), "--format", "json", "--formats", "bf16,mxfp8")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert [d["risk_level"] for d in data] == ["HIGH", "LOW"]
+    assert [d["risk_level"] for d in data] == ["HIGH", "CANNOT JUDGE"]   # 128 values: too few
     assert set(data[0]["formats"]) == {"bf16", "mxfp8"}
     r = run(str(a), str(bad))
     assert r.returncode == 1 and f"{bad}: cannot be read" in r.stderr and "Traceback" not in r.stderr

@@ -185,3 +185,67 @@ def test_runs_as_a_file_from_the_repo_root_and_as_console_script(inputs, tmp_pat
         pytest.skip("the console script is not installed (pip install -e .)")
     r = subprocess.run([exe, "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and "--elem-format" in r.stdout
+
+
+def test_failed_sweeps_leave_nothing_behind(inputs, tmp_path):
+    """Issue 15, finding 4: a failed sweep left draw/scaling_analysis/<name>/ holding only a
+    log. Now its outputs are staged and dropped: no folder, no log, no partial file."""
+    names = ["ints.pt", "garbage.pt", "notensor.pt", "nan.pt"]
+    code, out, _ = _run([*(inputs / n for n in names), "--num-levels", "3",
+                         "--min-scale-exp", "5", "--max-scale-exp", "5"], tmp_path)
+    assert code == 1 and "Successful: 1\nFailed: 3" in out      # nan.pt sweeps fine
+    root = tmp_path / "draw" / "scaling_analysis"
+    assert sorted(p.name for p in root.iterdir()) == ["nan"]
+    assert not list(root.rglob(".partial-*"))
+    # a failure inside an existing output directory keeps what an earlier run wrote there
+    keep = tmp_path / "keep"
+    code, _, _ = _run([inputs / "saver.pt", "--output-dir", keep, "--no-plots",
+                       "--num-levels", "3"], tmp_path)
+    assert code == 0
+    before = {p.name: p.read_bytes() for p in keep.iterdir()}
+    (inputs / "saver2.pt").write_bytes(b"not a tensor file at all")
+    code, _, _ = _run([inputs / "saver2.pt", "--output-dir", keep], tmp_path)
+    assert code == 1
+    assert {p.name: p.read_bytes() for p in keep.iterdir()} == before
+
+
+def test_one_level_run_says_why_there_is_no_recommendation(inputs, tmp_path):
+    code, out, _ = _run([inputs / "plain.pt", "--num-levels", "1", "--output-dir",
+                         tmp_path / "one"], tmp_path)
+    assert code == 0, out
+    assert "No recommendation: only one exponent was swept" in out
+    assert "Best result" not in out and "is stable" not in out
+    assert "balanced middle ground" not in out
+    for name in ("mxfp_scaling_test_fp8_e4m3.png", "mxfp_scaling_summary_fp8_e4m3.png"):
+        assert (tmp_path / "one" / name).is_file()
+
+
+def test_plots_say_why_they_are_sparse():
+    import matplotlib.pyplot as plt
+
+    from quant import scaling_sweep as ss
+    from tensor_viz.scaling_plots import summary_figure, sweep_figure
+
+    def texts(fig):
+        return [t.get_text() for t in fig.texts] + \
+            [t.get_text() for ax in fig.axes for t in ax.texts] + [fig._suptitle.get_text()]
+
+    x = _bf16((64, 64), seed=5)
+    one = ss.run_sweep(x, "fp8_e4m3", num_levels=1)
+    many = ss.run_sweep(x, "fp8_e4m3", num_levels=9)
+    note = "Only 1 level(s) swept (--num-levels 1 asked for): too few points for a curve"
+    fig = sweep_figure(one, "g")
+    assert texts(fig).count(note) == 1 + len(fig.axes)   # the caption and every panel
+    assert any("1 level at" in t for t in texts(fig))
+    assert not any(line.get_label().startswith("recommended") for ax in fig.axes
+                   for line in ax.get_lines())
+    plt.close(fig)
+    fig = summary_figure(one, "g")
+    assert any(t.startswith("No recommendation: only one exponent") for t in texts(fig))
+    plt.close(fig)
+    for build in (sweep_figure, summary_figure):
+        fig = build(many, "g")
+        assert not any("too few points" in t for t in texts(fig))
+        assert any(line.get_label().startswith("recommended") for ax in fig.axes
+                   for line in ax.get_lines())
+        plt.close(fig)

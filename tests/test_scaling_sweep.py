@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 import quant
 from lowp_common import json_dumps
 from quant import scaling_sweep as ss
+from quant import sweep_verdicts as sv
 from quant_tools import scaling_report as report
 
 FORMATS = ss.ELEMENT_FORMATS
@@ -209,7 +211,7 @@ def test_overflow_example_of_the_seed():
     for needle in ("OVERFLOW/UNDERFLOW ANALYSIS SUMMARY", "🔴 OVERFLOW ISSUES:",
                    "Overflow: 10 (5.00%)", "Severity: HIGH", "🟡 UNDERFLOW ISSUES:",
                    "Worst Overflow: Scale Exp 0.00", "Worst Underflow: Scale Exp 10.00",
-                   "💡 Recommended scaling range: 5.00 to 5.00"):
+                   "💡 Only one level without significant overflow/underflow (< 0.1%): 5.00"):
         assert needle in text, needle
     assert res.recommendation.scale_exp == 5.0
 
@@ -235,24 +237,144 @@ def test_composite_score_normalization_by_hand():
     assert sum(ss.COMPOSITE_WEIGHTS.values()) == pytest.approx(1.0)
 
 
-def test_stability_rules_and_recommendation_position():
+def _lv(s, mse, cos=0.99, psnr=40.0, over=0.0, under=0.0):
+    """A level as the verdicts read it (LevelResult's fields), severities by quant's rule."""
+    return SimpleNamespace(scale_exp=float(s), overflow_ratio=over, underflow_ratio=under,
+                           overflow_severity=ss.severity(over), underflow_severity=ss.severity(under),
+                           metrics={"mse": mse, "rmse": math.sqrt(mse), "mae": mse,
+                                    "max_abs_error": mse, "relative_error": mse,
+                                    "cosine_similarity": cos, "psnr": psnr})
+
+
+def _decide(levels, all_zero=False, sparse=""):
+    """The verdicts of fake levels, through the same calls run_sweep makes."""
+    mets = {k: [lv.metrics[k] for lv in levels] for k in ss.METRIC_NAMES}
+    scores = ss.composite_scores(mets)
+    return sv.decide(levels, scores, ss.stability_analysis(mets), all_zero, sparse,
+                     ss.composite_best(levels, scores))
+
+
+def _rules(verdicts):
+    return {(t, v.rule) for t, vs in verdicts.items() for v in vs}
+
+
+def test_stability_statistics_and_their_rules():
     st = ss.stability_analysis({"mse": [1.0, 11.0], "cosine_similarity": [0.9990, 0.9999],
                                 "psnr": [30.0, 35.0], "mae": [1, 2], "relative_error": [1, 2]})
     assert st["mse"]["delta"] == 10.0 and st["mse"]["std"] == pytest.approx(5.0)
-    assert st["messages"][0].startswith("⚠️  MSE varies significantly")
-    assert st["messages"][1].startswith("✅ Cosine similarity is very stable")
-    assert st["messages"][2].startswith("✅ Small PSNR range")
-    wide = ss.stability_analysis({"mse": [1.0, 1.5], "cosine_similarity": [0.5, 0.99],
-                                  "psnr": [10.0, 40.0], "mae": [1], "relative_error": [1]})
-    assert wide["messages"][0].startswith("✅ MSE is stable")
-    assert wide["messages"][1].startswith("⚠️  Cosine")
-    assert wide["messages"][2].startswith("⚠️  Large PSNR range")
+    assert st["mse"]["ratio"] == 11.0 and st["mse"]["n"] == 2
+    three = [_lv(0, 1.0, 0.9990, 30.0), _lv(1, 11.0, 0.9999, 35.0), _lv(2, 5.0, 0.9995, 33.0)]
+    _, v = _decide(three)
+    assert v["mse"][0].text.startswith("⚠️  MSE varies significantly with scaling (max/min 11x")
+    assert v["cosine"][0].rule == "stable" and v["psnr"][0].rule == "small"
+    wide = [_lv(0, 1.0, 0.5, 10.0), _lv(1, 1.5, 0.99, 40.0), _lv(2, 1.2, 0.9, 20.0)]
+    _, v = _decide(wide)
+    assert [v[t][0].rule for t in ("mse", "cosine", "psnr")] == ["stable", "varies", "large"]
+    assert v["mse"][0].text.startswith("✅ MSE is stable across scaling factors (max/min 1.5x")
+
+
+def test_every_verdict_rule_fires_on_its_case():
+    """Each row of sweep_verdicts.RULES is reachable, and only where its conditions hold: a
+    new row needs a case here."""
+    tradeoff = [_lv(s, mse, cos, psnr, over, under) for s, mse, cos, psnr, over, under in (
+        (0, 1e-2, 0.80, 10.0, 0.30, 0.0), (1, 1e-3, 0.95, 25.0, 0.02, 0.0),
+        (2, 1e-5, 0.999, 45.0, 0.0, 0.0), (3, 1e-4, 0.99, 35.0, 0.0, 0.005),
+        (4, 1e-3, 0.97, 28.0, 0.0, 0.05))]
+    rising = [_lv(s, 10.0 ** -s, 0.98 + 0.005 * s, 30.0 + 4 * s) for s in range(4)]
+    falling = [_lv(s, 10.0 ** s, 0.995 - 0.005 * s, 45.0 - 4 * s) for s in range(4)]
+    flat_mid = [_lv(0, 2e-3), _lv(1, 1e-3), _lv(2, 5e-4, 0.995), _lv(3, 1e-3), _lv(4, 2e-3)]
+    scattered = [_lv(0, 1e-3), _lv(1, 2e-3, over=0.005), _lv(2, 1e-3)]
+    dirty = [_lv(0, 1e-3, over=0.02), _lv(1, 2e-3, under=0.02), _lv(2, 3e-3, under=0.2)]
+    cases = {
+        "one level": ([_lv(-16, 1e-8)], False, "--num-levels 1 asked for"),
+        "all zero": ([_lv(s, 0.0, 1.0, math.inf) for s in range(5)], True, ""),
+        "all alike": ([_lv(s, 1e-4) for s in range(3)], False, ""),
+        "one exact": ([_lv(0, 0.0, 1.0, math.inf), _lv(1, 1e-3, 0.99, 30.0)], False,
+                      "--num-levels 2 asked for"),
+        "trade-off": (tradeoff, False, ""), "rising": (rising, False, ""),
+        "falling": (falling, False, ""), "flat middle": (flat_mid, False, ""),
+        "scattered": (scattered, False, ""), "dirty": (dirty, False, ""),
+    }
+    fired, by_case = set(), {}
+    for name, (levels, zero, sparse) in cases.items():
+        _, verdicts = _decide(levels, zero, sparse)
+        by_case[name] = verdicts
+        fired |= _rules(verdicts)
+    assert fired == {(r.topic, r.id) for r in sv.RULES}, \
+        {(r.topic, r.id) for r in sv.RULES} - fired
+    assert by_case["trade-off"]["position"][0].rule == "balanced"
+    assert by_case["rising"]["position"][0].rule == "large_end"
+    assert by_case["falling"]["position"][0].rule == "small_end"
+    assert by_case["flat middle"]["position"][0].rule == "middle"
+    assert by_case["scattered"]["range"][0].text.endswith("0.00, 2.00")
+    assert by_case["dirty"]["range"][0].rule == "least_problematic"
+
+
+@pytest.mark.parametrize("case", ["one level", "all zero", "all alike"])
+def test_no_recommendation_where_the_levels_cannot_carry_one(case):
+    levels, zero, sparse = {
+        "one level": ([_lv(-16, 1e-8, over=0.0012)], False, "--num-levels 1 asked for"),
+        "all zero": ([_lv(s, 0.0, 1.0, math.inf) for s in range(5)], True, ""),
+        "all alike": ([_lv(s, 1e-4) for s in range(3)], False, "")}[case]
+    chosen, verdicts = _decide(levels, zero, sparse)
+    assert chosen is None
+    said = " ".join(v.text for vs in verdicts.values() for v in vs)
+    for claim in ("balanced middle ground", "Recommended scaling range", "Recommended:"):
+        assert claim not in said
+    assert verdicts["recommendation"][0].text.startswith("No recommendation:")
+    if case == "one level":
+        assert "is stable" not in said and "cannot be judged from one level" in said
+
+
+def test_degenerate_alignment_is_widened_by_the_stated_rule():
+    """Issue 15, finding 2: max and min alignment both -16 swept '1 levels from -16 to -16'
+    and still said 'stable' and 'balanced'. Now the range is -16 +- ceil(span / 2)."""
+    for fmt in FORMATS:
+        grid = ss.get_element_grid(fmt)
+        g = torch.Generator().manual_seed(1)
+        lo, hi = grid.min_normal * 2.0 ** -16, grid.max_normal * 2.0 ** -16
+        x = lo * (hi / lo) ** torch.rand(4000, generator=g, dtype=torch.float64)
+        x = x.float().clamp(lo, hi)
+        x[0], x[1] = hi, lo           # the tensor spans exactly the format's normal range
+        res = ss.run_sweep(x, fmt)
+        al = res.plan.alignment
+        assert al.max_align == al.min_align == -16, fmt
+        half = max(1, math.ceil(math.ceil(math.log2(grid.max_normal / grid.min_normal)) / 2))
+        assert (res.plan.min_exp, res.plan.max_exp) == (-16 - half, -16 + half), fmt
+        assert len(res.levels) == 21 and any("widened" in n for n in res.plan.notes)
+        assert res.recommendation is not None and res.plan.sparse_reason == ""
+    # bounds given by the user are kept: one level, no recommendation, the reason said
+    one = ss.run_sweep(x, "fp4_e2m1", min_scale_exp=-16, max_scale_exp=-16)
+    assert [lv.scale_exp for lv in one.levels] == [-16.0] and one.recommendation is None
+    assert one.plan.sparse_reason == "--min-scale-exp and --max-scale-exp are both -16"
+
+
+def test_one_level_reports_say_why_instead_of_judging():
+    x = _wide_tensor(3000, 8, spread=1.0)
+    res = ss.run_sweep(x, "fp8_e4m3", num_levels=1)
+    assert res.recommendation is None and res.best_by_metric == {}
+    text = report.results_text(res, "g.pt")
+    for claim in ("is stable", "balanced middle ground", "Recommended scaling range",
+                  "🎯 Use scaling factor", "⭐ RECOMMENDED", "Worst Overflow", "🏆 Best MSE"):
+        assert claim not in text, claim
+    for reason in ("No recommendation: only one exponent was swept", "--num-levels 1 asked for",
+                   "MSE stability cannot be judged from one level",
+                   "no range of levels to recommend", "Tested 1 scaling level at"):
+        assert reason in text, reason
+    doc = json.loads(json_dumps(res.to_dict()))
+    assert doc["recommendation"] is None and "only one exponent" in doc["no_recommendation"]
+    assert doc["verdicts"]["plot_note"][0]["rule"] == "sparse"
+
+
+def test_recommendation_position_comes_from_the_table():
     x = _wide_tensor(4000, 5, spread=1.0)
     res = ss.run_sweep(x, "fp8_e4m3", num_levels=11)
     rec = res.recommendation
     assert rec.index == max(range(11), key=lambda i: (round(res.scores[i], 12), i))
     assert 0.0 <= rec.position <= 1.0
-    assert rec.position_message in [m for _, m in ss.POSITION_RULES]
+    (pos,) = res.verdicts["position"]
+    row = next(r for r in sv.RULES if (r.topic, r.id) == ("position", pos.rule))
+    assert row.phrase.split("{")[0] in pos.text
 
 
 def test_reports_have_every_section_and_json_is_strict():
@@ -278,6 +400,9 @@ def test_reports_have_every_section_and_json_is_strict():
 
 def test_all_zero_tensor_sweeps_with_defaults():
     res = ss.run_sweep(torch.zeros(64, dtype=torch.bfloat16), "fp8_e5m2", num_levels=4)
+    assert res.recommendation is None
+    assert res.says("recommendation") == ["No recommendation: all values are zero, so every "
+                                          "level is exact"]
     assert all(lv.metrics["mse"] == 0.0 and lv.metrics["psnr"] == math.inf
                for lv in res.levels)
     assert all(lv.metrics["cosine_similarity"] == 1.0 for lv in res.levels)  # quant: both zero -> 1

@@ -21,16 +21,11 @@ import quant
 from lowp_common import UserError, cli_entry, json_dumps
 from quant.formats import FORMATS, SCALING_MX, SURVEY_FORMATS
 
+from training_profiler.tensor_verdict import HIGH_RATIO, MEDIUM_RATIO, judge  # noqa: F401
+
 DEFAULT_FORMATS = SURVEY_FORMATS
-#: the MX formats whose element span block_dynamic_range compares with, and the training dtypes
-#: whose overflow makes a tensor HIGH risk (both derived from quant.FORMATS)
+#: the MX formats whose element span block_dynamic_range compares with (from quant.FORMATS)
 _MX_SPANS = tuple(n for n in SURVEY_FORMATS if FORMATS[n].scaling == SCALING_MX)
-_DTYPE_FORMATS = tuple(n for n in SURVEY_FORMATS if FORMATS[n].torch_dtype)
-# bf16 keeps 8 significant bits: a channel 2**8 times smaller than another falls below half an
-# ulp of it in a bf16 sum and is lost; 2**4 already costs half of its bits.
-_BF16_BITS = -int(math.log2(torch.finfo(torch.bfloat16).eps)) + 1
-HIGH_RATIO = 2.0 ** _BF16_BITS
-MEDIUM_RATIO = 2.0 ** (_BF16_BITS // 2)
 
 
 def _channels_last(x: torch.Tensor, channel_axis: int) -> torch.Tensor:
@@ -40,11 +35,13 @@ def _channels_last(x: torch.Tensor, channel_axis: int) -> torch.Tensor:
     return x.movedim(channel_axis, -1).reshape(-1, x.shape[channel_axis])
 
 
-def block_dynamic_range(x: torch.Tensor, block_size: int = 32) -> dict[str, Any]:
+def block_dynamic_range(x: torch.Tensor, block_size: int = 32,
+                        mx_formats: Sequence[str] = _MX_SPANS) -> dict[str, Any]:
     """log2(absmax / smallest nonzero |x|) per block of ``block_size`` along the last axis.
 
     That is how many binades a shared-scale block must span; an MX element format keeps about
-    log2(max_normal / min_subnormal) of them, the rest saturates or flushes to zero.
+    log2(max_normal / min_subnormal) of them, the rest saturates or flushes to zero. The
+    fraction of blocks beyond that is given for each of ``mx_formats``.
     """
     rows = x.float().reshape(-1, x.shape[-1]) if x.dim() else x.float().reshape(1, 1)
     n = rows.shape[-1]
@@ -58,7 +55,7 @@ def block_dynamic_range(x: torch.Tensor, block_size: int = 32) -> dict[str, Any]
     out = {"block_size": block_size, "blocks": int(a.shape[0]), "all_zero_blocks": int((~live).sum()),
            "median_bits": float(bits.median()), "p99_bits": float(torch.quantile(bits.double(), 0.99)),
            "max_bits": float(bits.max())}
-    for name in _MX_SPANS:
+    for name in mx_formats:
         spec = quant.get_format(name)
         span = math.log2(spec.max_normal / spec.min_subnormal)
         out[f"fraction_beyond_{name}"] = float((bits > span).double().mean())
@@ -109,41 +106,18 @@ def analyze_tensor(tensor: torch.Tensor, name: str = "tensor", *, channel_axis: 
         dim_ratio = 1.0
     report: dict[str, Any] = {
         "name": name, "shape": tuple(tensor.shape), "dtype": str(tensor.dtype), "numel": tensor.numel(),
-        "nan_count": nan_count, "inf_count": inf_count,
+        "nan_count": nan_count, "inf_count": inf_count, "finite_count": int(finite.sum()),
+        "nonzero_finite": int((finite & (x != 0)).sum()),
         "absmax": float(x[finite].abs().max()) if finite.any() else math.nan,
-        "dim_stats": dim_stats, "dim_ratio": dim_ratio, "per_channel_absmax": cabs.tolist(),
+        "dim_stats": dim_stats, "dim_ratio": dim_ratio, "dim_big": big, "dim_small": small,
+        "per_channel_absmax": cabs.tolist(),
         "channel_axis": channel_axis,
-        "block_dynamic_range": block_dynamic_range(x.movedim(channel_axis, -1) if x.dim() else x, block_size),
+        "block_dynamic_range": block_dynamic_range(
+            x.movedim(channel_axis, -1) if x.dim() else x, block_size,
+            [f for f in (formats or ()) if quant.get_format(f).scaling == SCALING_MX]),
     }
     report["formats"] = format_risks(x, formats) if formats else {}
-    reasons, level = [], "LOW"
-    if nan_count or inf_count:
-        reasons.append(f"{nan_count} NaN and {inf_count} Inf values")
-        level = "HIGH"
-    if dim_ratio >= HIGH_RATIO:
-        reasons.append(f"dimension {small} is {dim_ratio:.3g}x smaller than dimension {big} "
-                       f"(>= {HIGH_RATIO:g}: below half a bf16 ulp of it)")
-        level = "HIGH"
-    elif dim_ratio >= MEDIUM_RATIO:
-        reasons.append(f"dimension {small} is {dim_ratio:.3g}x smaller than dimension {big}")
-        level = "HIGH" if level == "HIGH" else "MEDIUM"
-    for fmt in _DTYPE_FORMATS:
-        r = report["formats"].get(fmt, {})
-        if r.get("overflow_ratio", 0) > 0:
-            reasons.append(f"{r['overflow_ratio']:.3g} of the values overflow {fmt}")
-            level = "HIGH"
-    report["risk_level"] = level
-    report["reasons"] = reasons
-    if dim_ratio >= MEDIUM_RATIO:
-        report["suggestion"] = (f"Dimension {small} has a much smaller range than dimension {big}: do "
-                                f"reductions over this tensor in FP32 (or normalise the dimensions "
-                                f"separately) before casting it to low precision.")
-    elif nan_count or inf_count:
-        report["suggestion"] = "Find where the non-finite values start (@watch_training names the first layer)."
-    elif level == "HIGH":
-        report["suggestion"] = "Values exceed the low-precision range: scale the tensor or keep it in FP32."
-    else:
-        report["suggestion"] = "No dimension imbalance; low-precision casting looks safe for this tensor."
+    report.update(judge(report))   # risk_level, reasons, suggestion, ... (tensor_verdict.RULES)
     return report
 
 
@@ -151,7 +125,9 @@ def format_report(r: dict[str, Any], top: int = 8) -> str:
     """Readable text version of an analyze_tensor report."""
     lines = [f"Tensor: {r['name']}  shape {list(r['shape'])}  dtype {r['dtype']}  "
              f"absmax {r['absmax']:.4g}  NaN {r['nan_count']}  Inf {r['inf_count']}",
-             f"Risk: {r['risk_level']}" + (f"  ({'; '.join(r['reasons'])})" if r["reasons"] else ""),
+             f"Risk: {r['risk_level']}",
+             *[f"  {f['level']:<6} {f['reason']}" for f in r["findings"]],
+             *[f"  cannot judge: {c}" for c in r["cannot_judge"]],
              f"dim_ratio (largest / smallest channel absmax, axis {r['channel_axis']}): {r['dim_ratio']:.4g}"]
     stats = r["dim_stats"]
     order = sorted(stats, key=lambda i: stats[i]["absmax"], reverse=True)
@@ -172,6 +148,8 @@ def format_report(r: dict[str, Any], top: int = 8) -> str:
         for name, f in r["formats"].items():
             lines.append(f"  {name:>12} {f['overflow_ratio']:>10.3g} {f['underflow_ratio']:>10.3g} "
                          f"{f['flush_to_zero_ratio']:>10.3g}")
+    if r["findings"] and r["safe_formats"]:
+        lines.append(f"No rule fired for: {', '.join(r['safe_formats'])}")
     lines.append(f"Suggestion: {r['suggestion']}")
     return "\n".join(lines)
 
