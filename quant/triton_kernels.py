@@ -44,8 +44,10 @@ SCALE_MODE_CODE = {"floor": 0, "ceil": 1, "rceil": 2}
 _E4M3 = ElemParams(grid_emin=-6, grid_emax=9, mbits=3, tapered=False, max_normal=448.0,
                    overflow="nan", signed_zero=True)
 
+# Launch shapes, from bench/tune_triton.py on an H100 (8192 x 8192 bf16; docs/quant.md)
 ELEMENTS_PER_PROGRAM = 2048     # element and per-tensor kernels
-BLOCKS_PER_PROGRAM = 64         # block kernels: blocks per program (a tile of blocks x block)
+BLOCKS_PER_PROGRAM = 128        # block kernels: 32-element blocks per program (scaled by size)
+NUM_WARPS = {"elements": 4, "mx": 4, "nvfp4": 8}
 _LAUNCH = {"enable_fp_fusion": False}
 #: bfloat16 conversions in bit space under the interpreter only (compiled: one native cvt)
 INTERPRETED: tl.constexpr = tl.constexpr(triton_interpreting())
@@ -327,7 +329,7 @@ def cast_elements(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
         x, y, noise if noise is not None else x, scale if scale is not None else x,
         inv if inv is not None else x, n, HAS_NOISE=noise is not None,
         HAS_SCALE=scale is not None, BLOCK=ELEMENTS_PER_PROGRAM,
-        **_elem_constants(p, rounding, saturate), **_LAUNCH)
+        **_elem_constants(p, rounding, saturate), num_warps=NUM_WARPS["elements"], **_LAUNCH)
     return y
 
 
@@ -343,15 +345,15 @@ def _block_geometry(x: torch.Tensor, axis: int, block: int) -> tuple[int, int, i
     return n, inner, nkb, outer * nkb * inner
 
 
-def _block_launch(kernel, x, axis, block, noise, extra_ptrs, constants) -> torch.Tensor:
+def _block_launch(kernel, x, axis, block, noise, extra_ptrs, constants, warps) -> torch.Tensor:
     y = torch.empty_like(x)
     n, inner, nkb, nblocks = _block_geometry(x, axis, block)
     p2 = triton.next_power_of_2(block)
-    rows = max(1, min(BLOCKS_PER_PROGRAM, 2048 // p2))
+    rows = max(1, BLOCKS_PER_PROGRAM * 32 // p2)
     kernel[(triton.cdiv(nblocks, rows),)](
         x, y, noise if noise is not None else x, *extra_ptrs, nblocks, n, inner, nkb,
         HAS_NOISE=noise is not None, BLOCK=block, BLOCK_P2=p2, ROWS=rows,
-        ALIGNED=inner == 1 and n % block == 0, **constants, **_LAUNCH)
+        ALIGNED=inner == 1 and n % block == 0, **constants, num_warps=warps, **_LAUNCH)
     return y
 
 
@@ -361,7 +363,7 @@ def quantize_mx(x: torch.Tensor, axis: int, block: int, p: ElemParams, emax_elem
     """MX fake quantization of contiguous x along ``axis`` (non-negative) in blocks of ``block``."""
     return _block_launch(_mx_kernel, x, axis, block, noise, (),
                          dict(EMAX_ELEM=emax_elem, SCALE_MODE=SCALE_MODE_CODE[scale_mode],
-                              **_elem_constants(p, rounding, saturate)))
+                              **_elem_constants(p, rounding, saturate)), NUM_WARPS["mx"])
 
 
 def quantize_nvfp4(x: torch.Tensor, axis: int, block: int, p: ElemParams, rounding: str,
@@ -369,4 +371,4 @@ def quantize_nvfp4(x: torch.Tensor, axis: int, block: int, p: ElemParams, roundi
                    noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """NVFP4 fake quantization of contiguous x with the per-tensor scale ``s_t`` (0-dim fp32)."""
     return _block_launch(_nvfp4_kernel, x, axis, block, noise, (s_t,),
-                         _elem_constants(p, rounding, saturate))
+                         _elem_constants(p, rounding, saturate), NUM_WARPS["nvfp4"])

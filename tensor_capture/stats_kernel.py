@@ -17,63 +17,89 @@ import triton.language as tl
 
 from quant.triton_kernels import load_f32
 
-ELEMENTS_PER_PROGRAM = 4096
+ELEMENTS_PER_PROGRAM = 8192           # < 2^16: the packed counts of a tile cannot overflow
+NUM_WARPS = 8
+WINDOW = 64                            # exponent window of a tile's histogram (see the kernel)
 _F32_MIN_EXP = -149                  # float32 exponents of nonzero values: -149 .. 127
 _F32_BINS = 127 - _F32_MIN_EXP + 1
 _LOCAL_BINS = 512                    # power of two for tl.histogram; the last bin = "not counted"
 _SKIP_BIN = _LOCAL_BINS - 1
-_PARTIALS = 9                        # nf, sum, m2, min, max, min_nz, zeros, nans, infs
+_PARTIALS = 6                        # sum, m2, min, max, min_nz (float64), one spare
+
+
+@triton.jit
+def _pack4(a, b, c, d):
+    """Four per-element 0/1 flags as one int64 (16 bits each): one reduction counts all four
+    (a tile holds fewer than 2^16 elements, so no field overflows)."""
+    return (a.to(tl.int64) | (b.to(tl.int64) << 16) | (c.to(tl.int64) << 32)
+            | (d.to(tl.int64) << 48))
+
+
+@triton.jit
+def _store4(ptr, packed):
+    tl.store(ptr + 0, (packed & 0xFFFF).to(tl.int32))
+    tl.store(ptr + 1, ((packed >> 16) & 0xFFFF).to(tl.int32))
+    tl.store(ptr + 2, ((packed >> 32) & 0xFFFF).to(tl.int32))
+    tl.store(ptr + 3, ((packed >> 48) & 0xFFFF).to(tl.int32))
 
 
 @triton.jit
 def _stats_kernel(x_ptr, n, bounds_ptr, part_ptr, counts_ptr, hist_ptr,
                   NR: tl.constexpr, BLOCK: tl.constexpr, LOCAL_BINS: tl.constexpr,
-                  SKIP_BIN: tl.constexpr, MIN_EXP: tl.constexpr):
+                  SKIP_BIN: tl.constexpr, MIN_EXP: tl.constexpr, WINDOW: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
     x = load_f32(x_ptr, offs, inb)
     a = tl.abs(x)
-    isnan = inb & (x != x)
-    isinf = inb & (a == float("inf"))
     finite = inb & (a < float("inf"))
     nonzero = finite & (a > 0.0)
-    nf = tl.sum(finite.to(tl.int32), axis=0)
+    flags = tl.sum(_pack4(finite, finite & (a == 0.0), inb & (x != x),
+                          inb & (a == float("inf"))), axis=0)
+    nf = (flags & 0xFFFF).to(tl.float64)
     xd = tl.where(finite, x, 0.0).to(tl.float64)
     s = tl.sum(xd, axis=0)
-    mean_b = s / tl.maximum(nf, 1).to(tl.float64)
-    d = tl.where(finite, xd - mean_b, 0.0)
+    d = tl.where(finite, xd - s / tl.maximum(nf, 1.0), 0.0)
     m2 = tl.sum(d * d, axis=0)
     mn = tl.min(tl.where(finite, x, float("inf")), axis=0)
     mx = tl.max(tl.where(finite, x, -float("inf")), axis=0)
     min_nz = tl.min(tl.where(nonzero, a, float("inf")), axis=0)
-    zeros = tl.sum((finite & (a == 0.0)).to(tl.int32), axis=0)
-    base = part_ptr + pid.to(tl.int64) * 9
-    tl.store(base + 0, nf.to(tl.float64))
-    tl.store(base + 1, s)
-    tl.store(base + 2, m2)
-    tl.store(base + 3, mn.to(tl.float64))
-    tl.store(base + 4, mx.to(tl.float64))
-    tl.store(base + 5, min_nz.to(tl.float64))
-    tl.store(base + 6, zeros.to(tl.float64))
-    tl.store(base + 7, tl.sum(isnan.to(tl.int32), axis=0).to(tl.float64))
-    tl.store(base + 8, tl.sum(isinf.to(tl.int32), axis=0).to(tl.float64))
-    # floor(log2|x|) from the bits; float32 subnormals are scaled by 2^64 first (exact)
-    field = a.to(tl.int32, bitcast=True) >> 23
-    sub = (a * 18446744073709551616.0).to(tl.int32, bitcast=True) >> 23
-    e = tl.where(field > 0, field - 127, sub - 127 - 64)
-    idx = tl.where(nonzero, e - MIN_EXP, SKIP_BIN)
-    tl.atomic_add(hist_ptr + tl.arange(0, LOCAL_BINS), tl.histogram(idx, LOCAL_BINS))
+    base = part_ptr + pid.to(tl.int64) * 6
+    tl.store(base + 0, s)
+    tl.store(base + 1, m2)
+    tl.store(base + 2, mn.to(tl.float64))
+    tl.store(base + 3, mx.to(tl.float64))
+    tl.store(base + 4, min_nz.to(tl.float64))
+    cbase = counts_ptr + pid.to(tl.int64) * (4 * NR + 4)
+    _store4(cbase, flags)
     # per format: x >= up, x <= -up (Inf included), 0 < |x| < underflow / flush bound (finite)
-    cbase = counts_ptr + pid.to(tl.int64) * (4 * NR)
     for r in tl.static_range(NR):
         up = tl.load(bounds_ptr + 3 * r)
         te_u = tl.load(bounds_ptr + 3 * r + 1)
         te_f = tl.load(bounds_ptr + 3 * r + 2)
-        tl.store(cbase + 4 * r + 0, tl.sum((inb & (x >= up)).to(tl.int32), axis=0))
-        tl.store(cbase + 4 * r + 1, tl.sum((inb & (x <= -up)).to(tl.int32), axis=0))
-        tl.store(cbase + 4 * r + 2, tl.sum((nonzero & (a < te_u)).to(tl.int32), axis=0))
-        tl.store(cbase + 4 * r + 3, tl.sum((nonzero & (a < te_f)).to(tl.int32), axis=0))
+        packed = tl.sum(_pack4(inb & (x >= up), inb & (x <= -up), nonzero & (a < te_u),
+                               nonzero & (a < te_f)), axis=0)
+        _store4(cbase + 4 + 4 * r, packed)
+    # floor(log2|x|) from the bits; float32 subnormals are scaled by 2^64 first (exact).
+    # A histogram costs in proportion to its bins, and a tile's values rarely span more than a
+    # few dozen binades: count them in a window of WINDOW - 1 bins from the tile's smallest
+    # exponent, and only the values beyond it (if any) in the full range. Only the bins the
+    # tile touches are added to the global histogram (few atomics per tile).
+    field = a.to(tl.int32, bitcast=True) >> 23
+    sub = (a * 18446744073709551616.0).to(tl.int32, bitcast=True) >> 23
+    e = tl.where(field > 0, field - 127, sub - 127 - 64)
+    e_lo = tl.min(tl.where(nonzero, e, 1 << 20), axis=0)
+    rel = e - e_lo
+    inside = nonzero & (rel < WINDOW - 1)
+    h = tl.histogram(tl.where(inside, rel, WINDOW - 1), WINDOW)
+    win = tl.arange(0, WINDOW)
+    first = tl.minimum(tl.maximum(e_lo - MIN_EXP, 0), LOCAL_BINS)
+    tl.atomic_add(hist_ptr + first + win, h, mask=(h > 0) & (win < WINDOW - 1))
+    beyond = nonzero & (rel >= WINDOW - 1)
+    if tl.sum(beyond.to(tl.int32), axis=0) > 0:
+        h2 = tl.histogram(tl.where(beyond, e - MIN_EXP, SKIP_BIN), LOCAL_BINS)
+        bins = tl.arange(0, LOCAL_BINS)
+        tl.atomic_add(hist_ptr + bins, h2, mask=(h2 > 0) & (bins < SKIP_BIN))
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -92,19 +118,20 @@ def compute_parts(a: torch.Tensor, bounds: list[tuple[float, float, float]]
     nprog = triton.cdiv(n, ELEMENTS_PER_PROGRAM)
     bnd = torch.tensor(bounds or [(0.0, 0.0, 0.0)], dtype=torch.float32).to(dev)
     part = torch.empty(nprog, _PARTIALS, dtype=torch.float64, device=dev)
-    counts = torch.empty(nprog, max(4 * nr, 1), dtype=torch.int32, device=dev)
-    hist = torch.zeros(_LOCAL_BINS, dtype=torch.int32, device=dev)
+    counts = torch.empty(nprog, 4 * nr + 4, dtype=torch.int32, device=dev)
+    hist = torch.zeros(_LOCAL_BINS + WINDOW, dtype=torch.int32, device=dev)
     _stats_kernel[(nprog,)](a, n, bnd, part, counts, hist, NR=nr, BLOCK=ELEMENTS_PER_PROGRAM,
-                            LOCAL_BINS=_LOCAL_BINS, SKIP_BIN=_SKIP_BIN, MIN_EXP=_F32_MIN_EXP)
-    nf_b, s_b, m2_b = part[:, 0], part[:, 1], part[:, 2]
-    nf = nf_b.sum()
+                            LOCAL_BINS=_LOCAL_BINS, SKIP_BIN=_SKIP_BIN, MIN_EXP=_F32_MIN_EXP,
+                            WINDOW=WINDOW, num_warps=NUM_WARPS)
+    totals = counts.sum(0, dtype=torch.int64).to(torch.float64)
+    nf_b, s_b, m2_b = counts[:, 0].to(torch.float64), part[:, 0], part[:, 1]
+    nf = totals[0]
     mean = s_b.sum() / nf
     mean_b = s_b / nf_b.clamp_min(1)
     m2 = (m2_b + nf_b * (mean_b - mean) ** 2).sum()
     std = torch.where(nf > 1, (m2 / (nf - 1).clamp_min(1)).sqrt(), torch.zeros_like(m2))
-    scalars = torch.stack([
-        torch.tensor(float(n), dtype=torch.float64, device=dev), part[:, 3].amin(),
-        part[:, 4].amax(), mean, std, part[:, 5].amin(), part[:, 6].sum(), part[:, 7].sum(),
-        part[:, 8].sum()])
-    range_counts = counts[:, :4 * nr].sum(0, dtype=torch.int64).to(torch.float64)
+    scalars = torch.cat([torch.stack([
+        torch.tensor(float(n), dtype=torch.float64, device=dev), part[:, 2].amin(),
+        part[:, 3].amax(), mean, std, part[:, 4].amin()]), totals[1:4]])
+    range_counts = totals[4:]
     return scalars, range_counts, hist[:_F32_BINS].to(torch.float64), _F32_MIN_EXP
