@@ -76,8 +76,12 @@ def model_ratios(formats, layers: int, hidden: int, seq: int, batch: int, rounds
                      underflow_warnings=False)
         return [step() for _ in range(n)]
 
-    for c in configs:                                   # warm-up (first calls, compiles)
-        run(c, 2)
+    from quant import accel
+    for c in configs:                 # warm-up: hot kernels, their background compiles
+        run(c, 3)
+    accel.wait_for_background()
+    for c in configs:
+        run(c, 1)
     from tqdm import tqdm
     for r in tqdm(range(rounds), desc="rounds", unit="round"):
         for c in (configs if r % 2 == 0 else configs[::-1]):
@@ -103,6 +107,11 @@ def linear_ratios(formats, hidden: int, tokens: int, reps: int, device: str
     for fmt in formats:
         calls[fmt] = (lambda fmt=fmt: emulated_linear(x, w, None, fmt).sum().backward())
     out: dict[str, list[float]] = {k: [] for k in calls}
+    from quant import accel
+    for fn in calls.values():         # warm-up: hot kernels, their background compiles
+        for _ in range(3):
+            fn()
+    accel.wait_for_background()
     for fn in calls.values():
         fn()
     for r in range(reps):
@@ -118,22 +127,26 @@ def linear_ratios(formats, hidden: int, tokens: int, reps: int, device: str
 
 _COLD = """
 import sys, time, torch, quant
+from quant import accel
 x = torch.randn(int(sys.argv[2]), int(sys.argv[2]))
 t0 = time.perf_counter(); quant.quantize(x, sys.argv[1]); first = time.perf_counter() - t0
+accel.wait_for_background(); ready = time.perf_counter() - t0
 t0 = time.perf_counter(); quant.quantize(x, sys.argv[1]); second = time.perf_counter() - t0
-print(first, second)
+print(first, ready, second)
 """
 
 
-def cold_compile(fmt: str, size: int) -> tuple[float, float]:
-    """(first call, second call) seconds of quant.quantize on a size x size CPU tensor in a
-    fresh process whose Inductor cache is empty."""
+def cold_compile(fmt: str, size: int) -> tuple[float, float, float]:
+    """(first call, compiled kernel ready, a call after that) seconds of quant.quantize on a
+    size x size CPU tensor in a fresh process whose Inductor cache is empty: the first call
+    runs eagerly while the kernel compiles in the background."""
     with tempfile.TemporaryDirectory(prefix="inductor_cold_") as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache)
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache,
+                   QUANT_COMPILE_AFTER="1")
         out = subprocess.run([sys.executable, "-c", _COLD, fmt, str(size)], env=env,
                              capture_output=True, text=True, check=True)
-    first, second = out.stdout.split()[-2:]
-    return float(first), float(second)
+    first, ready, second = out.stdout.split()[-3:]
+    return float(first), float(ready), float(second)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, sec in lin.items():
         print(f"{name:<14}{sec * 1e3:>11.1f} ms{sec / lin['off']:>7.2f}x")
     if args.cold_size and not args.device.startswith("cuda"):
-        print(f"\ncold compile cache, {args.cold_size}x{args.cold_size} float32 (first call / "
-              "second call)")
+        print(f"\ncold compile cache, {args.cold_size}x{args.cold_size} float32: the first call "
+              "(eager, while the kernel compiles in the background), when the compiled kernel "
+              "is ready, a call after that")
         for fmt in args.formats:
-            first, second = cold_compile(fmt, args.cold_size)
-            print(f"{fmt:<14}{first:>8.2f} s{second * 1e3:>10.1f} ms   goal: first <= 3 s")
+            first, ready, second = cold_compile(fmt, args.cold_size)
+            print(f"{fmt:<14}first {first:>6.2f} s   ready after {ready:>6.1f} s   then "
+                  f"{second * 1e3:>7.1f} ms   goal: first call <= 3 s")
     return 0
 
 

@@ -9,6 +9,7 @@ partial block over its real elements); the padding is cropped off again.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Union
 
 import torch
@@ -19,8 +20,9 @@ from .elemwise import ElemParams, cast_elements
 from .formats import (RANDOM_ROUNDING_MODES, SCALING_IDENTITY, SCALING_MX, SCALING_NONE,
                       SCALING_NVFP4, SCALING_TENSOR, FormatSpec, check_rounding,
                       check_scale_mode, get_format)
-from .scaling import (nvfp4_scale_of_amax, quantize_mx_blocks,
-                      quantize_nvfp4_blocks, quantize_tensor_scaled, tensor_scale_of_amax)
+from .scaling import (nvfp4_scale_of_amax, quantize_mx_blocks, quantize_mx_inner,
+                      quantize_nvfp4_blocks, quantize_nvfp4_inner, quantize_tensor_scaled,
+                      tensor_scale_of_amax)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -78,6 +80,37 @@ def to_blocks(x: torch.Tensor, axis: int, block: int):
     return blocks, restore
 
 
+def blocks_in_place(x: torch.Tensor, axis: int, block: int):
+    """View x as [outer, nblocks, block, inner] with the blocks along ``axis`` (normalized, not
+    the last with inner > 1), without moving it: returns (blocks, restore). No copy when x is
+    contiguous and the axis length is a multiple of the block (else one zero-padding copy)."""
+    n = x.shape[axis]
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1:])
+    v = x.reshape(outer, n, inner)
+    pad = (-n) % block
+    if pad:
+        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+    blocks = v.reshape(outer, (n + pad) // block, block, inner)
+
+    def restore(yb: torch.Tensor) -> torch.Tensor:
+        y = yb.reshape(outer, n + pad, inner)
+        if pad:
+            y = y[:, :n]
+        return y.reshape(x.shape)
+
+    return blocks, restore
+
+
+def _along_inner(x: torch.Tensor, axis: int, rounding: str) -> Optional[int]:
+    """The normalized axis when its blocks are best taken in place (an axis that is not the
+    last, deterministic rounding), else None (move the axis last: to_blocks)."""
+    if x.dim() < 2 or rounding in RANDOM_ROUNDING_MODES or not -x.dim() <= axis < x.dim():
+        return None
+    axis %= x.dim()
+    return axis if axis < x.dim() - 1 and math.prod(x.shape[axis + 1:]) > 1 else None
+
+
 def _noise(shape, device, generator, rounding):
     if rounding not in RANDOM_ROUNDING_MODES:
         return None
@@ -101,16 +134,26 @@ def _q_tensor(x, spec, p, rounding, saturate, scale_mode, block, axis, generator
 
 
 def _q_mx(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    inner_axis = _along_inner(x, axis, rounding)
+    if inner_axis is not None:      # weights / wgrad operands: no transposing copies
+        xb, restore = blocks_in_place(x, inner_axis, block)
+        return restore(accel.run(quantize_mx_inner, xb,
+                                 (p, spec.emax, rounding, scale_mode, saturate), keep_dims=2))
     xb, restore = to_blocks(x, axis, block)
     noise = _noise(xb.shape, xb.device, generator, rounding)
     return restore(accel.run(quantize_mx_blocks, xb,
-                             (p, spec.emax, rounding, scale_mode, saturate), noise))
+                             (p, spec.emax, rounding, scale_mode, saturate), noise, keep_dims=1))
 
 
 def _q_nvfp4(x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    inner_axis = _along_inner(x, axis, rounding)
+    if inner_axis is not None:
+        xb, restore = blocks_in_place(x, inner_axis, block)
+        return restore(accel.run(quantize_nvfp4_inner, xb, (p, rounding, saturate), keep_dims=2))
     xb, restore = to_blocks(x, axis, block)
     noise = _noise(xb.shape, xb.device, generator, rounding)
-    return restore(accel.run(quantize_nvfp4_blocks, xb, (p, rounding, saturate), noise))
+    return restore(accel.run(quantize_nvfp4_blocks, xb, (p, rounding, saturate), noise,
+                             keep_dims=1))
 
 
 _DISPATCH: dict[str, Callable] = {

@@ -50,13 +50,15 @@ def mx_shared_exponent(amax: torch.Tensor, emax_elem: int, max_normal: float,
 
 def quantize_mx_blocks(xb: torch.Tensor, p: ElemParams, emax_elem: int, rounding: str,
                        scale_mode: str, saturate: bool,
-                       noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """MX fake quantization of float32 xb shaped [..., nblocks, block].
+                       noise: Optional[torch.Tensor] = None, dim: int = -1) -> torch.Tensor:
+    """MX fake quantization of float32 xb shaped [..., nblocks, block] (``dim`` = -1) or
+    [..., nblocks, block, inner] (``dim`` = -2: blocks along a dimension that is not the last,
+    without moving it).
 
     A block whose amax is NaN or Inf (any NaN/Inf inside) becomes all NaN: its E8M0 scale would
     be the NaN code 0xFF.
     """
-    amax = xb.abs().amax(dim=-1, keepdim=True)
+    amax = xb.abs().amax(dim=dim, keepdim=True)
     s = mx_shared_exponent(amax, emax_elem, p.max_normal, scale_mode)
     v = xb * pow2_any(-s)
     y = finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate).mul_(pow2_any(s))
@@ -93,14 +95,15 @@ def nvfp4_block_scale(amax_b: torch.Tensor, s_t: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_nvfp4_blocks(xb: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
-                          noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+                          noise: Optional[torch.Tensor] = None, dim: int = -1) -> torch.Tensor:
     """NVFP4 fake quantization of float32 xb shaped [..., nblocks, 16] (the whole tensor, zero
-    padded: the per-tensor scale s_t comes from its finite amax).
+    padded: the per-tensor scale s_t comes from its finite amax); ``dim`` as in
+    quantize_mx_blocks.
 
     value = e2m1(x / (s_b * s_t)) * (s_b * s_t); a block holding NaN/Inf becomes all NaN.
     """
     s_t = nvfp4_tensor_scale(xb)
-    amax = xb.abs().amax(dim=-1, keepdim=True)
+    amax = xb.abs().amax(dim=dim, keepdim=True)
     s_b = nvfp4_block_scale(amax, s_t)
     denom = s_b * s_t
     # a float32-subnormal tensor amax can make denom underflow to 0: divide by 1 instead (the
@@ -128,3 +131,15 @@ def quantize_tensor_scaled(x: torch.Tensor, p: ElemParams, rounding: str, satura
     scale = tensor_scale(x, p.max_normal)
     v = x * scale
     return finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate).mul_(1.0 / scale)
+
+
+def quantize_mx_inner(xb: torch.Tensor, p: ElemParams, emax_elem: int, rounding: str,
+                      scale_mode: str, saturate: bool) -> torch.Tensor:
+    """quantize_mx_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
+    return quantize_mx_blocks(xb, p, emax_elem, rounding, scale_mode, saturate, None, dim=-2)
+
+
+def quantize_nvfp4_inner(xb: torch.Tensor, p: ElemParams, rounding: str,
+                         saturate: bool) -> torch.Tensor:
+    """quantize_nvfp4_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
+    return quantize_nvfp4_blocks(xb, p, rounding, saturate, None, dim=-2)

@@ -11,6 +11,9 @@ import os
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Triton kernels run in Triton's CPU interpreter where there is no GPU; it must be chosen before
 # any kernel is defined (quant.triton_kernels reads it when imported).
+# Quantizer kernels stay eager unless a test asks for torch.compile (background compiles would
+# compete for the 2 cores and hold each test process's exit until done).
+os.environ.setdefault("QUANT_COMPILE", "0")
 os.environ.setdefault("TRITON_INTERPRET", "0" if os.path.exists("/dev/nvidia0") else "1")
 
 import pytest  # noqa: E402
@@ -49,6 +52,7 @@ SLOW_TIERS = {
     "test_viz_report.py::test_report_in_headless_chromium": ("browser", "multiprocess"),
     "test_viz_badinput.py::test_scripts_run_from_repo_root": ("multiprocess",),
     "test_scaling_cli.py::test_runs_as_a_file_*": ("multiprocess",),
+    "test_quant_compiled.py::test_exit_during_*": ("multiprocess",),
 }
 
 

@@ -9,6 +9,7 @@ import torch
 
 import quant
 from quant import accel
+from quant.elemwise import ElemParams
 
 CASES = [("fp8_e4m3", {}), ("hifp8", {}), ("mxfp8", {"scale_mode": "rceil"}),
          ("nvfp4", {}), ("fp8_e5m2_tensor", {})]
@@ -40,6 +41,43 @@ def test_compiled_equals_eager(name, kw, monkeypatch):
         assert torch.equal(a[m].view(torch.int32), b[m].view(torch.int32)), k
 
 
+def _compiled_keys(name):
+    params = ElemParams.of(quant.get_format(name))
+    return [k for k in accel._CACHE if k[1][0] == params]
+
+
+def test_background_compile_takes_over_without_recompiling(monkeypatch):
+    """auto mode: eager until the kernel is hot, then one background compile whose graph serves
+    every shape (a recompile would raise under fail_on_recompile and disable compiling), with
+    the eager kernel's bits."""
+    monkeypatch.setenv("QUANT_COMPILE", "auto")
+    monkeypatch.setenv("QUANT_COMPILE_MIN_NUMEL", "100")
+    monkeypatch.setenv("QUANT_COMPILE_AFTER", "2")
+    for name, fresh in (("_CACHE", {}), ("_QUEUED", set()), ("_CALLS", {})):
+        monkeypatch.setattr(accel, name, fresh)
+    g = torch.Generator().manual_seed(4)
+    first = torch.randn(40, 64, generator=g)
+    for name in ("fp8_e5m2", "mxfp6_e3m2"):
+        quant.quantize(first, name)
+        assert accel.wait_for_background(600)
+        assert not _compiled_keys(name)                      # one call: not hot yet
+        quant.quantize(first, name)
+        assert accel.wait_for_background(600)
+        if accel.compile_error() is not None:
+            pytest.skip(f"torch.compile unavailable here: {accel.compile_error()!r}")
+        assert _compiled_keys(name)
+        inputs = [torch.randn(*s, generator=g) * 100 for s in
+                  [(5000,), (3, 70, 129), (1, 4096), (257, 33)]]
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled_out = [quant.quantize(x, name) for x in inputs]
+        assert accel.compile_error() is None
+        monkeypatch.setenv("QUANT_COMPILE", "0")
+        for x, y in zip(inputs, compiled_out):
+            ref = quant.quantize(x, name)
+            assert torch.equal(y.view(torch.int32), ref.view(torch.int32)), (name, x.shape)
+        monkeypatch.setenv("QUANT_COMPILE", "auto")
+
+
 def test_auto_mode_threshold(monkeypatch):
     monkeypatch.setenv("QUANT_COMPILE", "auto")
     monkeypatch.setenv("QUANT_COMPILE_MIN_NUMEL", "1000")
@@ -48,3 +86,20 @@ def test_auto_mode_threshold(monkeypatch):
         assert not accel.should_compile(10 ** 9, "cuda")  # auto: CPU only (CUDA unmeasured)
     monkeypatch.setenv("QUANT_COMPILE", "0")
     assert not accel.should_compile(10 ** 9)
+
+
+def test_exit_during_a_background_compile_is_clean(tmp_path):
+    """A process that ends while the background compile runs waits for it and exits 0 (torn
+    down mid-compile, Inductor can abort the process in C++ teardown: exit 134)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, quant\n"
+            "quant.quantize(torch.randn(64, 64), 'fp8_e4m3')\n"
+            "print('done', flush=True)\n")
+    env = dict(os.environ, QUANT_COMPILE="auto", QUANT_COMPILE_AFTER="1",
+               QUANT_COMPILE_MIN_NUMEL="100", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cold"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "done" in out.stdout

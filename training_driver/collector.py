@@ -357,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                CUSTOM_QUANT_TYPE=args.quant_type)
     if args.saver_iteration is not None:
         env["TENSOR_SAVER_ITERATION"] = str(args.saver_iteration)
+    # a collection run lasts a few iterations: background kernel compiles would not pay off
+    # (and would hold the trainer's exit until done); an explicit QUANT_COMPILE still wins
+    env.setdefault("QUANT_COMPILE", "0")
     from .capture import PATCHED_DIR_ENV, check_capture_config, prepare_patched_tree
 
     check_capture_config(env)
