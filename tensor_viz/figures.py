@@ -22,8 +22,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Wedge  # noqa: E402
-from matplotlib.ticker import (LogFormatterSciNotation, LogLocator, MaxNLocator,  # noqa: E402
-                               NullLocator, ScalarFormatter)
+from matplotlib.ticker import (FuncFormatter, LogLocator, MaxNLocator, NullLocator,  # noqa: E402
+                               ScalarFormatter)
 
 from lowp_common import atomic_path  # noqa: E402
 
@@ -239,6 +239,17 @@ def save_png(fig: "plt.Figure", path: Path, title: str, dpi: int = 90) -> list[s
 MIN_LOG_TICKS = 3      # fewer labelled ticks than this on a log axis: label 1-2-5 steps too
 
 
+def _log_tick(value: float, _pos=None) -> str:
+    """Label of a 1-2-5 tick on a log axis: plain numbers near 1, m x 10^e further out."""
+    if value <= 0:
+        return ""
+    exp = math.floor(math.log10(value) + 1e-9)
+    mant = value / 10.0 ** exp
+    if -2 <= exp <= 3:
+        return f"{value:g}"
+    return f"$10^{{{exp}}}$" if abs(mant - 1) < 1e-6 else f"${mant:.0f}\\times10^{{{exp}}}$"
+
+
 def _ticks_in_view(axis) -> list:
     """The tick labels an axis draws: inside the view interval, visible, with text."""
     locs = axis.get_majorticklocs()
@@ -248,8 +259,8 @@ def _ticks_in_view(axis) -> list:
             if lo - span <= loc <= hi + span and t.label1.get_visible() and t.label1.get_text()]
 
 
-def _collide(a, b, slack: float = 1.0) -> bool:
-    """Two window extents share more than ``slack`` pixels in both directions."""
+def _collide(a, b, slack: float = -1.0) -> bool:
+    """Two window extents come closer than ``-slack`` pixels (touching text reads as one word)."""
     return (min(a.x1, b.x1) - max(a.x0, b.x0) > slack) and (min(a.y1, b.y1) - max(a.y0, b.y0) > slack)
 
 
@@ -293,8 +304,8 @@ def tidy(fig: "plt.Figure") -> None:
             continue
         for axis, scale in _axes_scales(ax):
             if scale == "log" and len(_ticks_in_view(axis)) < MIN_LOG_TICKS:
-                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                axis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=30))
+                axis.set_major_formatter(FuncFormatter(_log_tick))
                 changed = True
             elif scale == "linear" and isinstance(axis.get_major_formatter(), ScalarFormatter) \
                     and _tick_overlaps(_ticks_in_view(axis), renderer):
