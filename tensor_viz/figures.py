@@ -228,9 +228,12 @@ def save_png(fig: "plt.Figure", path: Path, title: str, dpi: int = 90) -> list[s
         fig.set_dpi(dpi)
         fig.suptitle(title)
         tidy(fig)
-        issues = layout_problems(fig)
+        issues = layout_problems(fig, drawn=True)
+        # The layout is drawn already: hand savefig the tight box (what bbox_inches="tight"
+        # computes with one more layout pass) so it only renders.
+        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt.rcParams["savefig.pad_inches"])
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+            fig.savefig(tmp, format="png", dpi=dpi, bbox_inches=box)
     finally:
         plt.close(fig)
     return issues
@@ -350,11 +353,13 @@ def _texts(ax, renderer) -> list[tuple[str, object]]:
     return out
 
 
-def layout_problems(fig: "plt.Figure") -> list[str]:
+def layout_problems(fig: "plt.Figure", drawn: bool = False) -> list[str]:
     """What a reader would stumble on: no figure title, a panel without axis labels, tick labels
     of one axis overlapping each other, text of one panel (tick labels, axis labels, a colourbar's
-    label, titles) running into another panel's. Measured with matplotlib's own text extents."""
-    fig.draw_without_rendering()
+    label, titles) running into another panel's. Measured with matplotlib's own text extents;
+    ``drawn``: the figure's layout is current (``tidy`` just drew it), skip drawing again."""
+    if not drawn:
+        fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     problems = []
     title = fig._suptitle
