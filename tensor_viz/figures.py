@@ -22,8 +22,9 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Wedge  # noqa: E402
-from matplotlib.ticker import (FuncFormatter, LogLocator, MaxNLocator, NullLocator,  # noqa: E402
-                               ScalarFormatter)
+from matplotlib.category import StrCategoryFormatter  # noqa: E402
+from matplotlib.ticker import (FixedFormatter, FixedLocator, FuncFormatter, LogLocator,  # noqa: E402
+                               NullLocator)
 
 from lowp_common import atomic_path  # noqa: E402
 
@@ -197,6 +198,24 @@ def value_boxes(ax, data: Sequence[np.ndarray]) -> str:
             f"flat lines); the sign is not shown and exact zeros ({zeros:,} of {total:,} values) are left out.")
 
 
+def stat_boxes(ax, data: Sequence[Sequence[float]], what: str) -> None:
+    """Box plots of a per-file statistic (signed: mean, min, max; or positive: std) on an axis
+    that shows every box: linear when the magnitudes stay within ``LOG_BOX_SPREAD``, else log
+    (all positive) or symlog (signed; linear within the 5th percentile of |x|), labelled so."""
+    arrays = [np.asarray([v for v in d if np.isfinite(v)], dtype=np.float64) for d in data]
+    ax.boxplot([a if a.size else [np.nan] for a in arrays])
+    mags = np.abs(np.concatenate([a for a in arrays if a.size] or [np.zeros(0)]))
+    mags = mags[mags > 0]
+    if mags.size < 2 or mags.max() / mags.min() <= LOG_BOX_SPREAD:
+        ax.set_ylabel(f"{what} (tensor units)")
+    elif all((a > 0).all() for a in arrays):
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{what} (tensor units, log)")
+    else:
+        ax.set_yscale("symlog", linthresh=float(np.percentile(mags, 5)))
+        ax.set_ylabel(f"{what} (tensor units, symlog)")
+
+
 def short(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -310,14 +329,32 @@ def tidy(fig: "plt.Figure") -> None:
                 axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=30))
                 axis.set_major_formatter(FuncFormatter(_log_tick))
                 changed = True
-            elif scale == "linear" and isinstance(axis.get_major_formatter(), ScalarFormatter) \
-                    and _tick_overlaps(_ticks_in_view(axis), renderer):
-                n = len(_ticks_in_view(axis))
-                axis.set_major_locator(MaxNLocator(nbins=max(2, n // 2)))
-                changed = True
+            elif not _is_categorical(axis):
+                changed |= _thin(axis, renderer)
     if changed:
         fig.draw_without_rendering()
     _place_title(fig, renderer)
+
+
+def _is_categorical(axis) -> bool:
+    """Named ticks (a bar per format, a row per tensor): thinning them would hide names."""
+    return isinstance(axis.get_major_formatter(), (FixedFormatter, StrCategoryFormatter))
+
+
+def _thin(axis, renderer) -> bool:
+    """Keep every k-th numeric tick (counting from the one nearest zero) for the smallest k
+    whose labels no longer overlap; True when the ticks changed."""
+    labels = _ticks_in_view(axis)
+    if not _tick_overlaps(labels, renderer):
+        return False
+    locs = [t.get_position()[0 if axis.axis_name == "x" else 1] for t in labels]
+    zero = int(np.argmin(np.abs(locs)))
+    for k in range(2, len(labels)):
+        keep = [i for i in range(len(labels)) if (i - zero) % k == 0]
+        if not _tick_overlaps([labels[i] for i in keep], renderer):
+            break
+    axis.set_major_locator(FixedLocator([locs[i] for i in keep]))
+    return True
 
 
 def _place_title(fig: "plt.Figure", renderer) -> None:

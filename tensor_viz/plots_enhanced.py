@@ -8,7 +8,7 @@ import numpy as np
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ks_normal, moments, ratio, stat, values
 from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, PERCENT_AXIS,
-                                VALUE_AXIS, FigureSet, Subset, grid, overlay_density, short, value_boxes)
+                                VALUE_AXIS, FigureSet, Subset, grid, overlay_density, short, stat_boxes, value_boxes)
 
 RANK_PANELS = 8
 
@@ -128,11 +128,11 @@ def _draw_fp8_values(ds: Dataset, fs: FigureSet, sets: dict) -> None:
 def _draw_fp8_stats(fs: FigureSet, sets: dict) -> None:
     section = "fp8_analysis"
     hi, mx = sets["hifp8"], sets["mxfp8"]
-    fig, axes = grid(4, ncols=4, size=(3.4, 3.8))
+    fig, axes = grid(4, ncols=4, size=(3.8, 3.8), wspace=0.5)
     for ax, key in zip(axes, ("mean", "std", "min", "max")):
-        ax.boxplot([[v for e in es if (v := stat(e, key)) is not None] or [np.nan] for es in sets.values()])
+        stat_boxes(ax, [[v for e in es if (v := stat(e, key)) is not None] for es in sets.values()], key)
         ax.set_xticks([1, 2], list(sets))
-        ax.set(title=key, xlabel="format", ylabel=f"{key} (tensor units)")
+        ax.set(title=key, xlabel="format")
     fs.save(fig, section, "stat_boxplots", "HiFP8 vs MXFP8: per-file mean, std, min, max",
             "Boxes that do not overlap mean the two runs differ systematically, not by noise.")
     key_fn = lambda e: (e.name.layer_type, e.name.layer_idx, e.name.operation, e.name.tensor_name)  # noqa: E731

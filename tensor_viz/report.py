@@ -92,7 +92,7 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
         n_any = sum(1 for e in ds.entries if ratio(e, key))
         worst_tables.append({"title": title, "what": what, "rows": rows,
                              "subset": subset_note(len(rows), n_any, f"tensors with any {what}",
-                                                   f"the {len(rows)} largest ratios")})
+                                                   "those with the largest ratios")})
     return _template().render(
         directory=cat.directory, n_tensors=len(ds.entries),
         n_from_manifest=sum(1 for e in ds.entries if e.source == "manifest"),
