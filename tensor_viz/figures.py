@@ -392,8 +392,9 @@ def _texts(ax, renderer) -> list[tuple[str, object]]:
 
 def layout_problems(fig: "plt.Figure", drawn: bool = False) -> list[str]:
     """What a reader would stumble on: no figure title, a panel without axis labels, tick labels
-    of one axis overlapping each other, text of one panel (tick labels, axis labels, a colourbar's
-    label, titles) running into another panel's. Measured with matplotlib's own text extents;
+    of one axis overlapping each other, notes inside a panel running into each other or its
+    legend, text of one panel (tick labels, axis labels, a colourbar's label, titles) running
+    into another panel's. Measured with matplotlib's own text extents;
     ``drawn``: the figure's layout is current (``tidy`` just drew it), skip drawing again."""
     if not drawn:
         fig.draw_without_rendering()
@@ -418,6 +419,13 @@ def layout_problems(fig: "plt.Figure", drawn: bool = False) -> list[str]:
         offsets = [(what, box) for what, box in own if " offset " in what]
         problems += [f"{name}: {what} runs into the panel title" for what, box in offsets
                      for t in titles if _collide(box, t)]
+        notes = [(f"text {t.get_text()!r}", t.get_window_extent(renderer)) for t in ax.texts
+                 if t.get_visible() and t.get_text()]
+        legend = ax.get_legend()
+        if legend is not None and legend.get_visible():
+            notes.append(("legend", legend.get_window_extent(renderer)))
+        problems += [f"{name}: {a} runs into {b}" for (a, box_a), (b, box_b) in itertools.combinations(notes, 2)
+                     if _collide(box_a, box_b)]
         texts[i] = (name, own)
     if title is not None and title.get_text():
         texts[-1] = ("figure title", [("title", title.get_window_extent(renderer))])

@@ -20,6 +20,8 @@ from tensor_viz.values import SCORE_NAMES
 PANELS_PER_PAGE = 12     # histogram / Q-Q panels per figure; more groups go on further pages
 BOXES_PER_PAGE = 30
 HEAT_PANELS = 9
+LOG2_REACH = 24          # format limits this many binades beyond the data are drawn, others named
+LIMIT_COLOURS = ("tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")
 
 
 def _group_key(e):
@@ -103,20 +105,35 @@ def _draw_log2(ds: Dataset, fs: FigureSet) -> None:
         ax.step(np.arange(e0, e0 + counts.size), counts, where="post", label=op)
     ax.set_yscale("log")
     top = ax.get_ylim()[1]
+    # The x range follows the data and the limits near it: a limit far outside (bf16's 2^-133)
+    # would squeeze every histogram into a few pixels. Such limits are named in the caption.
+    lo = min(e0 for e0, _ in merged.values()) - LOG2_REACH
+    hi = max(e0 + c.size for e0, c in merged.values()) + LOG2_REACH
+    outside, drawn = [], []
+    colours = iter(LIMIT_COLOURS * 4)
     for qt in sorted({e.name.quant_type for e in ds.entries}):
         spec = capture_stats.format_range(qt)
-        if spec is not None:
-            for value, style, what in ((spec.max_normal, "--", "max"), (spec.min_subnormal, ":", "min subnormal")):
-                ax.axvline(math.log2(value), ls=style, lw=1, color="r")
-                ax.text(math.log2(value), top, f"{qt} {what} ($2^{{{math.log2(value):.0f}}}$)", rotation=90,
-                        va="top", ha="right", fontsize=8, color="r",
-                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
-    ax.legend(loc="upper left")
+        if spec is None:
+            continue
+        colour = next(colours)
+        for value, style, what in ((spec.max_normal, "--", "max"), (spec.min_subnormal, ":", "min subnormal")):
+            exp = math.log2(value)
+            text = f"{qt} {what} ($2^{{{exp:.0f}}}$)"
+            if not lo <= exp <= hi:
+                outside.append(text.replace("$2^{", "2^").replace("}$", ""))
+                continue
+            ax.axvline(exp, ls=style, lw=1, color=colour, label=text)
+            drawn.append(exp)
+    data_lo = min(e0 for e0, _ in merged.values())
+    data_hi = max(e0 + c.size for e0, c in merged.values())
+    ax.set_xlim(min([data_lo] + drawn) - 2, max([data_hi] + drawn) + 2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.set(xlabel=LOG2_AXIS, ylabel=COUNT_AXIS)
     fs.save(fig, section, "log2_magnitude", "Magnitude (binade) histogram of all captured values",
             "From the statistics stored at capture time, so every value of every tensor counts. "
-            "Red lines: the largest (dashed) and smallest subnormal (dotted) value of each format; "
-            "mass right of the dashed line overflows, mass left of the dotted line flushes to zero.")
+            "Vertical lines: each format's largest (dashed) and smallest subnormal (dotted) value; "
+            "mass right of the dashed line overflows, mass left of the dotted line flushes to zero."
+            + (f" Limits outside the data's range, not drawn: {', '.join(outside)}." if outside else ""))
 
 
 def _heat_panels(fs: FigureSet, section: str, entries, name: str, title: str, caption: str,

@@ -124,7 +124,8 @@ def one_iteration(tmp_path_factory):
             "titles": [ax.get_title() for ax in fig.axes],
             "images": [im.get_array().shape for ax in fig.axes for im in ax.images],
             "yscales": [ax.get_yscale() for ax in fig.axes],
-            "texts": [t.get_text() for ax in fig.axes for t in ax.texts]}
+            "texts": [t.get_text() for ax in fig.axes for t in ax.texts],
+            "legend": [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]}
         return original(self, fig, section, name, title, caption, subset)
 
     figures.FigureSet.save = spy
@@ -187,8 +188,12 @@ def test_one_iteration_map_is_not_a_one_column_heatmap(one_iteration):
 
 def test_min_subnormal_line_is_labelled(one_iteration):
     _, seen = one_iteration
-    texts = seen["distributions/log2_magnitude"]["texts"]
-    assert any("hifp8 min subnormal" in t for t in texts) and any("hifp8 max" in t for t in texts)
+    legend = seen["distributions/log2_magnitude"]["legend"]
+    assert "hifp8 min subnormal ($2^{-22}$)" in legend and "hifp8 max ($2^{15}$)" in legend
+    # bf16's limits (2^-133, 2^128) are far from the data: named in the caption, not drawn
+    assert not any(t.startswith("bf16") for t in legend)
+    f = next(f for f in one_iteration[0].figures.figures if f.path == "distributions/log2_magnitude.png")
+    assert "not drawn: bf16 max (2^128), bf16 min subnormal (2^-133)" in f.caption
 
 
 def test_quick_view_draws_no_empty_progress_bar(one_iteration, tmp_path, capsys):
