@@ -22,6 +22,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Wedge  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 from matplotlib.category import StrCategoryFormatter  # noqa: E402
 from matplotlib.ticker import (FixedFormatter, FixedLocator, FuncFormatter, LogLocator,  # noqa: E402
                                NullLocator)
@@ -246,11 +247,12 @@ def save_png(fig: "plt.Figure", path: Path, title: str, dpi: int = 90) -> list[s
     try:
         fig.set_dpi(dpi)
         fig.suptitle(title)
-        tidy(fig)
+        tight = tidy(fig)
         issues = layout_problems(fig, drawn=True)
         # The layout is drawn already: hand savefig the tight box (what bbox_inches="tight"
         # computes with one more layout pass) so it only renders.
-        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt.rcParams["savefig.pad_inches"])
+        box = "tight" if tight is None else \
+            tight.transformed(fig.dpi_scale_trans.inverted()).padded(plt.rcParams["savefig.pad_inches"])
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=dpi, bbox_inches=box)
     finally:
@@ -307,13 +309,14 @@ def _axes_scales(ax):
     return ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale()))
 
 
-def tidy(fig: "plt.Figure") -> None:
+def tidy(fig: "plt.Figure") -> Bbox | None:
     """Readable ticks and a title that sits just above the panels.
 
     Log axes lose minor ticks (half the drawing time, no labels) but get labelled 1-2-5 steps
     when they span too few decades to show three labels; linear axes whose tick labels overlap
     get fewer ticks; the figure title is moved to just above the panels' top edge, centred on
-    them (matplotlib puts it at the figure's top, far above a tall heatmap)."""
+    them (matplotlib puts it at the figure's top, far above a tall heatmap). Returns the tight
+    box of the result in display pixels (None for a figure without visible axes)."""
     for ax in fig.axes:
         for axis, scale in _axes_scales(ax):
             if scale == "log":
@@ -333,7 +336,7 @@ def tidy(fig: "plt.Figure") -> None:
                 changed |= _thin(axis, renderer)
     if changed:
         fig.draw_without_rendering()
-    _place_title(fig, renderer)
+    return _place_title(fig, renderer)
 
 
 def _is_categorical(axis) -> bool:
@@ -357,18 +360,22 @@ def _thin(axis, renderer) -> bool:
     return True
 
 
-def _place_title(fig: "plt.Figure", renderer) -> None:
+def _place_title(fig: "plt.Figure", renderer) -> Bbox | None:
+    """Put the title just above the panels, centred on them; returns the box (display pixels)
+    around panels and title, the figure's tight box."""
     title = fig._suptitle
     boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
     boxes = [b for b in boxes if b is not None and b.width > 0]
-    if title is None or not boxes:
-        return
-    x0, x1 = min(b.x0 for b in boxes), max(b.x1 for b in boxes)
-    top = max(b.y1 for b in boxes)
-    w, h = fig.bbox.width, fig.bbox.height
-    pad = 0.6 * title.get_fontsize() * fig.dpi / 72
-    title.set_position(((x0 + x1) / 2 / w, (top + pad) / h))
-    title.set_verticalalignment("bottom")
+    if not boxes:
+        return None
+    if title is not None:
+        x0, x1 = min(b.x0 for b in boxes), max(b.x1 for b in boxes)
+        top = max(b.y1 for b in boxes)
+        pad = 0.6 * title.get_fontsize() * fig.dpi / 72
+        title.set_position(((x0 + x1) / 2 / fig.bbox.width, (top + pad) / fig.bbox.height))
+        title.set_verticalalignment("bottom")
+        boxes.append(title.get_window_extent(renderer))
+    return Bbox.union(boxes)
 
 
 def _is_pie(ax) -> bool:
