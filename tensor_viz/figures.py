@@ -174,6 +174,14 @@ def colorbar(fig: "plt.Figure", mappable, ax, label: str):
 LOG_BOX_SPREAD = 100.0
 
 
+def magnitude_spread(data: Sequence[np.ndarray]) -> float:
+    """Ratio of the largest to the smallest typical magnitude (75th percentile of |x|) of the
+    groups: above ``LOG_BOX_SPREAD`` one linear value axis cannot show them all."""
+    scales = [float(np.percentile(np.abs(v), 75)) for v in data if v.size]
+    scales = [x for x in scales if x > 0]
+    return max(scales) / min(scales) if scales else 1.0
+
+
 def value_boxes(ax, data: Sequence[np.ndarray]) -> str:
     """Box plots of value groups on the scale that shows every box, with its axis label.
 
@@ -181,9 +189,7 @@ def value_boxes(ax, data: Sequence[np.ndarray]) -> str:
     else |value| on a log axis (zeros have no log and are left out). Returns a caption
     sentence that says which scale was used and why."""
     finite = [v[np.isfinite(v)] for v in data]
-    scales = [float(np.percentile(np.abs(v), 75)) for v in finite if v.size]
-    scales = [x for x in scales if x > 0]
-    spread = max(scales) / min(scales) if scales else 1.0
+    spread = magnitude_spread(finite)
     if spread <= LOG_BOX_SPREAD:
         ax.boxplot([v if v.size else [np.nan] for v in finite], showfliers=False)
         ax.set_ylabel(VALUE_AXIS)

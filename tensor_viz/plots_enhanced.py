@@ -8,9 +8,13 @@ import numpy as np
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ks_normal, moments, ratio, stat, values
 from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, PERCENT_AXIS,
-                                VALUE_AXIS, FigureSet, Subset, grid, overlay_density, short, stat_boxes, value_boxes)
+                                VALUE_AXIS, FigureSet, Subset, grid, magnitude_spread,
+                                overlay_density, short, stat_boxes, value_boxes)
 
 RANK_PANELS = 8
+#: Histograms (80 bins) sharing an axis whose groups' typical magnitudes differ by more than
+#: this are drawn as binades: a group 10x narrower than the axis fills fewer than 8 bins.
+HIST_SPREAD = 10.0
 
 
 def _hist(ax, v, label=None, density=True):
@@ -210,17 +214,30 @@ def draw_backward(ds: Dataset, fs: FigureSet) -> None:
 def _draw_backward_values(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
     section = "backward_analysis"
     fig, axes = grid(2, ncols=2, size=(6, 4.3))
-    for label, es in (("forward", fwd), ("backward", bwd)):
-        _hist(axes[0], values(ds.sampled(es)), label=f"{label} ({len(es)} files)")
-    for lt, es in group(bwd, lambda e: e.name.layer_type).items():
-        _hist(axes[1], values(ds.sampled(es)), label=lt)
-    for ax, title in zip(axes, ("forward vs backward", "backward by layer type")):
+    panels = (("forward vs backward", {f"{label} ({len(es)} files)": values(ds.sampled(es))
+                                       for label, es in (("forward", fwd), ("backward", bwd))}),
+              ("backward by layer type", {lt: values(ds.sampled(es))
+                                          for lt, es in group(bwd, lambda e: e.name.layer_type).items()}))
+    binades = []
+    for ax, (title, series) in zip(axes, panels):
+        # Gradients next to activations: on one linear axis the gradients are a spike at zero,
+        # so such a panel shows binades (log2 |x|, zeros left out) instead.
+        spread = magnitude_spread([v for v in series.values() if v.size])
+        for label, v in series.items():
+            if spread > HIST_SPREAD:
+                v = np.abs(v)
+                v = np.log2(v[v > 0])
+            _hist(ax, v, label=label)
         ax.set_yscale("log")
         ax.legend()
-        ax.set(title=title, xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+        ax.set(title=title, xlabel=LOG2_AXIS if spread > HIST_SPREAD else VALUE_AXIS, ylabel=DENSITY_AXIS
+               if spread <= HIST_SPREAD else "density (1 / binade)")
+        if spread > HIST_SPREAD:
+            binades.append(f"'{title}' shows log2 |value| (zeros left out) because its groups' typical "
+                           f"magnitudes differ by {spread:.2g}x")
     fs.save(fig, section, "forward_vs_backward", "Forward vs backward value distributions",
             "Gradients are usually orders of magnitude smaller than activations: that gap is why "
-            "backward passes use E5M2 (more range) or scaling.")
+            "backward passes use E5M2 (more range) or scaling." + "".join(f" Panel {b}." for b in binades))
     grads = ds.sampled([e for e in bwd if e.name.tensor_name.startswith("grad")]) or ds.sampled(bwd)
     if grads:
         fig, ax = plt.subplots(figsize=(8, 4.5))

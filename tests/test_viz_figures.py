@@ -162,12 +162,14 @@ def test_whatif_figures_say_how_many_tensors(one_iteration):
         assert "seeded round-robin" in f.caption
 
 
-def test_gradient_box_plots_use_log_magnitudes(one_iteration):
+def test_gradients_beside_activations_use_log_magnitudes(one_iteration):
     result, seen = one_iteration
     assert seen["distributions/box_plots"]["yscales"] == ["log"]
     assert seen["distributions/box_plots"]["panels"][0].get_ylabel() == figures.ABS_VALUE_AXIS
     box = next(f for f in result.figures.figures if f.path == "distributions/box_plots.png")
     assert "log axis" in box.caption
+    # the same for histograms of gradients beside activations: binades, not a spike at zero
+    assert seen["backward_analysis/forward_vs_backward"]["panels"][0].get_xlabel() == figures.LOG2_AXIS
 
 
 def test_no_overflow_is_said_not_drawn_as_empty_panels(one_iteration):
