@@ -31,6 +31,9 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="processes reading files")
     p.add_argument("--whatif", default=",".join(defaults.DEFAULT_WHATIF),
                    help="formats for what-if quantization error (comma list, or 'none')")
+    p.add_argument("--whatif-files", type=int, default=defaults.Options.whatif_files,
+                   help="tensors (layer x tensor x quant type) given what-if errors; figures say when "
+                        "fewer than all were")
     p.add_argument("--map-stat", default=",".join(defaults.DEFAULT_MAP_STATS),
                    help=f"statistics for the numerics map, from {', '.join(defaults.MAP_STAT_NAMES)}")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -38,7 +41,7 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def options(args: argparse.Namespace) -> defaults.Options:
-    for name in ("sample_size", "max_files", "workers"):
+    for name in ("sample_size", "max_files", "workers", "whatif_files"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     stats = _formats(args.map_stat)
@@ -55,7 +58,8 @@ def options(args: argparse.Namespace) -> defaults.Options:
     if unknown:
         raise UserError(f"--whatif {','.join(unknown)}: unknown format; see quant.FORMATS for names")
     return defaults.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
-                            workers=args.workers, whatif=whatif, map_stats=stats, progress=not args.no_progress)
+                            workers=args.workers, whatif=whatif, whatif_files=args.whatif_files, map_stats=stats,
+                            progress=not args.no_progress)
 
 
 def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,

@@ -56,7 +56,7 @@ class Options:
     seed: int = 0
     workers: int = 2
     whatif: tuple[str, ...] = DEFAULT_WHATIF
-    whatif_files: int = 48
+    whatif_files: int = 256          # tensors given what-if errors (one file each)
     whatif_elems: int = 8192
     max_pairs: int = 64
     map_stats: tuple[str, ...] = DEFAULT_MAP_STATS

@@ -193,7 +193,8 @@ def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Opti
 
     fs = FigureSet(Path(out_dir), dpi=opts.dpi)
     parallel = opts.workers > 1 and len(sections) > 1 and can_fork()
-    bar = progress_bar(total=len(sections), desc="drawing", unit="section", disable=not opts.progress)
+    bar = progress_bar(total=len(sections), desc="drawing", unit="section",
+                       disable=not opts.progress or not sections)   # no bar for no work
     done: dict[str, list] = {}
     try:
         if parallel:

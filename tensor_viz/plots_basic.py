@@ -10,12 +10,18 @@ import torch
 
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, stat, values
-from tensor_viz.figures import (COUNT_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS,
-                                FigureSet, grid, overlay_density, short)
+from matplotlib.ticker import MaxNLocator
+
+from tensor_viz.figures import (COUNT_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS, FigureSet, Subset,
+                                colorbar, grid, overlay_density, paginate, short, value_boxes)
 from tensor_capture import stats as capture_stats
 from tensor_viz.values import SCORE_NAMES
 
-MAX_PANELS = 12
+PANELS_PER_PAGE = 12     # histogram / Q-Q panels per figure; more groups go on further pages
+BOXES_PER_PAGE = 30
+HEAT_PANELS = 9
+LOG2_REACH = 24          # format limits this many binades beyond the data are drawn, others named
+LIMIT_COLOURS = ("tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")
 
 
 def _group_key(e):
@@ -34,40 +40,40 @@ def draw_distributions(ds: Dataset, fs: FigureSet) -> None:
     if not groups:
         fs.placeholder(section, "no tensor values could be read")
     else:
-        keys = list(groups)[:MAX_PANELS]
-        fig, axes = grid(len(keys))
-        for ax, k in zip(axes, keys):
-            v = values(groups[k])
-            _hist(ax, v)
-            ax.set_yscale("log")
-            ax.set(title=short(k), xlabel=VALUE_AXIS, ylabel=COUNT_AXIS)
-        fs.save(fig, section, "value_histograms", "Value histograms by quant type, pass and tensor",
-                "Sampled values per group (log count). Look for heavy tails, spikes at a format's "
-                "largest value (saturation) and a spike at zero (values flushed to zero).")
-        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(keys) + 2), 4.5))
-        data = [values(groups[k]) for k in keys]
-        ax.boxplot(data, showfliers=False)
-        ax.set_xticks(range(1, len(keys) + 1), [short(k, 28) for k in keys], rotation=45, ha="right")
-        ax.set(ylabel=VALUE_AXIS, xlabel="group (quant type, pass, tensor)")
-        fs.save(fig, section, "box_plots", "Box plots of sampled values by group",
-                "Boxes span the 25th-75th percentile, whiskers 1.5 IQR. Very different spreads "
-                "between groups mean one scale cannot fit them all.")
-        qq_keys = keys[:6]
-        fig, axes = grid(len(qq_keys))
-        for ax, k in zip(axes, qq_keys):
-            v = np.sort(values(groups[k]))
-            if v.size >= 8 and v.std() > 0:
-                z = (v - v.mean()) / v.std()
-                p = (np.arange(v.size) + 0.5) / v.size
-                theo = torch.special.ndtri(torch.from_numpy(p)).numpy()
-                ax.plot(theo, z, ".", ms=2)
-                lim = max(abs(theo).max(), 1.0)
-                ax.plot([-lim, lim], [-lim, lim], "r--", lw=1, label="normal")
-                ax.legend(loc="upper left")
-            ax.set(title=short(k), xlabel="normal quantile (std units)", ylabel="sample quantile (std units)")
-        fs.save(fig, section, "qq_plots", "Q-Q plots against a normal distribution",
-                "Points leaving the red diagonal at the ends mean heavier tails than a normal: "
-                "those tensors need exponent range more than mantissa bits.")
+        keys = list(groups)
+        for suffix, page, note in paginate(keys, PANELS_PER_PAGE, "groups"):
+            fig, axes = grid(len(page))
+            for ax, k in zip(axes, page):
+                _hist(ax, values(groups[k]))
+                ax.set_yscale("log")
+                ax.set(title=short(k), xlabel=VALUE_AXIS, ylabel=COUNT_AXIS)
+            fs.save(fig, section, "value_histograms" + suffix, "Value histograms by quant type, pass and tensor",
+                    "Sampled values per group (log count). Look for heavy tails, spikes at a format's "
+                    "largest value (saturation) and a spike at zero (values flushed to zero).", note)
+        for suffix, page, note in paginate(keys, BOXES_PER_PAGE, "groups"):
+            fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(page) + 2), 4.5))
+            scale = value_boxes(ax, [values(groups[k]) for k in page])
+            ax.set_xticks(range(1, len(page) + 1), [short(k, 28) for k in page], rotation=45, ha="right")
+            ax.set(xlabel="group (quant type, pass, tensor)")
+            fs.save(fig, section, "box_plots" + suffix, "Box plots of sampled values by group",
+                    "Boxes span the 25th-75th percentile, whiskers 1.5 IQR. Very different spreads "
+                    "between groups mean one scale cannot fit them all. " + scale, note)
+        for suffix, page, note in paginate(keys, PANELS_PER_PAGE, "groups"):
+            fig, axes = grid(len(page))
+            for ax, k in zip(axes, page):
+                v = np.sort(values(groups[k]))
+                if v.size >= 8 and v.std() > 0:
+                    z = (v - v.mean()) / v.std()
+                    p = (np.arange(v.size) + 0.5) / v.size
+                    theo = torch.special.ndtri(torch.from_numpy(p)).numpy()
+                    ax.plot(theo, z, ".", ms=2)
+                    lim = max(abs(theo).max(), 1.0)
+                    ax.plot([-lim, lim], [-lim, lim], "r--", lw=1, label="normal")
+                    ax.legend(loc="upper left")
+                ax.set(title=short(k), xlabel="normal quantile (std units)", ylabel="sample quantile (std units)")
+            fs.save(fig, section, "qq_plots" + suffix, "Q-Q plots against a normal distribution",
+                    "Points leaving the red diagonal at the ends mean heavier tails than a normal: "
+                    "those tensors need exponent range more than mantissa bits.", note)
     _draw_log2(ds, fs)
 
 
@@ -99,56 +105,90 @@ def _draw_log2(ds: Dataset, fs: FigureSet) -> None:
         ax.step(np.arange(e0, e0 + counts.size), counts, where="post", label=op)
     ax.set_yscale("log")
     top = ax.get_ylim()[1]
+    # The x range follows the data and the limits near it: a limit far outside (bf16's 2^-133)
+    # would squeeze every histogram into a few pixels. Such limits are named in the caption.
+    lo = min(e0 for e0, _ in merged.values()) - LOG2_REACH
+    hi = max(e0 + c.size for e0, c in merged.values()) + LOG2_REACH
+    outside, drawn = [], []
+    colours = iter(LIMIT_COLOURS * 4)
     for qt in sorted({e.name.quant_type for e in ds.entries}):
         spec = capture_stats.format_range(qt)
-        if spec is not None:
-            ax.axvline(math.log2(spec.max_normal), ls="--", lw=1, color="r")
-            ax.axvline(math.log2(spec.min_subnormal), ls=":", lw=1, color="r")
-            ax.text(math.log2(spec.max_normal), top, f" {qt} max", rotation=90, va="top", fontsize=8)
-    ax.legend()
+        if spec is None:
+            continue
+        colour = next(colours)
+        for value, style, what in ((spec.max_normal, "--", "max"), (spec.min_subnormal, ":", "min subnormal")):
+            exp = math.log2(value)
+            text = f"{qt} {what} ($2^{{{exp:.0f}}}$)"
+            if not lo <= exp <= hi:
+                outside.append(text.replace("$2^{", "2^").replace("}$", ""))
+                continue
+            ax.axvline(exp, ls=style, lw=1, color=colour, label=text)
+            drawn.append(exp)
+    data_lo = min(e0 for e0, _ in merged.values())
+    data_hi = max(e0 + c.size for e0, c in merged.values())
+    ax.set_xlim(min([data_lo] + drawn) - 2, max([data_hi] + drawn) + 2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.set(xlabel=LOG2_AXIS, ylabel=COUNT_AXIS)
     fs.save(fig, section, "log2_magnitude", "Magnitude (binade) histogram of all captured values",
             "From the statistics stored at capture time, so every value of every tensor counts. "
-            "Red lines: the largest (dashed) and smallest subnormal (dotted) value of each format; "
-            "mass right of the dashed line overflows, mass left of the dotted line flushes to zero.")
+            "Vertical lines: each format's largest (dashed) and smallest subnormal (dotted) value; "
+            "mass right of the dashed line overflows, mass left of the dotted line flushes to zero."
+            + (f" Limits outside the data's range, not drawn: {', '.join(outside)}." if outside else ""))
 
 
 def _heat_panels(fs: FigureSet, section: str, entries, name: str, title: str, caption: str,
-                 xlabel: str, ylabel: str) -> None:
-    fig, axes = grid(len(entries), ncols=3, size=(4.8, 4.0))
+                 xlabel: str, ylabel: str, subset: Subset) -> None:
+    # Wide gaps: each panel carries a colourbar with its own label, right next to the
+    # following panel's y label.
+    fig, axes = grid(len(entries), ncols=3, size=(5.2, 4.0), wspace=0.55)
     for ax, e in zip(axes, entries):
         m = np.nan_to_num(e.heat.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
         vmax = float(np.abs(m).max()) or 1.0
         im = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
-        fig.colorbar(im, ax=ax, label=VALUE_AXIS)
+        colorbar(fig, im, ax, VALUE_AXIS)
         ax.grid(False)
         ax.set(title=short(f"{e.label} it{e.name.iteration} {e.name.quant_type}", 44),
                xlabel=xlabel, ylabel=ylabel)
-    fs.save(fig, section, name, title, caption)
+    fs.save(fig, section, name, title, caption, subset)
+
+
+def _crest(e) -> float:
+    """absmax / std of the read block: how far the largest value stands out."""
+    m = np.abs(e.heat[np.isfinite(e.heat)])
+    return float(m.max() / m.std()) if m.size and m.std() > 0 else 0.0
 
 
 def draw_heatmaps(ds: Dataset, fs: FigureSet) -> None:
     section = "heatmaps"
-    picked = list({e.label: e for e in ds.entries if e.heat is not None}.values())[:9]
-    if not picked:
+    with_heat = list({e.label: e for e in ds.entries if e.heat is not None}.values())
+    if not with_heat:
         fs.placeholder(section, "no tensor values could be read")
         return
+    picked = sorted(with_heat, key=_crest, reverse=True)[:HEAT_PANELS]
+    n_labels = len({e.label for e in ds.entries})
+    subset = Subset(len(picked), n_labels, "tensors",
+                    f"chosen by the largest absmax / std of the block (outliers first) among the "
+                    f"{len(with_heat)} tensors whose block was read (the first in reading order)")
     _heat_panels(fs, section, picked, "value_heatmaps", "Tensor values (first 128 x 128 block)",
                  "Each cell is one value. Bright isolated stripes are outlier channels (columns) "
                  "or tokens (rows): per-channel or block scaling handles them, one tensor scale does not.",
-                 "column (last dimension index)", "row (flattened leading dimensions)")
+                 "column (last dimension index)", "row (leading dims flattened)", subset)
 
 
 def draw_attention_maps(ds: Dataset, fs: FigureSet) -> None:
     section = "attention_maps"
-    picked = [e for e in ds.entries if e.heat is not None and e.name.tensor_name in SCORE_NAMES][:9]
-    if not picked:
+    scores = [e for e in ds.entries if e.heat is not None and e.name.tensor_name in SCORE_NAMES]
+    if not scores:
         fs.placeholder(section, "no attention score/probability tensors were captured (tensor names "
                        + ", ".join(SCORE_NAMES) + ")")
         return
+    n_scores = sum(1 for e in ds.entries if e.name.tensor_name in SCORE_NAMES)
+    picked = scores[:HEAT_PANELS]
+    subset = Subset(len(picked), n_scores, "score tensors", "the first in reading order whose block was read")
     _heat_panels(fs, section, picked, "attention_score_maps", "Attention score maps (first head)",
                  "Rows are query positions, columns key positions. A few very bright columns "
-                 "(attention sinks) set the range the format must hold.", "key position", "query position")
+                 "(attention sinks) set the range the format must hold.", "key position", "query position",
+                 subset)
 
 
 def draw_comparisons(ds: Dataset, fs: FigureSet) -> None:
@@ -190,6 +230,7 @@ def draw_statistics(ds: Dataset, fs: FigureSet) -> None:
             ys = [stat(e, key) or np.nan for e in g]
             ax.scatter(xs, ys, s=12, label=op, alpha=0.7)
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.set(title=f"{key} per file", xlabel="layer index (-1 = none)", ylabel=f"{key} (tensor units, log)")
     fs.save(fig, section, "stats_by_layer", "Absolute maximum and standard deviation by layer",
@@ -236,6 +277,7 @@ def draw_attention_analysis(ds: Dataset, fs: FigureSet) -> None:
             ax.plot(list(by_l), [np.nanmax([stat(e, "absmax") or np.nan for e in g]) for g in by_l.values()],
                     "o-", label=k)
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.set(xlabel="layer index (0-based)", ylabel="absmax (tensor units, log)")
         fs.save(fig, section, "absmax_by_layer", "Attention tensors: largest magnitude per layer",

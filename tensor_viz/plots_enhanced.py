@@ -8,7 +8,13 @@ import numpy as np
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ks_normal, moments, ratio, stat, values
 from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, PERCENT_AXIS,
-                                VALUE_AXIS, FigureSet, grid, overlay_density, short)
+                                VALUE_AXIS, FigureSet, Subset, grid, magnitude_spread,
+                                overlay_density, short, stat_boxes, value_boxes)
+
+RANK_PANELS = 8
+#: Histograms (80 bins) sharing an axis whose groups' typical magnitudes differ by more than
+#: this are drawn as binades: a group 10x narrower than the axis fills fewer than 8 bins.
+HIST_SPREAD = 10.0
 
 
 def _hist(ax, v, label=None, density=True):
@@ -23,46 +29,46 @@ def draw_overflow(ds: Dataset, fs: FigureSet) -> None:
         fs.placeholder(section, "no overflow statistics (capture stored none, and no format limits "
                        "were known to compute them)")
         return
-    fig, axes = grid(4, ncols=2, size=(6.2, 4.3))
     by_q = group(es, lambda e: e.name.quant_type)
     keys = list(by_q)
     x = np.arange(len(keys))
-    mean = [100 * np.mean([ratio(e, "overflow_ratio") or 0 for e in by_q[k]]) for k in keys]
-    worst = [100 * max(ratio(e, "overflow_ratio") or 0 for e in by_q[k]) for k in keys]
-    axes[0].bar(x - 0.2, mean, 0.4, label="mean over files")
-    axes[0].bar(x + 0.2, worst, 0.4, label="worst file")
-    axes[0].set_xticks(x, keys, rotation=30, ha="right")
-    axes[0].legend()
-    axes[0].set(title="overflow ratio by quant type", xlabel="quant type", ylabel=PERCENT_AXIS)
-    for qt, g in by_q.items():
-        axes[1].scatter([100 * (ratio(e, "upper_overflow_ratio") or 0) for e in g],
-                        [100 * (ratio(e, "lower_overflow_ratio") or 0) for e in g], s=14, label=qt, alpha=0.7)
-    axes[1].legend()
-    axes[1].set(title="upper (x > max) vs lower (x < -max)", xlabel="upper overflow (% of elements)",
-                ylabel="lower overflow (% of elements)")
-    by_l = group(es, lambda e: e.name.layer_type)
-    lk = list(by_l)
-    xl = np.arange(len(lk))
-    for i, key in enumerate(("overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")):
-        axes[2].bar(xl + (i - 1) * 0.27, [100 * np.mean([ratio(e, key) or 0 for e in by_l[k]]) for k in lk],
-                    0.27, label=key.replace("_ratio", "").replace("_", " "))
-    axes[2].set_xticks(xl, lk)
-    axes[2].legend()
-    axes[2].set(title="by layer type (mean over files)", xlabel="layer type", ylabel=PERCENT_AXIS)
     tot = np.array([100 * (ratio(e, "overflow_ratio") or 0) for e in es])
-    axes[3].hist(tot, bins=40)
-    axes[3].set(title="total overflow ratio over files", xlabel="overflow (% of elements)", ylabel=FILES_AXIS)
-    # Ratios cannot be negative: keep the axes at >= 0 even when every ratio is zero.
-    axes[0].set_ylim(bottom=0)
-    axes[1].set_xlim(left=0)
-    axes[1].set_ylim(bottom=0)
-    axes[3].set_xlim(left=0)
+    caption = ("Overflow = |x| above the format's largest normal value. Any non-zero bar is data the format "
+               "clips; points far from the diagonal in the scatter mean one-sided (signed) outliers.")
     if not tot.any():
-        axes[0].text(0.5, 0.5, "no overflow in any tensor", transform=axes[0].transAxes,
-                     ha="center", va="center")
-    fs.save(fig, section, "overflow_ratios", "Overflow ratios (against each tensor's own format range)",
-            "Overflow = |x| above the format's largest normal value. Any non-zero bar is data the format "
-            "clips; points far from the diagonal in the scatter mean one-sided (signed) outliers.")
+        # Nothing overflows: three panels of zeros say less than one sentence. Keep the panel
+        # that still has data (underflow and flush-to-zero by layer type) and say it in the title.
+        fig, ax = plt.subplots(figsize=(7.5, 4.3))
+        _by_layer_type(ax, group(es, lambda e: e.name.layer_type))
+        fs.save(fig, section, "overflow_ratios",
+                f"No overflow in any of the {len(es)} tensors (each against its own format's range)",
+                f"No value of any tensor ({', '.join(keys)}) exceeds its format's largest normal value, so the "
+                "overflow panels (by quant type, upper vs lower, per file) are left out; the panel shows "
+                "what the ranges do cut: underflow and flush-to-zero per layer type.")
+    else:
+        fig, axes = grid(4, ncols=2, size=(6.2, 4.3))
+        mean = [100 * np.mean([ratio(e, "overflow_ratio") or 0 for e in by_q[k]]) for k in keys]
+        worst = [100 * max(ratio(e, "overflow_ratio") or 0 for e in by_q[k]) for k in keys]
+        axes[0].bar(x - 0.2, mean, 0.4, label="mean over files")
+        axes[0].bar(x + 0.2, worst, 0.4, label="worst file")
+        axes[0].set_xticks(x, keys, rotation=30, ha="right")
+        axes[0].legend()
+        axes[0].set(title="overflow ratio by quant type", xlabel="quant type", ylabel=PERCENT_AXIS)
+        for qt, g in by_q.items():
+            axes[1].scatter([100 * (ratio(e, "upper_overflow_ratio") or 0) for e in g],
+                            [100 * (ratio(e, "lower_overflow_ratio") or 0) for e in g], s=14, label=qt, alpha=0.7)
+        axes[1].legend()
+        axes[1].set(title="upper (x > max) vs lower (x < -max)", xlabel="upper overflow (% of elements)",
+                    ylabel="lower overflow (% of elements)")
+        _by_layer_type(axes[2], group(es, lambda e: e.name.layer_type))
+        axes[3].hist(tot, bins=40)
+        axes[3].set(title="total overflow ratio over files", xlabel="overflow (% of elements)", ylabel=FILES_AXIS)
+        # Ratios cannot be negative: keep the axes at >= 0.
+        axes[0].set_ylim(bottom=0)
+        axes[1].set_xlim(left=0)
+        axes[1].set_ylim(bottom=0)
+        axes[3].set_xlim(left=0)
+        fs.save(fig, section, "overflow_ratios", "Overflow ratios (against each tensor's own format range)", caption)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, key in enumerate(("underflow_ratio", "flush_to_zero_ratio")):
         ax.bar(x + (i - 0.5) * 0.4, [100 * np.mean([ratio(e, key) or 0 for e in by_q[k]]) for k in keys],
@@ -73,6 +79,18 @@ def draw_overflow(ds: Dataset, fs: FigureSet) -> None:
     fs.save(fig, section, "underflow_ratios", "Underflow and flush-to-zero by quant type",
             "Underflow = nonzero |x| below the smallest normal (precision lost); flush-to-zero = below "
             "half the smallest subnormal (value becomes 0). High values here point at gradients.")
+
+
+def _by_layer_type(ax, by_l: dict) -> None:
+    """Mean overflow, underflow and flush-to-zero per layer type, as grouped bars."""
+    lk = list(by_l)
+    xl = np.arange(len(lk))
+    for i, key in enumerate(("overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")):
+        ax.bar(xl + (i - 1) * 0.27, [100 * np.mean([ratio(e, key) or 0 for e in by_l[k]]) for k in lk],
+               0.27, label=key.replace("_ratio", "").replace("_", " "))
+    ax.set_xticks(xl, lk)
+    ax.legend()
+    ax.set(title="by layer type (mean over files)", xlabel="layer type", ylabel=PERCENT_AXIS)
 
 
 def _is_mxfp8(qt: str) -> bool:
@@ -114,11 +132,11 @@ def _draw_fp8_values(ds: Dataset, fs: FigureSet, sets: dict) -> None:
 def _draw_fp8_stats(fs: FigureSet, sets: dict) -> None:
     section = "fp8_analysis"
     hi, mx = sets["hifp8"], sets["mxfp8"]
-    fig, axes = grid(4, ncols=4, size=(3.4, 3.8))
+    fig, axes = grid(4, ncols=4, size=(3.8, 3.8), wspace=0.5)
     for ax, key in zip(axes, ("mean", "std", "min", "max")):
-        ax.boxplot([[v for e in es if (v := stat(e, key)) is not None] or [np.nan] for es in sets.values()])
+        stat_boxes(ax, [[v for e in es if (v := stat(e, key)) is not None] for es in sets.values()], key)
         ax.set_xticks([1, 2], list(sets))
-        ax.set(title=key, xlabel="format", ylabel=f"{key} (tensor units)")
+        ax.set(title=key, xlabel="format")
     fs.save(fig, section, "stat_boxplots", "HiFP8 vs MXFP8: per-file mean, std, min, max",
             "Boxes that do not overlap mean the two runs differ systematically, not by noise.")
     key_fn = lambda e: (e.name.layer_type, e.name.layer_idx, e.name.operation, e.name.tensor_name)  # noqa: E731
@@ -196,17 +214,30 @@ def draw_backward(ds: Dataset, fs: FigureSet) -> None:
 def _draw_backward_values(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
     section = "backward_analysis"
     fig, axes = grid(2, ncols=2, size=(6, 4.3))
-    for label, es in (("forward", fwd), ("backward", bwd)):
-        _hist(axes[0], values(ds.sampled(es)), label=f"{label} ({len(es)} files)")
-    for lt, es in group(bwd, lambda e: e.name.layer_type).items():
-        _hist(axes[1], values(ds.sampled(es)), label=lt)
-    for ax, title in zip(axes, ("forward vs backward", "backward by layer type")):
+    panels = (("forward vs backward", {f"{label} ({len(es)} files)": values(ds.sampled(es))
+                                       for label, es in (("forward", fwd), ("backward", bwd))}),
+              ("backward by layer type", {lt: values(ds.sampled(es))
+                                          for lt, es in group(bwd, lambda e: e.name.layer_type).items()}))
+    binades = []
+    for ax, (title, series) in zip(axes, panels):
+        # Gradients next to activations: on one linear axis the gradients are a spike at zero,
+        # so such a panel shows binades (log2 |x|, zeros left out) instead.
+        spread = magnitude_spread([v for v in series.values() if v.size])
+        for label, v in series.items():
+            if spread > HIST_SPREAD:
+                v = np.abs(v)
+                v = np.log2(v[v > 0])
+            _hist(ax, v, label=label)
         ax.set_yscale("log")
         ax.legend()
-        ax.set(title=title, xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+        ax.set(title=title, xlabel=LOG2_AXIS if spread > HIST_SPREAD else VALUE_AXIS, ylabel=DENSITY_AXIS
+               if spread <= HIST_SPREAD else "density (1 / binade)")
+        if spread > HIST_SPREAD:
+            binades.append(f"'{title}' shows log2 |value| (zeros left out) because its groups' typical "
+                           f"magnitudes differ by {spread:.2g}x")
     fs.save(fig, section, "forward_vs_backward", "Forward vs backward value distributions",
             "Gradients are usually orders of magnitude smaller than activations: that gap is why "
-            "backward passes use E5M2 (more range) or scaling.")
+            "backward passes use E5M2 (more range) or scaling." + "".join(f" Panel {b}." for b in binades))
     grads = ds.sampled([e for e in bwd if e.name.tensor_name.startswith("grad")]) or ds.sampled(bwd)
     if grads:
         fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -254,20 +285,22 @@ def draw_layers(ds: Dataset, fs: FigureSet) -> None:
     axes[0].set_yscale("log")
     axes[0].legend()
     axes[0].set(title="attention vs linear", xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
+    scales: set[str] = set()
     for ax, (title, key_fn, xlabel) in zip(axes[1:], (
             ("per layer index", lambda e: e.name.layer_idx, "layer index (0-based)"),
             ("per sample (micro-batch) index", lambda e: e.name.sample_idx, "sample index (micro-batch number)"),
             ("per batch size", _batch_size, "batch size (dim 1 of [s, b, ...])"))):
         g = {k: v for k, v in group(sampled, key_fn).items() if k is not None}
         if g:
-            ax.boxplot([values(v) for v in g.values()], showfliers=False)
+            scales.add(value_boxes(ax, [values(v) for v in g.values()]))
             ax.set_xticks(range(1, len(g) + 1), [str(k) for k in g])
         else:
             ax.text(0.5, 0.5, "not recorded in these captures", ha="center", transform=ax.transAxes)
-        ax.set(title=title, xlabel=xlabel, ylabel=VALUE_AXIS)
+            ax.set_ylabel(VALUE_AXIS)
+        ax.set(title=title, xlabel=xlabel)
     fs.save(fig, section, "layer_batch_sample", "Values by layer type, layer index, sample and batch size",
             "Growing boxes with depth mean later layers need more range; differences between samples "
-            "show whether one micro-batch (one bad example) drives the outliers.")
+            "show whether one micro-batch (one bad example) drives the outliers. " + " ".join(sorted(scales)))
 
 
 def draw_ranks(ds: Dataset, fs: FigureSet) -> None:
@@ -280,7 +313,8 @@ def draw_ranks(ds: Dataset, fs: FigureSet) -> None:
     if not multi:
         fs.placeholder(section, f"every tensor was captured on a single rank (ranks seen: {ranks or 'none'})")
         return
-    keys = list(multi)[:8]
+    keys = list(multi)[:RANK_PANELS]
+    subset = Subset(len(keys), len(multi), "tensors on several ranks", "the first in iteration, layer and name order")
     fig, axes = grid(len(keys), ncols=4, size=(3.6, 3.4))
     for ax, k in zip(axes, keys):
         g = sorted(multi[k], key=lambda e: e.name.rank or 0)
@@ -288,7 +322,7 @@ def draw_ranks(ds: Dataset, fs: FigureSet) -> None:
         ax.set(title=short(f"it{k[0]} L{k[2]} {k[3]} {k[4]}", 32), xlabel="rank", ylabel="absmax (tensor units)")
     fs.save(fig, section, "same_tensor_across_ranks", "The same tensor on each rank",
             "With tensor parallelism each rank holds a shard: similar bars are expected; one rank far "
-            "above the others holds the outlier channels.")
+            "above the others holds the outlier channels.", subset)
     imb = []
     for g in multi.values():
         s = [stat(e, "absmax") for e in g]

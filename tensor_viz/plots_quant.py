@@ -7,11 +7,15 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 
+from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ratio, stat
-from tensor_viz.figures import FigureSet, short
+from tensor_viz.figures import FigureSet, Subset, colorbar, paginate, short
 from tensor_viz.options import DEFAULT_MAP_STATS, MAP_STAT_NAMES
 
-MAX_ROWS = 60
+MAX_ROWS = 60     # rows per numerics-map / what-if figure; more rows go on further parts
+#: How pipeline.load picks the tensors it computes what-if errors for (said under partial figures).
+WHATIF_CHOICE = ("the first of each tensor in the files read for values (a seeded round-robin over quant "
+                 "type, layer type, pass and tensor), up to --whatif-files")
 
 # statistic name -> (how to read it from an entry, transform, colorbar label)
 MAP_STATS = {
@@ -52,6 +56,42 @@ def numerics_matrix(ds: Dataset, stat_name: str) -> tuple[list[str], list[str], 
 
 
 MAX_PARTS = 4
+MAP_CAPTION = ("One row per layer and tensor, one column per iteration. Look for rows that brighten "
+               "over time (growing range or overflow) and for the first iteration where a row changes: "
+               "that layer is where the numerics went wrong.")
+
+
+def _map_part(fs: FigureSet, name: str, suffix: str, rows: list[str], cols: list[str], m: np.ndarray,
+              vlim: tuple[float, float], subset: Subset | None) -> None:
+    """One figure of the map: a heatmap over iterations, or with one iteration a dot per row
+    (a one-column heatmap shows colours where positions read better)."""
+    label = MAP_STATS[name][2]
+    height = 1.5 + 0.22 * len(rows)
+    if len(cols) == 1:
+        fig, ax = plt.subplots(figsize=(9, height))
+        y = np.arange(len(rows))
+        ax.plot(m[:, 0], y, "o", ms=5)
+        ax.hlines(y, vlim[0], m[:, 0], lw=0.8, alpha=0.5)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_yticks(y, [short(r, 48) for r in rows], fontsize=8)
+        ax.set(xlabel=label, ylabel="layer / pass / tensor")
+        fs.save(fig, "numerics_map", f"map_{name}{suffix}",
+                f"Numerics map: {name} per tensor at iteration {cols[0]} (the only iteration captured)",
+                "One dot per layer and tensor. With several iterations captured this is a heatmap over "
+                "iterations; with one, compare rows: the largest values (or ratios) are the tensors to "
+                "watch.", subset)
+        return
+    fig, ax = plt.subplots(figsize=(min(18, 3 + 0.5 * len(cols)) + 4, height))
+    im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="magma", interpolation="nearest",
+                   vmin=vlim[0], vmax=vlim[1])
+    colorbar(fig, im, ax, label)
+    ax.grid(False)
+    ax.set_yticks(range(len(rows)), [short(r, 48) for r in rows], fontsize=8)
+    step = max(1, len(cols) // 20)
+    ax.set_xticks(range(0, len(cols), step), cols[::step])
+    ax.set(xlabel="iteration (training step)", ylabel="layer / pass / tensor")
+    fs.save(fig, "numerics_map", f"map_{name}{suffix}", f"Numerics map: {name} per tensor over iterations",
+            MAP_CAPTION, subset)
 
 
 def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAULT_MAP_STATS) -> None:
@@ -61,31 +101,24 @@ def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAU
         rows, cols, m = numerics_matrix(ds, name)
         if not rows:
             continue
-        parts = min(MAX_PARTS, math.ceil(len(rows) / MAX_ROWS))
-        vmin, vmax = float(np.nanmin(m)), float(np.nanmax(m))   # one colour scale for all parts
-        for part in range(parts):
-            lo, hi = part * MAX_ROWS, min(len(rows), (part + 1) * MAX_ROWS)
-            prow, pm = rows[lo:hi], m[lo:hi]
-            fig, ax = plt.subplots(figsize=(min(18, 3 + 0.5 * len(cols)) + 4, 1.5 + 0.22 * len(prow)))
-            im = ax.imshow(np.ma.masked_invalid(pm), aspect="auto", cmap="magma", interpolation="nearest",
-                           vmin=vmin, vmax=vmax)
-            fig.colorbar(im, ax=ax, label=MAP_STATS[name][2])
-            ax.grid(False)
-            ax.set_yticks(range(len(prow)), [short(r, 48) for r in prow], fontsize=8)
-            step = max(1, len(cols) // 20)
-            ax.set_xticks(range(0, len(cols), step), cols[::step])
-            ax.set(xlabel="iteration (training step)", ylabel="layer / pass / tensor")
-            suffix = f" (rows {lo + 1}-{hi} of {len(rows)})" if len(rows) > MAX_ROWS else ""
-            fs.save(fig, section, f"map_{name}" + (f"_part{part + 1}" if parts > 1 else ""),
-                    f"Numerics map: {name} per tensor over iterations{suffix}",
-                    "One row per layer and tensor, one column per iteration. Look for rows that brighten "
-                    "over time (growing range or overflow) and for the first iteration where a row changes: "
-                    "that layer is where the numerics went wrong."
-                    + (f" Only the first {MAX_PARTS * MAX_ROWS} rows are drawn; choose layers at capture "
-                       "time to see the rest." if len(rows) > MAX_PARTS * MAX_ROWS else ""))
+        vlim = float(np.nanmin(m)), float(np.nanmax(m))   # one colour scale for all parts
+        shown = rows[:MAX_PARTS * MAX_ROWS]
+        for suffix, part, note in paginate(shown, MAX_ROWS, "rows"):
+            lo = shown.index(part[0])
+            if len(shown) < len(rows):   # pages cover only the first MAX_PARTS * MAX_ROWS rows
+                note = Subset(len(part), len(rows), "rows",
+                              f"the first {len(shown)} rows in name order are drawn over {MAX_PARTS} parts; "
+                              "choose layers at capture time to see the rest", first=lo + 1)
+            _map_part(fs, name, suffix.replace("_page", "_part"), part, cols, m[lo:lo + len(part)], vlim, note)
         drew = True
     if not drew:
         fs.placeholder(section, "no stored statistics to map")
+
+
+def whatif_candidates(ds: Dataset) -> int:
+    """Tensors (label x quant type) that could have a what-if row: the high-precision files."""
+    return len({(e.label, e.name.quant_type) for e in ds.entries
+                if e.path and e.variant != schema.VARIANT_QUANTIZED})
 
 
 def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
@@ -110,7 +143,7 @@ def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
     if wf:
         fmts = [f for f in ds.whatif_formats if any("sqnr" in e.whatif.get(f, {}) for e in wf)]
         rows = group(wf, lambda e: f"{e.label} [{e.name.quant_type}]")
-        keys = list(rows)[:MAX_ROWS]
+        keys = list(rows)
         m = np.full((len(keys), len(fmts)), np.nan)
         for i, k in enumerate(keys):
             for j, f in enumerate(fmts):
@@ -118,18 +151,26 @@ def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
                 finite = [v for v in vals if np.isfinite(v)]
                 if finite:
                     m[i, j] = min(finite)
+        candidates = whatif_candidates(ds)
+        computed = Subset(len(keys), candidates, "tensors", WHATIF_CHOICE)
         if fmts:
-            fig, ax = plt.subplots(figsize=(3 + 0.8 * len(fmts) + 4, 1.6 + 0.24 * len(keys)))
-            im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="viridis", interpolation="nearest")
-            fig.colorbar(im, ax=ax, label="SQNR (dB, higher is better)")
-            ax.grid(False)
-            ax.set_xticks(range(len(fmts)), fmts, rotation=45, ha="right")
-            ax.set_yticks(range(len(keys)), [short(k, 48) for k in keys], fontsize=8)
-            ax.set(xlabel="format (what-if)", ylabel="layer / pass / tensor [captured under]")
-            fs.save(fig, section, "whatif_sqnr", "What-if: SQNR of each format on the same tensors",
-                    "Each captured high-precision tensor quantized to every format with quant/. Dark "
-                    "cells are layer/format combinations that lose the most; a column uniformly "
-                    "brighter than yours is a safer format for this model.")
+            vlim = float(np.nanmin(m)), float(np.nanmax(m))
+            for suffix, page, note in paginate(keys, MAX_ROWS, "rows"):
+                lo = keys.index(page[0])
+                fig, ax = plt.subplots(figsize=(3 + 0.8 * len(fmts) + 4, 1.6 + 0.24 * len(page)))
+                im = ax.imshow(np.ma.masked_invalid(m[lo:lo + len(page)]), aspect="auto", cmap="viridis",
+                               interpolation="nearest", vmin=vlim[0], vmax=vlim[1])
+                colorbar(fig, im, ax, "SQNR (dB, higher is better)")
+                ax.grid(False)
+                ax.set_xticks(range(len(fmts)), fmts, rotation=45, ha="right")
+                ax.set_yticks(range(len(page)), [short(k, 48) for k in page], fontsize=8)
+                ax.set(xlabel="format (what-if)", ylabel="layer / pass / tensor [captured under]")
+                fs.save(fig, section, "whatif_sqnr" + suffix, "What-if: SQNR of each format on the same tensors",
+                        "Each captured high-precision tensor quantized to every format with quant/. Dark "
+                        "cells are layer/format combinations that lose the most; a column uniformly "
+                        "brighter than yours is a safer format for this model."
+                        + (f" What-if errors exist for {computed.note()}." if computed.short() else ""),
+                        note or (computed if computed.short() else None))
             fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(fmts) + 3), 4.5))
             med = [np.nanmedian([e.whatif[f]["relative_error"] * 100 for e in wf
                                  if "relative_error" in e.whatif.get(f, {})] or [np.nan]) for f in fmts]
@@ -138,7 +179,8 @@ def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
             ax.tick_params(axis="x", rotation=45)
             ax.set(xlabel="format (what-if)", ylabel="median relative error (%, log)")
             fs.save(fig, section, "whatif_relative_error", "What-if: median relative error per format",
-                    "One number per format over all sampled tensors; lower is better.")
+                    "One number per format over every tensor with what-if errors; lower is better.",
+                    computed if computed.short() else None)
             drew = True
     if not drew:
         reason = ds.notes.get(section) or ("no high-precision/quantized operand pairs were saved and "

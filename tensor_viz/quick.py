@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from lowp_common import atomic_path, atomic_write_text
+from lowp_common import atomic_write_text
 from tensor_viz.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def write_quick(ds: "Dataset", catalog: Catalog, out: Path, fs: "FigureSet | Non
     import matplotlib.pyplot as plt
 
     from tensor_viz.data import values
-    from tensor_viz.figures import COUNT_AXIS, VALUE_AXIS, Figure
+    from tensor_viz.figures import COUNT_AXIS, VALUE_AXIS, Figure, save_png
 
     out.mkdir(parents=True, exist_ok=True)
     entries = ds.entries
@@ -71,18 +71,14 @@ def write_quick(ds: "Dataset", catalog: Catalog, out: Path, fs: "FigureSet | Non
         _pie(axes[0, 1], Counter(e.name.quant_type for e in entries), "files by quant type")
         _pie(axes[1, 0], Counter(e.name.layer_type for e in entries), "files by layer type")
         _pie(axes[1, 1], Counter(e.name.operation for e in entries), "files by pass (operation)")
-        fig.suptitle(f"Quick analysis: {len(entries)} tensors in {catalog.directory}")
-        try:
-            with atomic_path(out / "quick_analysis.png") as tmp:
-                fig.savefig(tmp, format="png", dpi=fs.dpi if fs else 90, bbox_inches="tight")
-        finally:
-            plt.close(fig)
+        title = f"Quick analysis: {len(entries)} tensors in {catalog.directory}"
+        issues = save_png(fig, out / "quick_analysis.png", title, fs.dpi if fs else 90)
         written.append("quick_analysis.png")
         if fs is not None:
             fs.figures.append(Figure("quick", "quick_analysis.png", "Quick analysis",
                                      "Histogram of sampled values and how the captured files split "
                                      "by quant type, layer type and pass. Check that every pass and "
-                                     "format you expected was captured."))
+                                     "format you expected was captured.", layout_issues=issues))
     lines = [f"Tensor directory: {catalog.directory}", f"Tensors: {len(entries)}"]
     tot = overall_stats(ds)
     if tot:

@@ -14,6 +14,7 @@ import jinja2
 from lowp_common import atomic_write_text
 from tensor_viz.catalog import Catalog, Entry
 from tensor_viz.data import Dataset, group, ratio
+from tensor_viz.figures import subset_note
 from tensor_viz.options import SECTION_DESCRIPTIONS, Options
 from tensor_viz.result import Result
 
@@ -85,8 +86,13 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
     """The page's text: the data of ``result`` through templates/report.html.j2 (autoescaped)."""
 
     ds, cat, fs = result.dataset, result.catalog, result.figures
-    worst_tables = [{"title": title, "what": what, "rows": _worst_rows(worst(ds.entries, key))}
-                    for title, key, what in WORST_TABLES]
+    worst_tables = []
+    for title, key, what in WORST_TABLES:
+        rows = _worst_rows(worst(ds.entries, key))
+        n_any = sum(1 for e in ds.entries if ratio(e, key))
+        worst_tables.append({"title": title, "what": what, "rows": rows,
+                             "subset": subset_note(len(rows), n_any, f"tensors with any {what}",
+                                                   "those with the largest ratios")})
     return _template().render(
         directory=cat.directory, n_tensors=len(ds.entries),
         n_from_manifest=sum(1 for e in ds.entries if e.source == "manifest"),
@@ -97,6 +103,8 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                                      "no operand pairs saved and no what-if formats"),
         problem_counts=sorted(cat.problem_counts().items()),
         problems=cat.problems[:MAX_PROBLEMS_SHOWN], quick=fs.in_section("quick"),
+        problems_subset=subset_note(min(len(cat.problems), MAX_PROBLEMS_SHOWN), len(cat.problems), "problems",
+                                    "the first in reading order; problems.txt lists all"),
         sections=[{"name": s, "description": SECTION_DESCRIPTIONS[s], "figures": fs.in_section(s)}
                   for s in sections])
 

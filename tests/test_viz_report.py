@@ -33,7 +33,7 @@ def built(tmp_path_factory):
     violations = root / "violations.txt"
     original = figures.FigureSet.save
 
-    def checked_save(self, fig, section, name, title, caption):
+    def checked_save(self, fig, section, name, title, caption, subset=None):
         bad = []
         if not title or not caption:
             bad.append("no title/caption")
@@ -54,7 +54,7 @@ def built(tmp_path_factory):
         if bad:
             with open(violations, "a") as fh:
                 fh.write(f"{section}/{name}: {bad}\n")
-        return original(self, fig, section, name, title, caption)
+        return original(self, fig, section, name, title, caption, subset)
 
     figures.FigureSet.save = checked_save
     try:
@@ -88,6 +88,15 @@ def test_figures_have_titles_labels_units(built):
     checked = (violations.parent / "checked.txt").read_text().split()
     assert len(checked) == len([f for f in result.figures.figures if f.section != "quick"])  # every figure
     assert all(f.title and f.caption for f in result.figures.figures)
+
+
+def test_every_figure_lays_out_cleanly(built):
+    """Each saved figure (quick view included) passed figures.layout_problems: a title, axis
+    labels, no tick labels overlapping, no text of one panel running into another's."""
+    _, _, result, _ = built
+    assert len(result.figures.figures) > 20
+    issues = {f.path: f.layout_issues for f in result.figures.figures if f.layout_issues}
+    assert not issues, issues
 
 
 def test_index_links_and_summary(built):
