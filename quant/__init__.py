@@ -3,7 +3,7 @@
 Public API (other packages rely on these names):
     get_format(name) -> FormatSpec, FORMATS, FormatSpec, ROUNDING_MODES, SCALE_MODES,
     quantize(x, fmt, *, block_size=None, axis=-1, rounding=None, scale_mode="floor",
-             saturate=True, generator=None, analyze=None) -> Tensor,
+             saturate=True, generator=None, analyze=None, backend="auto") -> Tensor,
     quantize_ste(x, fmt, **kw), analyze_quantization(x, fmt, ...) -> QuantAnalysis,
     metrics (mse, rmse, mae, max_abs_error, relative_error, cosine_similarity, psnr, sqnr).
 See docs/quant.md.
