@@ -66,23 +66,85 @@ def test_full_iteration_rule():
     assert full_iteration_saved(names, {"iteration": 1}, 10)
 
 
-def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path):
-    proc = subprocess.Popen(
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_commands(pgid: int) -> list[str]:
+    """The command lines of process group ``pgid``'s processes (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                out.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _start_collector(small_data, tmp_path: Path, sigint: str) -> subprocess.Popen:
+    """The collector as its own process group (a terminal's foreground job); ``sigint="ignored"``
+    starts it the way a background job of a script (or a test runner started so) is: SIGINT
+    ignored on entry, inherited by every child."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
+    return subprocess.Popen(
         [*COLLECT, "--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"],
          "--train-iters", "400", "--keep-training", "--workdir", str(tmp_path / "w"),
-         "--tensor-dir", str(tmp_path / "t"), "--", "--seq-length", "32"],
+         "--tensor-dir", str(tmp_path / "t"), "--ready-file", str(tmp_path / "ready"),
+         "--", "--seq-length", "32"],
         cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list((tmp_path / "t").glob("*.pt"))) < 5:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C reaches the whole foreground group
+        start_new_session=True, preexec_fn=ignore)
+
+
+def _ctrl_c(proc: subprocess.Popen) -> tuple[str, str, float]:
+    """Ctrl-C to the whole foreground group; (stdout, stderr, seconds until the collector exits)."""
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
+    return stdout, stderr, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path, sigint):
+    """Ctrl-C once training runs (the collector's ready file, not a file count): collector and
+    training stop within seconds, exit 130, the saved files are whole. "ignored" is issue 15's
+    failure: launched with SIGINT ignored, both ran all 400 iterations and exited 0."""
+    proc = _start_collector(small_data, tmp_path, sigint)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "ready").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the collector never reported training under way"
+        time.sleep(0.1)
+    stdout, stderr, seconds = _ctrl_c(proc)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert seconds < 30, seconds
+    assert not _group_alive(proc.pid)           # training stopped too, nothing left running
+    assert "iter   400/400" not in stdout
     assert "intact" in stderr and "Traceback" not in stderr
     files = _check_tensor_dir(tmp_path / "t")
-    assert len(files) >= 5
+    assert files
+    assert not list((tmp_path / "t").rglob("*.tmp*"))
+
+
+def test_ctrl_c_while_training_starts(small_data, tmp_path):
+    """Ctrl-C the moment the training process exists (interpreter start, imports, model build),
+    with SIGINT inherited as ignored: still 130 within seconds and no process left."""
+    proc = _start_collector(small_data, tmp_path, "ignored")
+    deadline = time.monotonic() + 120
+    while not any("training_driver.train" in c for c in _group_commands(proc.pid)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.02)
+    stdout, stderr, seconds = _ctrl_c(proc)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert seconds < 30, seconds
+    assert not _group_alive(proc.pid), (_group_commands(proc.pid), stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
     assert not list((tmp_path / "t").rglob("*.tmp*"))
 
 

@@ -481,23 +481,11 @@ def port_free(port: int) -> bool:
     return True
 
 
-def quiet_megatron_warnings() -> None:
-    """megatron-core warns at import that TE/apex are absent; on CPU that is the expected case."""
-    import warnings
-
-    import torch
-
-    messages = ["Transformer Engine and Apex are not installed", "Apex is not installed",
-                "full scope is deprecated"]
-    if not torch.cuda.is_available():  # advice about CUDA streams, moot on CPU
-        messages.append("When using async grad allreduce")
-    for message in messages:
-        warnings.filterwarnings("ignore", message=message)
-
-
 @cli_entry("llama-train")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .megatron_env import quiet_megatron_warnings
+
     quiet_megatron_warnings()
     cfg = config_from_args(args)
     rank = int(os.environ.get("RANK", 0))
