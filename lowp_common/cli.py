@@ -65,9 +65,14 @@ def honour_ctrl_c() -> Iterator[None]:
     previous = signal.getsignal(signal.SIGINT)
     if previous is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])   # same story
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         if previous is signal.SIG_IGN:
             signal.signal(signal.SIGINT, previous)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -145,7 +146,43 @@ def test_ctrl_c_while_training_starts(small_data, tmp_path):
     assert seconds < 30, seconds
     assert not _group_alive(proc.pid), (_group_commands(proc.pid), stderr[-3000:])
     assert "Traceback" not in stderr, stderr[-3000:]
+    assert re.search(r"interrupted; the \d+ tensor files saved so far are intact", stderr), stderr
     assert not list((tmp_path / "t").rglob("*.tmp*"))
+
+
+@pytest.mark.parametrize("rank_code,code,extra", [
+    (2, 2, None),            # a user mistake inside a rank: its one line, nothing after it
+    (3, 3, "torchrun: error: rank 0: a training process exited with status 3 (see its message "
+            "above)"),
+    (0, 0, None),
+])
+def test_torchrun_wrapper_never_adds_a_traceback(tmp_path, rank_code, code, extra):
+    """Issue 15: torchrun printed ~30 lines of ChildFailedError traceback after a rank's own
+    one-line message and exited 1. The launchers' training_driver.torchrun keeps the rank's
+    status (2 stays 2) and adds at most one line."""
+    script = tmp_path / "rank.py"
+    script.write_text("import sys\nprint('rank: error: the message', file=sys.stderr)\n"
+                      f"sys.exit({rank_code})\n")
+    out = run([sys.executable, "-m", "training_driver.torchrun", "--nproc-per-node", "1",
+               "--master-port", str(free_port()), str(script)], cwd=tmp_path, timeout=120)
+    assert out.returncode == code, out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert lines == ["rank: error: the message"] + ([extra] if extra else []), out.stderr
+
+
+def test_torchrun_wrapper_from_the_launcher_keeps_a_ranks_user_error(small_data, tmp_path):
+    """A mistake only a rank can see (a checkpoint of another shape, found at resume): the
+    launcher ends with the rank's one line and exit 2, no torchrun traceback."""
+    common = dict(MODEL="tiny", TRAIN_ITERS="1", GLOBAL_BATCH_SIZE="2")
+    first = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=300,
+                SEQ_LENGTH="32", MASTER_PORT=str(free_port()), **common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=300,
+              SEQ_LENGTH="48", MASTER_PORT=str(free_port()), **common)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = one_error_line(out.stderr)
+    assert line.startswith("llama-train: error: ") and "seq_length" in line, out.stderr
+    assert "ChildFailedError" not in out.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -384,3 +421,17 @@ def test_summary_counts_and_marks_partial_iterations(tmp_path):
     text = format_summary(s, tmp_path, finished_iterations=1)
     assert "4 files" in text and "linear                3  ( 75.0%)" in text
     assert "iterations captured: 2 (iteration 0, 1 (partial" in text
+
+
+def test_launch_scripts_quiet_the_same_megatron_warnings():
+    """The scripts' PYTHONWARNINGS default and megatron_env.MEGATRON_IMPORT_WARNINGS (what the
+    commands silence before importing megatron) are one list."""
+    import re as _re
+
+    from training_driver.megatron_env import MEGATRON_IMPORT_WARNINGS
+
+    want = ",".join(f"ignore:{m}" for m in MEGATRON_IMPORT_WARNINGS)
+    for script in ("run_wikipedia_tensor_collection.sh", "examples/llama/train_llama32_1b_h100_fp8.sh"):
+        text = (ROOT / script).read_text()
+        found = _re.search(r'PYTHONWARNINGS="\$\{PYTHONWARNINGS:-([^}]*)\}"', text)
+        assert found and found.group(1) == want, script

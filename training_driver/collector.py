@@ -13,6 +13,7 @@ on CPU -- nothing downloaded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from lowp_common import atomic_write_text, human_bytes
 
@@ -148,10 +149,11 @@ def prepare_default_data(workdir: str | os.PathLike[str], vocab_size: int = 512,
 # Launch and watch
 # ---------------------------------------------------------------------------------------------
 def training_command(nproc: int, train_args: list[str], master_port: int | None = None) -> list[str]:
-    """One process runs the driver directly; several go through torchrun (torch.distributed.run)."""
+    """One process runs the driver directly; several go through torchrun (training_driver.torchrun:
+    torch.distributed.run without its traceback after a rank's own message)."""
     if nproc == 1:
         return [sys.executable, "-m", "training_driver.train", *train_args]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, "-m", "training_driver.torchrun", f"--nproc-per-node={nproc}"]
     if master_port is not None:
         cmd.append(f"--master-port={master_port}")
     return [*cmd, "-m", "training_driver.train", *train_args]
@@ -210,8 +212,22 @@ def _ignore_sigint() -> None:
     """In the training child before exec: SIGINT ignored until llama-train's ``cli_entry``
     installs its handler (``lowp_common.honour_ctrl_c``). A Ctrl-C during the interpreter's own
     start would otherwise end it with "Fatal Python error" and a traceback; the collector
-    stops it then (``_interrupt``)."""
+    stops it then (``_interrupt``). Unblocked: the parent blocks it around the fork."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C back until the block is done. Around ``Popen``: a KeyboardInterrupt inside
+    it (after the fork, before it returns) would leave a training process that nobody stops,
+    and that was started with SIGINT ignored. The held SIGINT arrives as the block ends, when
+    the caller has the process."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _interrupt(proc: subprocess.Popen, settle: float = 3.0) -> int:
@@ -456,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     proc = None
     interrupted = False
     try:
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_sigint)
+        with _sigint_held():
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_sigint)
         outcome = watch(proc, tensor_dir, progress_file, before, args.min_files, args.timeout,
                         stop_when_collected=not args.keep_training,
                         ready_file=Path(args.ready_file) if args.ready_file else None)

@@ -164,7 +164,7 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
     PRECISION=(--bf16)
     [[ "$DTYPE" == fp8 ]] && PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
-    exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
+    exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
         --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
         --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
         --max-position-embeddings "$SEQ_LENGTH" --position-embedding-type rope --rotary-base 500000 \
@@ -200,4 +200,4 @@ TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MOD
             --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
             --tensorboard-dir "$TENSORBOARD_LOGS_PATH")
 if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" ]]; then TRAIN_ARGS+=(--seq-length "$SEQ_LENGTH"); fi
-exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
+exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
