@@ -351,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "embedded run)")
     vis.add_argument("--no-visualize", dest="visualize", action="store_false")
     p.add_argument("--draw-dir", default="./draw", help="visualization output folder")
+    p.add_argument("--ignore-resource-check", action="store_true",
+                   help="start even when the memory / capture-size estimate says this machine "
+                        "cannot hold the run")
     p.add_argument("--ready-file", default=None,
                    help="write this file once training has finished an iteration and saved "
                         "tensors (both processes handle Ctrl-C by then): an event for scripts "
@@ -443,16 +446,6 @@ def main(argv: list[str] | None = None) -> int:
         check_capture_config(env)
     master_port = _check_master_port(args.nproc)
 
-    tensor_dir.mkdir(parents=True, exist_ok=True)
-    if not env.get(PATCHED_DIR_ENV):
-        patched = prepare_patched_tree(workdir / "patched_megatron")
-        if patched is None:
-            say("the tensor-capture patch set is not installed; training runs on "
-                "unpatched megatron-core and no tensors will be saved")
-        else:
-            env[PATCHED_DIR_ENV] = str(patched)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     progress_file = workdir / f"progress_{os.getpid()}.json"
     stop_file = workdir / f"stop_{os.getpid()}"
     train_args = ["--data-path", paths["data_path"], "--tokenizer", paths["tokenizer"],
@@ -464,6 +457,21 @@ def main(argv: list[str] | None = None) -> int:
     train_args += passthrough
     if master_port is not None and args.nproc == 1:
         env["MASTER_PORT"] = str(master_port)
+    from .preflight import CHECKED_ENV, check_training_args
+
+    if not args.ignore_resource_check:   # before training starts: memory and capture size
+        check_training_args(train_args, args.nproc, env=env, say=say)
+    env[CHECKED_ENV] = "1"               # checked (or waived) once, for every rank
+    tensor_dir.mkdir(parents=True, exist_ok=True)
+    if not env.get(PATCHED_DIR_ENV):
+        patched = prepare_patched_tree(workdir / "patched_megatron")
+        if patched is None:
+            say("the tensor-capture patch set is not installed; training runs on "
+                "unpatched megatron-core and no tensors will be saved")
+        else:
+            env[PATCHED_DIR_ENV] = str(patched)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = training_command(args.nproc, train_args, master_port if args.nproc > 1 else None)
     before = set(tensor_files(tensor_dir))
     say(f"TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "

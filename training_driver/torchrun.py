@@ -48,8 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = torch_run.parse_args(list(sys.argv[1:] if argv is None else argv))
     # The agent's own "failed (exitcode: ...)" lines (the ranks' messages and ours say it) and
     # its OMP_NUM_THREADS notice; real agent errors still raise (and keep their traceback).
-    for name in ("torch.distributed.elastic", "torch.distributed.run"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in list(logging.root.manager.loggerDict):   # each has its own level (LOGLEVEL)
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.run")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         torch_run.run(args)
     except ChildFailedError as exc:

@@ -77,6 +77,7 @@ class TrainConfig:
     progress_file: str | None = None
     stop_file: str | None = None
     patched_megatron_workdir: str | None = None
+    ignore_resource_check: bool = False
     shape: dict[str, int] = field(default_factory=dict)
 
     def resolved_shape(self) -> dict[str, int]:
@@ -169,7 +170,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
 
     import torch
 
-    from . import checkpoint, data, optim
+    from . import checkpoint, data, optim, preflight
     from .megatron_env import (LlamaShape, build_llama_model, causal_inputs, cuda_available,
                                destroy_distributed, init_distributed)
     from .tokenizer import load_tokenizer
@@ -181,8 +182,14 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
     data.check_tokenizer_matches(cfg.data_path, tokenizer)  # before any model is built
     shape_d = derived["shape"]
     tp, pp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
-    multiple = cfg.make_vocab_size_divisible_by * tp
-    padded_vocab = int(math.ceil(tokenizer.vocab_size / multiple) * multiple)
+    padded_vocab = preflight.padded_vocab_size(tokenizer.vocab_size,
+                                               cfg.make_vocab_size_divisible_by, tp)
+    if not (cfg.ignore_resource_check or os.environ.get(preflight.CHECKED_ENV)):
+        # before the model exists: can this node hold it (and one captured iteration)?
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        preflight.check_training_run(cfg, derived, padded_vocab, ranks,
+                                     say=(lambda line: print(f"llama-train: {line}", flush=True))
+                                     if rank == 0 else None)
     run_config = {**asdict(cfg), **shape_d, "padded_vocab_size": padded_vocab,
                   "global_batch_size": derived["global_batch_size"],
                   "data_parallel_size": derived["data_parallel_size"]}
@@ -458,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-file", default=None,
                    help="finish the current iteration and stop (checkpoint saved) once this "
                         "file exists; how the collector ends a run cleanly")
+    p.add_argument("--ignore-resource-check", action="store_true",
+                   help="start even when the memory / capture estimate says this machine cannot "
+                        "hold the run (training_driver.preflight)")
     p.add_argument("--patched-megatron-workdir", default=None,
                    help="where to build the patched megatron-core copy when capturing")
     return p
