@@ -28,6 +28,8 @@
 #   TP, PP (1), MICRO_BATCH_SIZE (1), GLOBAL_BATCH_SIZE (8), SEQ_LENGTH (2048),
 #   TRAIN_ITERS (1000), LR (3e-4), MIN_LR (3e-5), WARMUP_ITERS (100), SAVE_INTERVAL (500)
 #   MODEL              llama32_1b (default) or tiny (a CPU smoke run of the same pipeline)
+#   IGNORE_RESOURCE_CHECK=1  start even when the estimate of memory and of one captured
+#                      iteration says this machine cannot hold the run (else exit 2, one line)
 #   WORKDIR            where the patched Megatron copy goes (default: CHECKPOINT_PATH/.lowp)
 set -euo pipefail
 
