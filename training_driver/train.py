@@ -13,10 +13,12 @@ training_driver.train ...``); CPU uses gloo, CUDA uses nccl.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -150,6 +152,20 @@ def check_config(cfg: TrainConfig, world_size: int, cuda: bool, capture: bool) -
 
 def _raise_keyboard_interrupt(signum, frame):  # SIGTERM from a launcher: stop like Ctrl-C
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ignore SIGINT and SIGTERM for the block (main thread only); SIGKILL still ends it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
@@ -302,7 +318,8 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
                 "padded_vocab_size": padded_vocab, "capture": saver.active}
     except KeyboardInterrupt:
         if saver is not None:
-            saver.close()
+            with _signals_held():        # a second Ctrl-C (or the collector's SIGTERM) must not
+                saver.close()            # cut the flush short: the queued files get written
         where = os.environ.get("TENSOR_SAVE_DIR")
         if rank == 0:
             print("llama-train: interrupted; " + (f"tensors saved so far are complete in {where}"
