@@ -121,9 +121,6 @@ WORKDIR=${WORKDIR:-${CHECKPOINT_PATH}/.lowp}
 if [[ "$NODE_RANK" == 0 ]] && ! "$PY" -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', int(sys.argv[1])))" "$MASTER_PORT" 2>/dev/null; then
     die "MASTER_PORT $MASTER_PORT is in use: export MASTER_PORT=<a free port>"
 fi
-if [[ "$HAS_CUDA" != 1 && "$MODEL" == llama32_1b ]]; then
-    echo "train_llama32_1b_h100_fp8.sh: note: no GPU found; a 1B model on CPU is very slow (MODEL=tiny runs a small smoke version)" >&2
-fi
 
 # Can this node hold the model and one captured iteration? The estimate of
 # training_driver.preflight (memory: weights, gradients, optimizer, activations; capture size
@@ -143,6 +140,9 @@ if [[ "${IGNORE_RESOURCE_CHECK:-0}" != 1 ]]; then
     printf '%s\n' "$RESOURCES" | grep -v '^[[:space:]]*$' | tail -n 1 >&2
 fi
 export LOWP_RESOURCES_CHECKED=1     # checked (or waived) once here, not again on every rank
+if [[ "$HAS_CUDA" != 1 && "$MODEL" == llama32_1b ]]; then
+    echo "train_llama32_1b_h100_fp8.sh: note: no GPU found; a 1B model on CPU is very slow (MODEL=tiny runs a small smoke version)" >&2
+fi
 
 mkdir -p "$CHECKPOINT_PATH" "$TENSORBOARD_LOGS_PATH" "$WORKDIR"
 
