@@ -98,13 +98,13 @@ def test_check_refuses_a_capture_the_budget_cannot_hold():
                                                   r"than 41.0 GB \(half the disk\)"):
         check_resources(_estimate(10**9, capture=92 * 10**9), "X",
                         memory=(24 * 10**9, "available memory"),
-                        capture_budget=(41 * 10**9, "half the disk"))
+                        budget=(41 * 10**9, "half the disk"))
 
 
 def test_check_passes_and_says_the_estimate():
     said = []
     check_resources(_estimate(10**9, capture=10**6), "X", memory=(24 * 10**9, "available memory"),
-                    capture_budget=(41 * 10**9, "half the disk"), say=said.append)
+                    budget=(41 * 10**9, "half the disk"), say=said.append)
     assert len(said) == 1 and "memory ~1.0 GB" in said[0] and "~1.0 MB per rank" in said[0]
 
 

@@ -215,13 +215,13 @@ def available_memory() -> tuple[int, str]:
 
 
 def check_resources(estimate: RunEstimate, remedy: str, *, memory: tuple[int, str] | None = None,
-                    capture_budget: tuple[float, str] | None = None, on_gpu: bool | None = None,
+                    budget: tuple[float, str] | None = None, on_gpu: bool | None = None,
                     say: Any = None) -> None:
     """UserError (one line: the numbers, then ``remedy``: the command's own settings that make
     the run smaller and its flag that skips this check) when the machine cannot hold the run,
     else ``say`` one line with the estimate.
 
-    ``memory``: (bytes, where) as :func:`available_memory`; ``capture_budget``: (bytes per rank,
+    ``memory``: (bytes, where) as :func:`available_memory`; ``budget``: (bytes per rank,
     where) one captured iteration may take (the capture's byte budget, by default a share of
     the free disk: tensor_capture.budget), None without capture. On a GPU the comparison is per
     rank (each has its own GPU), on a CPU per node.
@@ -235,13 +235,13 @@ def check_resources(estimate: RunEstimate, remedy: str, *, memory: tuple[int, st
         per = " per GPU" if on_gpu else ""
         problems.append(f"memory: needs ~{human_bytes(need)}{per}, {human_bytes(have)} {where}")
     capture_line = ""
-    if capture_budget is not None and estimate.capture_per_rank:
-        budget, budget_where = capture_budget
+    if budget is not None and estimate.capture_per_rank:
+        limit, why = budget
         capture_line = (f"; one captured iteration ~{human_bytes(estimate.capture_per_rank)} per "
-                        f"rank (budget {human_bytes(budget)}: {budget_where})")
-        if estimate.capture_per_rank > budget:
+                        f"rank (budget {human_bytes(limit)}: {why})")
+        if estimate.capture_per_rank > limit:
             problems.append(f"capture: one iteration writes ~{human_bytes(estimate.capture_per_rank)} "
-                            f"per rank, more than {human_bytes(budget)} ({budget_where}); capture "
+                            f"per rank, more than {human_bytes(limit)} ({why}); capture "
                             "less (layers, max_rows, stats_only in TENSOR_SAVE_CONFIG) or free disk")
     if problems:
         raise UserError(f"this machine cannot hold the run ({count_text(estimate.parameters)} "
@@ -250,31 +250,9 @@ def check_resources(estimate: RunEstimate, remedy: str, *, memory: tuple[int, st
         say(f"resources: {estimate.summary()}; {human_bytes(have)} {where}{capture_line}")
 
 
-def capture_budget(env: Mapping[str, str], ranks: int) -> tuple[float, str] | None:
-    """(bytes per rank one captured iteration may take, why) from the capture settings in
-    ``env``, or None when nothing is captured: the byte budget as the saver will apply it
-    (tensor_capture.budget.bounded); unlimited means the free disk."""
-    from tensor_capture.budget import bounded, free_bytes
-    from tensor_capture.config import ConfigError, load_config
-
-    try:
-        config = load_config(env=env)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from None
-    if not config.enabled or config.stats_only:
-        return None
-    local = dict(env, LOCAL_WORLD_SIZE=str(ranks))
-    config, notes = bounded(config, local)
-    budget = config.byte_budget
-    if budget is None or budget == math.inf:
-        try:
-            return free_bytes(config.save_dir) / ranks, f"free disk under {config.save_dir}"
-        except OSError:
-            return None
-    return budget, notes.get("byte_budget", "byte_budget in TENSOR_SAVE_CONFIG")
-
-
 def capture_config(env: Mapping[str, str]) -> Any | None:
+    """The capture settings in ``env`` when capture saves anything, else None (UserError on a
+    mistake in them)."""
     from tensor_capture.config import ConfigError, load_config
 
     try:
@@ -284,6 +262,25 @@ def capture_config(env: Mapping[str, str]) -> Any | None:
     return config if config.enabled else None
 
 
+def capture_budget(config: Any | None, env: Mapping[str, str],
+                   ranks: int) -> tuple[float, str] | None:
+    """(bytes per rank one captured iteration may take, why), or None when no files are
+    written: the byte budget as the saver will apply it (tensor_capture.budget.bounded, with
+    ``ranks`` local ranks); an unlimited one means the free disk."""
+    from tensor_capture.budget import bounded, free_bytes
+
+    if config is None or config.stats_only:
+        return None
+    config, notes = bounded(config, dict(env, LOCAL_WORLD_SIZE=str(ranks)))
+    budget = config.byte_budget
+    if budget is None or budget == math.inf:
+        try:
+            return free_bytes(config.save_dir) / ranks, f"free disk under {config.save_dir}"
+        except OSError:
+            return None
+    return budget, notes.get("byte_budget", "byte_budget in TENSOR_SAVE_CONFIG")
+
+
 def check_training_run(cfg: Any, derived: Mapping[str, Any], vocab_size: int, ranks: int,
                        remedy: str = "", env: Mapping[str, str] | None = None,
                        say: Any = None) -> RunEstimate:
@@ -291,10 +288,11 @@ def check_training_run(cfg: Any, derived: Mapping[str, Any], vocab_size: int, ra
     vocabulary) estimated and checked against this machine (:func:`check_resources`).
     ``ranks``: training processes on this node."""
     env = os.environ if env is None else env
+    capture = capture_config(env)
     estimate = estimate_run(derived["shape"], vocab_size, cfg.dtype, cfg.micro_batch_size,
                             derived["num_micro_batches"], cfg.tensor_model_parallel_size,
-                            cfg.pipeline_model_parallel_size, ranks, capture_config(env))
-    check_resources(estimate, remedy or REMEDY, capture_budget=capture_budget(env, ranks), say=say)
+                            cfg.pipeline_model_parallel_size, ranks, capture)
+    check_resources(estimate, remedy or REMEDY, budget=capture_budget(capture, env, ranks), say=say)
     return estimate
 
 
