@@ -402,6 +402,20 @@ def test_example_script_refuses_a_run_the_machine_cannot_hold(small_data, tmp_pa
     assert not (tmp_path / "ckpt").exists() and not (tmp_path / "tensors").exists()
 
 
+def test_example_script_and_collector_share_the_input_check(small_data, tmp_path):
+    """One check (training_driver.preflight.check_inputs) behind both: a CUSTOM_QUANT_TYPE typo
+    gives the same one line, exit 2, from the launcher and from the collector."""
+    launcher = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=120,
+                   CUSTOM_QUANT_TYPE="mxfp9")
+    collector = run([*COLLECT, "--data-path", small_data["data_path"], "--tokenizer",
+                     small_data["tokenizer"], "--quant-type", "mxfp9", "--workdir",
+                     str(tmp_path / "w")], cwd=tmp_path, timeout=120)
+    assert launcher.returncode == collector.returncode == 2
+    lines = [one_error_line(out.stderr).split(": error: ", 1) for out in (launcher, collector)]
+    assert [l[0] for l in lines] == ["train_llama32_1b_h100_fp8.sh", "run_wikipedia_tensor_collection.sh"]
+    assert lines[0][1] == lines[1][1] and "CUSTOM_QUANT_TYPE='mxfp9' is not a known format" in lines[0][1]
+
+
 def test_example_script_refuses_an_old_format_tokenizer(small_data, tmp_path):
     old = tmp_path / "old_tokenizer"
     old.mkdir()

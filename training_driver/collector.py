@@ -430,11 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.tokenizer:
             raise UserError("--data-path needs --tokenizer (the directory preprocess-corpus wrote)")
-        from .data import check_data_prefix, check_tokenizer_matches
-        from .tokenizer import load_tokenizer
+        from .preflight import check_inputs
 
-        check_data_prefix(args.data_path)
-        check_tokenizer_matches(args.data_path, load_tokenizer(args.tokenizer))
+        check_inputs(args.tokenizer, args.data_path, env)   # the launcher's checks, too
         paths = {"data_path": args.data_path, "tokenizer": args.tokenizer}
     visualize = embedded if args.visualize is None else args.visualize
     if embedded and not env.get("TENSOR_SAVE_CONFIG"):

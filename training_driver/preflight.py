@@ -317,13 +317,14 @@ def check_training_args(train_args: Sequence[str], ranks: int, remedy: str = "",
 # ---------------------------------------------------------------------------------------------
 def check_inputs(tokenizer: str, data_path: str,
                  env: Mapping[str, str] | None = None) -> tuple[bool, str]:
-    """Capture settings (a CUSTOM_QUANT_TYPE typo), the tokenizer (an old-format directory) and
-    whether the data was made with it, as the collector checks them: UserError on a mistake;
-    returns (capture on?, the emulated format or '')."""
+    """Capture settings (a CUSTOM_QUANT_TYPE typo), the data files, the tokenizer (an
+    old-format directory) and whether the data was made with it; the collector's and the
+    launcher's one check. UserError on a mistake; returns (capture on?, the emulated format or
+    '')."""
     from tensor_capture.config import ConfigError, load_config
 
     from .capture import capture_requested
-    from .data import check_tokenizer_matches
+    from .data import check_data_prefix, check_tokenizer_matches
     from .tokenizer import load_tokenizer
 
     env = dict(os.environ if env is None else env)
@@ -331,6 +332,7 @@ def check_inputs(tokenizer: str, data_path: str,
         quant = load_config(env=env).quant_type or ""
     except ConfigError as exc:
         raise UserError(str(exc)) from None
+    check_data_prefix(data_path)
     check_tokenizer_matches(data_path, load_tokenizer(tokenizer))
     return capture_requested(env), quant
 
