@@ -1,7 +1,8 @@
 """Console-command plumbing shared by every command of the project (one definition each).
 
 - ``UserError`` + ``cli_entry(prog)``: a mistake the user can fix is one line
-  ``prog: error: ...`` on stderr and exit status 2, never a traceback; Ctrl-C exits 130.
+  ``prog: error: ...`` on stderr and exit status 2, never a traceback; Ctrl-C exits 130, even
+  when the command was started with SIGINT ignored (``honour_ctrl_c``).
 - ``atomic_write_text`` / ``atomic_write_bytes`` / ``atomic_write_json`` / ``atomic_path``:
   write a temporary name in the target's directory, then ``os.replace`` it over the target,
   so readers see the old file or the new one, never half of one.
@@ -19,8 +20,10 @@ import itertools
 import json
 import math
 import os
+import signal
 import stat
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, TypeVar
 
@@ -46,12 +49,41 @@ def fail(message: str, prog: str | None = None, code: int = EXIT_USER_ERROR) -> 
     return code
 
 
+@contextlib.contextmanager
+def honour_ctrl_c() -> Iterator[None]:
+    """Make SIGINT raise KeyboardInterrupt for the duration, also when it arrived ignored.
+
+    Why: a process started in the background of a non-interactive shell (``cmd &`` in a
+    script, a test runner started so, ``nohup ... &`` from a script) inherits SIGINT as
+    *ignored*, and Python then installs no KeyboardInterrupt handler; every child inherits the
+    same, so ``kill -INT`` / Ctrl-C on the group does nothing and a training run goes on to its
+    end. Restores the previous disposition afterwards (a test runner calling ``main`` keeps its own).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])   # same story
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if previous is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous)
+
+
 def cli_entry(prog: str, user_errors: tuple[type[BaseException], ...] = ()) -> Callable[[F], F]:
     """Wrap a console ``main`` so user mistakes exit 2 with one line and Ctrl-C exits 130.
 
     ``UserError`` is always a user mistake; ``user_errors`` adds library exception types
     (e.g. a config parser's ``ValueError`` subclass) that the command treats the same way.
-    Anything else is a bug in the tool and keeps its traceback.
+    Anything else is a bug in the tool and keeps its traceback. SIGINT is honoured even when
+    inherited as ignored (``honour_ctrl_c``).
     """
     caught = (UserError, *user_errors)
 
@@ -59,7 +91,8 @@ def cli_entry(prog: str, user_errors: tuple[type[BaseException], ...] = ()) -> C
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
-                return func(*args, **kwargs)
+                with honour_ctrl_c():
+                    return func(*args, **kwargs)
             except caught as exc:
                 return fail(str(exc), prog)
             except KeyboardInterrupt:

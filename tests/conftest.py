@@ -46,6 +46,7 @@ SLOW_TIERS = {
     "test_training_scripts.py::test_ctrl_c_*": ("megatron", "multiprocess"),
     "test_training_scripts.py::test_collector_*": ("multiprocess",),
     "test_training_scripts.py::test_example_script_*": ("megatron", "multiprocess"),
+    "test_training_scripts.py::test_torchrun_*": ("megatron", "multiprocess"),
     "test_profiler_layer_diff.py::test_megatron_*": ("megatron",),
     "test_profiler_layer_diff.py::test_watch_training_on_megatron_*": ("megatron",),
     "test_viz_report.py::built": ("multiprocess",),      # the full report with a worker pool

@@ -21,13 +21,13 @@ def patched(tmp_path_factory) -> str:
     return str(prepare_patched_megatron(tmp_path_factory.mktemp("patched")))
 
 
-def _train(data, tmp_path, patched, iters: int, tensors: str, config: str):
+def _train(data, tmp_path, patched, iters: int, tensors: str, config: str, *extra: str):
     cfg = tmp_path / f"{tensors}.yaml"
     cfg.write_text(config)
     cmd = [sys.executable, "-m", "training_driver.train", "--data-path", data["data_path"],
            "--tokenizer", data["tokenizer"], "--model", "tiny", "--seq-length", "32",
            "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", str(iters),
-           "--checkpoint-dir", str(tmp_path / "ckpt")]
+           "--checkpoint-dir", str(tmp_path / "ckpt"), *extra]
     return run(cmd, cwd=tmp_path, timeout=300, TENSOR_SAVE_ENABLED="true",
                TENSOR_SAVE_DIR=str(tmp_path / tensors), TENSOR_SAVE_CONFIG=str(cfg),
                MEGATRON_LOWP_PATCHED_DIR=patched, MASTER_PORT=str(free_port()))
@@ -49,8 +49,15 @@ def test_driver_numbers_iterations_and_samples_and_resumes(small_data, tmp_path,
 
 def test_a_budget_that_cannot_hold_one_iteration_exits_2_with_one_line(small_data, tmp_path,
                                                                         patched):
-    out = _train(small_data, tmp_path, patched, 3, "tiny_budget", "byte_budget: 10kB\n")
+    # The estimate before training (training_driver.preflight) refuses such a budget up front...
+    early = _train(small_data, tmp_path, patched, 3, "tiny_budget", "byte_budget: 10kB\n")
+    assert early.returncode == 2 and not (tmp_path / "tiny_budget").exists()
+    assert "capture: one iteration writes ~5.6 MB per rank, more than 10.0 kB" in one_error_line(early.stderr)
+    # ...and past it (--ignore-resource-check) the saver still stops at the first iteration's end.
+    out = _train(small_data, tmp_path, patched, 3, "tiny_budget", "byte_budget: 10kB\n",
+                 "--ignore-resource-check")
     assert out.returncode == 2
     line = one_error_line(out.stderr)
     assert line.startswith("tensor capture: byte_budget 10.0 kB per rank cannot hold one iteration")
+    assert "(iteration 0 needs 5.6 MB on rank 0)" in line    # what the estimate said up front
     assert "iter     2/3" not in out.stdout            # stopped at the end of the first iteration

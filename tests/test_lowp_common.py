@@ -72,6 +72,44 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("inherited", ["ignored", "blocked"])
+def test_ctrl_c_is_honoured_when_inherited_ignored_or_blocked(tmp_path, inherited):
+    """Issue 15: a command started in the background of a script inherits SIGINT ignored, and
+    Python then never raises KeyboardInterrupt: Ctrl-C was lost. cli_entry turns it back on
+    (and unblocks it) for the command's run; the caller's setting is back afterwards."""
+    import signal
+
+    script = tmp_path / "cmd.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, time
+        from lowp_common import cli_entry
+
+        @cli_entry("cmd")
+        def main():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)          # only reached when the SIGINT was lost
+            return 0
+
+        code = main()
+        print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+              signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        sys.exit(code)
+    """))
+
+    def inherit():
+        if inherited == "ignored":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       preexec_fn=inherit, timeout=60)
+    assert r.returncode == EXIT_INTERRUPTED, r.stderr
+    assert r.stderr == "cmd: interrupted\n"
+    assert r.stdout.split() == (["True", "False"] if inherited == "ignored" else ["False", "True"])
+
+
 def test_atomic_writes_replace_and_leave_no_temp(tmp_path):
     p = tmp_path / "out.txt"
     p.write_text("old")

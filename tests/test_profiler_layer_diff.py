@@ -96,6 +96,42 @@ def test_cli_mlp_json(capsys) -> None:
     assert "precision-diff: error: mode 'fp7'" in capsys.readouterr().err
 
 
+def _cli(*args: str):
+    """precision-diff as a user runs it: a fresh interpreter, no warning filters of ours."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "training_profiler.layer_diff", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mode", "mxfp9"], "mode 'mxfp9': not a quant format"),
+    (["--mode", "mxfp8", "--num-layers", "0"], "--num-layers >= 1"),
+])
+def test_cli_mistake_is_one_line_before_megatron(args, message) -> None:
+    """Issue 15: a bad --mode printed 14 lines of megatron-core warnings first. Now the
+    arguments are checked before megatron is imported: one line, exit 2."""
+    out = _cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [out.stderr.strip()], out.stderr
+    assert out.stderr.startswith("precision-diff: error: ") and message in out.stderr
+
+
+def test_megatron_cli_prints_no_import_warnings() -> None:
+    """The tiny GPT run: megatron-core's TE/apex notes are silenced (stderr holds the progress
+    bar only), the report is on stdout."""
+    out = _cli("--mode", "mxfp8", "--num-layers", "1")
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr and "warnings.warn" not in out.stderr, out.stderr
+    assert "Layer-wise precision diff: fp32 vs mxfp8" in out.stdout
+
+
 @pytest.fixture(scope="module")
 def tiny_gpt():
     from training_driver.megatron_env import (LlamaShape, build_llama_model, causal_inputs,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -66,24 +67,125 @@ def test_full_iteration_rule():
     assert full_iteration_saved(names, {"iteration": 1}, 10)
 
 
-def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path):
-    proc = subprocess.Popen(
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_commands(pgid: int) -> list[str]:
+    """The command lines of process group ``pgid``'s processes (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                out.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _start_collector(small_data, tmp_path: Path, sigint: str) -> subprocess.Popen:
+    """The collector as its own process group (a terminal's foreground job); ``sigint="ignored"``
+    starts it the way a background job of a script (or a test runner started so) is: SIGINT
+    ignored on entry, inherited by every child."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
+    return subprocess.Popen(
         [*COLLECT, "--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"],
          "--train-iters", "400", "--keep-training", "--workdir", str(tmp_path / "w"),
-         "--tensor-dir", str(tmp_path / "t"), "--", "--seq-length", "32"],
+         "--tensor-dir", str(tmp_path / "t"), "--ready-file", str(tmp_path / "ready"),
+         "--", "--seq-length", "32"],
         cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list((tmp_path / "t").glob("*.pt"))) < 5:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C reaches the whole foreground group
+        start_new_session=True, preexec_fn=ignore)
+
+
+def _ctrl_c(proc: subprocess.Popen, to: str = "group") -> tuple[str, str, float]:
+    """Ctrl-C to the whole foreground group (or SIGINT to the collector alone, ``kill -INT``);
+    (stdout, stderr, seconds until the collector exits)."""
+    t0 = time.monotonic()
+    (os.killpg if to == "group" else os.kill)(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
+    return stdout, stderr, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sigint,to", [("default", "group"), ("ignored", "group"),
+                                       ("ignored", "collector")])
+def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path, sigint, to):
+    """Ctrl-C once training runs (the collector's ready file, not a file count): collector and
+    training stop within seconds, exit 130, the saved files are whole. "ignored" is issue 15's
+    failure: launched with SIGINT ignored, both ran all 400 iterations and exited 0.
+    "collector": SIGINT to the collector only; it stops training itself."""
+    proc = _start_collector(small_data, tmp_path, sigint)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "ready").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the collector never reported training under way"
+        time.sleep(0.1)
+    stdout, stderr, seconds = _ctrl_c(proc, to)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert seconds < 30, seconds
+    assert not _group_alive(proc.pid)           # training stopped too, nothing left running
+    assert "iter   400/400" not in stdout
     assert "intact" in stderr and "Traceback" not in stderr
     files = _check_tensor_dir(tmp_path / "t")
-    assert len(files) >= 5
+    assert files
     assert not list((tmp_path / "t").rglob("*.tmp*"))
+
+
+def test_ctrl_c_while_training_starts(small_data, tmp_path):
+    """Ctrl-C the moment the training process exists (interpreter start, imports, model build),
+    with SIGINT inherited as ignored: still 130 within seconds and no process left."""
+    proc = _start_collector(small_data, tmp_path, "ignored")
+    deadline = time.monotonic() + 120
+    while not any("training_driver.train" in c for c in _group_commands(proc.pid)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.02)
+    stdout, stderr, seconds = _ctrl_c(proc)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert seconds < 30, seconds
+    assert not _group_alive(proc.pid), (_group_commands(proc.pid), stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert re.search(r"interrupted; the \d+ tensor files saved so far are intact", stderr), stderr
+    assert not list((tmp_path / "t").rglob("*.tmp*"))
+
+
+@pytest.mark.parametrize("rank_code,code,extra", [
+    (2, 2, None),            # a user mistake inside a rank: its one line, nothing after it
+    (3, 3, "torchrun: error: rank 0: a training process exited with status 3 (see its message "
+            "above)"),
+    (0, 0, None),
+])
+def test_torchrun_wrapper_never_adds_a_traceback(tmp_path, rank_code, code, extra):
+    """Issue 15: torchrun printed ~30 lines of ChildFailedError traceback after a rank's own
+    one-line message and exited 1. The launchers' training_driver.torchrun keeps the rank's
+    status (2 stays 2) and adds at most one line."""
+    script = tmp_path / "rank.py"
+    script.write_text("import sys\nprint('rank: error: the message', file=sys.stderr)\n"
+                      f"sys.exit({rank_code})\n")
+    out = run([sys.executable, "-m", "training_driver.torchrun", "--nproc-per-node", "1",
+               "--master-port", str(free_port()), str(script)], cwd=tmp_path, timeout=120)
+    assert out.returncode == code, out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert lines == ["rank: error: the message"] + ([extra] if extra else []), out.stderr
+
+
+def test_torchrun_wrapper_from_the_launcher_keeps_a_ranks_user_error(small_data, tmp_path):
+    """A mistake only a rank can see (a checkpoint of another shape, found at resume): the
+    launcher ends with the rank's one line and exit 2, no torchrun traceback."""
+    common = dict(MODEL="tiny", TRAIN_ITERS="1", GLOBAL_BATCH_SIZE="2")
+    first = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=300,
+                SEQ_LENGTH="32", MASTER_PORT=str(free_port()), **common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=300,
+              SEQ_LENGTH="48", MASTER_PORT=str(free_port()), **common)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = one_error_line(out.stderr)
+    assert line.startswith("llama-train: error: ") and "seq_length" in line, out.stderr
+    assert "ChildFailedError" not in out.stderr
 
 
 @pytest.mark.parametrize("args,message", [
@@ -215,7 +317,7 @@ def test_example_script_runs_a_megatron_lm_checkout_on_a_patched_copy(small_data
     out = run([*EXAMPLE, *args], cwd=tmp_path, timeout=240,
               MEGATRON_LM_DIR=str(checkout), TENSOR_SAVE_ENABLED="true", GPUS_PER_NODE="1",
               MASTER_PORT=str(free_port()), PROBE_OUT=str(tmp_path / "probe.json"),
-              TRAIN_ITERS="7", **extra)
+              TRAIN_ITERS="7", IGNORE_RESOURCE_CHECK="1", **extra)   # the 1B args, no training
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     import megatron.core.package_info as info
 
@@ -280,6 +382,40 @@ def test_example_script_quant_mistakes_are_one_line(small_data, tmp_path, env, d
     assert not (tmp_path / "probe.json").exists()
 
 
+@pytest.mark.parametrize("model,writes", [("tiny", "~2.1 MB"), ("llama32_1b", "")])
+def test_example_script_refuses_a_run_the_machine_cannot_hold(small_data, tmp_path, model, writes):
+    """Issue 15: the 1B model on a CPU used 16 GB and wrote 2.3 GB of captures before iteration 1
+    finished, after only a "very slow" note. The launcher estimates before anything starts;
+    here one captured iteration (~2.1 MB for the tiny model in bf16; GBs for the 1B) exceeds a
+    1 MB byte budget: one line with the numbers and the override (no note before it), exit 2,
+    nothing created."""
+    cfg = tmp_path / "capture.yaml"
+    cfg.write_text("byte_budget: 1MB\n")
+    env = dict(MODEL=model, SEQ_LENGTH="32", GLOBAL_BATCH_SIZE="2", TENSOR_SAVE_ENABLED="true",
+               TENSOR_SAVE_DIR=str(tmp_path / "tensors"), TENSOR_SAVE_CONFIG=str(cfg))
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=120, **env)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    line = one_error_line(out.stderr)
+    assert line.startswith("train_llama32_1b_h100_fp8.sh: error: this machine cannot hold the run")
+    assert f"capture: one iteration writes {writes}" in line and "more than 1.0 MB" in line
+    assert line.endswith("set IGNORE_RESOURCE_CHECK=1 to run anyway")
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "tensors").exists()
+
+
+def test_example_script_and_collector_share_the_input_check(small_data, tmp_path):
+    """One check (training_driver.preflight.check_inputs) behind both: a CUSTOM_QUANT_TYPE typo
+    gives the same one line, exit 2, from the launcher and from the collector."""
+    launcher = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=120,
+                   CUSTOM_QUANT_TYPE="mxfp9")
+    collector = run([*COLLECT, "--data-path", small_data["data_path"], "--tokenizer",
+                     small_data["tokenizer"], "--quant-type", "mxfp9", "--workdir",
+                     str(tmp_path / "w")], cwd=tmp_path, timeout=120)
+    assert launcher.returncode == collector.returncode == 2
+    lines = [one_error_line(out.stderr).split(": error: ", 1) for out in (launcher, collector)]
+    assert [l[0] for l in lines] == ["train_llama32_1b_h100_fp8.sh", "run_wikipedia_tensor_collection.sh"]
+    assert lines[0][1] == lines[1][1] and "CUSTOM_QUANT_TYPE='mxfp9' is not a known format" in lines[0][1]
+
+
 def test_example_script_refuses_an_old_format_tokenizer(small_data, tmp_path):
     old = tmp_path / "old_tokenizer"
     old.mkdir()
@@ -322,3 +458,17 @@ def test_summary_counts_and_marks_partial_iterations(tmp_path):
     text = format_summary(s, tmp_path, finished_iterations=1)
     assert "4 files" in text and "linear                3  ( 75.0%)" in text
     assert "iterations captured: 2 (iteration 0, 1 (partial" in text
+
+
+def test_launch_scripts_quiet_the_same_megatron_warnings():
+    """The scripts' PYTHONWARNINGS default and megatron_env.MEGATRON_IMPORT_WARNINGS (what the
+    commands silence before importing megatron) are one list."""
+    import re as _re
+
+    from training_driver.megatron_env import MEGATRON_IMPORT_WARNINGS
+
+    want = ",".join(f"ignore:{m}" for m in MEGATRON_IMPORT_WARNINGS)
+    for script in ("run_wikipedia_tensor_collection.sh", "examples/llama/train_llama32_1b_h100_fp8.sh"):
+        text = (ROOT / script).read_text()
+        found = _re.search(r'PYTHONWARNINGS="\$\{PYTHONWARNINGS:-([^}]*)\}"', text)
+        assert found and found.group(1) == want, script

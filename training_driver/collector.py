@@ -13,6 +13,7 @@ on CPU -- nothing downloaded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -22,9 +23,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from lowp_common import human_bytes
+from lowp_common import atomic_write_text, human_bytes
 
 from .errors import UserError, cli_entry
 
@@ -148,10 +149,11 @@ def prepare_default_data(workdir: str | os.PathLike[str], vocab_size: int = 512,
 # Launch and watch
 # ---------------------------------------------------------------------------------------------
 def training_command(nproc: int, train_args: list[str], master_port: int | None = None) -> list[str]:
-    """One process runs the driver directly; several go through torchrun (torch.distributed.run)."""
+    """One process runs the driver directly; several go through torchrun (training_driver.torchrun:
+    torch.distributed.run without its traceback after a rank's own message)."""
     if nproc == 1:
         return [sys.executable, "-m", "training_driver.train", *train_args]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable, "-m", "training_driver.torchrun", f"--nproc-per-node={nproc}"]
     if master_port is not None:
         cmd.append(f"--master-port={master_port}")
     return [*cmd, "-m", "training_driver.train", *train_args]
@@ -206,6 +208,46 @@ def _stop(proc: subprocess.Popen, stop_file: Path, grace: float = 60.0) -> int:
     return proc.returncode
 
 
+def _ignore_sigint() -> None:
+    """In the training child before exec: SIGINT ignored until llama-train's ``cli_entry``
+    installs its handler (``lowp_common.honour_ctrl_c``). A Ctrl-C during the interpreter's own
+    start would otherwise end it with "Fatal Python error" and a traceback; the collector
+    stops it then (``_interrupt``). Unblocked: the parent blocks it around the fork."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C back until the block is done. Around ``Popen``: a KeyboardInterrupt inside
+    it (after the fork, before it returns) would leave a training process that nobody stops,
+    and that was started with SIGINT ignored. The held SIGINT arrives as the block ends, when
+    the caller has the process."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _interrupt(proc: subprocess.Popen, settle: float = 3.0) -> int:
+    """Ctrl-C: training stops now, not after its iteration. A terminal's Ctrl-C reaches it too
+    (same process group) and it flushes its saver; if it still runs after ``settle`` seconds
+    (still starting, or the SIGINT went to the collector alone) SIGTERM, which llama-train
+    handles like Ctrl-C once training is set up and which ends it silently before; SIGKILL last."""
+    steps = ((settle, None), (20.0, signal.SIGTERM), (None, signal.SIGKILL))
+    for wait, sig in steps:
+        if proc.poll() is not None:
+            break
+        if sig is not None:
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.returncode
+
+
 class _Progress:
     """A tqdm bar on a terminal; otherwise one plain line whenever something changes."""
 
@@ -238,8 +280,11 @@ class _Progress:
 
 def watch(proc: subprocess.Popen, tensor_dir: Path, progress_file: Path, before: set[Path],
           min_files: int, timeout: float, stop_when_collected: bool,
-          poll: float = 0.5) -> str:
-    """Wait for training; returns 'collected', 'finished', 'failed' or 'timeout'."""
+          poll: float = 0.5, ready_file: Path | None = None) -> str:
+    """Wait for training; returns 'collected', 'finished', 'failed' or 'timeout'.
+
+    ``ready_file`` is written once training has finished an iteration and saved tensor files:
+    from then on both processes handle Ctrl-C (an event for scripts and tests to wait on)."""
     start = time.monotonic()
     shown = _Progress(min_files)
     try:
@@ -247,6 +292,9 @@ def watch(proc: subprocess.Popen, tensor_dir: Path, progress_file: Path, before:
             new = [p for p in tensor_files(tensor_dir) if p not in before]
             progress = _read_progress(progress_file)
             shown.update(len(new), min_files, progress)
+            if ready_file is not None and new and int(progress.get("iteration", 0)) >= 1:
+                atomic_write_text(ready_file, f"{os.getpid()} {proc.pid}\n", make_parents=True)
+                ready_file = None
             if proc.poll() is not None:
                 return "finished" if proc.returncode == 0 else "failed"
             if stop_when_collected and full_iteration_saved(new, progress, min_files):
@@ -303,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "embedded run)")
     vis.add_argument("--no-visualize", dest="visualize", action="store_false")
     p.add_argument("--draw-dir", default="./draw", help="visualization output folder")
+    p.add_argument("--ignore-resource-check", action="store_true",
+                   help="start even when the memory / capture-size estimate says this machine "
+                        "cannot hold the run")
+    p.add_argument("--ready-file", default=None,
+                   help="write this file once training has finished an iteration and saved "
+                        "tensors (both processes handle Ctrl-C by then): an event for scripts "
+                        "to wait on")
     return p
 
 
@@ -346,12 +401,14 @@ def run_visualization(tensor_dir: Path, draw_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     own, passthrough = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(own)
-    from .train import quiet_megatron_warnings
+    from .megatron_env import quiet_megatron_warnings
 
     quiet_megatron_warnings()
     if args.nproc < 1 or args.min_files < 1 or args.timeout <= 0:
         raise UserError("--nproc and --min-files must be at least 1 and --timeout positive")
     tensor_dir = Path(args.tensor_dir)
+    if args.ready_file:
+        Path(args.ready_file).unlink(missing_ok=True)    # a stale one would mean nothing
     env = dict(os.environ)
     env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
                CUSTOM_QUANT_TYPE=args.quant_type)
@@ -376,11 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.tokenizer:
             raise UserError("--data-path needs --tokenizer (the directory preprocess-corpus wrote)")
-        from .data import check_data_prefix, check_tokenizer_matches
-        from .tokenizer import load_tokenizer
+        from .preflight import check_inputs
 
-        check_data_prefix(args.data_path)
-        check_tokenizer_matches(args.data_path, load_tokenizer(args.tokenizer))
+        check_inputs(args.tokenizer, args.data_path, env)   # the launcher's checks, too
         paths = {"data_path": args.data_path, "tokenizer": args.tokenizer}
     visualize = embedded if args.visualize is None else args.visualize
     if embedded and not env.get("TENSOR_SAVE_CONFIG"):
@@ -392,16 +447,6 @@ def main(argv: list[str] | None = None) -> int:
         check_capture_config(env)
     master_port = _check_master_port(args.nproc)
 
-    tensor_dir.mkdir(parents=True, exist_ok=True)
-    if not env.get(PATCHED_DIR_ENV):
-        patched = prepare_patched_tree(workdir / "patched_megatron")
-        if patched is None:
-            say("the tensor-capture patch set is not installed; training runs on "
-                "unpatched megatron-core and no tensors will be saved")
-        else:
-            env[PATCHED_DIR_ENV] = str(patched)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     progress_file = workdir / f"progress_{os.getpid()}.json"
     stop_file = workdir / f"stop_{os.getpid()}"
     train_args = ["--data-path", paths["data_path"], "--tokenizer", paths["tokenizer"],
@@ -413,19 +458,39 @@ def main(argv: list[str] | None = None) -> int:
     train_args += passthrough
     if master_port is not None and args.nproc == 1:
         env["MASTER_PORT"] = str(master_port)
+    from .preflight import CHECKED_ENV, check_training_args
+
+    if not args.ignore_resource_check:   # before training starts: memory and capture size
+        check_training_args(train_args, args.nproc, env=env, say=say)
+    env[CHECKED_ENV] = "1"               # checked (or waived) once, for every rank
+    tensor_dir.mkdir(parents=True, exist_ok=True)
+    if not env.get(PATCHED_DIR_ENV):
+        patched = prepare_patched_tree(workdir / "patched_megatron")
+        if patched is None:
+            say("the tensor-capture patch set is not installed; training runs on "
+                "unpatched megatron-core and no tensors will be saved")
+        else:
+            env[PATCHED_DIR_ENV] = str(patched)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = training_command(args.nproc, train_args, master_port if args.nproc > 1 else None)
     before = set(tensor_files(tensor_dir))
     say(f"TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "
         f"TENSOR_SAVER_ITERATION={args.saver_iteration or '<from the run>'}")
     say("launching " + " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=env)
+    proc = None
     interrupted = False
     try:
+        with _sigint_held():
+            proc = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_sigint)
         outcome = watch(proc, tensor_dir, progress_file, before, args.min_files, args.timeout,
-                        stop_when_collected=not args.keep_training)
+                        stop_when_collected=not args.keep_training,
+                        ready_file=Path(args.ready_file) if args.ready_file else None)
     except KeyboardInterrupt:
         interrupted = True
         outcome = "interrupted"
+        if proc is None:        # Ctrl-C before training started: nothing to stop
+            raise
     if outcome in ("collected", "timeout", "interrupted"):
         if outcome == "collected":
             say("one full iteration is saved; stopping training")
@@ -433,13 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"timeout after {args.timeout:.0f} s; stopping training")
         try:
             if outcome == "interrupted":
-                # Ctrl-C reached training too (same process group): let it flush its saver
-                # before asking again.
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-            _stop(proc, stop_file)
+                _interrupt(proc)
+            else:
+                _stop(proc, stop_file)
         except KeyboardInterrupt:
             proc.kill()
             proc.wait()

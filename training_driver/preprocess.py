@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry("preprocess-corpus")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .train import quiet_megatron_warnings
+    from .megatron_env import quiet_megatron_warnings
 
     quiet_megatron_warnings()
     summary = preprocess(args.input, args.output_prefix, args.tokenizer, args.tokenizer_out,

@@ -13,10 +13,12 @@ training_driver.train ...``); CPU uses gloo, CUDA uses nccl.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -77,6 +79,7 @@ class TrainConfig:
     progress_file: str | None = None
     stop_file: str | None = None
     patched_megatron_workdir: str | None = None
+    ignore_resource_check: bool = False
     shape: dict[str, int] = field(default_factory=dict)
 
     def resolved_shape(self) -> dict[str, int]:
@@ -151,6 +154,20 @@ def _raise_keyboard_interrupt(signum, frame):  # SIGTERM from a launcher: stop l
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """Ignore SIGINT and SIGTERM for the block (main thread only); SIGKILL still ends it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
           master_port: int | None = None) -> dict[str, Any]:
     """Run training on this process (one of ``world_size``); returns a summary with the losses.
@@ -169,7 +186,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
 
     import torch
 
-    from . import checkpoint, data, optim
+    from . import checkpoint, data, optim, preflight
     from .megatron_env import (LlamaShape, build_llama_model, causal_inputs, cuda_available,
                                destroy_distributed, init_distributed)
     from .tokenizer import load_tokenizer
@@ -181,8 +198,14 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
     data.check_tokenizer_matches(cfg.data_path, tokenizer)  # before any model is built
     shape_d = derived["shape"]
     tp, pp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
-    multiple = cfg.make_vocab_size_divisible_by * tp
-    padded_vocab = int(math.ceil(tokenizer.vocab_size / multiple) * multiple)
+    padded_vocab = preflight.padded_vocab_size(tokenizer.vocab_size,
+                                               cfg.make_vocab_size_divisible_by, tp)
+    if not (cfg.ignore_resource_check or os.environ.get(preflight.CHECKED_ENV)):
+        # before the model exists: can this node hold it (and one captured iteration)?
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        preflight.check_training_run(cfg, derived, padded_vocab, ranks,
+                                     say=(lambda line: print(f"llama-train: {line}", flush=True))
+                                     if rank == 0 else None)
     run_config = {**asdict(cfg), **shape_d, "padded_vocab_size": padded_vocab,
                   "global_batch_size": derived["global_batch_size"],
                   "data_parallel_size": derived["data_parallel_size"]}
@@ -295,7 +318,8 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
                 "padded_vocab_size": padded_vocab, "capture": saver.active}
     except KeyboardInterrupt:
         if saver is not None:
-            saver.close()
+            with _signals_held():        # a second Ctrl-C (or the collector's SIGTERM) must not
+                saver.close()            # cut the flush short: the queued files get written
         where = os.environ.get("TENSOR_SAVE_DIR")
         if rank == 0:
             print("llama-train: interrupted; " + (f"tensors saved so far are complete in {where}"
@@ -458,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-file", default=None,
                    help="finish the current iteration and stop (checkpoint saved) once this "
                         "file exists; how the collector ends a run cleanly")
+    p.add_argument("--ignore-resource-check", action="store_true",
+                   help="start even when the memory / capture estimate says this machine cannot "
+                        "hold the run (training_driver.preflight)")
     p.add_argument("--patched-megatron-workdir", default=None,
                    help="where to build the patched megatron-core copy when capturing")
     return p
@@ -481,23 +508,11 @@ def port_free(port: int) -> bool:
     return True
 
 
-def quiet_megatron_warnings() -> None:
-    """megatron-core warns at import that TE/apex are absent; on CPU that is the expected case."""
-    import warnings
-
-    import torch
-
-    messages = ["Transformer Engine and Apex are not installed", "Apex is not installed",
-                "full scope is deprecated"]
-    if not torch.cuda.is_available():  # advice about CUDA streams, moot on CPU
-        messages.append("When using async grad allreduce")
-    for message in messages:
-        warnings.filterwarnings("ignore", message=message)
-
-
 @cli_entry("llama-train")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .megatron_env import quiet_megatron_warnings
+
     quiet_megatron_warnings()
     cfg = config_from_args(args)
     rank = int(os.environ.get("RANK", 0))

@@ -161,6 +161,17 @@ def find_jump(errors: Sequence[float], jump_factor: float, min_error: float) -> 
     return None, 0.0
 
 
+def check_mode(mode: str) -> None:
+    """ValueError unless ``mode`` is fp32, an autocast mode or a quant format (checked before any
+    model is built, so a typo costs no megatron import)."""
+    if mode != "fp32" and mode not in AUTOCAST_MODES:
+        import quant
+        try:
+            quant.get_format(mode)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"mode {mode!r}: not a quant format or one of {sorted(AUTOCAST_MODES)} ({exc})") from None
+
+
 def layer_diff(model: torch.nn.Module, step_fn: Callable[[torch.nn.Module], Any], mode: str = "bf16", *,
                layers: Sequence[str] | None = None, group_size: int | None = 8, jump_factor: float = 4.0,
                min_error: float = 1e-3, seed: int = 0, progress: bool = False) -> DiffReport:
@@ -171,12 +182,7 @@ def layer_diff(model: torch.nn.Module, step_fn: Callable[[torch.nn.Module], Any]
     'autocast_bf16' or 'autocast_fp16'. ``group_size=None`` compares all layers in one pair of
     passes (fastest, most memory).
     """
-    if mode != "fp32" and mode not in AUTOCAST_MODES:
-        import quant
-        try:
-            quant.get_format(mode)
-        except (KeyError, ValueError) as exc:
-            raise ValueError(f"mode {mode!r}: not a quant format or one of {sorted(AUTOCAST_MODES)} ({exc})") from None
+    check_mode(mode)
     all_names = dict(model.named_modules())
     names = list(layers) if layers is not None else default_layers(model)
     unknown = [n for n in names if n not in all_names]
@@ -226,6 +232,9 @@ def _demo_mlp(seed: int) -> tuple[torch.nn.Module, Callable]:
 
 
 def _tiny_gpt(seed: int, num_layers: int) -> tuple[torch.nn.Module, Callable, Callable]:
+    from training_driver.megatron_env import quiet_megatron_warnings
+
+    quiet_megatron_warnings()      # before megatron is imported: its TE/apex notes say nothing here
     from training_driver.megatron_env import (LlamaShape, build_llama_model, causal_inputs,
                                               destroy_distributed, free_port, init_distributed)
 
@@ -252,6 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("text", "json"), default="text")
     args = p.parse_args(argv)
+    try:   # every argument checked before megatron is imported: a typo is one line, no warnings
+        check_mode(args.mode)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.group_size < 0 or args.num_layers < 1:
+        raise UserError("--group-size must be >= 0 and --num-layers >= 1")
     cleanup = None
     try:
         if args.model == "mlp":

@@ -28,6 +28,8 @@
 #   TP, PP (1), MICRO_BATCH_SIZE (1), GLOBAL_BATCH_SIZE (8), SEQ_LENGTH (2048),
 #   TRAIN_ITERS (1000), LR (3e-4), MIN_LR (3e-5), WARMUP_ITERS (100), SAVE_INTERVAL (500)
 #   MODEL              llama32_1b (default) or tiny (a CPU smoke run of the same pipeline)
+#   IGNORE_RESOURCE_CHECK=1  start even when the estimate of memory and of one captured
+#                      iteration says this machine cannot hold the run (else exit 2, one line)
 #   WORKDIR            where the patched Megatron copy goes (default: CHECKPOINT_PATH/.lowp)
 set -euo pipefail
 
@@ -61,26 +63,10 @@ DATA_PATH="${DATA_PATH%.bin}"; DATA_PATH="${DATA_PATH%.idx}"
 [[ -f "${DATA_PATH}.bin" && -f "${DATA_PATH}.idx" ]] || die "DATA_PATH ${DATA_PATH} has no .bin/.idx: run preprocess-corpus --input CORPUS --output-prefix PREFIX first"
 
 # Before anything starts: the capture settings (a CUSTOM_QUANT_TYPE typo), the tokenizer (an
-# old-format directory) and whether the data was made with it. One line and exit 2 on a mistake.
-PREFLIGHT=$("$PY" - "$TOKENIZER_PATH" "$DATA_PATH" 2>&1 <<'PY'
-import sys
-from lowp_common import UserError
-try:
-    from tensor_capture.config import ConfigError, load_config
-    from training_driver.capture import capture_requested
-    from training_driver.data import check_tokenizer_matches
-    from training_driver.tokenizer import load_tokenizer
-    try:
-        quant = load_config().quant_type or ""
-    except ConfigError as exc:
-        raise UserError(str(exc)) from None
-    check_tokenizer_matches(sys.argv[2], load_tokenizer(sys.argv[1]))
-except UserError as exc:
-    print("error:", " ".join(str(exc).split()))
-    sys.exit(2)
-print("ok", int(capture_requested()), quant or "-")
-PY
-) || die "$(printf '%s\n' "$PREFLIGHT" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^error: //')"
+# old-format directory) and whether the data was made with it, the collector's own checks
+# (training_driver.preflight). One line and exit 2 on a mistake.
+PREFLIGHT=$("$PY" -m training_driver.preflight inputs "$TOKENIZER_PATH" "$DATA_PATH" 2>&1) \
+    || die "$(printf '%s\n' "$PREFLIGHT" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^preflight: error: //')"
 read -r _ CAPTURE QUANT <<<"$(printf '%s\n' "$PREFLIGHT" | tail -n 1)"
 [[ "$QUANT" == - ]] && QUANT=""
 # A tokenizer.json file stands for its directory (what AutoTokenizer.from_pretrained takes).
@@ -135,6 +121,25 @@ WORKDIR=${WORKDIR:-${CHECKPOINT_PATH}/.lowp}
 if [[ "$NODE_RANK" == 0 ]] && ! "$PY" -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', int(sys.argv[1])))" "$MASTER_PORT" 2>/dev/null; then
     die "MASTER_PORT $MASTER_PORT is in use: export MASTER_PORT=<a free port>"
 fi
+
+# Can this node hold the model and one captured iteration? The estimate of
+# training_driver.preflight (memory: weights, gradients, optimizer, activations; capture size
+# against the byte budget / free disk), for the same shape on either path. One line, exit 2.
+if [[ "${IGNORE_RESOURCE_CHECK:-0}" != 1 ]]; then
+    CHECK_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MODEL"
+                --dtype "$DTYPE" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+                --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE")
+    if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then CHECK_ARGS[5]=llama32_1b; fi   # pretrain_gpt.py: the 1B
+    if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" || -n "${MEGATRON_LM_DIR:-}" ]]; then
+        CHECK_ARGS+=(--seq-length "$SEQ_LENGTH")
+    fi
+    RESOURCES=$("$PY" -m training_driver.preflight resources --ranks "$GPUS_PER_NODE" \
+        --world-size "$((GPUS_PER_NODE * NNODES))" --remedy "MODEL=tiny, a smaller SEQ_LENGTH or MICRO_BATCH_SIZE fits, or set IGNORE_RESOURCE_CHECK=1 to run anyway" \
+        --prog train_llama32_1b_h100_fp8.sh -- "${CHECK_ARGS[@]}" 2>&1) \
+        || die "$(printf '%s\n' "$RESOURCES" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^preflight: error: //')"
+    printf '%s\n' "$RESOURCES" | grep -v '^[[:space:]]*$' | tail -n 1 >&2
+fi
+export LOWP_RESOURCES_CHECKED=1     # checked (or waived) once here, not again on every rank
 if [[ "$HAS_CUDA" != 1 && "$MODEL" == llama32_1b ]]; then
     echo "train_llama32_1b_h100_fp8.sh: note: no GPU found; a 1B model on CPU is very slow (MODEL=tiny runs a small smoke version)" >&2
 fi
@@ -164,7 +169,7 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
     PRECISION=(--bf16)
     [[ "$DTYPE" == fp8 ]] && PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
-    exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
+    exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
         --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
         --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
         --max-position-embeddings "$SEQ_LENGTH" --position-embedding-type rope --rotary-base 500000 \
@@ -200,4 +205,4 @@ TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MOD
             --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
             --tensorboard-dir "$TENSORBOARD_LOGS_PATH")
 if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" ]]; then TRAIN_ARGS+=(--seq-length "$SEQ_LENGTH"); fi
-exec "$PY" -m torch.distributed.run "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
+exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
