@@ -82,3 +82,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
         if tiers and not item.get_closest_marker("slow"):
             item.add_marker("slow")
+
+
+#: process-group variables that megatron_env.init_distributed sets in-process
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@pytest.fixture(autouse=True)
+def _restore_distributed_env():
+    """A test that initialised a process group in-process leaves MASTER_PORT etc. behind; a later
+    test would then see that (possibly busy) port as the user's choice. Restore them."""
+    saved = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
