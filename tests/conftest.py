@@ -88,14 +88,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
+def _restore(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(autouse=True)
 def _restore_distributed_env():
     """A test that initialised a process group in-process leaves MASTER_PORT etc. behind; a later
     test would then see that (possibly busy) port as the user's choice. Restore them."""
     saved = {k: os.environ.get(k) for k in _DIST_ENV}
     yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    _restore(saved)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_distributed_env_per_module():
+    """The same for module-scoped fixtures that start a process group (their port stays busy
+    until the module ends)."""
+    saved = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    _restore(saved)

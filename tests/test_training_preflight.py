@@ -129,6 +129,7 @@ def test_llama_train_refuses_before_building_the_model(small_data, small_memory,
         raise AssertionError("the model was to be built")
 
     monkeypatch.setattr(megatron_env, "init_distributed", never)
+    monkeypatch.delenv("MASTER_PORT", raising=False)    # not a port another test left behind
     code = main(["--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"],
                  "--model", "llama32_1b", "--seq-length", "64"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -143,6 +144,7 @@ def test_collector_refuses_before_training_starts(small_data, small_memory, caps
     from training_driver import collector
 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("training was started"))
+    monkeypatch.delenv("MASTER_PORT", raising=False)    # not a port another test left behind
     code = collector.main(["--data-path", small_data["data_path"], "--tokenizer",
                            small_data["tokenizer"], "--model", "llama32_1b", "--workdir",
                            str(tmp_path / "w"), "--tensor-dir", str(tmp_path / "t")])
