@@ -252,7 +252,7 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
             name = p.operand
             if _wanted(saver, "attention", "forward", "pre", name, site, it):
                 _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
-                      axis=p.axis if emulate and STATE.emulate_attention else None)
+                      axis=p.axis)   # its Q·Kᵀ / P·V reduction axis (what-if numerics)
             if t.requires_grad and _wanted(saver, "attention", "backward", "post", "grad_" + name,
                                            site, it):
                 t.register_hook(_grad_hook(saver, "grad_" + name, "post", site, it, sample))

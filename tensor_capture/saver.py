@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import budget, schema, sites
+from . import budget, schema, sites, whatif
 from .config import CaptureConfig, ConfigError, load_config
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
@@ -140,7 +140,9 @@ class TensorSaver:
 
         ``quant_axis``: for a GEMM operand, its reduction axis; then each scaled format in
         play (the emulated one, scaled ``range_formats``) is analysed along it with
-        quant.analyze_quantization into metadata["quant_analysis"].
+        quant.analyze_quantization into metadata["quant_analysis"]; and each what-if format
+        (config ``whatif_formats``) gets quant.whatif's numbers along it (along the last axis
+        for a tensor without one) into metadata["whatif"] (tensor_capture.whatif).
         Returns the file path it will be written to, "" for a stats-only record, or None
         when nothing was captured (disabled, filtered out, or not a tensor).
         """
@@ -184,8 +186,13 @@ class TensorSaver:
         filename = schema.build_filename(name) if keep_file else None
         meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
                                 row_stride, quant_axis, metadata)
+        wplan = whatif.plan(self.config.whatif_formats, full, variant, quant_axis)
+        if wplan is not None and not defer:   # else the writer computes it from its host copy
+            meta[schema.META_WHATIF] = whatif.compute(full, wplan)
         item = records.build(self.directory, rank, filename, full, kept if keep_file else None,
                              sampled_rows is not None, stats_vec, ranges, meta)
+        if defer:
+            item.whatif = wplan
         if not self.sink.submit(item):
             return None
         return str(self.directory / filename) if filename else ""
