@@ -1,5 +1,7 @@
-"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only, full capture,
-and --emulate FMT: emulation with the underflow warning off and on).
+"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only with the
+default what-if numerics, stats-only without them, full capture, and --emulate FMT: emulation
+with the underflow warning off and on). Capture modes wait for the background writer at the end
+of each step, so its work (statistics, what-if numerics, files) counts in the step's time.
 
 Why two long-lived worker processes driven in alternation: the unpatched and the patched
 megatron-core cannot share one process, and on a busy machine separate back-to-back runs
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-MODES = ("disabled", "stats_only", "full")
+MODES = ("disabled", "stats_only", "stats_no_whatif", "full")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
 
 
@@ -73,18 +75,21 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
                 ts.configure(enabled=False, quant_type=emulate,
                              underflow_warnings=(mode == "emulate_warn"))
             elif mode != "disabled":          # every step captured (no default bound)
-                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode == "stats_only"),
-                             max_iterations="unlimited", byte_budget="unlimited")
+                extra = {"whatif_formats": ()} if mode == "stats_no_whatif" else {}
+                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
+                             max_iterations="unlimited", byte_budget="unlimited", **extra)
             mode_now = mode
         times = []
         quiet = contextlib.redirect_stderr(io.StringIO()) if mode == "emulate_warn" else (
             contextlib.nullcontext())
         with quiet:                                   # the warnings' text is not the point here
             for _ in range(steps):
-                times.append(step())
-                if ts is not None and mode == "full":
-                    saver = ts.get_tensor_saver()
-                    saver.flush()                 # count the writer's work in this step's slot
+                t = step()
+                if ts is not None and mode in MODES[1:]:
+                    t0 = time.perf_counter()
+                    ts.get_tensor_saver().flush()   # the writer's work counts in this step
+                    t += time.perf_counter() - t0
+                times.append(t)
                 if ts is not None and mode != "disabled":
                     ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
         conn.send(times)
