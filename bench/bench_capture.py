@@ -1,7 +1,8 @@
 """Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only with the
 default what-if numerics, stats-only without them, full capture, and --emulate FMT: emulation
 with the underflow warning off and on). Capture modes wait for the background writer at the end
-of each step, so its work (statistics, what-if numerics, files) counts in the step's time.
+of each round of steps, so its work (statistics, what-if numerics, files) counts: a time is the
+mean step of one round, writer drain included.
 
 Why two long-lived worker processes driven in alternation: the unpatched and the patched
 megatron-core cannot share one process, and on a busy machine separate back-to-back runs
@@ -83,15 +84,18 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
         quiet = contextlib.redirect_stderr(io.StringIO()) if mode == "emulate_warn" else (
             contextlib.nullcontext())
         with quiet:                                   # the warnings' text is not the point here
+            total = 0.0
             for _ in range(steps):
-                t = step()
-                if ts is not None and mode in MODES[1:]:
-                    t0 = time.perf_counter()
-                    ts.get_tensor_saver().flush()   # the writer's work counts in this step
-                    t += time.perf_counter() - t0
-                times.append(t)
+                total += step()
                 if ts is not None and mode != "disabled":
                     ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
+            if ts is not None and mode in MODES[1:]:
+                # steady state: the writer works beside the steps (a bounded queue stalls them
+                # when it falls behind); what is left at the end counts too
+                t0 = time.perf_counter()
+                ts.get_tensor_saver().flush()
+                total += time.perf_counter() - t0
+            times.append(total / steps)       # one mean step time per round
         conn.send(times)
     if ts is not None:
         ts.reset_tensor_saver()
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=256, help="sequence length")
     ap.add_argument("--batch", type=int, default=4, help="micro-batch size")
     ap.add_argument("--rounds", type=int, default=8, help="alternation rounds")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per mode per round")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per mode per round")
     ap.add_argument("--stats-on-caller", action="store_true",
                     help="compute CPU statistics on the training thread instead of the writer thread")
     ap.add_argument("--emulate", default=None, metavar="FMT",

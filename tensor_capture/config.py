@@ -34,6 +34,10 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**1
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+#: what-if numerics analyse at most this many elements of a tensor (strided rows, whole blocks):
+#: five formats cost about 30x the statistics per element on a CPU
+WHATIF_MAX_ELEMENTS = 1 << 14
+
 # max_iterations / byte_budget: "unlimited" in YAML; None means "the default bound"
 # (tensor_capture.budget). inf compares like a limit that is never reached.
 UNLIMITED = math.inf
@@ -71,6 +75,7 @@ class CaptureConfig:
     emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
     whatif_formats: tuple[str, ...] = WHATIF_FORMATS  # per-tensor what-if numerics (quant.whatif)
+    whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
 
@@ -252,6 +257,7 @@ _PARSERS: dict[str, Any] = {
     "byte_budget": _size,
     "range_formats": lambda k, v: _check_formats(v),
     "whatif_formats": _whatif,
+    "whatif_max_elements": _max_iterations,
 }
 
 

@@ -186,7 +186,8 @@ class TensorSaver:
         filename = schema.build_filename(name) if keep_file else None
         meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
                                 row_stride, quant_axis, metadata)
-        wplan = whatif.plan(self.config.whatif_formats, full, variant, quant_axis)
+        wplan = whatif.plan(self.config.whatif_formats, full, variant, quant_axis,
+                            self.config.whatif_max_elements)
         if wplan is not None and not defer:   # else the writer computes it from its host copy
             meta[schema.META_WHATIF] = whatif.compute(full, wplan)
         item = records.build(self.directory, rank, filename, full, kept if keep_file else None,

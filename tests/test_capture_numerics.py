@@ -117,6 +117,12 @@ def test_whatif_config_and_unknown_format_fails_listing_the_names():
     assert all(name in msg for name in quant.FORMATS)
     with pytest.raises(ConfigError):
         load_config(env={}, whatif_formats=["fp7"])
+    from tensor_capture.config import UNLIMITED, WHATIF_MAX_ELEMENTS
+
+    assert load_config(env={}).whatif_max_elements == WHATIF_MAX_ELEMENTS
+    assert load_config(env={}, whatif_max_elements="unlimited").whatif_max_elements == UNLIMITED
+    with pytest.raises(ConfigError):
+        load_config(env={}, whatif_max_elements=0)
 
 
 @pytest.mark.parametrize("in_writer", [True, False])
@@ -146,6 +152,28 @@ def test_stats_only_capture_stores_whatif_along_the_gemm_axis(tmp_path, in_write
         assert w["formats"]["mxfp8"]["sqnr_db"] == pytest.approx(_sqnr(t, q), abs=1e-4)
         exps = _mx_exponents(t, axis, "mxfp8")
         assert w["formats"]["mxfp8"]["block_scale"]["max"] == max(exps)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_large_tensors_are_sampled_in_whole_blocks_and_marked(tmp_path, axis):
+    from tensor_capture import whatif as capture_whatif
+    from tensor_capture.saver import TensorSaver
+
+    x = _tensor((64, 8, 96), seed=3)
+    part = capture_whatif.sample(x, axis, 4096)
+    assert part.numel() <= 4096 and part.shape[axis] == x.shape[axis]   # blocks stay whole
+    assert part.data_ptr() == x.data_ptr()                              # a view, no copy
+    saver = TensorSaver(enabled=True, save_dir=str(tmp_path), stats_only=True,
+                        whatif_formats=("mxfp8",), whatif_max_elements=4096)
+    saver.save_tensor(x, "linear", "forward", None, "input", 0, "pre", "linear", quant_axis=axis)
+    saver.save_tensor(x[:2], "linear", "forward", None, "weight", 0, "pre", "linear",
+                      quant_axis=axis)
+    saver.close()
+    recs = {r["tensor_name"]: r[schema.META_WHATIF] for r in schema.read_manifest(tmp_path)}
+    assert (recs["input"]["sampled"], recs["input"]["elements"]) == (True, part.numel())
+    assert recs["input"]["formats"]["mxfp8"]["sqnr_db"] == pytest.approx(
+        _sqnr(part, quant.quantize(part, "mxfp8", axis=axis)), abs=1e-4)
+    assert (recs["weight"]["sampled"], recs["weight"]["elements"]) == (False, x[:2].numel())
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
@@ -207,7 +235,8 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
 
     cfg = tmp_path / "capture.yaml"
     cfg.write_text("max_iterations: unlimited\nbyte_budget: unlimited\n"
-                   "whatif_formats: [mxfp8, mxfp4, nvfp4, hifp8, fp8_e4m3_tensor]\n")
+                   "whatif_formats: [mxfp8, mxfp4, nvfp4, hifp8, fp8_e4m3_tensor]\n"
+                   "whatif_max_elements: unlimited\n")      # whole tensors: exact re-derivation
     cmd = [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
            "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",
            "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
@@ -228,6 +257,7 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
         t, meta = schema.load_tensor_file(tmp_path / "cap" / r["file"])
         if meta.get(schema.META_SAMPLED_ROWS) is not None or not t.is_floating_point():
             continue
+        assert meta[schema.META_WHATIF]["sampled"] is False
         axis = meta[schema.META_WHATIF]["axis"]
         q = quant.quantize(t, r["format"], axis=axis)
         assert float(r["sqnr_db"]) == pytest.approx(_sqnr(t, q), abs=1e-3), r
