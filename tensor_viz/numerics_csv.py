@@ -30,12 +30,16 @@ FALLBACK_MAX_FILES = 200
 
 
 def _fallback(entry: Entry) -> dict[str, Any] | None:
-    """What-if numbers of a saved tensor whose metadata lacks them (an older capture)."""
+    """What-if numbers of a saved tensor whose catalog entry lacks them: from the file's own
+    metadata, else computed (an older capture)."""
     try:
         from quant.formats import WHATIF_FORMATS
         from quant.whatif import whatif_set
 
-        tensor, _ = schema.load_tensor_file(entry.path)
+        tensor, meta = schema.load_tensor_file(entry.path)
+        stored = meta.get(schema.META_WHATIF)
+        if isinstance(stored, dict) and isinstance(stored.get(schema.WHATIF_FORMATS), dict):
+            return stored                  # a file found without its manifest
         if tensor.numel() == 0 or not tensor.is_floating_point():
             return None
         return {schema.WHATIF_FORMATS: whatif_set(tensor, WHATIF_FORMATS, -1)}

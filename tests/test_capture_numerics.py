@@ -220,6 +220,28 @@ def test_numerics_csv_recomputes_a_file_without_whatif_metadata(tmp_path):
     assert float(mx["sqnr_db"]) == pytest.approx(_sqnr(x, quant.quantize(x, "mxfp8")), abs=1e-4)
 
 
+def test_numerics_csv_reads_a_file_found_without_its_manifest(tmp_path):
+    from tensor_capture.saver import TensorSaver
+    from tensor_viz import numerics_csv
+    from tensor_viz.catalog import scan
+
+    g = torch.randn(128, 32, generator=torch.Generator().manual_seed(4))
+    g[:, ::2] *= 1e3                   # blocks down a column: small or large; across a row: large
+    saver = TensorSaver(enabled=True, save_dir=str(tmp_path / "cap"), whatif_formats=("mxfp8",))
+    saver.save_tensor(g, "linear", "backward", None, "grad_output", 1, "pre", "linear",
+                      quant_axis=0)
+    saver.close()
+    for m in (tmp_path / "cap").glob("manifest_*"):
+        m.unlink()
+    (tmp_path / "out").mkdir()
+    numerics_csv.write_csv(scan(tmp_path / "cap").entries, tmp_path / "out")
+    _, rows = _read_csv(tmp_path / "out" / "numerics.csv")
+    along0 = _sqnr(g, quant.quantize(g, "mxfp8", axis=0))
+    assert float(rows[0]["sqnr_db"]) == pytest.approx(along0, abs=1e-4)
+    assert float(rows[0]["block_scale_min"]) == min(_mx_exponents(g, 0, "mxfp8"))
+    assert min(_mx_exponents(g, 0, "mxfp8")) < min(_mx_exponents(g, -1, "mxfp8")) - 5
+
+
 # -- Done when: a 3-iteration capture of the tiny Llama ------------------------------------------
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory) -> str:
