@@ -33,7 +33,8 @@ EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_w
 
 
 def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
-            save_dir: str, stats_on_caller: bool, emulate: str | None = None) -> None:
+            save_dir: str, stats_on_caller: bool, emulate: str | None = None,
+            whatif_every: int = 1) -> None:
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG"):
         os.environ.pop(var, None)
     # drop patched copies (a real megatron/core package with tensor_saver.py); keep this
@@ -76,7 +77,8 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
                 ts.configure(enabled=False, quant_type=emulate,
                              underflow_warnings=(mode == "emulate_warn"))
             elif mode != "disabled":          # every step captured (no default bound)
-                extra = {"whatif_formats": ()} if mode == "stats_no_whatif" else {}
+                extra = ({"whatif_formats": ()} if mode == "stats_no_whatif" else
+                         {"whatif_every": whatif_every})
                 ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
                              max_iterations="unlimited", byte_budget="unlimited", **extra)
             mode_now = mode
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--emulate", default=None, metavar="FMT",
                     help="also time CUSTOM_QUANT_TYPE=FMT emulation with the underflow warning "
                          "off and on (e.g. mxfp8)")
+    ap.add_argument("--whatif-every", type=int, default=1, metavar="N",
+                    help="what-if numerics every N iterations in stats_only and full (config "
+                         "whatif_every; stats_no_whatif has none)")
     ap.add_argument("--workdir", default=None, help="where the patched copy and captures go "
                     "(default: a temporary directory, removed afterwards)")
     args = ap.parse_args(argv)
@@ -158,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, pdir in (("unpatched", None), ("patched", patched)):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker, args=(child, pdir, free_port(), shape_kw, args.batch,
-                                              save_dir, args.stats_on_caller, args.emulate),
+                                              save_dir, args.stats_on_caller, args.emulate,
+                                              args.whatif_every),
                         daemon=True)
         p.start()
         procs[name], conns[name] = p, parent
@@ -186,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.batch * args.seq
     print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {tokens} tokens/step, "
           f"fp32, CPU 1 thread; {args.rounds} rounds x {args.steps} steps per mode; CPU "
-          f"statistics on the {'training' if args.stats_on_caller else 'writer'} thread")
+          f"statistics on the {'training' if args.stats_on_caller else 'writer'} thread; what-if "
+          f"numerics every {args.whatif_every} iteration(s)")
     print(f"{'configuration':<22}{'median (ms)':>13}{'ratio':>8}{'min (ms)':>11}{'ratio':>8}"
           f"{'goal':>9}")
     goals = {"patched/disabled": 1.02, "patched/stats_only": 1.30}

@@ -76,6 +76,7 @@ class CaptureConfig:
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
     whatif_formats: tuple[str, ...] = WHATIF_FORMATS  # per-tensor what-if numerics (quant.whatif)
     whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
+    whatif_every: int = 1                     # what-if on captured iterations start + k*every
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
 
@@ -258,6 +259,7 @@ _PARSERS: dict[str, Any] = {
     "range_formats": lambda k, v: _check_formats(v),
     "whatif_formats": _whatif,
     "whatif_max_elements": _max_iterations,
+    "whatif_every": lambda k, v: _int(k, v, minimum=1),
 }
 
 

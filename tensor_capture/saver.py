@@ -186,14 +186,19 @@ class TensorSaver:
         filename = schema.build_filename(name) if keep_file else None
         meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
                                 row_stride, quant_axis, metadata)
-        wplan = whatif.plan(self.config.whatif_formats, full, variant, quant_axis,
-                            self.config.whatif_max_elements)
-        if wplan is not None and not defer:   # else the writer computes it from its host copy
-            meta[schema.META_WHATIF] = whatif.compute(full, wplan)
+        cfg = self.config
+        due = (it - cfg.iter_start) % cfg.whatif_every == 0
+        wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, quant_axis,
+                            cfg.whatif_max_elements)
+        # the writer computes it: from its host copy of the whole tensor when it has one, else
+        # from the (sampled) tensor staged beside the other copies
+        wsrc = None if wplan is None or defer else whatif.sample(full, wplan.axis,
+                                                                 wplan.max_elements)
         item = records.build(self.directory, rank, filename, full, kept if keep_file else None,
-                             sampled_rows is not None, stats_vec, ranges, meta)
-        if defer:
-            item.whatif = wplan
+                             sampled_rows is not None, stats_vec, ranges, meta, wsrc)
+        if wplan is not None:
+            item.whatif = whatif.WhatifJob(wplan, item.whatif_src, full.numel())
+            item.whatif_src = None
         if not self.sink.submit(item):
             return None
         return str(self.directory / filename) if filename else ""

@@ -2,11 +2,14 @@
 reduction axis of the GEMM the tensor feeds (quant.gemm_plan's axis, passed by the hooks as
 ``quant_axis``), else along the last axis.
 
-Why its own module: the record builder (training thread, device tensors) and the writer (writer
-thread, the host copy of a CPU tensor) both compute it, and must store the same thing.
+Why its own module: the saver plans it on the training thread and stages the (sampled) tensor on
+the host with the other copies, and the writer thread computes it, so the training step never
+waits for the quantizations (CUDA tensors: a pinned non-blocking copy of at most
+``whatif_max_elements`` elements).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -56,11 +59,28 @@ def sample(x: torch.Tensor, axis: int, max_elements: int | float | None) -> torc
     return x[tuple(index)]
 
 
-def compute(x: torch.Tensor, p: WhatifPlan) -> dict[str, Any]:
-    """The metadata value stored under schema.META_WHATIF."""
+def compute(part: torch.Tensor, p: WhatifPlan, total: int) -> dict[str, Any]:
+    """The metadata value stored under schema.META_WHATIF, from ``part`` (the tensor or its
+    :func:`sample`) of a tensor of ``total`` elements."""
     from quant.whatif import whatif_set
 
-    part = sample(x, p.axis, p.max_elements)
     return {schema.WHATIF_AXIS: p.axis, schema.WHATIF_AXIS_SOURCE: p.source,
-            schema.WHATIF_ELEMENTS: part.numel(), schema.WHATIF_SAMPLED: part.numel() < x.numel(),
+            schema.WHATIF_ELEMENTS: part.numel(), schema.WHATIF_SAMPLED: part.numel() < total,
             schema.WHATIF_FORMATS: whatif_set(part, p.formats, p.axis)}
+
+
+@dataclass
+class WhatifJob:
+    """What-if numerics left to the writer thread: the plan, the host copy of the tensor or
+    its sample (``source``), and the tensor's element count."""
+
+    plan: WhatifPlan
+    source: torch.Tensor | None
+    total: int
+
+    def run(self, whole: torch.Tensor | None = None) -> dict[str, Any]:
+        """The metadata value; ``whole``: the writer's host copy of the whole tensor, used
+        when no separate source was staged."""
+        src = self.source if self.source is not None else sample(
+            whole, self.plan.axis, self.plan.max_elements)
+        return compute(src, self.plan, self.total)

@@ -38,7 +38,8 @@ class WriteItem:
     event: Any = None               # CUDA event recorded after the device-to-host copies
     done: Callable[[], None] | None = field(default=None, repr=False)
     stats_src: torch.Tensor | None = field(default=None, repr=False)   # host copy, whole tensor
-    whatif: whatif.WhatifPlan | None = None   # what-if numerics to compute here from stats_src
+    whatif: whatif.WhatifJob | None = None   # what-if numerics to compute here
+    whatif_src: torch.Tensor | None = field(default=None, repr=False)   # staged for it
 
 
 _STOP = object()
@@ -125,8 +126,9 @@ class BackgroundWriter:
             item.event.synchronize()
         meta = dict(item.metadata)
         vec = item.stats_vec
-        if item.whatif is not None and item.stats_src is not None:
-            meta[schema.META_WHATIF] = whatif.compute(item.stats_src, item.whatif)
+        if item.whatif is not None:
+            meta[schema.META_WHATIF] = item.whatif.run(item.stats_src)
+            item.whatif = None
         if vec is None:
             vec = stats.compute(item.stats_src, item.ranges)
         item.stats_src = None

@@ -176,6 +176,19 @@ def test_large_tensors_are_sampled_in_whole_blocks_and_marked(tmp_path, axis):
     assert (recs["weight"]["sampled"], recs["weight"]["elements"]) == (False, x[:2].numel())
 
 
+def test_whatif_every_n_iterations(tmp_path):
+    from tensor_capture.saver import TensorSaver
+
+    saver = TensorSaver(enabled=True, save_dir=str(tmp_path), stats_only=True,
+                        whatif_formats=("hifp8",), whatif_every=2, iter_start=1)
+    for it in range(1, 6):
+        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
+                          "linear", iteration=it, quant_axis=-1)
+    saver.close()
+    got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path)}
+    assert got == {1: True, 2: False, 3: True, 4: False, 5: True}
+
+
 def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
     with open(path, newline="") as fh:
         r = csv.DictReader(fh)
