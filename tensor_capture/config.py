@@ -76,7 +76,7 @@ class CaptureConfig:
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
     whatif_formats: tuple[str, ...] = WHATIF_FORMATS  # per-tensor what-if numerics (quant.whatif)
     whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
-    whatif_every: int = 1                     # what-if on captured iterations start + k*every
+    whatif_every: int = 1                     # what-if on every N-th captured iteration
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
 

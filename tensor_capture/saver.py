@@ -187,7 +187,7 @@ class TensorSaver:
         meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
                                 row_stride, quant_axis, metadata)
         cfg = self.config
-        due = (it - cfg.iter_start) % cfg.whatif_every == 0
+        due = ((it - cfg.iter_start) // cfg.iter_every) % cfg.whatif_every == 0  # N-th captured
         wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, quant_axis,
                             cfg.whatif_max_elements)
         # the writer computes it: from its host copy of the whole tensor when it has one, else

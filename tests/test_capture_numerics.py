@@ -187,6 +187,14 @@ def test_whatif_every_n_iterations(tmp_path):
     saver.close()
     got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path)}
     assert got == {1: True, 2: False, 3: True, 4: False, 5: True}
+    saver = TensorSaver(enabled=True, save_dir=str(tmp_path / "b"), stats_only=True,
+                        whatif_formats=("hifp8",), whatif_every=2, iter_every=3)
+    for it in range(0, 13, 3):                      # captured: 0, 3, 6, 9, 12
+        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
+                          "linear", iteration=it, quant_axis=-1)
+    saver.close()
+    got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path / "b")}
+    assert got == {0: True, 3: False, 6: True, 9: False, 12: True}
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
