@@ -313,3 +313,20 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
     # GEMM operands (input, weight, grad_output) along their plan axes, and other tensors
     assert {"input", "weight", "grad_output"} <= {n for n, _ in checked}
     assert {"gemm", "last"} <= {s for _, s in checked}
+
+
+def test_tiny_llama_unknown_whatif_format_fails_at_start(small_data, tmp_path, patched):
+    from training_driver.megatron_env import free_port
+    from training_helpers import one_error_line, run
+
+    cmd = [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
+           "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",
+           "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "1",
+           "--checkpoint-dir", str(tmp_path / "ckpt")]
+    out = run(cmd, cwd=tmp_path, timeout=300, TENSOR_SAVE_ENABLED="true",
+              TENSOR_SAVE_DIR=str(tmp_path / "cap"), TENSOR_SAVE_WHATIF_FORMATS="mxfp8,mxfp9",
+              MEGATRON_LOWP_PATCHED_DIR=patched, MASTER_PORT=str(free_port()))
+    assert out.returncode == 2
+    line = one_error_line(out.stderr)
+    assert "TENSOR_SAVE_WHATIF_FORMATS=['mxfp9']" in line and "nvfp4" in line
+    assert not (tmp_path / "cap").exists() or not any((tmp_path / "cap").iterdir())
