@@ -135,7 +135,7 @@ class TensorSaver:
                     sample_idx: int | None = None, iteration: int | None = None, *,
                     module_path: str | None = None, submodule: str | None = None,
                     variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
-                    quant_axis: int | None = None) -> str | None:
+                    quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
         """Capture one tensor (the seeds' signature plus keyword extras).
 
         ``quant_axis``: for a GEMM operand, its reduction axis; then each scaled format in
@@ -143,6 +143,9 @@ class TensorSaver:
         quant.analyze_quantization into metadata["quant_analysis"]; and each what-if format
         (config ``whatif_formats``) gets quant.whatif's numbers along it (along the last axis
         for a tensor without one) into metadata["whatif"] (tensor_capture.whatif).
+        ``whatif_axis``: the GEMM reduction axis for the what-if numerics alone (a GEMM whose
+        operands are not emulated, e.g. attention with emulate_attention off); default
+        ``quant_axis``.
         Returns the file path it will be written to, "" for a stats-only record, or None
         when nothing was captured (disabled, filtered out, or not a tensor).
         """
@@ -155,14 +158,15 @@ class TensorSaver:
         try:
             return self._capture(tensor, layer_type, operation, quant_type, tensor_name, layer_idx,
                                  phase, component, rank, sample_idx, it, module_path, submodule,
-                                 variant, metadata, quant_axis)
+                                 variant, metadata, quant_axis,
+                                 quant_axis if whatif_axis is None else whatif_axis)
         except ValueError as exc:   # a bad naming field from a caller: say so, keep training
             self._warnings.once(f"bad:{exc}", f"tensor capture: skipped a tensor: {exc}")
             return None
 
     def _capture(self, tensor, layer_type, operation, quant_type, tensor_name, layer_idx, phase,
                  component, rank, sample_idx, it, module_path, submodule, variant, metadata,
-                 quant_axis=None):
+                 quant_axis=None, whatif_axis=None):
         policy, records = self.policy, self.records
         info = policy.rank_info()
         rank = info["rank"] if rank is None else rank
@@ -188,7 +192,7 @@ class TensorSaver:
                                 row_stride, quant_axis, metadata)
         cfg = self.config
         due = ((it - cfg.iter_start) // cfg.iter_every) % cfg.whatif_every == 0  # N-th captured
-        wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, quant_axis,
+        wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, whatif_axis,
                             cfg.whatif_max_elements)
         # the writer computes it: from its host copy of the whole tensor when it has one, else
         # from the (sampled) tensor staged beside the other copies

@@ -293,7 +293,7 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
     _, rows = _read_csv(tmp_path / "report" / "numerics.csv")
     assert {int(r["iteration"]) for r in rows} == {0, 1, 2}
     assert {r["format"] for r in rows} == set(WHATIF_FORMATS)
-    checked = set()
+    checked, mx_ranges = set(), 0
     for r in rows:
         if r["format"] not in ("mxfp8", "nvfp4") or not r["file"]:
             continue
@@ -305,14 +305,20 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
         q = quant.quantize(t, r["format"], axis=axis)
         assert float(r["sqnr_db"]) == pytest.approx(_sqnr(t, q), abs=1e-3), r
         block = quant.get_format(r["format"]).block_size
+        numbers = meta[schema.META_WHATIF]["formats"][r["format"]]
+        # attention's head_dim (16) is shorter than an MX block: marked, not dropped
+        assert numbers["short_axis"] == (t.shape[axis] < block)
+        checked.add((r["tensor_name"], meta[schema.META_WHATIF]["axis_source"],
+                     numbers["short_axis"]))
         if r["format"] == "mxfp8" and t.shape[axis] % block == 0:
             exps = _mx_exponents(t, axis, "mxfp8")
             assert (float(r["block_scale_min"]), float(r["block_scale_max"])) == (
                 min(exps), max(exps)), r
-            checked.add((r["tensor_name"], meta[schema.META_WHATIF]["axis_source"]))
-    # GEMM operands (input, weight, grad_output) along their plan axes, and other tensors
-    assert {"input", "weight", "grad_output"} <= {n for n, _ in checked}
-    assert {"gemm", "last"} <= {s for _, s in checked}
+            mx_ranges += 1
+    assert mx_ranges >= 30
+    # GEMM operands along their plan axes (attention's too, short), and other tensors
+    assert {("input", "gemm", False), ("weight", "gemm", False), ("grad_output", "gemm", False),
+            ("query", "gemm", True), ("output", "last", False)} <= checked
 
 
 def test_tiny_llama_unknown_whatif_format_fails_at_start(small_data, tmp_path, patched):
