@@ -1,5 +1,8 @@
-"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only, full capture,
-and --emulate FMT: emulation with the underflow warning off and on).
+"""Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only with the
+default what-if numerics, stats-only without them, full capture, and --emulate FMT: emulation
+with the underflow warning off and on). Capture modes wait for the background writer at the end
+of each round of steps, so its work (statistics, what-if numerics, files) counts: a time is the
+mean step of one round, writer drain included.
 
 Why two long-lived worker processes driven in alternation: the unpatched and the patched
 megatron-core cannot share one process, and on a busy machine separate back-to-back runs
@@ -25,12 +28,13 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-MODES = ("disabled", "stats_only", "full")
+MODES = ("disabled", "stats_only", "stats_no_whatif", "full")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
 
 
 def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
-            save_dir: str, stats_on_caller: bool, emulate: str | None = None) -> None:
+            save_dir: str, stats_on_caller: bool, emulate: str | None = None,
+            whatif_every: int = 1) -> None:
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG"):
         os.environ.pop(var, None)
     # drop patched copies (a real megatron/core package with tensor_saver.py); keep this
@@ -73,20 +77,27 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
                 ts.configure(enabled=False, quant_type=emulate,
                              underflow_warnings=(mode == "emulate_warn"))
             elif mode != "disabled":          # every step captured (no default bound)
-                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode == "stats_only"),
-                             max_iterations="unlimited", byte_budget="unlimited")
+                extra = ({"whatif_formats": ()} if mode == "stats_no_whatif" else
+                         {"whatif_every": whatif_every})
+                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
+                             max_iterations="unlimited", byte_budget="unlimited", **extra)
             mode_now = mode
         times = []
         quiet = contextlib.redirect_stderr(io.StringIO()) if mode == "emulate_warn" else (
             contextlib.nullcontext())
         with quiet:                                   # the warnings' text is not the point here
+            total = 0.0
             for _ in range(steps):
-                times.append(step())
-                if ts is not None and mode == "full":
-                    saver = ts.get_tensor_saver()
-                    saver.flush()                 # count the writer's work in this step's slot
+                total += step()
                 if ts is not None and mode != "disabled":
                     ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
+            if ts is not None and mode in MODES[1:]:
+                # steady state: the writer works beside the steps (a bounded queue stalls them
+                # when it falls behind); what is left at the end counts too
+                t0 = time.perf_counter()
+                ts.get_tensor_saver().flush()
+                total += time.perf_counter() - t0
+            times.append(total / steps)       # one mean step time per round
         conn.send(times)
     if ts is not None:
         ts.reset_tensor_saver()
@@ -122,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=256, help="sequence length")
     ap.add_argument("--batch", type=int, default=4, help="micro-batch size")
     ap.add_argument("--rounds", type=int, default=8, help="alternation rounds")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per mode per round")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per mode per round")
     ap.add_argument("--stats-on-caller", action="store_true",
                     help="compute CPU statistics on the training thread instead of the writer thread")
     ap.add_argument("--emulate", default=None, metavar="FMT",
                     help="also time CUSTOM_QUANT_TYPE=FMT emulation with the underflow warning "
                          "off and on (e.g. mxfp8)")
+    ap.add_argument("--whatif-every", type=int, default=1, metavar="N",
+                    help="what-if numerics every N iterations in stats_only and full (config "
+                         "whatif_every; stats_no_whatif has none)")
     ap.add_argument("--workdir", default=None, help="where the patched copy and captures go "
                     "(default: a temporary directory, removed afterwards)")
     args = ap.parse_args(argv)
@@ -149,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, pdir in (("unpatched", None), ("patched", patched)):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker, args=(child, pdir, free_port(), shape_kw, args.batch,
-                                              save_dir, args.stats_on_caller, args.emulate),
+                                              save_dir, args.stats_on_caller, args.emulate,
+                                              args.whatif_every),
                         daemon=True)
         p.start()
         procs[name], conns[name] = p, parent
@@ -177,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.batch * args.seq
     print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {tokens} tokens/step, "
           f"fp32, CPU 1 thread; {args.rounds} rounds x {args.steps} steps per mode; CPU "
-          f"statistics on the {'training' if args.stats_on_caller else 'writer'} thread")
+          f"statistics on the {'training' if args.stats_on_caller else 'writer'} thread; what-if "
+          f"numerics every {args.whatif_every} iteration(s)")
     print(f"{'configuration':<22}{'median (ms)':>13}{'ratio':>8}{'min (ms)':>11}{'ratio':>8}"
           f"{'goal':>9}")
     goals = {"patched/disabled": 1.02, "patched/stats_only": 1.30}

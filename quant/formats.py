@@ -188,6 +188,9 @@ FORMATS: dict[str, FormatSpec] = {s.name: s for s in _ELEMENTS + _MX + _OTHER}
 
 #: the formats a survey tries by default (analyze-tensor, the report's what-if errors)
 SURVEY_FORMATS: tuple[str, ...] = tuple(n for n, s in FORMATS.items() if s.survey)
+#: capture's default what-if set (quant.whatif): the block formats a run might switch to, an
+#: element cast without scaling (hifp8) and a per-tensor scaled FP8
+WHATIF_FORMATS: tuple[str, ...] = ("mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3_tensor")
 #: quant-type names with an underscore, longest first (file-name parsing of old layouts)
 UNDERSCORED_NAMES: tuple[str, ...] = tuple(sorted((n for n in FORMATS if "_" in n), key=len,
                                                   reverse=True))

@@ -14,11 +14,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from quant.formats import WHATIF_FORMATS
+
 ENV_ENABLED = "TENSOR_SAVE_ENABLED"
 ENV_DIR = "TENSOR_SAVE_DIR"
 ENV_ITERATION = "TENSOR_SAVER_ITERATION"
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_CONFIG = "TENSOR_SAVE_CONFIG"
+ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "none": off
 
 # Values of CUSTOM_QUANT_TYPE that mean "no emulation" (the label still goes into file names).
 NO_QUANT = ("fp32", "none", "")
@@ -30,6 +33,10 @@ _LAYER_TYPES = ("attention", "linear")
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
+
+#: what-if numerics analyse at most this many elements of a tensor (strided rows, whole blocks):
+#: five formats cost about 30x the statistics per element on a CPU
+WHATIF_MAX_ELEMENTS = 1 << 14
 
 # max_iterations / byte_budget: "unlimited" in YAML; None means "the default bound"
 # (tensor_capture.budget). inf compares like a limit that is never reached.
@@ -67,6 +74,9 @@ class CaptureConfig:
     save_quantized: bool = False              # also save the operand the GEMM saw
     emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
+    whatif_formats: tuple[str, ...] = WHATIF_FORMATS  # per-tensor what-if numerics (quant.whatif)
+    whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
+    whatif_every: int = 1                     # what-if on every N-th captured iteration
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
 
@@ -190,6 +200,19 @@ def _check_formats(names: Any) -> tuple[str, ...]:
     return items
 
 
+def _whatif(name: str, value: Any) -> tuple[str, ...]:
+    """What-if formats: a list, or a comma-separated string; "none" / empty turns them off."""
+    if isinstance(value, str):
+        value = () if value.strip().lower() in ("", "none", "off") else value.split(",")
+    items = tuple(str(v).strip() for v in (value or ()) if str(v).strip())
+    known = valid_quant_names()
+    bad = [n for n in items if n not in known]
+    if bad:
+        raise ConfigError(f"{name}={bad!r}: unknown what-if format; valid names: "
+                          f"{', '.join(known)} (or none)")
+    return tuple(dict.fromkeys(items))
+
+
 def _dir(name: str, value: Any) -> str:
     if not str(value).strip():
         raise ConfigError(f"{name} is empty: give a directory")
@@ -234,6 +257,9 @@ _PARSERS: dict[str, Any] = {
     "tensor_names": _names,
     "byte_budget": _size,
     "range_formats": lambda k, v: _check_formats(v),
+    "whatif_formats": _whatif,
+    "whatif_max_elements": _max_iterations,
+    "whatif_every": lambda k, v: _int(k, v, minimum=1),
 }
 
 
@@ -281,7 +307,7 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 _ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
-             (ENV_QUANT, "quant_type"))
+             (ENV_QUANT, "quant_type"), (ENV_WHATIF, "whatif_formats"))
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -36,10 +36,10 @@ class _LinearCall:
 
 
 def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant=schema.VARIANT_HP,
-          axis=None):
+          axis=None, whatif_axis=None):
     saver.save_tensor(t, layer_type, op, None, name, site.layer_idx, phase, component, None, sample,
                       it, module_path=site.module_path, submodule=site.submodule, variant=variant,
-                      quant_axis=axis)
+                      quant_axis=axis, whatif_axis=whatif_axis)
 
 
 def _wanted(saver, layer_type, op, phase, name, site, it) -> bool:
@@ -252,7 +252,8 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
             name = p.operand
             if _wanted(saver, "attention", "forward", "pre", name, site, it):
                 _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
-                      axis=p.axis if emulate and STATE.emulate_attention else None)
+                      axis=p.axis if emulate and STATE.emulate_attention else None,
+                      whatif_axis=p.axis)   # its Q·Kᵀ / P·V reduction axis, emulated or not
             if t.requires_grad and _wanted(saver, "attention", "backward", "post", "grad_" + name,
                                            site, it):
                 t.register_hook(_grad_hook(saver, "grad_" + name, "post", site, it, sample))

@@ -149,13 +149,14 @@ class RecordBuilder:
     def build(self, directory: Path, rank: int | None, filename: str | None,
               full: torch.Tensor, kept: torch.Tensor | None, sampled: bool,
               stats_vec: torch.Tensor | None, ranges: tuple[stats.RangeSpec, ...],
-              meta: dict[str, Any]) -> WriteItem:
+              meta: dict[str, Any], whatif_src: torch.Tensor | None = None) -> WriteItem:
         """Stage the tensor (``kept``: the rows for the file, None for stats only) on the host.
 
         CUDA: pinned non-blocking copies and an event the writer waits on. CPU with
         ``stats_vec`` None: a clone the writer computes the statistics from (the caller may
-        overwrite its buffer, as Megatron does, once we return)."""
-        event = stats_src = None
+        overwrite its buffer, as Megatron does, once we return). ``whatif_src``: a tensor (or
+        a view of a sample of it) staged the same way for the writer's what-if numerics."""
+        event = stats_src = wsrc = None
         if full.is_cuda:
             host = None
             if kept is not None:
@@ -163,6 +164,9 @@ class RecordBuilder:
                 host.copy_(kept, non_blocking=True)
             svec = torch.empty(stats_vec.shape, dtype=stats_vec.dtype, pin_memory=True)
             svec.copy_(stats_vec, non_blocking=True)
+            if whatif_src is not None:
+                wsrc = torch.empty(whatif_src.shape, dtype=whatif_src.dtype, pin_memory=True)
+                wsrc.copy_(whatif_src, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
         elif stats_vec is None:
@@ -174,5 +178,7 @@ class RecordBuilder:
         else:
             host = kept.clone(memory_format=torch.contiguous_format) if kept is not None else None
             svec = stats_vec
+            if whatif_src is not None:
+                wsrc = whatif_src.clone(memory_format=torch.contiguous_format)
         return WriteItem(directory, rank, filename, host, svec, ranges, meta, event,
-                         stats_src=stats_src)
+                         stats_src=stats_src, whatif_src=wsrc)

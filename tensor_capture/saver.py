@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import budget, schema, sites
+from . import budget, schema, sites, whatif
 from .config import CaptureConfig, ConfigError, load_config
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
@@ -135,12 +135,17 @@ class TensorSaver:
                     sample_idx: int | None = None, iteration: int | None = None, *,
                     module_path: str | None = None, submodule: str | None = None,
                     variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
-                    quant_axis: int | None = None) -> str | None:
+                    quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
         """Capture one tensor (the seeds' signature plus keyword extras).
 
         ``quant_axis``: for a GEMM operand, its reduction axis; then each scaled format in
         play (the emulated one, scaled ``range_formats``) is analysed along it with
-        quant.analyze_quantization into metadata["quant_analysis"].
+        quant.analyze_quantization into metadata["quant_analysis"]; and each what-if format
+        (config ``whatif_formats``) gets quant.whatif's numbers along it (along the last axis
+        for a tensor without one) into metadata["whatif"] (tensor_capture.whatif).
+        ``whatif_axis``: the GEMM reduction axis for the what-if numerics alone (a GEMM whose
+        operands are not emulated, e.g. attention with emulate_attention off); default
+        ``quant_axis``.
         Returns the file path it will be written to, "" for a stats-only record, or None
         when nothing was captured (disabled, filtered out, or not a tensor).
         """
@@ -153,14 +158,15 @@ class TensorSaver:
         try:
             return self._capture(tensor, layer_type, operation, quant_type, tensor_name, layer_idx,
                                  phase, component, rank, sample_idx, it, module_path, submodule,
-                                 variant, metadata, quant_axis)
+                                 variant, metadata, quant_axis,
+                                 quant_axis if whatif_axis is None else whatif_axis)
         except ValueError as exc:   # a bad naming field from a caller: say so, keep training
             self._warnings.once(f"bad:{exc}", f"tensor capture: skipped a tensor: {exc}")
             return None
 
     def _capture(self, tensor, layer_type, operation, quant_type, tensor_name, layer_idx, phase,
                  component, rank, sample_idx, it, module_path, submodule, variant, metadata,
-                 quant_axis=None):
+                 quant_axis=None, whatif_axis=None):
         policy, records = self.policy, self.records
         info = policy.rank_info()
         rank = info["rank"] if rank is None else rank
@@ -184,8 +190,19 @@ class TensorSaver:
         filename = schema.build_filename(name) if keep_file else None
         meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
                                 row_stride, quant_axis, metadata)
+        cfg = self.config
+        due = ((it - cfg.iter_start) // cfg.iter_every) % cfg.whatif_every == 0  # N-th captured
+        wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, whatif_axis,
+                            cfg.whatif_max_elements)
+        # the writer computes it: from its host copy of the whole tensor when it has one, else
+        # from the (sampled) tensor staged beside the other copies
+        wsrc = None if wplan is None or defer else whatif.sample(full, wplan.axis,
+                                                                 wplan.max_elements)
         item = records.build(self.directory, rank, filename, full, kept if keep_file else None,
-                             sampled_rows is not None, stats_vec, ranges, meta)
+                             sampled_rows is not None, stats_vec, ranges, meta, wsrc)
+        if wplan is not None:
+            item.whatif = whatif.WhatifJob(wplan, item.whatif_src, full.numel())
+            item.whatif_src = None
         if not self.sink.submit(item):
             return None
         return str(self.directory / filename) if filename else ""

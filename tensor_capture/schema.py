@@ -247,6 +247,16 @@ STAT_LOG2_HIST = "log2_hist"
 # operands the saver stores quant.analyze_quantization(x, fmt, axis=<reduction axis>).to_dict()
 # (overflow / underflow / flush-to-zero after the block or tensor scale) per format name here.
 META_QUANT_ANALYSIS = "quant_analysis"
+# What-if numerics of a high-precision tensor (tensor_capture.whatif, quant.whatif's numbers):
+# {"axis": the axis blocks ran along, "axis_source": "gemm" (the reduction axis of the GEMM the
+#  tensor feeds, quant.gemm_plan) or "last" (not a GEMM operand: the last axis),
+#  "elements": how many elements were analysed, "sampled": True when that is a strided subset
+#  of rows (config whatif_max_elements; blocks along the axis stay whole),
+#  "formats": {format name: quant.whatif.whatif(...) dict, or {"error": text}}}
+META_WHATIF = "whatif"
+WHATIF_AXIS, WHATIF_AXIS_SOURCE, WHATIF_FORMATS = "axis", "axis_source", "formats"
+WHATIF_ELEMENTS, WHATIF_SAMPLED = "elements", "sampled"
+AXIS_FROM_GEMM, AXIS_LAST = "gemm", "last"
 
 
 def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:

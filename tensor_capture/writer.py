@@ -21,7 +21,7 @@ import torch
 
 from lowp_common import atomic_path
 
-from . import schema, stats
+from . import schema, stats, whatif
 
 
 @dataclass
@@ -38,6 +38,8 @@ class WriteItem:
     event: Any = None               # CUDA event recorded after the device-to-host copies
     done: Callable[[], None] | None = field(default=None, repr=False)
     stats_src: torch.Tensor | None = field(default=None, repr=False)   # host copy, whole tensor
+    whatif: whatif.WhatifJob | None = None   # what-if numerics to compute here
+    whatif_src: torch.Tensor | None = field(default=None, repr=False)   # staged for it
 
 
 _STOP = object()
@@ -124,9 +126,12 @@ class BackgroundWriter:
             item.event.synchronize()
         meta = dict(item.metadata)
         vec = item.stats_vec
+        if item.whatif is not None:
+            meta[schema.META_WHATIF] = item.whatif.run(item.stats_src)
+            item.whatif = None
         if vec is None:
             vec = stats.compute(item.stats_src, item.ranges)
-            item.stats_src = None
+        item.stats_src = None
         meta[schema.META_STATS] = stats.decode(vec, item.ranges)
         if item.filename is not None and item.tensor is not None:
             with atomic_path(item.directory / item.filename) as tmp:

@@ -242,6 +242,11 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
     catalog, ds, nread = load(tensor_dir, opts)
     fs = draw(ds, out, sections, opts)
     result = Result(catalog, ds, fs, files_read=nread)
+    from tensor_viz import numerics_csv
+
+    csv_name = numerics_csv.write_csv(ds.entries, out)
+    if csv_name:
+        result.extra_files.append(csv_name)
     if quick:
         result.extra_files += quick_view.write_quick(ds, catalog, out, fs)
     html.write_problems(catalog, out)

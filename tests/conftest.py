@@ -34,6 +34,7 @@ SLOW_TIERS = {
     "test_capture_megatron.py": ("megatron",),
     "test_capture_patch_versions.py::test_release_*": ("megatron",),  # downloads each release
     "test_capture_driver.py": ("megatron", "multiprocess"),     # issue 10's capture runtime
+    "test_capture_numerics.py::test_tiny_llama_*": ("megatron", "multiprocess"),
     "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
     "test_capture_schedule.py::sched": ("megatron", "multiprocess"),
     "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),

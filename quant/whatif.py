@@ -1,0 +1,135 @@
+"""What-if numerics: what quantizing one tensor to a format would do, as plain numbers.
+
+Why one function: capture stores these numbers per tensor and per format in its metadata, the
+report's ``numerics.csv`` reads them back (and recomputes them from a saved tensor when an old
+capture lacks them), and tests re-derive them; all go through :func:`whatif`, which only
+combines the single definitions of :mod:`quant.metrics` (SQNR, relative error),
+:mod:`quant.analysis` (overflow / underflow / flush-to-zero, per block) and
+:mod:`quant.scaling` (the MX E8M0 exponent and the NVFP4 E4M3 block scale).
+
+Keys of the returned dict (``WHATIF_*`` below; JSON-ready):
+- ``sqnr_db``, ``rel_error`` (a fraction), ``overflow_ratio``, ``underflow_ratio``,
+  ``flush_ratio`` (over all elements), ``axis`` (the axis blocks run along);
+- block formats (MX, NVFP4) also: ``block_size``, ``axis_length``, ``blocks``,
+  ``short_axis`` (True when the axis is shorter than one block: every block is the zero-padded
+  remainder, so the block numbers describe padded blocks; marked, not dropped),
+  ``block_scale`` = {``kind``, ``min``, ``max``, ``std``, ``hist``} over the blocks holding a
+  finite nonzero value; MX: kind ``e8m0_exponent``, the shared exponent
+  ``floor(log2(block amax)) - emax_elem``, histogram per exponent; NVFP4: kind ``e4m3_scale``,
+  the E4M3 block scale value, histogram per binade ``floor(log2(scale))``;
+  ``block_clipped_hist`` / ``block_flushed_hist``: ``counts[k]`` = blocks with k elements that
+  overflow (clip to +-max) / flush to zero; ``block_dynamic_range_hist``: per block
+  ``floor(log2 amax) - floor(log2 min nonzero |x|)`` (binades spanned by the block's values).
+  Every ``hist`` is ``{"min_bin": b0, "counts": [n(b0), n(b0 + 1), ...]}``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from . import metrics
+from .analysis import analyze_quantization
+from .dispatch import to_blocks
+from .elemwise import float_exponent
+from .fakequant import quantize
+from .formats import SCALING_MX, SCALING_NVFP4, WHATIF_FORMATS, FormatSpec, get_format
+from .scaling import mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale
+
+__all__ = ["DEFAULT_WHATIF_FORMATS", "SCALE_KIND_MX", "SCALE_KIND_NVFP4", "whatif",
+           "whatif_set", "int_histogram", "is_block_format"]
+
+#: the what-if set capture uses unless configured otherwise (defined in quant.formats)
+DEFAULT_WHATIF_FORMATS = WHATIF_FORMATS
+SCALE_KIND_MX = "e8m0_exponent"
+SCALE_KIND_NVFP4 = "e4m3_scale"
+
+
+def is_block_format(fmt: Union[str, FormatSpec]) -> bool:
+    """Does ``fmt`` scale blocks (MX, NVFP4), so it has block-scale numbers?"""
+    return get_format(fmt).scaling in (SCALING_MX, SCALING_NVFP4)
+
+
+def int_histogram(values: torch.Tensor) -> dict[str, Any]:
+    """``{"min_bin", "counts"}`` of integer-valued ``values`` (empty: min_bin None, no counts)."""
+    v = values.reshape(-1).to(torch.int64)
+    if v.numel() == 0:
+        return {"min_bin": None, "counts": []}
+    lo = int(v.min())
+    return {"min_bin": lo, "counts": torch.bincount(v - lo).tolist()}
+
+
+def _summary(values: torch.Tensor) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    if values.numel() == 0:
+        return None, None, None
+    v = values.double()
+    std = float(v.std(unbiased=False)) if v.numel() > 1 else 0.0
+    return float(v.min()), float(v.max()), std
+
+
+def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
+                   per_block: dict) -> dict[str, Any]:
+    xb, _ = to_blocks(x32, axis, block)
+    a = xb.abs()
+    amax = a.amax(dim=-1)
+    live = torch.isfinite(amax) & (amax > 0)
+    if spec.scaling == SCALING_MX:
+        scale = mx_shared_exponent(amax, spec.emax, spec.max_normal, "floor")[live]
+        kind, binned = SCALE_KIND_MX, scale
+    else:
+        s_b = nvfp4_block_scale(amax, nvfp4_tensor_scale(x32))[live]
+        kind, scale, binned = SCALE_KIND_NVFP4, s_b, float_exponent(s_b)
+    lo, hi, std = _summary(scale)
+    inf = torch.tensor(math.inf, dtype=a.dtype)
+    mnz = torch.where(torch.isfinite(a) & (a > 0), a, inf).amin(dim=-1)
+    dyn = float_exponent(amax[live]) - float_exponent(mnz[live])
+    n = x32.shape[axis] if x32.dim() else 1
+    return {
+        "block_size": block, "axis_length": int(n), "blocks": int(amax.numel()),
+        "short_axis": bool(n < block),
+        "block_scale": {"kind": kind, "min": lo, "max": hi, "std": std,
+                        "hist": int_histogram(binned)},
+        "block_clipped_hist": torch.bincount(per_block["overflow"].reshape(-1).long()).tolist(),
+        "block_flushed_hist": torch.bincount(
+            per_block["flush_to_zero"].reshape(-1).long()).tolist(),
+        "block_dynamic_range_hist": int_histogram(dyn),
+    }
+
+
+def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict[str, Any]:
+    """The numbers of quantizing ``x`` to ``fmt`` with blocks along ``axis`` (module docstring).
+
+    Uses the format's defaults (rounding, floor MX scales, saturation), as training emulation
+    does. Raises ValueError for an empty or non-floating tensor.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+        raise ValueError("whatif: needs a non-empty floating-point tensor")
+    spec = get_format(fmt)
+    with torch.no_grad():
+        x = x.detach()
+        if x.dim() == 0:
+            x, axis = x.reshape(1), 0
+        axis = axis % x.dim()
+        q = quantize(x, spec.name, axis=axis)
+        an = analyze_quantization(x, spec.name, axis=axis, quantized=q)
+        out: dict[str, Any] = {
+            "axis": axis, "sqnr_db": metrics.sqnr(x, q), "rel_error": metrics.relative_error(x, q),
+            "overflow_ratio": an.overflow_ratio, "underflow_ratio": an.underflow_ratio,
+            "flush_ratio": an.flush_to_zero_ratio,
+        }
+        if an.per_block is not None and is_block_format(spec):
+            out.update(_block_numbers(x.float(), spec, axis, an.block_size, an.per_block))
+        return out
+
+
+def whatif_set(x: torch.Tensor, formats: Iterable[str], axis: int = -1) -> dict[str, Any]:
+    """:func:`whatif` of each format: ``{format: numbers}``; a format that fails gives
+    ``{"error": first line}`` (advisory numbers must never stop a capture)."""
+    out: dict[str, Any] = {}
+    for name in formats:
+        try:
+            out[name] = whatif(x, name, axis)
+        except Exception as exc:  # noqa: BLE001 - recorded, not raised
+            out[name] = {"error": (str(exc).splitlines() or [type(exc).__name__])[0][:200]}
+    return out
