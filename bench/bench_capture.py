@@ -77,8 +77,9 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
                 ts.configure(enabled=False, quant_type=emulate,
                              underflow_warnings=(mode == "emulate_warn"))
             elif mode != "disabled":          # every step captured (no default bound)
+                # stats_only / full: with the what-if set (opt-in in a user's config)
                 extra = ({"whatif_formats": ()} if mode == "stats_no_whatif" else
-                         {"whatif_every": whatif_every})
+                         {"whatif_formats": "default", "whatif_every": whatif_every})
                 ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
                              max_iterations="unlimited", byte_budget="unlimited", **extra)
             mode_now = mode

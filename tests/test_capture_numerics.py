@@ -106,7 +106,9 @@ def test_a_tensor_shorter_than_one_block_is_marked_not_dropped():
 
 
 def test_whatif_config_and_unknown_format_fails_listing_the_names():
-    assert load_config(env={}).whatif_formats == WHATIF_FORMATS
+    assert load_config(env={}).whatif_formats == ()            # opt-in (cost)
+    assert load_config(env={"TENSOR_SAVE_WHATIF_FORMATS": "default"}).whatif_formats == \
+        WHATIF_FORMATS
     env = {"TENSOR_SAVE_WHATIF_FORMATS": "mxfp8, nvfp4"}
     assert load_config(env=env).whatif_formats == ("mxfp8", "nvfp4")
     assert load_config(env={"TENSOR_SAVE_WHATIF_FORMATS": "none"}).whatif_formats == ()
