@@ -6,19 +6,15 @@ loads them; slow, for tests). Both backends give bit-identical results (tests/te
 """
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Optional
 
 import torch
 
+from .interpreter import triton_interpreting
+
 BACKENDS = ("auto", "torch", "triton")
 _STATE: dict = {}
-
-
-def triton_interpreting() -> bool:
-    """Whether Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def triton_kernels() -> Optional[ModuleType]:

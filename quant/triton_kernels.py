@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backends import triton_interpreting
+from .interpreter import triton_interpreting
 from .elemwise import ElemParams
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
 

@@ -458,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     train_args += passthrough
     if master_port is not None and args.nproc == 1:
         env["MASTER_PORT"] = str(master_port)
-    from .preflight import CHECKED_ENV, check_training_args
+    from .preflight import CHECKED_ENV
+    from .preflight_cli import check_training_args
 
     if not args.ignore_resource_check:   # before training starts: memory and capture size
         check_training_args(train_args, args.nproc, env=env, say=say)

@@ -16,16 +16,14 @@ call (every micro-batch), after the capture config's filters that change sizes.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from lowp_common import human_bytes
 
-from .errors import UserError, cli_entry
+from .errors import UserError
 
 #: Bytes per parameter, by training dtype: (model weights, model gradients, fp32 master weights
 #: and gradients, AdamW's exp_avg + exp_avg_sq). fp32 trains on the model's own parameters;
@@ -296,24 +294,8 @@ def check_training_run(cfg: Any, derived: Mapping[str, Any], vocab_size: int, ra
     return estimate
 
 
-def check_training_args(train_args: Sequence[str], ranks: int, remedy: str = "",
-                        world_size: int | None = None, env: Mapping[str, str] | None = None,
-                        say: Any = None) -> RunEstimate:
-    """The same from llama-train's command-line arguments (the collector's and the
-    launcher's view), before any training process starts."""
-    from .megatron_env import cuda_available
-    from .tokenizer import load_tokenizer
-    from .train import build_parser, check_config, config_from_args
-
-    cfg = config_from_args(build_parser().parse_args(list(train_args)))
-    derived = check_config(cfg, world_size or ranks, cuda_available(), capture=False)
-    vocab = padded_vocab_size(load_tokenizer(cfg.tokenizer).vocab_size,
-                              cfg.make_vocab_size_divisible_by, cfg.tensor_model_parallel_size)
-    return check_training_run(cfg, derived, vocab, ranks, remedy, env, say)
-
-
 # ---------------------------------------------------------------------------------------------
-# The launcher's entry: python -m training_driver.preflight ...
+# The inputs check (the launcher runs it through training_driver.preflight_cli)
 # ---------------------------------------------------------------------------------------------
 def check_inputs(tokenizer: str, data_path: str,
                  env: Mapping[str, str] | None = None) -> tuple[bool, str]:
@@ -335,39 +317,3 @@ def check_inputs(tokenizer: str, data_path: str,
     check_data_prefix(data_path)
     check_tokenizer_matches(data_path, load_tokenizer(tokenizer))
     return capture_requested(env), quant
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="preflight", description="Checks before training starts "
-                                "(used by examples/llama/train_llama32_1b_h100_fp8.sh).")
-    sub = p.add_subparsers(dest="what", required=True)
-    inputs = sub.add_parser("inputs", help="capture settings, tokenizer, data; prints "
-                                           "'ok CAPTURE QUANT'")
-    inputs.add_argument("tokenizer")
-    inputs.add_argument("data_path")
-    res = sub.add_parser("resources", help="memory and capture size of llama-train ARGS")
-    res.add_argument("--ranks", type=int, default=1, help="training processes on this node")
-    res.add_argument("--world-size", type=int, default=None, help="on all nodes (default: --ranks)")
-    res.add_argument("--remedy", default=REMEDY,
-                     help="what the message says after the numbers: the caller's settings and "
-                          "its flag that skips this check")
-    res.add_argument("--prog", default="preflight", help="name on the note line")
-    res.add_argument("train_args", nargs=argparse.REMAINDER, help="-- llama-train arguments")
-    return p
-
-
-@cli_entry("preflight")
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.what == "inputs":
-        capture, quant = check_inputs(args.tokenizer, args.data_path)
-        print("ok", int(capture), quant or "-")
-        return 0
-    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    check_training_args(train_args, max(1, args.ranks), args.remedy, args.world_size,
-                         say=lambda line: print(f"{args.prog}: {line}", file=sys.stderr, flush=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

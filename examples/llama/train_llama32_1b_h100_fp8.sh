@@ -65,7 +65,7 @@ DATA_PATH="${DATA_PATH%.bin}"; DATA_PATH="${DATA_PATH%.idx}"
 # Before anything starts: the capture settings (a CUSTOM_QUANT_TYPE typo), the tokenizer (an
 # old-format directory) and whether the data was made with it, the collector's own checks
 # (training_driver.preflight). One line and exit 2 on a mistake.
-PREFLIGHT=$("$PY" -m training_driver.preflight inputs "$TOKENIZER_PATH" "$DATA_PATH" 2>&1) \
+PREFLIGHT=$("$PY" -m training_driver.preflight_cli inputs "$TOKENIZER_PATH" "$DATA_PATH" 2>&1) \
     || die "$(printf '%s\n' "$PREFLIGHT" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^preflight: error: //')"
 read -r _ CAPTURE QUANT <<<"$(printf '%s\n' "$PREFLIGHT" | tail -n 1)"
 [[ "$QUANT" == - ]] && QUANT=""
@@ -133,7 +133,7 @@ if [[ "${IGNORE_RESOURCE_CHECK:-0}" != 1 ]]; then
     if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" || -n "${MEGATRON_LM_DIR:-}" ]]; then
         CHECK_ARGS+=(--seq-length "$SEQ_LENGTH")
     fi
-    RESOURCES=$("$PY" -m training_driver.preflight resources --ranks "$GPUS_PER_NODE" \
+    RESOURCES=$("$PY" -m training_driver.preflight_cli resources --ranks "$GPUS_PER_NODE" \
         --world-size "$((GPUS_PER_NODE * NNODES))" --remedy "MODEL=tiny, a smaller SEQ_LENGTH or MICRO_BATCH_SIZE fits, or set IGNORE_RESOURCE_CHECK=1 to run anyway" \
         --prog train_llama32_1b_h100_fp8.sh -- "${CHECK_ARGS[@]}" 2>&1) \
         || die "$(printf '%s\n' "$RESOURCES" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^preflight: error: //')"
