@@ -46,9 +46,11 @@ def main(argv=None) -> int:
     x = x.to(args.device, DTYPES[args.dtype])
     ranges = [stats.format_range(f) for f in ("fp8_e4m3", "fp8_e5m2", "hifp8")]
     ranges.append(stats.dtype_range(torch.bfloat16))
+    from quant.interpreter import triton_interpreting
     calls = {"x.clone()": lambda: x.clone(),
-             "stats torch": lambda: stats.compute(x, ranges, host_path=False, kernel=False),
-             "stats fused": lambda: stats.compute(x, ranges, kernel=True)}
+             "stats torch": lambda: stats.compute(x, ranges, host_path=False, kernel=False)}
+    if x.is_cuda or triton_interpreting():     # the Triton pass: GPU, or the CPU interpreter
+        calls["stats fused"] = lambda: stats.compute(x, ranges, kernel=True)
     if not args.device.startswith("cuda"):
         calls["stats host path"] = lambda: stats.compute(x, ranges, host_path=True, kernel=False)
     times = {k: [] for k in calls}
