@@ -32,6 +32,7 @@ import triton.language as tl
 from .interpreter import triton_interpreting
 from .elemwise import ElemParams
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
+from .scaling import E2M1_MAX, E4M3_MIN_SUBNORMAL, E4M3_PARAMS
 
 #: rounding mode name -> the kernels' constexpr code
 ROUNDING_CODE = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "stochastic": 3,
@@ -41,9 +42,6 @@ OVERFLOW_CODE = {"inf": 0, "nan": 1, "max": 2}
 #: MX scale mode -> constexpr code
 SCALE_MODE_CODE = {"floor": 0, "ceil": 1, "rceil": 2}
 
-_E4M3 = ElemParams(grid_emin=-6, grid_emax=9, mbits=3, tapered=False, max_normal=448.0,
-                   overflow="nan", signed_zero=True)
-
 # Launch shapes, from bench/tune_triton.py on an H100 (8192 x 8192 bf16; docs/quant.md)
 ELEMENTS_PER_PROGRAM = 2048     # element and per-tensor kernels
 BLOCKS_PER_PROGRAM = 128        # block kernels: 32-element blocks per program (scaled by size)
@@ -51,6 +49,14 @@ NUM_WARPS = {"elements": 4, "mx": 4, "nvfp4": 8}
 _LAUNCH = {"enable_fp_fusion": False}
 #: bfloat16 conversions in bit space under the interpreter only (compiled: one native cvt)
 INTERPRETED: tl.constexpr = tl.constexpr(triton_interpreting())
+# NVFP4's scale constants, from quant.scaling (the one definition)
+NV_ELEM_MAX: tl.constexpr = tl.constexpr(E2M1_MAX)
+NV_SCALE_MIN: tl.constexpr = tl.constexpr(E4M3_MIN_SUBNORMAL)
+NV_SCALE_MAX: tl.constexpr = tl.constexpr(E4M3_PARAMS.max_normal)
+S_GRID_EMIN: tl.constexpr = tl.constexpr(E4M3_PARAMS.grid_emin)
+S_GRID_EMAX: tl.constexpr = tl.constexpr(E4M3_PARAMS.grid_emax)
+S_MBITS: tl.constexpr = tl.constexpr(E4M3_PARAMS.mbits)
+S_OVERFLOW: tl.constexpr = tl.constexpr(OVERFLOW_CODE[E4M3_PARAMS.overflow])
 E8M0_MIN: tl.constexpr = tl.constexpr(E8M0_MIN_EXP)
 E8M0_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_EXP)
 
@@ -287,9 +293,12 @@ def _nvfp4_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
     offs, mask, v, noise, amax, nonfinite = _block_tile(
         x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
     s_t = tl.load(st_ptr)
-    raw = tl.div_rn(tl.div_rn(amax, 6.0), s_t)
-    raw = tl.where(raw < 0.001953125, 0.001953125, tl.where(raw > 448.0, 448.0, raw))
-    s_b = _cast(raw, 0.0, -6, 9, 3, False, 0, 448.0, 1, True, True)   # E4M3, nearest even
+    raw = tl.div_rn(tl.div_rn(amax, NV_ELEM_MAX), s_t)
+    raw = tl.where(raw < NV_SCALE_MIN, NV_SCALE_MIN,
+                   tl.where(raw > NV_SCALE_MAX, NV_SCALE_MAX, raw))
+    # the E4M3 block scale (scaling.nvfp4_block_scale): nearest even, saturating
+    s_b = _cast(raw, 0.0, S_GRID_EMIN, S_GRID_EMAX, S_MBITS, False, 0, NV_SCALE_MAX, S_OVERFLOW,
+                True, True)
     denom = s_b * s_t
     safe = tl.where(denom > 0.0, denom, 1.0)
     v = tl.div_rn(v, safe[:, None])

@@ -24,7 +24,7 @@ _F32_MIN_EXP = -149                  # float32 exponents of nonzero values: -149
 _F32_BINS = 127 - _F32_MIN_EXP + 1
 _LOCAL_BINS = 512                    # power of two for tl.histogram; the last bin = "not counted"
 _SKIP_BIN = _LOCAL_BINS - 1
-_PARTIALS = 6                        # sum, m2, min, max, min_nz (float64), one spare
+_PARTIALS = 5                        # sum, m2, min, max, min_nz (float64)
 
 
 @triton.jit
@@ -46,7 +46,8 @@ def _store4(ptr, packed):
 @triton.jit
 def _stats_kernel(x_ptr, n, bounds_ptr, part_ptr, counts_ptr, hist_ptr,
                   NR: tl.constexpr, BLOCK: tl.constexpr, LOCAL_BINS: tl.constexpr,
-                  SKIP_BIN: tl.constexpr, MIN_EXP: tl.constexpr, WINDOW: tl.constexpr):
+                  SKIP_BIN: tl.constexpr, MIN_EXP: tl.constexpr, WINDOW: tl.constexpr,
+                  PARTIALS: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
@@ -64,7 +65,7 @@ def _stats_kernel(x_ptr, n, bounds_ptr, part_ptr, counts_ptr, hist_ptr,
     mn = tl.min(tl.where(finite, x, float("inf")), axis=0)
     mx = tl.max(tl.where(finite, x, -float("inf")), axis=0)
     min_nz = tl.min(tl.where(nonzero, a, float("inf")), axis=0)
-    base = part_ptr + pid.to(tl.int64) * 6
+    base = part_ptr + pid.to(tl.int64) * PARTIALS
     tl.store(base + 0, s)
     tl.store(base + 1, m2)
     tl.store(base + 2, mn.to(tl.float64))
@@ -122,7 +123,7 @@ def compute_parts(a: torch.Tensor, bounds: list[tuple[float, float, float]]
     hist = torch.zeros(_LOCAL_BINS + WINDOW, dtype=torch.int32, device=dev)
     _stats_kernel[(nprog,)](a, n, bnd, part, counts, hist, NR=nr, BLOCK=ELEMENTS_PER_PROGRAM,
                             LOCAL_BINS=_LOCAL_BINS, SKIP_BIN=_SKIP_BIN, MIN_EXP=_F32_MIN_EXP,
-                            WINDOW=WINDOW, num_warps=NUM_WARPS)
+                            WINDOW=WINDOW, PARTIALS=_PARTIALS, num_warps=NUM_WARPS)
     totals = counts.sum(0, dtype=torch.int64).to(torch.float64)
     nf_b, s_b, m2_b = counts[:, 0].to(torch.float64), part[:, 0], part[:, 1]
     nf = totals[0]
