@@ -73,6 +73,8 @@ class CaptureConfig:
     stats_only: bool = False                  # manifest records only, no tensor files
     save_quantized: bool = False              # also save the operand the GEMM saw
     emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
+    probs_heads: int = 2                      # attention probabilities: heads kept (0: none)
+    probs_rows: int = 256                     # ... and query rows kept (evenly strided)
     range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
     # per-tensor what-if numerics (quant.whatif): off unless asked for ("default" = WHATIF_FORMATS)
     # because they cost ~1 ms per format and tensor on a CPU (stats-only 2-2.8x instead of ~1.2x)
@@ -253,6 +255,8 @@ _PARSERS: dict[str, Any] = {
     "max_iterations": _max_iterations,
     "max_rows": lambda k, v: _int(k, v, minimum=1, allow_none=True),
     "queue_size": lambda k, v: _int(k, v, minimum=1),
+    "probs_heads": lambda k, v: _int(k, v, minimum=0),
+    "probs_rows": lambda k, v: _int(k, v, minimum=1),
     "quant_type": lambda k, v: _quant(v),
     "layers": _int_list, "ranks": _int_list,
     "module_regex": _regex,

@@ -3,7 +3,7 @@
 The patched autograd Functions of ``tensor_parallel/layers.py`` call ``linear_forward``,
 ``linear_dgrad``, ``linear_wgrad`` (or, under gradient_accumulation_fusion,
 ``linear_wgrad_fused``) and ``linear_backward_post``; the patched
-``DotProductAttention.forward`` calls ``attention_forward`` and, for P·V, ``quantize_probs``.
+``DotProductAttention.forward`` calls ``attention_forward`` and, for P·V, ``attention_probs``.
 Each computes exactly what the unpatched code computes (same ops, same order) unless a
 format is being emulated, and captures through the process-wide saver.
 
@@ -274,7 +274,49 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
 
 
 def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
-    """P of P·V, fake-quantized along the plan's axis (the key axis), gradient passed through."""
+    """P of P·V, fake-quantized along the plan's axis (the key axis), gradient passed through.
+    (What trees patched before probability capture call; :func:`attention_probs` now.)"""
     return emulation.quantize_ste(attention_probs, axis=_PROBS.axis, kind="attention probs",
                                   site=_RUNNING_ATTENTION[0],
                                   iteration=get_tensor_saver().iteration)
+
+
+def probs_sample(probs: torch.Tensor, head_count: int | None, heads: int, rows: int
+                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``heads`` evenly spaced heads of the micro-batch's first sequence and at most ``rows``
+    evenly strided query rows of ``probs`` ([batch*heads, queries, keys]), every key kept (the
+    P·V reduction axis, so what-if blocks stay whole): a small copy and its description
+    (schema.META_PROBS_SAMPLE)."""
+    n = probs.shape[0]
+    hc = head_count if isinstance(head_count, int) and 0 < head_count <= n else n
+    keep = min(heads, hc)
+    idx = sorted({(i * hc) // keep for i in range(keep)})
+    stride = max(1, -(-probs.shape[1] // rows))
+    part = probs.detach()[idx, ::stride]
+    return part, {"heads": idx, "head_count": hc, "row_stride": stride,
+                  "shape": list(probs.shape)}
+
+
+def attention_probs(module: torch.nn.Module, probs: torch.Tensor) -> torch.Tensor:
+    """P of P·V (softmax output after dropout): captures a sample of heads and query rows
+    (config probs_heads / probs_rows) with what-if numerics along the key axis; when
+    attention is emulated returns P fake-quantized along that axis (gradient passed through)."""
+    saver = get_tensor_saver()
+    cfg = saver.config
+    out = quantize_probs(probs) if STATE.emulate_attention else probs
+    if not (saver.enabled and not STATE.paused and cfg.probs_heads > 0 and probs.dim() == 3):
+        return out
+    site = _attention_site(module)
+    it, sample = saver.iteration, saver.sample_idx
+    heads = getattr(module, "num_attention_heads_per_partition", None)
+    todo = [(probs, schema.ATTENTION_PROBS, schema.VARIANT_HP)]
+    if out is not probs and cfg.save_quantized:
+        todo.append((out, schema.quantized_name(schema.ATTENTION_PROBS), schema.VARIANT_QUANTIZED))
+    for t, name, variant in todo:
+        if _wanted(saver, "attention", "forward", "pre", name, site, it):
+            part, info = probs_sample(t, heads, cfg.probs_heads, cfg.probs_rows)
+            saver.save_tensor(part, "attention", "forward", None, name, site.layer_idx, "pre",
+                              "FA", None, sample, it, module_path=site.module_path,
+                              submodule=site.submodule, variant=variant,
+                              metadata={schema.META_PROBS_SAMPLE: info}, whatif_axis=_PROBS.axis)
+    return out

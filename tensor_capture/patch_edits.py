@@ -191,8 +191,8 @@ _ATTENTION = FilePatch(ATTENTION, (
     _attn_wrapper("attention_forward"),
     _prefix("attention.probs", "        context = torch.bmm(attention_probs, value.transpose(0, 1))\n",
             f"""\
-        if _tensor_saver.STATE.emulate_attention:  {MARK}
-            attention_probs = _tensor_saver.quantize_probs(attention_probs)
+        if _tensor_saver.STATE.active:  {MARK}
+            attention_probs = _tensor_saver.attention_probs(self, attention_probs)
 """),
 ))
 # Transformer Engine attention: capture only (its fused kernel cannot be emulated from Python).

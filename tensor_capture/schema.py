@@ -257,6 +257,14 @@ META_WHATIF = "whatif"
 WHATIF_AXIS, WHATIF_AXIS_SOURCE, WHATIF_FORMATS = "axis", "axis_source", "formats"
 WHATIF_ELEMENTS, WHATIF_SAMPLED = "elements", "sampled"
 AXIS_FROM_GEMM, AXIS_LAST = "gemm", "last"
+# Attention probabilities (softmax output, the P operand of P·V as the BMM sees it, after
+# dropout): a sampled subset of heads and query rows (config probs_heads / probs_rows), saved as
+# [heads kept, rows kept, keys]. META_PROBS_SAMPLE = {"heads": kept head indexes in this rank's
+# partition, "head_count": heads in the partition, "row_stride": stride of the kept query rows,
+# "shape": the full [batch*heads, queries, keys] shape}. Statistics, what-if numerics and the
+# file describe the sample (META_SHAPE is the sample's shape).
+ATTENTION_PROBS = "attention_probs"
+META_PROBS_SAMPLE = "probs_sample"
 
 
 def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:

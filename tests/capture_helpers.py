@@ -93,6 +93,7 @@ def expected_sites(num_layers: int = 2) -> set[tuple[str, str, str, str]]:
               ("backward", "pre", "weight"), ("backward", "post", "grad_input"),
               ("backward", "post", "grad_weight")]
     attn = [("forward", "pre", "query"), ("forward", "pre", "key"), ("forward", "pre", "value"),
+            ("forward", "pre", "attention_probs"),
             ("forward", "post", "context"), ("backward", "pre", "grad_context"),
             ("backward", "post", "grad_query"), ("backward", "post", "grad_key"),
             ("backward", "post", "grad_value")]

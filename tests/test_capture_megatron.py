@@ -137,3 +137,32 @@ def test_tp2_two_processes(patched_dir, tmp_path, tp1):
     w = [r for r in recs if r["module_path"] == "decoder.layers.0.mlp.linear_fc1"
          and r["tensor_name"] == "weight" and r["operation"] == "forward"]
     assert sorted(r["shape"][0] for r in w) == [160, 160]   # 2*160 gated rows / 2 ranks
+
+
+def test_attention_probabilities_are_the_softmax_of_the_captured_query_and_key(tp1):
+    """The captured P of P·V is the real map: softmax(Q·Kᵀ/sqrt(d)) under the causal mask,
+    recomputed here from the captured query and key of the same call (GQA: head h reads key
+    group h // (heads / groups)); its what-if numerics run along the key axis."""
+    _, _, base = tp1
+    by = {(r["module_path"], r["tensor_name"]): r for r in _records(base / "capture")}
+    attn = "decoder.layers.1.self_attention.core_attention"
+    rec = by[(attn, schema.ATTENTION_PROBS)]
+    p, meta = schema.load_tensor_file(base / "capture" / rec["file"])
+    q, _ = schema.load_tensor_file(base / "capture" / by[(attn, "query")]["file"])
+    k, _ = schema.load_tensor_file(base / "capture" / by[(attn, "key")]["file"])
+    info = meta[schema.META_PROBS_SAMPLE]
+    sq, b, heads, hn = q.shape
+    assert info["head_count"] == heads and info["shape"] == [b * heads, sq, sq]
+    assert info["heads"] == [0, 2] and info["row_stride"] == 1     # probs_heads=2 of 4
+    assert list(p.shape) == meta["shape"] == [2, sq, sq]
+    per_group = heads // k.shape[2]
+    causal = torch.ones(sq, sq, dtype=torch.bool).triu(1)
+    for i, h in enumerate(info["heads"]):
+        s = q[:, 0, h].double() @ k[:, 0, h // per_group].double().t() / math.sqrt(hn)
+        want = torch.softmax(s.masked_fill(causal, -math.inf), dim=-1)
+        assert torch.allclose(p[i].double(), want, atol=1e-5), h
+    assert torch.allclose(p.double().sum(-1), torch.ones(2, sq, dtype=torch.float64), atol=1e-5)
+    # under mxfp8 emulation the P the BMM saw is saved too, on the MX grid along the key axis
+    mx = {(r["module_path"], r["tensor_name"]): r for r in _records(base / "mxfp8")}
+    pq, mq = schema.load_tensor_file(base / "mxfp8" / mx[(attn, "attention_probs_quantized")]["file"])
+    assert mq["variant"] == "quantized" and _on_mx_grid(pq, -1)

@@ -59,3 +59,18 @@ def test_sink_failure_is_one_message_and_tells_the_owner(tmp_path, capsys):
     assert sink.writer() is None and sink.writer() is None and not sink.submit(None)
     assert told == [1] and "cannot write to" in sink.failed
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_probs_sample_keeps_spread_heads_strided_rows_and_every_key():
+    from tensor_capture.hooks import probs_sample
+
+    b, heads, sq, sk = 3, 8, 100, 40
+    probs = torch.randn(b * heads, sq, sk)
+    part, info = probs_sample(probs, heads, 3, 32)
+    assert info["heads"] == [0, 2, 5] and info["head_count"] == heads
+    assert info["row_stride"] == 4 and info["shape"] == [b * heads, sq, sk]
+    assert torch.equal(part, probs[[0, 2, 5], ::4])          # rows 0, 4, ..., 96: 25 <= 32
+    assert part.shape == (3, 25, sk)
+    # more heads asked than exist, unknown head count (the first dim is used), short sequence
+    part, info = probs_sample(probs[:2, :5], None, 4, 256)
+    assert info["heads"] == [0, 1] and info["row_stride"] == 1 and part.shape == (2, 5, sk)

@@ -78,7 +78,7 @@ def test_unknown_tree_and_moved_anchor_fail_clearly(tree, tmp_path):
 def test_hand_edited_patched_file_is_reported(tree):
     patcher.apply(tree)
     attn = tree / "megatron/core/transformer/dot_product_attention.py"
-    text = attn.read_text().replace("attention_probs = _tensor_saver.quantize_probs(attention_probs)",
+    text = attn.read_text().replace("attention_probs = _tensor_saver.attention_probs(self, attention_probs)",
                                     "attention_probs = attention_probs")
     attn.write_text(text)
     assert patcher.check(tree)["megatron/core/transformer/dot_product_attention.py"].startswith("unknown")

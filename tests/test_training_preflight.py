@@ -52,15 +52,17 @@ def test_memory_parts_per_dtype():
 def test_capture_size_of_the_tiny_model_matches_the_files_it_writes():
     """Worked by hand for tiny, fp32, micro-batch 4 x seq 32 = 128 tokens, vocab 384: per
     linear forward input + weight + output, backward grad_output + weight + grad_input +
-    grad_weight; per attention q, k, v, context and their gradients. 1,052,160 elements =
-    4.2 MB, what the saver's stop line reports for such a run (4.2 MB of files on rank 0)."""
+    grad_weight; per attention q, k, v, context and their gradients, and the probabilities of
+    2 heads x 32 query rows x 32 keys (2 x 2,048 elements over the 2 layers). 1,056,256
+    elements = 4.2 MB, what the saver's stop line reports for such a run (4.2 MB of files on
+    rank 0)."""
     capture = load_config(env={"TENSOR_SAVE_ENABLED": "true"})
     tiny32 = dict(TINY, seq_length=32)
-    assert capture_elements(tiny32, 384, 128, capture, layers=2) == 1_052_160
+    assert capture_elements(tiny32, 384, 128, capture, layers=2) == 1_056_256
     est = estimate_run(tiny32, 384, "fp32", 4, 1, capture=capture)
-    assert est.capture_per_rank == 4 * 1_052_160
-    assert estimate_run(tiny32, 384, "fp32", 4, 3, capture=capture).capture_per_rank == 3 * 4 * 1_052_160
-    assert estimate_run(tiny32, 384, "bf16", 4, 1, capture=capture).capture_per_rank == 2 * 1_052_160
+    assert est.capture_per_rank == 4 * 1_056_256
+    assert estimate_run(tiny32, 384, "fp32", 4, 3, capture=capture).capture_per_rank == 3 * 4 * 1_056_256
+    assert estimate_run(tiny32, 384, "bf16", 4, 1, capture=capture).capture_per_rank == 2 * 1_056_256
 
 
 @pytest.mark.parametrize("yaml_env,smaller", [

@@ -124,7 +124,7 @@ def capture_elements(shape: Mapping[str, int], vocab_size: int, tokens: int,
                      capture: Any | None, layers: int) -> int:
     """Elements the capture hooks save for one micro-batch of ``tokens`` tokens over ``layers``
     transformer layers (and the output layer), after the config's size filters: stats_only,
-    layer_types, operations, layers, max_rows, save_quantized. Name filters (tensor_names,
+    layer_types, operations, layers, max_rows, save_quantized, probs_heads / probs_rows. Name filters (tensor_names,
     module_regex) are not modelled: the estimate is then an upper bound."""
     if capture is None or getattr(capture, "stats_only", False):
         return 0
@@ -144,6 +144,10 @@ def capture_elements(shape: Mapping[str, int], vocab_size: int, tokens: int,
 
     h, kv = shape["hidden_size"], _kv_size(shape)
     attention = (2 * rows * h + 2 * rows * kv) * len(ops & {"forward", "backward"})
+    heads = min(getattr(capture, "probs_heads", 0), shape["num_attention_heads"])
+    if heads and "forward" in ops:                  # the probabilities' sample: heads x rows x keys
+        s = shape["seq_length"]
+        attention += heads * len(range(0, s, -(-s // capture.probs_rows))) * s
     per_layer = (sum(linear(i, o) for i, o in _linears(shape)) if "linear" in types else 0) + (
         attention if "attention" in types else 0)
     selected = layers if getattr(capture, "layers", None) is None else min(layers, len(capture.layers))

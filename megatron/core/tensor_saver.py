@@ -8,6 +8,7 @@ files need one import. The hot path checks ``STATE.active`` and nothing else.
 from tensor_capture.config import CaptureConfig, ConfigError, load_config
 from tensor_capture.hooks import (
     attention_forward,
+    attention_probs,
     linear_backward_post,
     linear_dgrad,
     linear_forward,
@@ -37,6 +38,7 @@ __all__ = [
     "get_tensor_saver", "reset_tensor_saver", "save_tensor", "save_attention_tensors",
     "save_linear_tensors", "register_model", "linear_forward", "linear_dgrad", "linear_wgrad",
     "linear_backward_post", "attention_forward", "te_attention_forward", "quantize_probs",
+    "attention_probs",
     "linear_wgrad_fused", "wrap_schedule", "resume_at",
 ]
 
