@@ -22,6 +22,7 @@ ENV_ITERATION = "TENSOR_SAVER_ITERATION"
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_CONFIG = "TENSOR_SAVE_CONFIG"
 ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "none": off
+ENV_TENSORBOARD = "TENSOR_SAVE_TENSORBOARD_DIR"   # what-if numerics as TensorBoard events here
 
 # Values of CUSTOM_QUANT_TYPE that mean "no emulation" (the label still goes into file names).
 NO_QUANT = ("fp32", "none", "")
@@ -81,6 +82,7 @@ class CaptureConfig:
     whatif_formats: tuple[str, ...] = ()
     whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
     whatif_every: int = 1                     # what-if on every N-th captured iteration
+    tensorboard_dir: str | None = None        # what-if numerics to TensorBoard (None: Megatron's)
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
 
@@ -247,6 +249,7 @@ _PARSERS: dict[str, Any] = {
     "enabled": _bool, "stats_only": _bool, "save_quantized": _bool, "emulate_attention": _bool,
     "underflow_warnings": _bool,
     "save_dir": _dir,
+    "tensorboard_dir": lambda k, v: None if v is None or not str(v).strip() else _dir(k, v),
     "iteration": lambda k, v: _int(k, v, minimum=0),
     "iter_start": lambda k, v: _int(k, v, minimum=0),
     "iter_end": lambda k, v: _int(k, v, minimum=0, allow_none=True),
@@ -316,7 +319,8 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 _ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
-             (ENV_QUANT, "quant_type"), (ENV_WHATIF, "whatif_formats"))
+             (ENV_QUANT, "quant_type"), (ENV_WHATIF, "whatif_formats"),
+             (ENV_TENSORBOARD, "tensorboard_dir"))
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from . import budget, schema, sites, whatif
 from .config import CaptureConfig, ConfigError, load_config
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
+from .tensorboard import NumericsBoard
 from .sink import CaptureSink
 from .state import STATE
 
@@ -58,7 +59,11 @@ class TensorSaver:
         self._warnings = Warnings()
         self.policy = CapturePolicy(config, self._warnings.once)
         self.records = RecordBuilder(config)
-        self.sink = CaptureSink(config.save_dir, config.queue_size, on_failure=self._on_failure)
+        # what-if numerics to TensorBoard when they are computed at all
+        self.board = (NumericsBoard(config.tensorboard_dir)
+                      if config.enabled and config.whatif_formats else None)
+        self.sink = CaptureSink(config.save_dir, config.queue_size, on_failure=self._on_failure,
+                                on_record=self.board.log if self.board is not None else None)
         self.budget = self.policy.budget
         self.directory = self.sink.directory
         if config.enabled:
@@ -87,11 +92,15 @@ class TensorSaver:
 
     def flush(self) -> None:
         self.sink.flush()
+        if self.board is not None:
+            self.board.flush()
 
     def close(self) -> None:
         if self._closed:
             return
         self.sink.close()
+        if self.board is not None:
+            self.board.close()
         saved = self.policy.saved_iters
         if self.config.enabled and self.sink.failed is None and self.config.min_iterations and (
                 len(saved) < self.config.min_iterations):

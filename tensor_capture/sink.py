@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .writer import BackgroundWriter, WriteItem
 
@@ -20,8 +20,10 @@ class CaptureSink:
     """Where records go: ``directory`` through a lazily started BackgroundWriter."""
 
     def __init__(self, directory: str | os.PathLike[str], queue_size: int,
-                 on_failure: Callable[[], None] | None = None):
+                 on_failure: Callable[[], None] | None = None,
+                 on_record: Callable[[dict[str, Any]], None] | None = None):
         self.directory = Path(directory)
+        self._on_record = on_record
         self.queue_size = queue_size
         self.failed: str | None = None
         self._on_failure = on_failure
@@ -54,7 +56,8 @@ class CaptureSink:
                 if self._writer is None:
                     if not self.prepare_dir():
                         return None
-                    self._writer = BackgroundWriter(self.queue_size, on_error=self.fail)
+                    self._writer = BackgroundWriter(self.queue_size, on_error=self.fail,
+                                                   on_record=self._on_record)
         return self._writer
 
     def submit(self, item: WriteItem) -> bool:

@@ -60,9 +60,11 @@ atexit.register(_flush_all_at_exit)
 class BackgroundWriter:
     """Writes WriteItems in submission order on a daemon thread."""
 
-    def __init__(self, queue_size: int = 64, on_error: Callable[[str], None] | None = None):
+    def __init__(self, queue_size: int = 64, on_error: Callable[[str], None] | None = None,
+                 on_record: Callable[[dict[str, Any]], None] | None = None):
         self._q: queue.Queue[Any] = queue.Queue(maxsize=max(1, queue_size))
         self._on_error = on_error
+        self._on_record = on_record     # told each record once it is in the manifest
         self.failed: str | None = None
         self.files_written = 0
         self.records_written = 0
@@ -141,5 +143,7 @@ class BackgroundWriter:
         record[schema.MANIFEST_FILE] = item.filename if item.tensor is not None else None
         schema.append_manifest(item.directory, item.rank, record)
         self.records_written += 1
+        if self._on_record is not None:
+            self._on_record(record)
         if item.done is not None:
             item.done()

@@ -285,11 +285,12 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
     cmd = [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
            "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",
            "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
-           "--checkpoint-dir", str(tmp_path / "ckpt")]
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--tensorboard-dir", str(tmp_path / "tb")]
     out = run(cmd, cwd=tmp_path, timeout=600, TENSOR_SAVE_ENABLED="true",
               TENSOR_SAVE_DIR=str(tmp_path / "cap"), TENSOR_SAVE_CONFIG=str(cfg),
               MEGATRON_LOWP_PATCHED_DIR=patched, MASTER_PORT=str(free_port()))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    _tensorboard_matches_the_manifest(tmp_path / "tb", tmp_path / "cap")
     result = pipeline.build(tmp_path / "cap", tmp_path / "report", sections=())
     assert "numerics.csv" in result.extra_files
     _, rows = _read_csv(tmp_path / "report" / "numerics.csv")
@@ -320,7 +321,37 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
     assert mx_ranges >= 30
     # GEMM operands along their plan axes (attention's too, short), and other tensors
     assert {("input", "gemm", False), ("weight", "gemm", False), ("grad_output", "gemm", False),
-            ("query", "gemm", True), ("output", "last", False)} <= checked
+            ("query", "gemm", True), ("output", "last", False),
+            (schema.ATTENTION_PROBS, "gemm", False)} <= checked
+
+
+def _tensorboard_matches_the_manifest(tb: Path, cap: Path) -> None:
+    """The driver's --tensorboard-dir holds its loss curve and, beside it, every what-if SQNR
+    of the manifest (one scalar series per layer x tensor x format over the 3 iterations) and
+    the MX block-scale histograms with the manifest's counts."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tensor_capture.tensorboard import tag_key
+
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert any(not t.startswith(("whatif/", "block_scale/")) for t in tags["scalars"])  # the loss
+    recs = [r for r in schema.read_manifest(cap) if r.get(schema.META_WHATIF)]
+    assert recs
+    for r in recs:
+        for fmt, numbers in r[schema.META_WHATIF]["formats"].items():
+            series = acc.Scalars(f"whatif/{fmt}/sqnr_db/{tag_key(r)}")
+            got = {e.step: e.value for e in series}
+            if math.isfinite(numbers["sqnr_db"]):
+                assert got[r["iteration"]] == pytest.approx(numbers["sqnr_db"], rel=1e-6)
+    r = next(r for r in recs if r["tensor_name"] == "input" and r["layer_idx"] == 0)
+    hist = r[schema.META_WHATIF]["formats"]["mxfp8"]["block_scale"]["hist"]
+    h = acc.Histograms(f"block_scale/mxfp8/{tag_key(r)}")
+    assert {e.step for e in h} == {0, 1, 2}
+    value = next(e for e in h if e.step == r["iteration"]).histogram_value
+    assert list(value.bucket) == hist["counts"] and value.num == sum(hist["counts"])
+    assert value.min >= hist["min_bin"]
 
 
 def test_tiny_llama_unknown_whatif_format_fails_at_start(small_data, tmp_path, patched):

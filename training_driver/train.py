@@ -174,10 +174,15 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
 
     Initializes and tears down torch.distributed and megatron's parallel state itself.
     """
+    from tensor_capture.config import ENV_TENSORBOARD
+
     from .capture import SaverHooks, activate_patched_megatron, capture_requested, check_capture_config
 
     capture = capture_requested()
     patched = None
+    if capture and cfg.tensorboard_dir:
+        # what-if numerics go beside the loss curves unless the user named another folder
+        os.environ.setdefault(ENV_TENSORBOARD, cfg.tensorboard_dir)
     if capture:
         check_capture_config()
         workdir = cfg.patched_megatron_workdir or os.path.join(
