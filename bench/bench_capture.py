@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-MODES = ("disabled", "stats_only", "stats_no_whatif", "full")
+MODES = ("disabled", "stats_only", "stats_whatif_all", "stats_no_whatif", "full")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
 
 
@@ -78,8 +78,12 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
                              underflow_warnings=(mode == "emulate_warn"))
             elif mode != "disabled":          # every step captured (no default bound)
                 # stats_only / full: with the what-if set (opt-in in a user's config)
+                # stats_only: within the default whatif_budget; stats_whatif_all: on every
+                # (whatif_every-th) iteration however long they take
                 extra = ({"whatif_formats": ()} if mode == "stats_no_whatif" else
                          {"whatif_formats": "default", "whatif_every": whatif_every})
+                if mode == "stats_whatif_all":
+                    extra["whatif_budget"] = "unlimited"
                 ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
                              max_iterations="unlimited", byte_budget="unlimited", **extra)
             mode_now = mode

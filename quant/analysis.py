@@ -241,13 +241,16 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
                          block_size: Optional[int] = None, axis: int = -1,
                          rounding: Optional[str] = None, scale_mode: str = "floor",
                          saturate: bool = True,
-                         quantized: Optional[torch.Tensor] = None) -> QuantAnalysis:
+                         quantized: Optional[torch.Tensor] = None,
+                         summaries: bool = True) -> QuantAnalysis:
     """Count overflow / underflow / flush-to-zero of quantizing ``x`` to ``fmt``.
 
     Same options as quantize(); pass ``quantized`` (the result of quantize with those options)
     to avoid quantizing twice. Stochastic (hybrid) rounding is analysed with its nearest-even
     (nearest-away) outcome for overflow; flush-to-zero always comes from the actual quantized
-    values.
+    values. ``summaries=False`` skips the range / absmax / smallest-nonzero summaries before
+    and after (NaN in the result): the counts alone, for callers that run per tensor and per
+    format (what-if numerics at capture).
     """
     _check_input(x, "analyze_quantization")
     spec = get_format(fmt)
@@ -301,11 +304,17 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
                          "flush_to_zero": blocks_of(ftz), "scale": scales.squeeze(-1)}
             nan_blocks = int((~block_finite).sum())
 
-        n_over, n_under, n_ftz = int(overflow.sum()), int(underflow.sum()), int(ftz.sum())
-        before, after = _range_summary(x32), _range_summary(y32)
+        # one conversion for every count (each int() of a tensor is a host round trip)
+        n_over, n_under, n_ftz, n_nonzero, n_inf = (int(v) for v in torch.stack([
+            overflow.sum(), underflow.sum(), ftz.sum(), nonzero.sum(), inf_mask.sum()]).tolist())
+        if summaries:
+            before, after = _range_summary(x32), _range_summary(y32)
+        else:
+            nan = float("nan")
+            before = after = ((nan, nan), nan, nan)
         return QuantAnalysis(
-            format=spec.name, total=total, nonzero=int(nonzero.sum()), nan_count=nan_count,
-            inf_count=int(inf_mask.sum()), overflow_count=n_over, underflow_count=n_under,
+            format=spec.name, total=total, nonzero=n_nonzero, nan_count=nan_count,
+            inf_count=n_inf, overflow_count=n_over, underflow_count=n_under,
             flush_to_zero_count=n_ftz, overflow_ratio=n_over / total,
             underflow_ratio=n_under / total, flush_to_zero_ratio=n_ftz / total,
             overflow_severity=severity(n_over / total),

@@ -112,7 +112,7 @@ def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict
             x, axis = x.reshape(1), 0
         axis = axis % x.dim()
         q = quantize(x, spec.name, axis=axis)
-        an = analyze_quantization(x, spec.name, axis=axis, quantized=q)
+        an = analyze_quantization(x, spec.name, axis=axis, quantized=q, summaries=False)
         out: dict[str, Any] = {
             "axis": axis, "sqnr_db": metrics.sqnr(x, q), "rel_error": metrics.relative_error(x, q),
             "overflow_ratio": an.overflow_ratio, "underflow_ratio": an.underflow_ratio,

@@ -128,9 +128,14 @@ def finished_reason(config: CaptureConfig, saved: set[int] | list[int], next_ite
 def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
     saved = saver.saved_iterations
     its = f"{saved[0]}..{saved[-1]}" if len(saved) > 1 else (str(saved[0]) if saved else "none")
+    gate = getattr(saver, "whatif_gate", None)
+    whatif = ""
+    if gate is not None and gate.skipped:
+        whatif = (f"; what-if numerics on {len(gate.on)} of {len(gate.on) + len(gate.skipped)} "
+                  f"iteration(s), within whatif_budget={gate.budget:g} of wall time")
     return (f"tensor capture: stopped after iteration {last_iteration} ({reason}): "
             f"{len(saved)} iteration(s) saved ({its}), {human_bytes(saver.bytes_saved)} of files "
-            f"on rank {global_rank()} in {saver.directory}")
+            f"on rank {global_rank()} in {saver.directory}{whatif}")
 
 
 class ByteBudget:

@@ -39,6 +39,10 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**1
 #: five formats cost about 30x the statistics per element on a CPU
 WHATIF_MAX_ELEMENTS = 1 << 14
 
+#: share of wall time what-if numerics may use (CPU seconds of the writer's what-if jobs over
+#: seconds since the first): keeps stats-only capture with the default formats near 1.3x
+WHATIF_BUDGET = 0.25
+
 # max_iterations / byte_budget: "unlimited" in YAML; None means "the default bound"
 # (tensor_capture.budget). inf compares like a limit that is never reached.
 UNLIMITED = math.inf
@@ -82,6 +86,9 @@ class CaptureConfig:
     whatif_formats: tuple[str, ...] = ()
     whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
     whatif_every: int = 1                     # what-if on every N-th captured iteration
+    # ... and only while they have used at most this share of wall time (tensor_capture.whatif
+    # WhatifGate; "unlimited": every due iteration)
+    whatif_budget: float = WHATIF_BUDGET
     tensorboard_dir: str | None = None        # what-if numerics to TensorBoard (None: Megatron's)
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
@@ -140,6 +147,20 @@ def _max_iterations(name: str, value: Any) -> int | float | None:
     if value is not None and _unlimited(value):
         return UNLIMITED
     return _int(name, value, minimum=1, allow_none=True)
+
+
+def _share(name: str, value: Any) -> float:
+    """A positive fraction of wall time, or "unlimited" (inf)."""
+    if _unlimited(value):
+        return UNLIMITED
+    try:
+        out = float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} must be a share of wall time such as 0.25, "
+                          "or 'unlimited'") from None
+    if not 0 < out <= 1:
+        raise ConfigError(f"{name}={out} must be in (0, 1], or 'unlimited'")
+    return out
 
 
 def _size(name: str, value: Any) -> int | float | None:
@@ -272,6 +293,7 @@ _PARSERS: dict[str, Any] = {
     "whatif_formats": _whatif,
     "whatif_max_elements": _max_iterations,
     "whatif_every": lambda k, v: _int(k, v, minimum=1),
+    "whatif_budget": lambda k, v: _share(k, v),
 }
 
 

@@ -15,6 +15,7 @@ Inside a patched Megatron tree the process-wide instance comes from :func:`get_t
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from typing import Any, Callable
@@ -62,6 +63,8 @@ class TensorSaver:
         # what-if numerics to TensorBoard when they are computed at all
         self.board = (NumericsBoard(config.tensorboard_dir)
                       if config.enabled and config.whatif_formats else None)
+        self.whatif_gate = whatif.WhatifGate(
+            None if config.whatif_budget == math.inf else config.whatif_budget)
         self.sink = CaptureSink(config.save_dir, config.queue_size, on_failure=self._on_failure,
                                 on_record=self.board.log if self.board is not None else None)
         self.budget = self.policy.budget
@@ -200,7 +203,9 @@ class TensorSaver:
         meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
                                 row_stride, quant_axis, metadata)
         cfg = self.config
-        due = ((it - cfg.iter_start) // cfg.iter_every) % cfg.whatif_every == 0  # N-th captured
+        due = (cfg.whatif_formats and variant == schema.VARIANT_HP
+               and ((it - cfg.iter_start) // cfg.iter_every) % cfg.whatif_every == 0  # N-th
+               and self.whatif_gate.open(it))                  # within whatif_budget
         wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, whatif_axis,
                             cfg.whatif_max_elements)
         # the writer computes it: from its host copy of the whole tensor when it has one, else
@@ -210,7 +215,8 @@ class TensorSaver:
         item = records.build(self.directory, rank, filename, full, kept if keep_file else None,
                              sampled_rows is not None, stats_vec, ranges, meta, wsrc)
         if wplan is not None:
-            item.whatif = whatif.WhatifJob(wplan, item.whatif_src, full.numel())
+            item.whatif = whatif.WhatifJob(wplan, item.whatif_src, full.numel(),
+                                           self.whatif_gate)
             item.whatif_src = None
         if not self.sink.submit(item):
             return None

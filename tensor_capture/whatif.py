@@ -9,8 +9,10 @@ waits for the quantizations (CUDA tensors: a pinned non-blocking copy of at most
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -69,6 +71,48 @@ def compute(part: torch.Tensor, p: WhatifPlan, total: int) -> dict[str, Any]:
             schema.WHATIF_FORMATS: whatif_set(part, p.formats, p.axis)}
 
 
+class WhatifGate:
+    """Keeps what-if numerics within ``budget`` of wall time (config ``whatif_budget``).
+
+    Why: five quantizations per tensor cost far more than the statistics on a CPU (each is
+    hundreds of small torch ops), and a run must be able to leave them on. The writer thread
+    charges the CPU seconds each job took; the saver asks :meth:`open` at the first capture of
+    each iteration, and an iteration gets what-if numerics while the seconds spent so far are
+    at most ``budget`` x the wall time since the first one (the first always does). A skipped
+    iteration keeps its statistics; only its ``whatif`` metadata is absent, for every tensor of
+    that iteration alike, so a timeline point is whole or missing, never partial.
+    ``budget`` None: every due iteration.
+    """
+
+    def __init__(self, budget: float | None, clock: Callable[[], float] = time.perf_counter):
+        self.budget = budget
+        self.spent = 0.0                     # CPU seconds of what-if jobs so far
+        self.on: list[int] = []              # iterations that got what-if numerics
+        self.skipped: list[int] = []         # iterations skipped to stay within the budget
+        self._clock = clock
+        self._start: float | None = None
+        self._decided: tuple[int, bool] | None = None
+        self._lock = threading.Lock()
+
+    def open(self, iteration: int) -> bool:
+        """Does ``iteration`` get what-if numerics? (decided once per iteration)"""
+        if self._decided is not None and self._decided[0] == iteration:
+            return self._decided[1]
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        with self._lock:
+            spent = self.spent
+        ok = self.budget is None or not self.on or spent <= self.budget * (now - self._start)
+        (self.on if ok else self.skipped).append(iteration)
+        self._decided = (iteration, ok)
+        return ok
+
+    def charge(self, seconds: float) -> None:
+        with self._lock:
+            self.spent += seconds
+
+
 @dataclass
 class WhatifJob:
     """What-if numerics left to the writer thread: the plan, the host copy of the tensor or
@@ -77,10 +121,15 @@ class WhatifJob:
     plan: WhatifPlan
     source: torch.Tensor | None
     total: int
+    gate: WhatifGate | None = field(default=None, repr=False)   # charged with the CPU time
 
     def run(self, whole: torch.Tensor | None = None) -> dict[str, Any]:
         """The metadata value; ``whole``: the writer's host copy of the whole tensor, used
         when no separate source was staged."""
+        t0 = time.thread_time()
         src = self.source if self.source is not None else sample(
             whole, self.plan.axis, self.plan.max_elements)
-        return compute(src, self.plan, self.total)
+        out = compute(src, self.plan, self.total)
+        if self.gate is not None:
+            self.gate.charge(time.thread_time() - t0)
+        return out

@@ -182,7 +182,8 @@ def test_whatif_every_n_iterations(tmp_path):
     from tensor_capture.saver import TensorSaver
 
     saver = TensorSaver(enabled=True, save_dir=str(tmp_path), stats_only=True,
-                        whatif_formats=("hifp8",), whatif_every=2, iter_start=1)
+                        whatif_formats=("hifp8",), whatif_every=2, iter_start=1,
+                        whatif_budget="unlimited")
     for it in range(1, 6):
         saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
                           "linear", iteration=it, quant_axis=-1)
@@ -190,7 +191,8 @@ def test_whatif_every_n_iterations(tmp_path):
     got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path)}
     assert got == {1: True, 2: False, 3: True, 4: False, 5: True}
     saver = TensorSaver(enabled=True, save_dir=str(tmp_path / "b"), stats_only=True,
-                        whatif_formats=("hifp8",), whatif_every=2, iter_every=3)
+                        whatif_formats=("hifp8",), whatif_every=2, iter_every=3,
+                        whatif_budget="unlimited")
     for it in range(0, 13, 3):                      # captured: 0, 3, 6, 9, 12
         saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
                           "linear", iteration=it, quant_axis=-1)
@@ -281,7 +283,8 @@ def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_p
     cfg = tmp_path / "capture.yaml"
     cfg.write_text("max_iterations: unlimited\nbyte_budget: unlimited\n"
                    "whatif_formats: [mxfp8, mxfp4, nvfp4, hifp8, fp8_e4m3_tensor]\n"
-                   "whatif_max_elements: unlimited\n")      # whole tensors: exact re-derivation
+                   "whatif_max_elements: unlimited\n"       # whole tensors: exact re-derivation
+                   "whatif_budget: unlimited\n")              # every iteration, however slow
     cmd = [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
            "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",
            "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
@@ -369,3 +372,47 @@ def test_tiny_llama_unknown_whatif_format_fails_at_start(small_data, tmp_path, p
     line = one_error_line(out.stderr)
     assert "TENSOR_SAVE_WHATIF_FORMATS=['mxfp9']" in line and "nvfp4" in line
     assert not (tmp_path / "cap").exists() or not any((tmp_path / "cap").iterdir())
+
+
+def test_whatif_budget_gate_keeps_numerics_within_a_share_of_wall_time():
+    """WhatifGate with a hand-driven clock: the first iteration always; afterwards an iteration
+    gets what-if numerics while the CPU seconds charged are at most budget x elapsed."""
+    from tensor_capture.whatif import WhatifGate
+
+    now = [100.0]
+    gate = WhatifGate(0.25, clock=lambda: now[0])
+    assert gate.open(0) and gate.open(0)           # decided once per iteration
+    gate.charge(2.0)                               # iteration 0 cost 2 s
+    now[0] += 1.0
+    assert not gate.open(1)                        # 2 s > 0.25 x 1 s
+    now[0] += 6.0
+    assert not gate.open(2)                        # 2 s > 0.25 x 7 s = 1.75 s
+    now[0] += 1.0
+    assert gate.open(3)                            # 2 s <= 0.25 x 8 s
+    assert (gate.on, gate.skipped) == ([0, 3], [1, 2])
+    unlimited = WhatifGate(None, clock=lambda: now[0])
+    unlimited.charge(1e9)
+    assert all(unlimited.open(i) for i in range(1, 4))
+
+
+def test_whatif_budget_setting_and_the_stop_line(tmp_path):
+    from tensor_capture import budget
+    from tensor_capture.saver import TensorSaver
+
+    assert load_config(env={}).whatif_budget == 0.25
+    assert load_config(env={}, whatif_budget="unlimited").whatif_budget == math.inf
+    for bad in ("0", "1.5", "lots"):
+        with pytest.raises(ConfigError, match="whatif_budget") as err:
+            load_config(env={}, whatif_budget=bad)
+        assert "\n" not in str(err.value)
+    saver = TensorSaver(enabled=True, save_dir=str(tmp_path), stats_only=True,
+                        whatif_formats=("hifp8",), whatif_budget=0.01)
+    saver.whatif_gate.charge(1e6)                  # as if the first iteration took forever
+    for it in range(3):
+        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
+                          "linear", iteration=it, quant_axis=-1)
+    saver.close()
+    got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path)}
+    assert got == {0: True, 1: False, 2: False}    # statistics kept, what-if skipped
+    assert "what-if numerics on 1 of 3 iteration(s), within whatif_budget=0.01" in \
+        budget.stop_line(saver, 2, "done")

@@ -28,7 +28,8 @@ def _events(folder):
 
 def _capture(tmp_path, **kw):
     saver = TensorSaver(enabled=True, save_dir=str(tmp_path / "cap"), stats_only=True,
-                        whatif_formats="mxfp8,hifp8", whatif_max_elements="unlimited", **kw)
+                        whatif_formats="mxfp8,hifp8", whatif_max_elements="unlimited",
+                        whatif_budget="unlimited", **kw)
     g = torch.Generator().manual_seed(1)
     xs = {}
     for it in (0, 1):
