@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from . import te_arith
-from .formats import FORMATS
+from .formats import FORMATS, MX_OF_ELEMENT
 
 TENSORS = ("input", "weight", "grad_output")
 GEMMS = ("fprop", "dgrad", "wgrad")
@@ -33,8 +33,9 @@ GEMMS = ("fprop", "dgrad", "wgrad")
 ROLES: tuple[tuple[str, str], ...] = (("input", "fprop"), ("weight", "fprop"),
                                       ("grad_output", "dgrad"), ("weight", "dgrad"),
                                       ("grad_output", "wgrad"), ("input", "wgrad"))
-#: our recipe GEMM name -> quant.gemm_plan's
+#: our recipe GEMM name -> quant.gemm_plan's, and back
 PLAN_GEMM = {"fprop": "forward", "dgrad": "dgrad", "wgrad": "wgrad"}
+RECIPE_GEMM = {v: k for k, v in PLAN_GEMM.items()}
 _GEMM_ALIASES = {"forward": "fprop"}
 
 # OperandSpec.kind values: how the operand is scaled
@@ -144,6 +145,19 @@ RECIPES.update({n: _trivial(n) for n in FORMATS})
 MEGATRON_EMULATION: dict[str, dict[str, str]] = {}
 for _r in _TE_RECIPES:
     MEGATRON_EMULATION.setdefault(_r.megatron[0], {})[_r.megatron[1]] = _r.name
+
+
+#: kind -> the format of quant.FORMATS nearest to it (advisory analyses: underflow warnings)
+_ANALYSIS: dict[str, Callable[[OperandSpec], str]] = {
+    FORMAT: lambda s: s.element, NVFP4: lambda s: "nvfp4",
+    MXFP8: lambda s: MX_OF_ELEMENT[s.element], TENSOR_CURRENT: lambda s: s.element + "_tensor",
+    TENSOR_DELAYED: lambda s: s.element + "_tensor", FP8_BLOCK: lambda s: s.element + "_tensor"}
+
+
+def analysis_format(spec: OperandSpec) -> Optional[str]:
+    """The format whose pre-quantization analysis stands in for ``spec`` (None: identity)."""
+    name = _ANALYSIS[spec.kind](spec)
+    return None if FORMATS[name].is_identity else name
 
 
 def get_recipe(name) -> Recipe:
@@ -326,10 +340,8 @@ def quantize_operand(x: torch.Tensor, recipe, tensor: str, gemm: str, *,
 def recipe_quantizer(recipe, *, generator: Optional[torch.Generator] = None,
                      state: Optional[DelayedScalingState] = None, key: object = None):
     """A ``quant.gemm_plan.Quantizer`` (tensor, plan entry) -> tensor for the linear GEMMs."""
-    inverse = {v: k for k, v in PLAN_GEMM.items()}
-
     def q(t: torch.Tensor, p) -> torch.Tensor:
-        return quantize_operand(t, recipe, p.operand, inverse[p.gemm], generator=generator,
+        return quantize_operand(t, recipe, p.operand, RECIPE_GEMM[p.gemm], generator=generator,
                                 state=state, key=key)
 
     return q
