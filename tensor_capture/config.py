@@ -194,7 +194,7 @@ def _quant(value: Any) -> str | None:
     except ImportError as exc:
         raise ConfigError(f"{ENV_QUANT}={text!r} needs the quant package, which failed to import: {exc}") from None
     if text not in names:
-        raise ConfigError(f"{ENV_QUANT}={text!r} is not a known recipe or format; valid names: "
+        raise ConfigError(f"{ENV_QUANT}={text!r} is not a known format or recipe; valid names: "
                           + ", ".join(names + ["fp32 (no quantization)"]))
     return text
 
