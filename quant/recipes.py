@@ -197,8 +197,12 @@ class DelayedScalingState:
         return self._scale.get(key, torch.ones((), dtype=torch.float32))
 
     def observe(self, key, amax: torch.Tensor, fp8_max: float) -> None:
-        h = self._history.setdefault(key, torch.zeros(self.history_len, dtype=torch.float32))
-        h[0] = torch.fmax(h[0], amax.to(torch.float32).cpu())
+        """Fold a tensor's amax into the current history slot (on the amax's device: no sync)."""
+        h = self._history.get(key)
+        if h is None:
+            h = self._history[key] = torch.zeros(self.history_len, dtype=torch.float32,
+                                                 device=amax.device)
+        h[0] = torch.fmax(h[0], amax.to(torch.float32))
         self._fp8_max[key] = fp8_max
 
     def update(self) -> None:

@@ -61,7 +61,7 @@ def scale_from_amax(amax: torch.Tensor, fp8_max: float, pow2: bool,
     ``value_for_inf`` where the quotient overflows; the power-of-two mask keeps sign and
     exponent bits (rounds the scale down)."""
     scale = _f32(fp8_max) / amax
-    scale = torch.where(torch.isinf(scale), torch.full_like(scale, value_for_inf), scale)
+    scale = scale.masked_fill(torch.isinf(scale), value_for_inf)
     if pow2:
         scale = (scale.view(torch.int32) & ~0x7FFFFF).view(torch.float32)
     bad = (amax == 0) | torch.isinf(amax) | torch.isnan(amax)
@@ -82,8 +82,9 @@ def delayed_scale(history: torch.Tensor, previous: torch.Tensor, fp8_max: float,
     amax = history[0] if algo == "most_recent" else history.amax()
     scaled_max = _f32(fp8_max * 2.0 ** -margin)
     ok = torch.isfinite(amax) & (amax > 0)
-    scale = torch.where(ok, scaled_max / torch.where(ok, amax, torch.ones_like(amax)), previous)
-    return torch.where(torch.isinf(scale), _f32(FLT_MAX), scale)
+    scale = torch.where(ok, scaled_max / torch.where(ok, amax, torch.ones_like(amax)),
+                        previous.to(amax.device))
+    return scale.masked_fill(torch.isinf(scale), FLT_MAX)
 
 
 # ---- MXFP8 ---------------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ def fp8_block_scales(amax: torch.Tensor, element: str, pow2: bool,
 # ---- NVFP4 ---------------------------------------------------------------------------------------
 def nvfp4_global_encode(amax: torch.Tensor) -> torch.Tensor:
     """S_enc = 448 * 6 / amax, capped at the largest float32; 1 when amax or S_enc is 0."""
-    s = torch.minimum(_f32(E4M3_MAX * E2M1_MAX) / amax, _f32(FLT_MAX))
+    s = (_f32(E4M3_MAX * E2M1_MAX) / amax).clamp(max=FLT_MAX)
     return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
 
@@ -144,30 +145,30 @@ def nvfp4_tiles(x: torch.Tensor, tile: tuple[int, int], amax: torch.Tensor,
     tiles = x.reshape(rows // r, r, k // c, c)
     t_amax = amax_ignoring_nan(tiles, (1, 3), keepdim=True)
     s_b = cast(t_amax * (s_enc * _f32(1.0 / E2M1_MAX)), "fp8_e4m3")
-    enc = torch.minimum(torch.reciprocal(s_b * s_dec), _f32(FLT_MAX))
+    enc = torch.reciprocal(s_b * s_dec).clamp(max=FLT_MAX)
     nz = None if noise is None else noise.reshape(tiles.shape)
     q = cast(tiles * enc, "fp4_e2m1", rounding, nz)
     return ((q * s_b) * s_dec).reshape(rows, k)
 
 
-def hadamard16() -> torch.Tensor:
+def hadamard16(device=None) -> torch.Tensor:
     """TE's transform matrix diag(signs) @ H16 / 4 (Sylvester H16, float32; exact entries +-1/4):
     rows of 16 along the reduction axis are multiplied by it (``x @ M``)."""
-    h = torch.ones((1, 1), dtype=torch.float32)
+    h = torch.ones((1, 1), dtype=torch.float32, device=device)
     while h.shape[0] < RHT_SIZE:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return torch.tensor(RHT_SIGNS, dtype=torch.float32)[:, None] * h * 0.25
+    return torch.tensor(RHT_SIGNS, dtype=torch.float32, device=device)[:, None] * h * 0.25
 
 
 def rht(x: torch.Tensor) -> torch.Tensor:
     """The random Hadamard transform of float32 ``x`` [rows, k] along k in chunks of 16, summed in
     float32 and rounded to bfloat16 as TE's fused kernel does before its amax and cast."""
     rows, k = x.shape
-    y = x.reshape(rows, k // RHT_SIZE, RHT_SIZE) @ hadamard16()
+    y = x.reshape(rows, k // RHT_SIZE, RHT_SIZE) @ hadamard16(x.device)
     return y.to(torch.bfloat16).to(torch.float32).reshape(rows, k)
 
 
 def rht_inverse(y: torch.Tensor) -> torch.Tensor:
     """Back to the original domain (the matrix is orthogonal: its transpose inverts it)."""
     rows, k = y.shape
-    return (y.reshape(rows, k // RHT_SIZE, RHT_SIZE) @ hadamard16().t()).reshape(rows, k)
+    return (y.reshape(rows, k // RHT_SIZE, RHT_SIZE) @ hadamard16(y.device).t()).reshape(rows, k)

@@ -7,7 +7,8 @@ for the forward, out-features for dgrad, tokens for wgrad: quant.gemm_plan, the 
 precision-diff uses too). Attention operands (:func:`quantize`, :func:`quantize_ste`) use the
 recipe's attention format, or stay in high precision when the recipe has none (TE's recipes do
 not quantize attention). Delayed scaling keeps its amax histories in one process-wide
-``DelayedScalingState`` keyed by module path, updated when the iteration changes.
+``DelayedScalingState`` keyed by module path, updated when the iteration changes; stochastic
+rounding draws from the emulation's own generator (``STOCHASTIC_SEED`` + rank).
 
 ``kind`` names the operand ("linear forward input", ...) for the pre-quantization underflow
 warning (:mod:`tensor_capture.underflow`), which runs only while ``STATE.warn_underflow``.
@@ -20,20 +21,37 @@ from .saver import on_new_session
 from .state import STATE
 
 
-class _Delayed:
-    __slots__ = ("state", "iteration")
+#: stochastic rounding's own random stream (seed + global rank), so emulation never draws from
+#: torch's default generator: dropout and initialization stay those of the unemulated run
+STOCHASTIC_SEED = 0x5EED
+
+
+class _RunState:
+    __slots__ = ("state", "iteration", "generators")
 
     def __init__(self) -> None:
         self.state = None               # quant.recipes.DelayedScalingState, made on first use
         self.iteration: int | None = None
+        self.generators: dict[torch.device, torch.Generator] = {}
 
 
-_D = _Delayed()
+_D = _RunState()
 
 
 def reset() -> None:
     _D.state = None
     _D.iteration = None
+    _D.generators = {}
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    g = _D.generators.get(device)
+    if g is None:
+        rank = torch.distributed.get_rank() if (torch.distributed.is_available()
+                                                and torch.distributed.is_initialized()) else 0
+        g = _D.generators[device] = torch.Generator(device=device)
+        g.manual_seed(STOCHASTIC_SEED + rank)
+    return g
 
 
 on_new_session(reset)
@@ -65,7 +83,8 @@ def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | Non
     rgemm = recipes.RECIPE_GEMM[gemm]
     spec = recipe.spec(tensor, rgemm)
     state = _delayed_state(iteration) if spec.kind == recipes.TENSOR_DELAYED else None
-    q = recipes.quantize_operand(x, recipe, tensor, rgemm, state=state, key=site)
+    gen = _generator(x.device) if spec.rounding == "stochastic" else None
+    q = recipes.quantize_operand(x, recipe, tensor, rgemm, generator=gen, state=state, key=site)
     fmt = recipes.analysis_format(spec)
     if STATE.warn_underflow and kind is not None and fmt is not None:
         from . import underflow
