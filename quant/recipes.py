@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
-from . import te_arith
+from . import gemm_plan, te_arith
 from .formats import FORMATS, MX_OF_ELEMENT
 
 TENSORS = ("input", "weight", "grad_output")
@@ -296,8 +296,6 @@ def _role(recipe: Recipe, tensor: str, gemm: str) -> tuple[str, OperandSpec]:
 
 def operand_axis(tensor: str, gemm: str) -> int:
     """The axis of the operand (as the layer holds it) that ``gemm`` reduces over."""
-    from . import gemm_plan
-
     return gemm_plan.axis(PLAN_GEMM[_GEMM_ALIASES.get(gemm, gemm)], tensor)
 
 
