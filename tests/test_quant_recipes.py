@@ -398,3 +398,40 @@ def test_megatron_flags_map_to_recipes():
         "--fp8-recipe": {"delayed": "te_fp8_delayed", "tensorwise": "te_fp8_tensorwise",
                          "blockwise": "te_fp8_blockwise", "mxfp8": "te_mxfp8"},
         "--fp4-recipe": {"nvfp4": "te_nvfp4"}}
+
+
+def test_equals_transformer_engines_reference_quantizers():
+    """Where Transformer Engine imports (a GPU machine with TE): our te_nvfp4 (1x16, 16x16 tiles,
+    RHT wgrad operands) and te_fp8_tensorwise equal TE's pure-PyTorch reference quantizers
+    (``transformer_engine.pytorch.custom_recipes``) element for element."""
+    rn = pytest.importorskip("transformer_engine.pytorch.custom_recipes.reference_nvfp4")
+    rc = pytest.importorskip("transformer_engine.pytorch.custom_recipes.reference_current_scaling")
+    ru = pytest.importorskip("transformer_engine.pytorch.custom_recipes.reference_utils")
+    from quant import te_arith
+
+    def dequantized(data, scale, amax):
+        q = rn.cast_from_fp4x2(data, torch.float32)
+        s = scale.to(torch.float32).repeat_interleave(16, dim=1)[:, :q.shape[1]]
+        s_enc = (torch.tensor(2688.0) / amax.float().cpu()).clamp(max=torch.finfo(torch.float32).max)
+        s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
+        return (q.cpu() * s.cpu()) * (1.0 / s_enc)
+
+    g = torch.Generator().manual_seed(0)
+    for span in (0, 8, 12, 16):
+        x = torch.randn(128, 256, generator=g) * torch.exp2(
+            torch.empty(128, 1).uniform_(-span, span, generator=g))
+        for tile, role in (((1, 16), ("input", "fprop")), ((16, 16), ("weight", "fprop"))):
+            ref = rn.NVFP4QuantizerRef(dtype=ru.Fp4Formats.E2M1, quant_tile_shape=tile,
+                                       with_rht=False, columnwise=False).quantize(x)
+            assert torch.equal(recipes.quantize_operand(x, "te_nvfp4", *role),
+                               dequantized(ref.data, ref.scale, ref.global_amax_row))
+        xb = x.to(torch.bfloat16)
+        ref = rn.NVFP4QuantizerRef(dtype=ru.Fp4Formats.E2M1, quant_tile_shape=(1, 16),
+                                   with_rht=True, rowwise=False).quantize(xb)
+        back = te_arith.rht_inverse(dequantized(ref.data_t, ref.scale_t, ref.global_amax_col)).t()
+        assert torch.equal(recipes.quantize_operand(xb.float(), "te_nvfp4", "input", "wgrad"), back)
+        for dt, role in ((torch.float8_e4m3fn, ("input", "fprop")),
+                         (torch.float8_e5m2, ("grad_output", "dgrad"))):
+            ref = rc.CurrentScalingQuantizerRef(dtype=dt, rowwise=True, columnwise=False).quantize(x)
+            assert torch.equal(recipes.quantize_operand(x, "te_fp8_tensorwise", *role),
+                               ref.data.float().cpu() * ref.scale.cpu())
