@@ -6,6 +6,9 @@ Public API (other packages rely on these names):
              saturate=True, generator=None, analyze=None, backend="auto") -> Tensor,
     quantize_ste(x, fmt, **kw), analyze_quantization(x, fmt, ...) -> QuantAnalysis,
     metrics (mse, rmse, mae, max_abs_error, relative_error, cosine_similarity, psnr, sqnr).
+Training recipes (Transformer Engine's, and every format as a trivial one):
+    quant.recipes.quantize_operand(x, recipe, tensor, gemm, *, generator=None, state=None),
+    quant.recipes.RECIPES, quant.recipes.DelayedScalingState.
 See docs/quant.md.
 
 The format table is imported eagerly and needs no torch (``import quant.formats`` stays light,

@@ -195,7 +195,15 @@ def _int_list(name: str, value: Any) -> tuple[int, ...] | None:
 
 
 def valid_quant_names() -> list[str]:
-    import quant  # the numerics core; capture cannot emulate without it
+    """Every recipe name (quant.recipes: Transformer Engine's recipes, then each format)."""
+    from quant.recipes import RECIPES  # the numerics core; capture cannot emulate without it
+
+    return list(RECIPES)
+
+
+def valid_format_names() -> list[str]:
+    """The formats (range statistics and what-if numerics take formats, not recipes)."""
+    import quant
 
     return sorted(quant.FORMATS)
 
@@ -211,7 +219,7 @@ def _quant(value: Any) -> str | None:
     except ImportError as exc:
         raise ConfigError(f"{ENV_QUANT}={text!r} needs the quant package, which failed to import: {exc}") from None
     if text not in names:
-        raise ConfigError(f"{ENV_QUANT}={text!r} is not a known format; valid names: "
+        raise ConfigError(f"{ENV_QUANT}={text!r} is not a known format or recipe; valid names: "
                           + ", ".join(names + ["fp32 (no quantization)"]))
     return text
 
@@ -220,7 +228,7 @@ def _check_formats(names: Any) -> tuple[str, ...]:
     items = (names,) if isinstance(names, str) else tuple(names or ())
     if not items:
         return ()
-    known = valid_quant_names()
+    known = valid_format_names()
     bad = [n for n in items if n not in known]
     if bad:
         raise ConfigError(f"range_formats={bad!r}: unknown format; valid names: {', '.join(known)}")
@@ -235,7 +243,7 @@ def _whatif(name: str, value: Any) -> tuple[str, ...]:
         value = () if word in ("", "none", "off") else (
             WHATIF_FORMATS if word == "default" else value.split(","))
     items = tuple(str(v).strip() for v in (value or ()) if str(v).strip())
-    known = valid_quant_names()
+    known = valid_format_names()
     bad = [n for n in items if n not in known]
     if bad:
         raise ConfigError(f"{name}={bad!r}: unknown what-if format; valid names: "

@@ -1,10 +1,14 @@
-"""CUSTOM_QUANT_TYPE emulation: fake-quantize GEMM operands with quant.quantize.
+"""CUSTOM_QUANT_TYPE emulation: fake-quantize GEMM operands as the named recipe does.
 
-Why along the reduction axis: MX hardware scales blocks of 32 consecutive elements of the
-dot product, so a block must run along the dimension the GEMM sums over (in-features for
-the forward, out-features for dgrad, tokens for wgrad). The callers (tensor_capture.hooks)
-take each operand's axis from quant.gemm_plan, the plan precision-diff uses too.
-Per-tensor and element formats ignore the axis.
+CUSTOM_QUANT_TYPE names a recipe of ``quant.recipes`` (every format is a trivial recipe: that
+format for every operand). Linear operands go through ``quant.recipes.quantize_operand``
+(:func:`quantize_operand`), which quantizes each along the axis its GEMM reduces (in-features
+for the forward, out-features for dgrad, tokens for wgrad: quant.gemm_plan, the plan
+precision-diff uses too). Attention operands (:func:`quantize`, :func:`quantize_ste`) use the
+recipe's attention format, or stay in high precision when the recipe has none (TE's recipes do
+not quantize attention). Delayed scaling keeps its amax histories in one process-wide
+``DelayedScalingState`` keyed by module path, updated when the iteration changes; stochastic
+rounding draws from the emulation's own generator (``STOCHASTIC_SEED`` + rank).
 
 ``kind`` names the operand ("linear forward input", ...) for the pre-quantization underflow
 warning (:mod:`tensor_capture.underflow`), which runs only while ``STATE.warn_underflow``.
@@ -13,7 +17,88 @@ from __future__ import annotations
 
 import torch
 
+from .saver import on_new_session
 from .state import STATE
+
+
+#: stochastic rounding's own random stream (seed + global rank), so emulation never draws from
+#: torch's default generator: dropout and initialization stay those of the unemulated run
+STOCHASTIC_SEED = 0x5EED
+
+
+class _RunState:
+    __slots__ = ("state", "iteration", "generators")
+
+    def __init__(self) -> None:
+        self.state = None               # quant.recipes.DelayedScalingState, made on first use
+        self.iteration: int | None = None
+        self.generators: dict[torch.device, torch.Generator] = {}
+
+
+_D = _RunState()
+
+
+def reset() -> None:
+    _D.state = None
+    _D.iteration = None
+    _D.generators = {}
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    g = _D.generators.get(device)
+    if g is None:
+        rank = torch.distributed.get_rank() if (torch.distributed.is_available()
+                                                and torch.distributed.is_initialized()) else 0
+        g = _D.generators[device] = torch.Generator(device=device)
+        g.manual_seed(STOCHASTIC_SEED + rank)
+    return g
+
+
+on_new_session(reset)
+
+
+def _delayed_state(iteration: int | None):
+    """The run's delayed-scaling state, its scales updated once per iteration (TE updates them
+    after every autocast region: the same when one micro-batch makes a step)."""
+    from quant.recipes import DelayedScalingState
+
+    if _D.state is None:
+        _D.state = DelayedScalingState()
+    elif iteration != _D.iteration:
+        _D.state.update()
+    _D.iteration = iteration
+    return _D.state
+
+
+def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | None = None,
+                     site: str | None = None, iteration: int | None = None) -> torch.Tensor:
+    """Linear GEMM operand ``tensor`` of ``gemm`` (plan names: forward / dgrad / wgrad) as the
+    active recipe quantizes it; same shape and dtype."""
+    from quant import recipes
+
+    name = STATE.quant_type
+    if name is None:
+        return x
+    recipe = recipes.get_recipe(name)
+    rgemm = recipes.RECIPE_GEMM[gemm]
+    spec = recipe.spec(tensor, rgemm)
+    state = _delayed_state(iteration) if spec.kind == recipes.TENSOR_DELAYED else None
+    gen = _generator(x.device) if spec.rounding == "stochastic" else None
+    q = recipes.quantize_operand(x, recipe, tensor, rgemm, generator=gen, state=state, key=site)
+    fmt = recipes.analysis_format(spec)
+    if STATE.warn_underflow and kind is not None and fmt is not None:
+        from . import underflow
+
+        underflow.check(x, q, fmt, recipes.operand_axis(tensor, rgemm), kind, site, iteration)
+    return q
+
+
+def _attention_format(fmt: str | None) -> str | None:
+    if fmt is not None or STATE.quant_type is None:
+        return fmt
+    from quant import recipes
+
+    return recipes.get_recipe(STATE.quant_type).attention_format
 
 
 def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: str | None = None,
@@ -21,7 +106,7 @@ def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: s
     """Fake-quantize ``x`` to ``fmt`` (default: the active CUSTOM_QUANT_TYPE), same shape/dtype."""
     import quant
 
-    name = fmt or STATE.quant_type
+    name = _attention_format(fmt)
     if name is None:
         return x
     q = quant.quantize(x, name, axis=axis)
@@ -38,7 +123,7 @@ def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
     """As :func:`quantize`, with a straight-through gradient (for autograd-tracked operands)."""
     import quant
 
-    name = fmt or STATE.quant_type
+    name = _attention_format(fmt)
     if name is None:
         return x
     q = quant.quantize_ste(x, name, axis=axis)

@@ -60,15 +60,20 @@ def _quantized_name(p: OperandPlan) -> str:
 
 def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: int | None,
               ste: bool = False) -> gemm_plan.Quantizer:
-    """The quantizer of the emulated CUSTOM_QUANT_TYPE for one call: along the plan's axis,
+    """The quantizer of the emulated CUSTOM_QUANT_TYPE for one call (linear operands: the
+    recipe's spec of the operand role; attention: its format) along the plan's axis,
     with the underflow warning, capturing each quantized operand when save_quantized."""
-    fn = emulation.quantize_ste if ste else emulation.quantize
     keep = cap and saver.config.save_quantized
     kind, component = _KIND[layer_type], _COMPONENT[layer_type]
 
     def q(t: torch.Tensor, p: OperandPlan) -> torch.Tensor:
-        out = fn(t, axis=p.axis, kind=kind.format(gemm=p.gemm, operand=p.operand),
-                 site=site.module_path, iteration=it)
+        what = kind.format(gemm=p.gemm, operand=p.operand)
+        if layer_type == "linear":      # the recipe's quantizer of this operand role
+            out = emulation.quantize_operand(t, p.operand, p.gemm, kind=what,
+                                             site=site.module_path, iteration=it)
+        else:
+            fn = emulation.quantize_ste if ste else emulation.quantize
+            out = fn(t, axis=p.axis, kind=what, site=site.module_path, iteration=it)
         if keep:
             name = _quantized_name(p)
             op = "forward" if p.gemm in _FORWARD_GEMMS else "backward"

@@ -115,6 +115,16 @@ class RecordBuilder:
         return out
 
     # -- metadata --------------------------------------------------------------------------------
+    def recipe_specs(self, layer_type: str, tensor_name: str) -> dict[str, Any] | None:
+        """{gemm: spec summary} of a linear operand under the emulated recipe, else None."""
+        role = schema.hp_twin_name(tensor_name)
+        if layer_type != "linear" or not self.config.emulating:
+            return None
+        from quant.recipes import ROLES, get_recipe
+
+        recipe = get_recipe(self.config.quant_type)
+        return {g: recipe.spec(t, g).summary() for t, g in ROLES if t == role} or None
+
     def timestamp(self) -> str:
         now = int(time.time())
         if now != self._ts_sec:
@@ -137,6 +147,11 @@ class RecordBuilder:
             **{k: info[k] for k in schema.META_PARALLEL},
             schema.META_MCORE_VERSION: megatron_core_version(),
         })
+        if self.config.emulating:
+            meta[schema.META_RECIPE] = self.config.quant_type
+            specs = self.recipe_specs(name.layer_type, name.tensor_name)
+            if specs:
+                meta[schema.META_RECIPE_SPECS] = specs
         if quant_axis is not None and variant == schema.VARIANT_HP:
             analyses = self.analyses(tensor.detach(), quant_axis)
             if analyses:

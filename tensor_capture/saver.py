@@ -279,7 +279,9 @@ def _reset_session_state() -> None:
 def _refresh_state(saver: TensorSaver) -> None:
     STATE.quant_type = saver.config.quant_type
     STATE.emulate = saver.config.emulating
-    STATE.emulate_attention = STATE.emulate and saver.config.emulate_attention
+    # a recipe without an attention format (Transformer Engine's) leaves attention unquantized
+    STATE.emulate_attention = (STATE.emulate and saver.config.emulate_attention
+                               and _attention_format(saver.config.quant_type) is not None)
     STATE.warn_underflow = STATE.emulate and saver.config.underflow_warnings
     STATE.active = saver.enabled or STATE.emulate
     if saver.enabled or STATE.warn_underflow:   # module paths for captures and warnings
@@ -344,6 +346,12 @@ def reset_tensor_saver() -> None:
         STATE.quant_type = None
         STATE.current_linear = None
         sites.uninstall_discovery()
+
+
+def _attention_format(recipe: str | None) -> str | None:
+    from quant.recipes import get_recipe
+
+    return get_recipe(recipe).attention_format if recipe else None
 
 
 def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_type: str | None = None,

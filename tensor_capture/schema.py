@@ -200,6 +200,11 @@ META_STATS = "stats"                  # dict, see STAT_KEYS
 META_SAMPLED_ROWS = "sampled_rows"    # None, or the number of rows kept in the file
 META_SAMPLED_ROW_STRIDE = "sampled_row_stride"   # stride of the kept rows (None: all kept)
 META_EMULATED_FORMAT = "emulated_format"         # CUSTOM_QUANT_TYPE being emulated, or None
+META_RECIPE = "recipe"                # the emulated recipe (quant.recipes name), or None
+# For a linear GEMM operand (input / weight / grad_output and their quantized variants) under
+# emulation: {gemm: quant.recipes.OperandSpec.summary()} for each GEMM the tensor feeds
+# (fprop / dgrad / wgrad): kind, element, tile, pow2_scale, rounding, rht.
+META_RECIPE_SPECS = "recipe_specs"
 META_TP_RANK, META_PP_RANK, META_DP_RANK, META_WORLD_SIZE = (
     "tp_rank", "pp_rank", "dp_rank", "world_size")
 META_PARALLEL = (META_TP_RANK, META_PP_RANK, META_DP_RANK, META_WORLD_SIZE)

@@ -62,6 +62,8 @@ def megatron_worker(rank: int, world: int, patched_dir: str | None, port: int, o
                 if scen.startswith("mxfp8"):
                     kw["quant_type"] = "mxfp8"
                     kw["emulate_attention"] = scen == "mxfp8"
+                elif scen.startswith("te_"):            # a Transformer Engine recipe
+                    kw["quant_type"] = scen
                 saver = ts.configure(**kw)
                 saver.set_iteration(3)
                 saver.set_sample_idx(5)

@@ -22,7 +22,7 @@ def tp1(patched_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("tp1")
     unpatched = run_spawned(1, None, base / "unpatched", ("off",))[0]
     patched = run_spawned(1, patched_dir, base / "patched",
-                          ("off", "capture", "mxfp8", "mxfp8_noattn"))[0]
+                          ("off", "capture", "mxfp8", "mxfp8_noattn", "te_nvfp4"))[0]
     return unpatched, patched, base / "patched"
 
 
@@ -116,6 +116,35 @@ def test_mxfp8_operands_lie_on_the_mx_grid_and_change_the_loss(tp1):
     assert "mxfp8" not in by[(fc1, "forward", "input")]["stats"]["range"]   # scaled: no raw range
     assert (attn, "forward", "query_quantized") not in {
         (r["module_path"], r["operation"], r["tensor_name"]) for r in _records(base / "mxfp8_noattn")}
+
+
+def test_te_nvfp4_recipe_trains_and_its_metadata_names_the_recipe(tp1):
+    """CUSTOM_QUANT_TYPE=te_nvfp4 on the tiny Llama: each quantized linear operand is the
+    recipe's quantization of the high-precision one (quant.recipes re-run on the captured
+    tensor), and every record names the recipe and, for operands, the per-GEMM spec."""
+    from quant import recipes
+
+    unpatched, patched, base = tp1
+    assert torch.isfinite(patched["loss_te_nvfp4"]).all()
+    assert not torch.equal(patched["loss_te_nvfp4"], unpatched["loss_off"])
+    recs = _records(base / "te_nvfp4")
+    assert recs and all(r["recipe"] == "te_nvfp4" for r in recs)
+    by = {(r["module_path"], r["operation"], r["tensor_name"]): r for r in recs}
+    fc2 = "decoder.layers.0.mlp.linear_fc2"
+    w = by[(fc2, "forward", "weight")]
+    assert w["recipe_specs"]["fprop"] == {"kind": "nvfp4", "element": "fp4_e2m1", "tile": [16, 16],
+                                          "pow2_scale": False, "rounding": "nearest_even",
+                                          "rht": False}
+    g = by[(fc2, "backward", "grad_output")]["recipe_specs"]
+    assert g["wgrad"]["rht"] and g["wgrad"]["rounding"] == "stochastic" and not g["dgrad"]["rht"]
+    for name, gemm in (("input", "fprop"), ("weight", "fprop"), ("weight", "dgrad")):
+        op = "forward" if gemm == "fprop" else "backward"
+        hp, _ = schema.load_tensor_file(base / "te_nvfp4" / by[(fc2, op, name)]["file"])
+        qt, _ = schema.load_tensor_file(base / "te_nvfp4" / by[(fc2, op, name + "_quantized")]["file"])
+        assert torch.equal(recipes.quantize_operand(hp, "te_nvfp4", name, gemm), qt), (name, gemm)
+        assert not torch.equal(hp, qt)
+    attn = "decoder.layers.1.self_attention.core_attention"
+    assert (attn, "forward", "query_quantized") not in by     # TE's recipe leaves attention alone
 
 
 def test_tp2_two_processes(patched_dir, tmp_path, tp1):

@@ -271,3 +271,44 @@ def test_synthetic_run_for_readers(tmp_path):
     _, e = torch.frexp(a.amax(-1, keepdim=True))
     v = a / torch.pow(2.0, (e - 1 - 2).double())            # E2M1: emax 2
     assert torch.isin(v, torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)).all()
+
+
+def test_recipe_emulation_owns_its_random_stream_and_delayed_state(tmp_path):
+    """CUSTOM_QUANT_TYPE=te_nvfp4: stochastic rounding of gradients never draws from torch's
+    default generator (dropout and init stay the unemulated run's) and is reproducible per
+    session; te_fp8_delayed's scale follows the previous iteration's amax; TE recipes leave
+    attention unquantized."""
+    from quant import recipes
+    from tensor_capture import emulation
+    from tensor_capture.state import STATE
+
+    dy = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
+    try:
+        saver_mod.configure(enabled=False, save_dir=str(tmp_path), quant_type="te_nvfp4")
+        assert STATE.emulate and not STATE.emulate_attention
+        before = torch.get_rng_state()
+        a = emulation.quantize_operand(dy, "grad_output", "dgrad", iteration=0)
+        assert torch.equal(torch.get_rng_state(), before)
+        gen = torch.Generator().manual_seed(emulation.STOCHASTIC_SEED)
+        assert torch.equal(a, recipes.quantize_operand(dy, "te_nvfp4", "grad_output", "dgrad",
+                                                       generator=gen))
+        b = emulation.quantize_operand(dy, "grad_output", "dgrad", iteration=0)
+        assert not torch.equal(a, b)                      # the stream moves on
+        saver_mod.configure(enabled=False, save_dir=str(tmp_path), quant_type="te_nvfp4")
+        assert torch.equal(emulation.quantize_operand(dy, "grad_output", "dgrad"), a)
+
+        saver_mod.configure(enabled=False, save_dir=str(tmp_path), quant_type="te_fp8_delayed")
+        x = torch.full((4, 16), 3.0)
+        y0 = emulation.quantize_operand(x, "input", "forward", site="fc1", iteration=5)
+        assert torch.equal(y0, x)                         # first step: scale 1
+        emulation.quantize_operand(2 * x, "input", "forward", site="fc1", iteration=5)
+        y1 = emulation.quantize_operand(x, "input", "forward", site="fc1", iteration=6)
+        st = recipes.DelayedScalingState()
+        recipes.quantize_operand(6 * torch.ones(1, 1), "te_fp8_delayed", "input", "fprop",
+                                 state=st, key="k")       # iteration 5's amax is 6
+        st.update()
+        assert torch.equal(y1, recipes.quantize_operand(x, "te_fp8_delayed", "input", "fprop",
+                                                        state=st, key="k"))
+        assert emulation.quantize(x, -1) is x             # attention: not quantized under te_*
+    finally:
+        saver_mod.reset_tensor_saver()

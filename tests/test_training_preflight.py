@@ -6,6 +6,7 @@ import pytest
 
 from tensor_capture.config import load_config
 from training_driver import preflight
+from training_driver.errors import UserError
 from training_driver.preflight import (RunEstimate, capture_elements, check_resources,
                                        estimate_run, padded_vocab_size, parameter_count)
 from training_driver.train import MODEL_SHAPES
@@ -153,3 +154,54 @@ def test_collector_refuses_before_training_starts(small_data, small_memory, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "cannot hold the run" in err[0], err
     assert not (tmp_path / "t").exists() and not (tmp_path / "w" / "patched_megatron").exists()
+
+
+# ---- Megatron-LM recipes on the launcher: native where the GPU has them, else emulated ----------
+def test_every_megatron_recipe_maps_to_its_emulation_or_runs_natively():
+    from quant.recipes import MEGATRON_EMULATION
+
+    assert set(preflight.NATIVE_CAPABILITY) == {(f, v) for f, t in MEGATRON_EMULATION.items()
+                                                for v in t}
+    for (flag, value), need in preflight.NATIVE_CAPABILITY.items():
+        kw = {"fp8_recipe": value} if flag == "--fp8-recipe" else {"fp4_recipe": value}
+        want = MEGATRON_EMULATION[flag][value]
+        # DTYPE bf16 always emulates (also on a GPU that has the recipe)
+        assert preflight.recipe_plan(**kw, dtype="bf16", capability=(10, 0),
+                                     te_available=True) == ("emulate", want)
+        assert preflight.recipe_plan(**kw, dtype="fp8", capability=need,
+                                     te_available=True) == ("native", f"{flag} {value}")
+        with pytest.raises(UserError, match=f"use DTYPE bf16 to emulate it exactly "
+                                            f"\\(CUSTOM_QUANT_TYPE={want}\\)"):
+            preflight.recipe_plan(**kw, dtype="fp8", capability=(need[0], need[1] - 1)
+                                  if need[1] else (need[0] - 1, 9), te_available=True)
+        with pytest.raises(UserError, match="needs Transformer Engine"):
+            preflight.recipe_plan(**kw, dtype="fp8", capability=need, te_available=False)
+    # the hardware facts the table encodes: an H100 (9.0) lacks MXFP8 and NVFP4
+    assert preflight.recipe_plan("mxfp8", None, "bf16", (9, 0), True) == ("emulate", "te_mxfp8")
+    with pytest.raises(UserError, match="compute capability 10.0, which this GPU"):
+        preflight.recipe_plan(None, "nvfp4", "fp8", (9, 0), True)
+    assert preflight.recipe_plan(None, None, "fp8", None, False) == ("none", "-")
+
+
+@pytest.mark.parametrize("fp8,fp4,message", [
+    ("mxfp9", None, "FP8_RECIPE=mxfp9 is unknown: choose one of delayed, tensorwise, blockwise, "
+                    "mxfp8"),
+    ("mxfp8", "nvfp4", "both set"),
+])
+def test_recipe_plan_bad_input(fp8, fp4, message):
+    with pytest.raises(UserError, match=message):
+        preflight.recipe_plan(fp8, fp4, "bf16", None, False)
+
+
+def test_recipe_shape_check_names_the_dimension_and_multiple():
+    tiny = MODEL_SHAPES["tiny"]                       # ffn 172: not a multiple of 16
+    with pytest.raises(UserError, match=r"CUSTOM_QUANT_TYPE=te_nvfp4 needs a multiple of 16 "
+                                        r"along each fprop .*--ffn-hidden-size / TP .* is 172"):
+        preflight.check_recipe_shape("te_nvfp4", tiny, 64)
+    ok = {**tiny, "ffn_hidden_size": 160}
+    preflight.check_recipe_shape("te_nvfp4", ok, 64)
+    preflight.check_recipe_shape("te_fp8_tensorwise", tiny, 63)    # per tensor: any shape
+    with pytest.raises(UserError, match="tokens per micro-batch .* is 48"):
+        preflight.check_recipe_shape("te_mxfp8", ok, 48)
+    with pytest.raises(UserError, match=r"--ffn-hidden-size / TP \(linear_fc2 input\) is 40"):
+        preflight.check_recipe_shape("te_nvfp4", ok, 64, tp=4)    # 160 / 4 per rank

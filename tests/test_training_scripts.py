@@ -257,6 +257,25 @@ def test_example_script_trains_and_captures(small_data, tmp_path):
     assert len(state["master_params"]) > 0 and state["master_params"][0].dtype == torch.float32
 
 
+def test_example_script_emulates_a_megatron_recipe_without_the_hardware(small_data, tmp_path):
+    """FP8_RECIPE=blockwise with DTYPE bf16 (any machine): the run emulates TE's recipe through
+    CUSTOM_QUANT_TYPE=te_fp8_blockwise, and the captured metadata names the recipe."""
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data)], cwd=tmp_path, timeout=300,
+              MODEL="tiny", TRAIN_ITERS="1", SEQ_LENGTH="32", GLOBAL_BATCH_SIZE="2",
+              MASTER_PORT=str(free_port()), TENSOR_SAVE_ENABLED="true",
+              TENSOR_SAVE_DIR=str(tmp_path / "tensors"), FP8_RECIPE="blockwise")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "FP8_RECIPE=blockwise is emulated with CUSTOM_QUANT_TYPE=te_fp8_blockwise" in out.stderr
+    files = _check_tensor_dir(tmp_path / "tensors")
+    assert files and {parse_filename(f.name).quant_type for f in files} == {"te_fp8_blockwise"}
+    from tensor_capture.schema import read_manifest
+
+    recs = list(read_manifest(tmp_path / "tensors"))
+    assert recs and {r["recipe"] for r in recs} == {"te_fp8_blockwise"}
+    w = next(r for r in recs if r["tensor_name"] == "weight" and r["operation"] == "forward")
+    assert w["recipe_specs"]["fprop"]["tile"] == [128, 128]
+
+
 def _standin_checkout(tmp_path: Path, version: tuple[int, int, int] | None = None) -> Path:
     """A stand-in Megatron-LM checkout (real Megatron-LM is not installed here).
 
@@ -370,11 +389,18 @@ def test_example_script_refuses_an_unsupported_megatron_version(small_data, tmp_
     ({"CUSTOM_QUANT_TYPE": "mxfp8"}, "fp8",
      "CUSTOM_QUANT_TYPE=mxfp8 with DTYPE fp8: fp8 runs Transformer Engine linears"),
     ({"CUSTOM_QUANT_TYPE": "mxfp8", "MEGATRON_LM_DIR": "CHECKOUT"}, "fp8", "use DTYPE bf16"),
-], ids=["typo", "te-emulation", "te-emulation-megatron-lm"])
+    ({"FP8_RECIPE": "mxfp9"}, "bf16", "FP8_RECIPE=mxfp9 is unknown: choose one of delayed"),
+    ({"FP4_RECIPE": "nvfp4"}, "fp8", "FP4_RECIPE=nvfp4 with DTYPE fp8 needs"),
+    ({"FP8_RECIPE": "mxfp8", "CUSTOM_QUANT_TYPE": "hifp8"}, "bf16", "disagree: set one of them"),
+    ({"FP4_RECIPE": "nvfp4"}, "bf16", "CUSTOM_QUANT_TYPE=te_nvfp4 needs a multiple of 16"),
+], ids=["typo", "te-emulation", "te-emulation-megatron-lm", "recipe-typo", "recipe-no-hardware",
+        "recipe-and-quant-type", "recipe-cannot-tile-the-tiny-ffn"])
 def test_example_script_quant_mistakes_are_one_line(small_data, tmp_path, env, dtype, message):
     """Before torchrun starts: no traceback, one line, exit 2 (on any machine, GPU or not)."""
     if env.get("MEGATRON_LM_DIR") == "CHECKOUT":
         env = {**env, "MEGATRON_LM_DIR": str(_standin_checkout(tmp_path))}
+    if "FP4_RECIPE" in env and dtype == "bf16":     # the tiny model's ffn (172) is checked
+        env = {**env, "MODEL": "tiny", "SEQ_LENGTH": "32", "GLOBAL_BATCH_SIZE": "2"}
     out = run([*EXAMPLE, *_example_args(tmp_path, small_data, dtype)], cwd=tmp_path, timeout=120,
               PROBE_OUT=str(tmp_path / "probe.json"), **env)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr

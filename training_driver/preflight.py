@@ -321,3 +321,79 @@ def check_inputs(tokenizer: str, data_path: str,
     check_data_prefix(data_path)
     check_tokenizer_matches(data_path, load_tokenizer(tokenizer))
     return capture_requested(env), quant
+
+
+# ---- Megatron-LM's --fp8-recipe / --fp4-recipe: native on the GPU that has it, else emulated ----
+#: (flag, value) -> the smallest CUDA compute capability Transformer Engine runs it on natively
+#: (FP8 per-tensor: Ada/Hopper; FP8 1x128 blocks: Hopper; MXFP8 and NVFP4: Blackwell)
+NATIVE_CAPABILITY: dict[tuple[str, str], tuple[int, int]] = {
+    ("--fp8-recipe", "delayed"): (8, 9), ("--fp8-recipe", "tensorwise"): (8, 9),
+    ("--fp8-recipe", "blockwise"): (9, 0), ("--fp8-recipe", "mxfp8"): (10, 0),
+    ("--fp4-recipe", "nvfp4"): (10, 0)}
+
+
+def recipe_plan(fp8_recipe: str | None = None, fp4_recipe: str | None = None, dtype: str = "bf16",
+                capability: tuple[int, int] | None = None,
+                te_available: bool = False) -> tuple[str, str]:
+    """How the launcher runs a Megatron-LM recipe: ("native", "--fp8-recipe mxfp8") with DTYPE
+    fp8 on a GPU that has it (and Transformer Engine), ("emulate", "te_mxfp8") with DTYPE bf16
+    (CUSTOM_QUANT_TYPE, quant.recipes), ("none", "-") when no recipe is asked for. UserError
+    for an unknown value, both flags at once, or DTYPE fp8 where the GPU lacks the recipe."""
+    from quant.recipes import MEGATRON_EMULATION
+
+    asked = [(f, v) for f, v in (("--fp8-recipe", fp8_recipe), ("--fp4-recipe", fp4_recipe)) if v]
+    if not asked:
+        return "none", "-"
+    if len(asked) > 1:
+        raise UserError("FP8_RECIPE and FP4_RECIPE are both set: give one of them")
+    flag, value = asked[0]
+    env_name = "FP8_RECIPE" if flag == "--fp8-recipe" else "FP4_RECIPE"
+    table = MEGATRON_EMULATION[flag]
+    if value not in table:
+        raise UserError(f"{env_name}={value} is unknown: choose one of {', '.join(table)}")
+    need = NATIVE_CAPABILITY[(flag, value)]
+    native = te_available and capability is not None and tuple(capability) >= need
+    if dtype != "fp8":
+        return "emulate", table[value]
+    if not native:
+        where = (f"this GPU (compute capability {capability[0]}.{capability[1]})" if capability
+                 else "this machine (no CUDA GPU)")
+        lacks = "Transformer Engine" if capability and tuple(capability) >= need else \
+            f"compute capability {need[0]}.{need[1]}"
+        raise UserError(f"{env_name}={value} with DTYPE fp8 needs {lacks}, which {where} lacks: "
+                        f"use DTYPE bf16 to emulate it exactly (CUSTOM_QUANT_TYPE={table[value]})")
+    return "native", f"{flag} {value}"
+
+
+def _reduction_dims(shape: Mapping[str, int], tokens: int,
+                    tp: int = 1) -> list[tuple[str, str, int]]:
+    """(what, GEMM, length of its reduction axis on one rank) for the Llama's linears (SwiGLU,
+    GQA; column-parallel outputs and row-parallel inputs split over ``tp`` ranks)."""
+    h, f = shape["hidden_size"], shape["ffn_hidden_size"]
+    kv = _kv_size(shape)
+    return [("--hidden-size (linear_qkv, linear_fc1 inputs)", "fprop", h),
+            ("--ffn-hidden-size / TP (linear_fc2 input)", "fprop", f // tp),
+            ("--hidden-size / TP (linear_proj input)", "fprop", h // tp),
+            ("linear_qkv output / TP (hidden + 2 x key/value width)", "dgrad", (h + 2 * kv) // tp),
+            ("linear_fc1 output / TP (2 x --ffn-hidden-size)", "dgrad", 2 * f // tp),
+            ("--hidden-size (linear_proj, linear_fc2 outputs)", "dgrad", h),
+            ("tokens per micro-batch (--seq-length x --micro-batch-size)", "wgrad", tokens)]
+
+
+def check_recipe_shape(recipe_name: str, shape: Mapping[str, int], tokens: int,
+                       tp: int = 1) -> None:
+    """UserError naming the first GEMM dimension the emulated recipe cannot tile (a recipe that
+    needs a multiple of 16 or 32 along a reduction axis), before the model is built."""
+    from quant.recipes import ROLES, get_recipe
+
+    try:
+        recipe = get_recipe(recipe_name)
+    except ValueError:
+        return                  # the capture config's check names the unknown recipe
+    need = {g: max((recipe.spec(t, g).multiple or 1) for t, gg in ROLES if gg == g)
+            for g in ("fprop", "dgrad", "wgrad")}
+    for what, gemm, n in _reduction_dims(shape, tokens, tp):
+        if n % need[gemm]:
+            raise UserError(f"CUSTOM_QUANT_TYPE={recipe.name} needs a multiple of {need[gemm]} "
+                            f"along each {gemm} GEMM's reduction axis; {what} is {n}: choose "
+                            f"sizes that are multiples of {need[gemm]}")

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from .errors import cli_entry
 from .preflight import (REMEDY, RunEstimate, check_inputs, check_training_run,
-                        padded_vocab_size)
+                        padded_vocab_size, recipe_plan)
 
 
 def check_training_args(train_args: Sequence[str], ranks: int, remedy: str = "",
@@ -47,12 +47,33 @@ def build_parser() -> argparse.ArgumentParser:
                           "its flag that skips this check")
     res.add_argument("--prog", default="preflight", help="name on the note line")
     res.add_argument("train_args", nargs=argparse.REMAINDER, help="-- llama-train arguments")
+    rec = sub.add_parser("recipe", help="how a Megatron-LM recipe runs here: prints 'native "
+                                        "FLAG VALUE', 'emulate RECIPE' or 'none -'")
+    rec.add_argument("--fp8-recipe", default=None, help="Megatron-LM's --fp8-recipe value")
+    rec.add_argument("--fp4-recipe", default=None, help="Megatron-LM's --fp4-recipe value")
+    rec.add_argument("--dtype", default="bf16", help="the launcher's DTYPE (bf16: emulate)")
     return p
+
+
+def _gpu() -> tuple[tuple[int, int] | None, bool]:
+    """(compute capability of GPU 0 or None, whether Transformer Engine imports)."""
+    import torch
+
+    from .train import _te_available
+
+    if not torch.cuda.is_available():
+        return None, False
+    return tuple(torch.cuda.get_device_capability(0)), _te_available()
 
 
 @cli_entry("preflight")
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.what == "recipe":
+        capability, te = _gpu()
+        print(*recipe_plan(args.fp8_recipe or None, args.fp4_recipe or None, args.dtype,
+                           capability, te))
+        return 0
     if args.what == "inputs":
         capture, quant = check_inputs(args.tokenizer, args.data_path)
         print("ok", int(capture), quant or "-")

@@ -145,6 +145,11 @@ def check_config(cfg: TrainConfig, world_size: int, cuda: bool, capture: bool) -
         raise UserError(f"CUSTOM_QUANT_TYPE={os.environ.get('CUSTOM_QUANT_TYPE')} cannot be emulated "
                         f"with {why}: it selects Transformer Engine linears, which the emulation does "
                         "not reach; use --dtype bf16 with --transformer-impl local (or auto)")
+    quant_type = os.environ.get("CUSTOM_QUANT_TYPE", "").strip()
+    if quant_type and emulation_requested():
+        from .preflight import check_recipe_shape
+
+        check_recipe_shape(quant_type, shape, shape["seq_length"] * cfg.micro_batch_size, tp)
     return {"data_parallel_size": dp, "global_batch_size": gbs,
             "num_micro_batches": gbs // (cfg.micro_batch_size * dp), "shape": shape,
             "use_te": use_te}

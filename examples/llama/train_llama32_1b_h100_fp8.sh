@@ -17,6 +17,11 @@
 #                      (Transformer Engine linears) it is refused (exit 2); use DTYPE bf16,
 #                      which runs --transformer-impl local. Capture with fp8 does not save
 #                      the Transformer Engine linears (a note says so).
+#   FP8_RECIPE, FP4_RECIPE  Megatron-LM's --fp8-recipe (delayed, tensorwise, blockwise, mxfp8)
+#                      / --fp4-recipe (nvfp4). DTYPE fp8: run natively (Megatron-LM checkout
+#                      only) on a GPU that has the recipe, else exit 2 naming what is missing;
+#                      DTYPE bf16: emulate it exactly on local linears (CUSTOM_QUANT_TYPE=te_...,
+#                      the recipe table in training_driver.preflight / quant.recipes)
 #   MEGATRON_LM_DIR    a Megatron-LM checkout: its version must be one the patch set supports
 #                      (megatron-tensor-patch --detect; else exit 2); its pretrain_gpt.py runs
 #                      on a patched copy; without apex (fused_weight_gradient_mlp_cuda) the
@@ -61,6 +66,26 @@ esac
 [[ -e "$TOKENIZER_PATH" ]] || die "TOKENIZER_PATH $TOKENIZER_PATH does not exist: give a tokenizer directory (e.g. model/llama3.2-1b, or the one preprocess-corpus wrote)"
 DATA_PATH="${DATA_PATH%.bin}"; DATA_PATH="${DATA_PATH%.idx}"
 [[ -f "${DATA_PATH}.bin" && -f "${DATA_PATH}.idx" ]] || die "DATA_PATH ${DATA_PATH} has no .bin/.idx: run preprocess-corpus --input CORPUS --output-prefix PREFIX first"
+
+# FP8_RECIPE / FP4_RECIPE: natively with DTYPE fp8 where the GPU has the recipe, else emulated
+# (DTYPE bf16: CUSTOM_QUANT_TYPE names the matching quant.recipes recipe). One line, exit 2.
+RECIPE_ARGS=(); RECIPE_NOTE=""
+if [[ -n "${FP8_RECIPE:-}${FP4_RECIPE:-}" ]]; then
+    PLAN=$("$PY" -m training_driver.preflight_cli recipe --fp8-recipe "${FP8_RECIPE:-}" \
+        --fp4-recipe "${FP4_RECIPE:-}" --dtype "$DTYPE" 2>&1) \
+        || die "$(printf '%s\n' "$PLAN" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^preflight: error: //')"
+    read -r HOW WHAT WHICH <<<"$(printf '%s\n' "$PLAN" | tail -n 1)"
+    if [[ "$HOW" == emulate ]]; then
+        if [[ -n "${CUSTOM_QUANT_TYPE:-}" && "$CUSTOM_QUANT_TYPE" != "$WHAT" ]]; then
+            die "CUSTOM_QUANT_TYPE=$CUSTOM_QUANT_TYPE and ${FP8_RECIPE:+FP8_RECIPE=$FP8_RECIPE}${FP4_RECIPE:+FP4_RECIPE=$FP4_RECIPE} (emulated as $WHAT) disagree: set one of them"
+        fi
+        export CUSTOM_QUANT_TYPE="$WHAT"
+        RECIPE_NOTE="${FP8_RECIPE:+FP8_RECIPE=$FP8_RECIPE}${FP4_RECIPE:+FP4_RECIPE=$FP4_RECIPE} is emulated with CUSTOM_QUANT_TYPE=$WHAT (DTYPE bf16, local linears)"
+    else
+        [[ -n "${MEGATRON_LM_DIR:-}" ]] || die "${FP8_RECIPE:+FP8_RECIPE=$FP8_RECIPE}${FP4_RECIPE:+FP4_RECIPE=$FP4_RECIPE} natively needs MEGATRON_LM_DIR (this project's driver runs Transformer Engine's delayed recipe only); or use DTYPE bf16 to emulate it"
+        RECIPE_ARGS=("$WHAT" "$WHICH")
+    fi
+fi
 
 # Before anything starts: the capture settings (a CUSTOM_QUANT_TYPE typo), the tokenizer (an
 # old-format directory) and whether the data was made with it, the collector's own checks
@@ -140,6 +165,7 @@ if [[ "${IGNORE_RESOURCE_CHECK:-0}" != 1 ]]; then
     printf '%s\n' "$RESOURCES" | grep -v '^[[:space:]]*$' | tail -n 1 >&2
 fi
 export LOWP_RESOURCES_CHECKED=1     # checked (or waived) once here, not again on every rank
+[[ -z "$RECIPE_NOTE" ]] || echo "train_llama32_1b_h100_fp8.sh: note: $RECIPE_NOTE" >&2
 if [[ "$HAS_CUDA" != 1 && "$MODEL" == llama32_1b ]]; then
     echo "train_llama32_1b_h100_fp8.sh: note: no GPU found; a 1B model on CPU is very slow (MODEL=tiny runs a small smoke version)" >&2
 fi
@@ -169,6 +195,11 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
     PRECISION=(--bf16)
     [[ "$DTYPE" == fp8 ]] && PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
+    if [[ "${RECIPE_ARGS[0]:-}" == --fp4-recipe ]]; then
+        PRECISION=(--bf16 --fp4-format e2m1 "${RECIPE_ARGS[@]}")
+    elif [[ ${#RECIPE_ARGS[@]} -gt 0 ]]; then
+        PRECISION+=("${RECIPE_ARGS[@]}")
+    fi
     exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
         --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
         --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
