@@ -43,6 +43,9 @@ SECTION_TABLE: tuple[tuple[str, str, str], ...] = (
     ("rank_analysis", "plots_enhanced:draw_ranks", "The same tensor across ranks."),
     ("numerics_map", "plots_quant:draw_numerics_map",
      "A layer x tensor map of one statistic over iterations."),
+    ("whatif_numerics", "plots_numerics:draw_numerics",
+     "What-if numerics over training (stored at capture): SQNR timeline per format, block-scale "
+     "histograms, SQNR by phase and component."),
 )
 FULL_SECTIONS = tuple(name for name, _, _ in SECTION_TABLE)
 #: section name -> the one-line description index.html shows
