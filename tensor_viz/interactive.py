@@ -35,6 +35,7 @@ class Chart:
     title: str
     svg: Markup
     note: str = ""
+    open: bool = False  # shown unfolded (the first chart of each kind)
 
 
 def colour(t: float) -> str:
@@ -180,5 +181,11 @@ def timeline_charts(ds: Dataset) -> list[Chart]:
 
 
 def charts(ds: Dataset, map_stats: Sequence[str]) -> list[Chart]:
-    """Every interactive chart of the page: the maps, then the timelines."""
-    return map_charts(ds, map_stats) + timeline_charts(ds)
+    """Every interactive chart of the page: the maps, then the timelines; the first of each
+    kind unfolded."""
+    out = []
+    for group in (map_charts(ds, map_stats), timeline_charts(ds)):
+        if group:
+            group[0].open = True
+        out += group
+    return out

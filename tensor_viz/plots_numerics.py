@@ -12,6 +12,7 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from quant.whatif import SCALE_KIND_MX, SCALE_KIND_NVFP4
 from tensor_viz import numerics_data as nd
@@ -104,6 +105,7 @@ def draw_block_scales(table: list[nd.Row], fs: FigureSet) -> bool:
             ax.bar(bins - 0.4 + width * (j + 0.5), list(h.values()), width=width, label=str(op),
                    alpha=0.85)
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # bins are integers
         ax.set(title=f"{fmt}", xlabel=SCALE_AXIS.get(kind, "block scale bin"), ylabel=BLOCKS_AXIS)
         ax.legend(fontsize=7, title="pass", title_fontsize=7)
         lo = min(min(h) for h in hists.values())
@@ -130,7 +132,8 @@ def draw_phase_component(table: list[nd.Row], fs: FigureSet) -> bool:
     fig, axes = grid(len(fmts), ncols=min(3, len(fmts)), size=(5.2, 3.8))
     for ax, fmt in zip(axes, fmts):
         groups = nd.by_phase_component(table, fmt)
-        ax.boxplot(list(groups.values()), showfliers=True, flierprops={"markersize": 3})
+        ax.boxplot(list(groups.values()), showfliers=True, flierprops={"markersize": 3},
+                   medianprops={"gid": "median"})
         ax.set_xticks(range(1, len(groups) + 1),
                       [f"{group_name(g)}\n(n={len(v)})" for g, v in groups.items()], fontsize=8)
         ax.set(title=fmt, xlabel="phase / component", ylabel=SQNR_AXIS)

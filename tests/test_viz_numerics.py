@@ -1,0 +1,305 @@
+"""The report's what-if numerics (issue 12, item 4): the whatif_numerics/ figures, the per-layer
+summary table, numerics.csv's short-axis mark and the interactive view in index.html.
+
+A capture of 3 iterations x 2 layers x 2 ranks is written by the real saver with the default
+what-if set; every number a figure, table or tooltip shows is re-derived here from the stored
+tensors with quant.quantize (SQNR in float64, block amax by zero-padding and reshaping, exponents
+by math.frexp), never taken from the metadata the report read.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import re
+import shutil
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from viz_helpers import DevTools, _save, saver_for  # noqa: E402
+
+import quant  # noqa: E402
+from quant.formats import WHATIF_FORMATS  # noqa: E402
+from tensor_capture import schema  # noqa: E402
+from tensor_viz import figures, pipeline  # noqa: E402
+from tensor_viz.catalog import scan  # noqa: E402
+
+ITERATIONS, LAYERS, RANKS = (0, 1, 2), (0, 1), (0, 1)
+#: (layer type, pass, tensor, shape, phase): attention heads of 16 are shorter than an MX block
+SPECS = (("attention", "forward", "query", (8, 2, 4, 16), "pre"),
+         ("attention", "forward", "key", (8, 2, 4, 16), "pre"),
+         ("attention", "forward", "context", (8, 2, 64), "post"),
+         ("linear", "forward", "input", (8, 2, 64), "pre"),
+         ("linear", "forward", "weight", (64, 64), "pre"),
+         ("linear", "forward", "output", (8, 2, 64), "post"),
+         ("linear", "backward", "grad_output", (8, 2, 64), "pre"),
+         ("linear", "backward", "grad_input", (8, 2, 64), "post"))
+
+
+def _capture(directory: Path) -> None:
+    g = torch.Generator().manual_seed(7)
+    saver = saver_for(directory, whatif_formats=WHATIF_FORMATS)
+    try:
+        for it in ITERATIONS:
+            for layer in LAYERS:
+                for rank in RANKS:
+                    for layer_type, op, name, shape, phase in SPECS:
+                        scale = (1e-4 if op == "backward" else 1.0) * (1 + layer) * 2.0 ** it
+                        t = torch.randn(shape, generator=g) * scale
+                        t.view(-1)[:: 37 + it] *= 50.0 * (1 + it)      # outliers that grow
+                        _save(saver, t, layer_type=layer_type, operation=op, tensor_name=name,
+                              layer_idx=layer, phase=phase, iteration=it, rank=rank)
+    finally:
+        saver.close()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """The capture, the report of numerics_map + whatif_numerics (one process), and what every
+    saved figure held: {name: [{title, lines, bars, medians, xticks}] per axes}."""
+    root = tmp_path_factory.mktemp("viznum")
+    cap, out = root / "cap", root / "out"
+    _capture(cap)
+    drawn: dict[str, list[dict]] = {}
+    original = figures.FigureSet.save
+
+    def recording_save(self, fig, section, name, title, caption, subset=None):
+        panels = []
+        for ax in fig.axes:
+            if not ax.axison:                          # grid()'s unused cells
+                continue
+            panels.append({
+                "title": ax.get_title(),
+                "lines": {ln.get_label(): (ln.get_xdata(), ln.get_ydata()) for ln in ax.lines
+                          if not ln.get_label().startswith("_")},
+                "bars": {c.get_label(): [(p.get_x() + p.get_width() / 2, p.get_height())
+                                         for p in c.patches] for c in ax.containers},
+                "medians": [ln.get_ydata() for ln in ax.lines if ln.get_gid() == "median"],
+                "xticks": [t.get_text() for t in ax.get_xticklabels()]})
+        drawn[name] = panels
+        drawn[name + ":caption"] = caption
+        return original(self, fig, section, name, title, caption, subset)
+
+    figures.FigureSet.save = recording_save
+    try:
+        opts = pipeline.Options(workers=1, whatif=(), progress=False, sample_size=256)
+        result = pipeline.build(cap, out, ("numerics_map", "whatif_numerics"), opts)
+    finally:
+        figures.FigureSet.save = original
+    return cap, out, result, drawn
+
+
+def _sqnr(x: torch.Tensor, q: torch.Tensor) -> float:
+    x, q = x.double(), q.double()
+    noise = float(((x - q) ** 2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float((x * x).sum()) / noise)
+
+
+def _block_amax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Block amax along the last axis, the axis zero-padded to a whole number of blocks."""
+    m = x.double().reshape(-1, x.shape[-1]).abs()
+    pad = -m.shape[1] % block
+    m = torch.nn.functional.pad(m, (0, pad))
+    return m.reshape(m.shape[0], -1, block).amax(-1).reshape(-1)
+
+
+def _binade(v: float) -> int:
+    return math.frexp(v)[1] - 1
+
+
+def _block_bins(x: torch.Tensor, fmt: str) -> list[int]:
+    """The histogram bins of every live block: MX shared exponent, NVFP4 scale binade."""
+    spec = quant.get_format(fmt)
+    amax = _block_amax(x, spec.block_size)
+    live = amax[amax > 0]
+    if spec.scaling == "mx":
+        return [_binade(float(a)) - spec.emax for a in live]
+    s_t = float(x.abs().max()) / (6 * 448)
+    e4m3 = quant.quantize((live / 6 / s_t).clamp(2.0 ** -9, 448).float(), "fp8_e4m3")
+    return [_binade(float(s)) for s in e4m3]
+
+
+@pytest.fixture(scope="module")
+def stored(report):
+    """(entry, tensor) of every stored high-precision tensor of the capture."""
+    cap = report[0]
+    return [(e, schema.load_tensor_file(e.path)[0]) for e in scan(cap).entries
+            if e.path and e.variant == schema.VARIANT_HP]
+
+
+@pytest.fixture(scope="module")
+def worst_sqnr(stored):
+    """{fmt: {(label, iteration): lowest SQNR over ranks}}, re-derived with quant.quantize."""
+    out: dict[str, dict] = defaultdict(dict)
+    for e, t in stored:
+        for fmt in WHATIF_FORMATS:
+            v = _sqnr(t, quant.quantize(t, fmt, axis=-1))
+            k = (e.label, e.name.iteration)
+            out[fmt][k] = min(out[fmt].get(k, math.inf), v)
+    return out
+
+
+def test_timeline_has_one_panel_per_format_and_the_rederived_sqnr(report, worst_sqnr):
+    _, out, result, drawn = report
+    assert (out / "whatif_numerics" / "sqnr_timeline.png").is_file()
+    panels = drawn["sqnr_timeline"]
+    assert [p["title"] for p in panels] == list(WHATIF_FORMATS)
+    for p in panels:
+        expected = worst_sqnr[p["title"]]
+        labels = {label for label, _ in expected}
+        assert set(p["lines"]) == labels                 # one line per layer x tensor
+        for label, (x, y) in p["lines"].items():
+            assert list(x) == list(range(len(ITERATIONS)))
+            want = [expected[(label, it)] for it in ITERATIONS]
+            assert np.allclose(y, want, atol=1e-3), (p["title"], label)
+    fig = next(f for f in result.figures.figures if f.path.endswith("sqnr_timeline.png"))
+    assert fig.layout_issues == []
+
+
+def test_block_scale_histograms_count_every_rederived_block(report, stored):
+    _, out, _, drawn = report
+    assert (out / "whatif_numerics" / "block_scale_hist.png").is_file()
+    panels = {p["title"]: p for p in drawn["block_scale_hist"]}
+    block_formats = [f for f in WHATIF_FORMATS if quant.get_format(f).block_size]
+    assert list(panels) == block_formats
+    for fmt in block_formats:
+        want: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        for e, t in stored:
+            for b in _block_bins(t, fmt):
+                want[e.name.operation][b] += 1
+        got = {op: {round(x): int(h) for x, h in bars} for op, bars in panels[fmt]["bars"].items()}
+        assert got == {op: dict(c) for op, c in want.items()}, fmt
+    # gradients (1e-4) sit far below activations: the histogram separates the passes
+    mx = panels["mxfp8"]["bars"]
+    assert max(round(x) for x, _ in mx["backward"]) < min(round(x) for x, _ in mx["forward"])
+    assert "short_axis" in drawn["block_scale_hist:caption"]   # the head_dim-16 tensors are named
+
+
+def test_phase_component_boxes_hold_the_rederived_groups(report, stored):
+    _, out, _, drawn = report
+    assert (out / "whatif_numerics" / "sqnr_by_phase_component.png").is_file()
+    for p in drawn["sqnr_by_phase_component"]:
+        fmt = p["title"]
+        groups: dict[tuple, list[float]] = defaultdict(list)
+        for e, t in stored:
+            groups[(e.name.phase, e.name.component)].append(_sqnr(t, quant.quantize(t, fmt, axis=-1)))
+        order = [("pre", "FA"), ("post", "FA"), ("pre", "linear"), ("post", "linear")]
+        assert p["xticks"] == [f"{ph} {c}\n(n={len(groups[(ph, c)])})" for ph, c in order]
+        medians = [float(y[0]) for y in p["medians"]]
+        assert np.allclose(medians, [np.median(groups[g]) for g in order], atol=1e-3), fmt
+
+
+def test_csv_marks_a_tensor_shorter_than_one_block(report):
+    _, out, _, _ = report
+    with open(out / "numerics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and list(rows[0])[-1] == "short_axis"
+    mark = {(r["tensor_name"], r["format"]) for r in rows if r["short_axis"] == "true"}
+    assert mark == {(n, f) for n in ("query", "key") for f in ("mxfp8", "mxfp4")}   # 16 < 32
+    assert all(r["short_axis"] == "" for r in rows if r["format"] in ("hifp8", "fp8_e4m3_tensor"))
+    assert all(r["short_axis"] == "false" for r in rows if r["format"] == "nvfp4")   # 16 = 16
+    assert len(rows) == len(ITERATIONS) * len(LAYERS) * len(RANKS) * len(SPECS) * len(WHATIF_FORMATS)
+
+
+def _per_layer_table(page: str) -> tuple[list[str], list[list[str]]]:
+    table = page.split("Largest quantization error per layer")[1].split("</table>")[0]
+    header = re.findall(r"<th>(.*?)</th>", table)
+    body = [re.findall(r"<td[^>]*>(.*?)</td>", tr) for tr in table.split("<tr>")[2:]]
+    return header, body
+
+
+def test_summary_table_ranks_the_whatif_set_by_rederived_worst_sqnr(report, stored):
+    _, out, _, _ = report
+    header, body = _per_layer_table((out / "index.html").read_text())
+    assert header[2:-1] == list(WHATIF_FORMATS)        # the capture's set, not unscaled fp8_e4m3
+    worst: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(lambda: math.inf))
+    for e, t in stored:
+        for fmt in WHATIF_FORMATS:
+            v = _sqnr(t, quant.quantize(t, fmt, axis=-1))
+            worst[e.layer_label][fmt] = min(worst[e.layer_label][fmt], v)
+    assert [row[0] for row in body] == sorted(worst)
+    for row in body:
+        w = worst[row[0]]
+        assert row[-1].replace("&gt;", ">") == " > ".join(sorted(w, key=lambda f: -w[f]))
+        for fmt, cell in zip(WHATIF_FORMATS, row[2:-1]):
+            assert cell.startswith(f"{w[fmt]:.1f} dB"), (row[0], fmt, cell)
+            # the attention layers' worst MX tensor has 16-wide heads: marked with a dagger
+            short = "core_attention" in row[0] and fmt.startswith("mx") and \
+                ("query" in cell or "key" in cell)
+            assert ("&dagger;" in cell) == short, (row[0], fmt, cell)
+        assert "not saved" == row[1]                   # this capture saved no quantized operand
+
+
+def test_interactive_view_is_inline_svg_without_script(report):
+    _, out, _, _ = report
+    page = (out / "index.html").read_text()
+    assert "<script" not in page.lower() and "http://" not in page.replace(
+        "http://www.w3.org/2000/svg", "")
+    view = page.split("<h2 id=interactive>")[1].split("<h2 id=problems>")[0]
+    maps = view.count("class=ivmap")
+    assert maps == len(pipeline.Options().map_stats)
+    assert view.count("class=ivline") == len(WHATIF_FORMATS)
+
+
+def _expected_tips(stored, worst_sqnr) -> tuple[str, str]:
+    """The hover text of the timeline's lowest point at the last iteration (mxfp8) and of the
+    map's largest absmax cell at the last iteration, from the stored tensors."""
+    last = ITERATIONS[-1]
+    label, v = min(((lab, v) for (lab, it), v in worst_sqnr["mxfp8"].items() if it == last),
+                   key=lambda kv: kv[1])
+    timeline = f"{label} | iteration {last} | mxfp8 SQNR: {v:.2f} dB"
+    amax: dict[str, float] = defaultdict(float)
+    for e, t in stored:
+        if e.name.iteration == last:
+            amax[e.label] = max(amax[e.label], float(t.abs().max()))
+    label, a = max(amax.items(), key=lambda kv: kv[1])
+    cell = f"{label} | iteration {last} | log2 absmax (binade): {math.log2(a):.4g}"
+    return timeline, cell
+
+
+HOVER_JS = """(function (text) {
+  var el = Array.prototype.find.call(document.querySelectorAll('svg title'),
+                                     function (t) { return t.textContent === text; });
+  if (!el) return null;
+  el.parentNode.scrollIntoView({block: 'center', inline: 'center'});
+  var b = el.parentNode.getBoundingClientRect();
+  return [b.x + b.width / 2, b.y + b.height / 2];
+})(%s)"""
+HOVERED_JS = """(function () {
+  var h = document.querySelectorAll(':hover'); var e = h[h.length - 1];
+  var t = e && e.querySelector(':scope > title');
+  return t ? [t.textContent, getComputedStyle(e).strokeWidth] : null;
+})()"""
+
+
+def test_interactive_view_in_headless_chromium_hover_shows_the_values(report, stored, worst_sqnr,
+                                                                      tmp_path):
+    import json
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("chromium is not installed (CI installs it in .ci/run)")
+    _, out, result, _ = report
+    expected = _expected_tips(stored, worst_sqnr)
+    browser = DevTools(chromium, tmp_path / "profile")
+    try:
+        browser.open(out / "index.html")
+        images = browser.js("Array.prototype.map.call(document.images, function (i) "
+                            "{ return i.complete && i.naturalWidth > 0; })")
+        assert len(images) == len(result.figures.figures) and all(images)
+        assert browser.js(HOVERED_JS) is None or browser.js(HOVERED_JS)[0] not in expected
+        for text in expected:
+            at = browser.js(HOVER_JS % json.dumps(text))
+            assert at is not None, f"no element with the tooltip {text!r}"
+            browser.hover(*at)
+            shown, stroke = browser.js(HOVERED_JS)
+            assert shown == text
+            assert stroke == "2px"                      # the :hover style: the pointer is on it
+        assert browser.errors == []
+    finally:
+        browser.close()
