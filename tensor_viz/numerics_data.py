@@ -7,7 +7,8 @@ Each aggregation below is a small function over those rows, so a query engine ca
 them without touching the figures.
 
 A capture made before the ``whatif`` key existed has its saved high-precision tensors recomputed
-with quant.whatif along the last axis (``source`` "recomputed"), at most ``FALLBACK_MAX_FILES``.
+with quant.whatif along the last axis (``source`` "recomputed"), at most ``FALLBACK_MAX_FILES``,
+each on at most the capture's ``WHATIF_MAX_ELEMENTS`` (strided whole rows, ``sampled``).
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def _fallback(entry: Entry) -> dict[str, Any] | None:
     try:
         from quant.formats import WHATIF_FORMATS
         from quant.whatif import whatif_set
+        from tensor_capture.config import WHATIF_MAX_ELEMENTS
+        from tensor_capture.whatif import sample
 
         tensor, meta = schema.load_tensor_file(entry.path)
         stored = meta.get(schema.META_WHATIF)
@@ -55,8 +58,11 @@ def _fallback(entry: Entry) -> dict[str, Any] | None:
             return dict(stored, source=SOURCE_CAPTURE)
         if tensor.numel() == 0 or not tensor.is_floating_point():
             return None
-        return {schema.WHATIF_AXIS: -1, schema.WHATIF_SAMPLED: False, "source": SOURCE_RECOMPUTED,
-                schema.WHATIF_FORMATS: whatif_set(tensor, WHATIF_FORMATS, -1)}
+        # the capture's own bound: a strided subset of whole rows above WHATIF_MAX_ELEMENTS
+        part = sample(tensor, -1, WHATIF_MAX_ELEMENTS)
+        return {schema.WHATIF_AXIS: -1, schema.WHATIF_SAMPLED: part.numel() < tensor.numel(),
+                "source": SOURCE_RECOMPUTED,
+                schema.WHATIF_FORMATS: whatif_set(part, WHATIF_FORMATS, -1)}
     except (ImportError, ValueError, OSError):
         return None
 
