@@ -22,6 +22,8 @@ from tensor_viz.figures import subset_note
 
 MAX_ROWS = 240          # rows of one chart (the map's MAX_PARTS * MAX_ROWS)
 MAX_ITERATIONS = 200    # columns of one chart: evenly spaced, first and last kept
+MAX_CELLS = 6000        # cells (points) of one chart: fewer columns for many rows, so the page
+                        # stays a few MB at most (about 130 bytes per cell with its tooltip)
 LABEL_W, CELL_H, PLOT_W = 300, 12, 720
 #: viridis-like stops (low -> high), interpolated in RGB
 _STOPS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
@@ -47,10 +49,17 @@ def colour(t: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+def columns(n_rows: int, n_cols: int) -> list[int]:
+    """The columns a chart of ``n_rows`` rows keeps (``MAX_ITERATIONS``, ``MAX_CELLS``)."""
+    return pick(n_cols, min(MAX_ITERATIONS, max(2, MAX_CELLS // max(1, n_rows))))
+
+
 def pick(n: int, limit: int) -> list[int]:
     """Indexes of at most ``limit`` of ``n`` items, evenly spaced, first and last kept."""
     if n <= limit:
         return list(range(n))
+    if limit < 2:
+        return [n - 1]
     return sorted({round(i * (n - 1) / (limit - 1)) for i in range(limit)})
 
 
@@ -154,7 +163,8 @@ def map_charts(ds: Dataset, stats: Sequence[str]) -> list[Chart]:
         rows, cols, m = numerics_matrix(ds, name)
         if not rows:
             continue
-        ri, ci = list(range(min(len(rows), MAX_ROWS))), pick(len(cols), MAX_ITERATIONS)
+        ri = list(range(min(len(rows), MAX_ROWS)))
+        ci = columns(len(ri), len(cols))
         note = "; ".join(n for n in (
             _note(len(ri), len(rows), "rows", "the first in name order"),
             _note(len(ci), len(cols), "iterations", "evenly spaced, first and last kept")) if n)
@@ -171,7 +181,8 @@ def timeline_charts(ds: Dataset) -> list[Chart]:
         keys, its, cells = nd.timeline(ds.numerics, fmt)
         if not keys:
             continue
-        ki, ci = keys[:MAX_ROWS], [its[j] for j in pick(len(its), MAX_ITERATIONS)]
+        ki = keys[:MAX_ROWS]
+        ci = [its[j] for j in columns(len(ki), len(its))]
         note = "; ".join(n for n in (
             _note(len(ki), len(keys), "rows", "the first in name order"),
             _note(len(ci), len(its), "iterations", "evenly spaced, first and last kept")) if n)

@@ -124,6 +124,11 @@ def _iteration_order(its: Iterable[Any]) -> list[Any]:
     return sorted(set(its), key=lambda i: (i is None, i if i is not None else 0))
 
 
+def iterations(table: list[Row]) -> list[Any]:
+    """The captured iterations with what-if numbers, in order (None last)."""
+    return _iteration_order(r["iteration"] for r in table)
+
+
 def timeline(table: list[Row], fmt: str, value: str = "sqnr_db"
              ) -> tuple[list[str], list[Any], dict[tuple[str, Any], float]]:
     """(row keys, iterations, {(row, iteration): worst value}) of ``fmt``: the lowest SQNR (the

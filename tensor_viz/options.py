@@ -14,7 +14,7 @@ DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
 SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
                  "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
                  "bf16_analysis", "backward_analysis", "rank_analysis")
-ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map",)
+ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map", "whatif_numerics")
 
 #: Every report section (a draw/ folder), in index.html order: (name, "plots module:function",
 #: what the section answers). The one list of sections: a new plot family is its

@@ -41,13 +41,13 @@ SPECS = (("attention", "forward", "query", (8, 2, 4, 16), "pre"),
          ("linear", "backward", "grad_input", (8, 2, 64), "post"))
 
 
-def _capture(directory: Path) -> None:
+def _capture(directory: Path, iterations=ITERATIONS, layers=LAYERS, ranks=RANKS) -> None:
     g = torch.Generator().manual_seed(7)
     saver = saver_for(directory, whatif_formats=WHATIF_FORMATS)
     try:
-        for it in ITERATIONS:
-            for layer in LAYERS:
-                for rank in RANKS:
+        for it in iterations:
+            for layer in layers:
+                for rank in ranks:
                     for layer_type, op, name, shape, phase in SPECS:
                         scale = (1e-4 if op == "backward" else 1.0) * (1 + layer) * 2.0 ** it
                         t = torch.randn(shape, generator=g) * scale
@@ -303,3 +303,53 @@ def test_interactive_view_in_headless_chromium_hover_shows_the_values(report, st
         assert browser.errors == []
     finally:
         browser.close()
+
+
+def test_interactive_charts_keep_the_page_bounded_and_say_so():
+    """A long run: 300 rows x 500 iterations become 240 rows and evenly spaced iterations
+    (first and last kept) within the cell budget, and the chart's note says what is shown."""
+    from tensor_viz import interactive
+    from tensor_viz.data import Dataset
+
+    rows = [{"label": f"L{i:03d} linear_fc1 forward input", "quant_type": "hifp8", "format": "mxfp8",
+             "iteration": it, "sqnr_db": 30.0 - i / 100 - it / 1000, "phase": "pre",
+             "component": "linear"} for i in range(300) for it in range(500)]
+    (chart,) = interactive.timeline_charts(Dataset(entries=[], numerics=rows))
+    n_points = str(chart.svg).count("<circle")
+    assert n_points <= interactive.MAX_CELLS
+    kept = interactive.columns(interactive.MAX_ROWS, 500)
+    assert n_points == interactive.MAX_ROWS * len(kept) and kept[0] == 0 and kept[-1] == 499
+    assert chart.note == (f"240 of 300 rows, the first in name order; {len(kept)} of 500 iterations, "
+                          "evenly spaced, first and last kept")
+    assert "L000 linear_fc1 forward input | iteration 499 | mxfp8 SQNR: 29.50 dB" in str(chart.svg)
+
+
+def test_one_captured_iteration_gets_a_dot_per_tensor_and_format(tmp_path, monkeypatch):
+    """The embedded default captures one iteration: the timeline becomes one panel, a row per
+    layer x tensor and a marker per format, at the re-derived SQNR."""
+    _capture(tmp_path / "cap", iterations=(4,), layers=(0,), ranks=(0,))
+    drawn = {}
+    original = figures.FigureSet.save
+
+    def recording_save(self, fig, section, name, title, caption, subset=None):
+        (ax,) = [a for a in fig.axes if a.axison]
+        rows = [t.get_text() for t in ax.get_yticklabels()]
+        drawn[name] = (title, {ln.get_label(): {rows[round(y)]: x for x, y in zip(*ln.get_data())}
+                               for ln in ax.lines})
+        return original(self, fig, section, name, title, caption, subset)
+
+    monkeypatch.setattr(figures.FigureSet, "save", recording_save)
+    from tensor_viz import numerics_data, plots_numerics
+
+    cat = scan(tmp_path / "cap")
+    fs = figures.FigureSet(tmp_path / "out")
+    assert plots_numerics.draw_timeline(numerics_data.rows(cat.entries), fs)
+    title, series = drawn["sqnr_timeline"]
+    assert title == "What-if SQNR per tensor at iteration 4 (the only iteration captured)"
+    assert list(series) == list(WHATIF_FORMATS)
+    for e in cat.entries:
+        t, _ = schema.load_tensor_file(e.path)
+        for fmt in WHATIF_FORMATS:
+            assert series[fmt][e.label] == pytest.approx(_sqnr(t, quant.quantize(t, fmt, axis=-1)),
+                                                         abs=1e-3), (fmt, e.label)
+    assert fs.figures[0].layout_issues == []
