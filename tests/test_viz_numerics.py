@@ -353,3 +353,23 @@ def test_one_captured_iteration_gets_a_dot_per_tensor_and_format(tmp_path, monke
             assert series[fmt][e.label] == pytest.approx(_sqnr(t, quant.quantize(t, fmt, axis=-1)),
                                                          abs=1e-3), (fmt, e.label)
     assert fs.figures[0].layout_issues == []
+
+
+def test_a_wgrad_operand_is_measured_against_its_twin_seen_as_tokens_by_features(tmp_path):
+    """The wgrad GEMM sees input as [s*b, h]; save_quantized stores it so. The report pairs it
+    with the [s, b, h] high-precision file and measures it, instead of listing a mismatch."""
+    from quant import metrics
+    from tensor_viz.values import PairTask, run_pair
+
+    x = torch.randn(8, 2, 64, generator=torch.Generator().manual_seed(3))
+    hp = _save(saver := saver_for(tmp_path), x, operation="backward", tensor_name="input")
+    q2d = quant.quantize(x.reshape(16, 64), "mxfp8", axis=0)
+    qpath = _save(saver, q2d, operation="backward", variant="quantized",
+                  tensor_name=schema.quantized_name("input", wgrad=True))
+    saver.close()
+    got = run_pair(PairTask(str(hp), str(qpath)))
+    assert got["errors"]["sqnr"] == pytest.approx(metrics.sqnr(x.reshape(16, 64), q2d))
+    other = _save(saver := saver_for(tmp_path / "b"), torch.zeros(16, 32), operation="backward",
+                  variant="quantized", tensor_name="input_quantized_wgrad")
+    saver.close()
+    assert run_pair(PairTask(str(hp), str(other)))["error"][0] == "mismatch"   # 512 != 1024
