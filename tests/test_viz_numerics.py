@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from viz_helpers import DevTools, _save, saver_for  # noqa: E402
+from training_helpers import small_data  # noqa: E402,F401  (fixture of the tiny Llama test)
 
 import quant  # noqa: E402
 from quant.formats import WHATIF_FORMATS  # noqa: E402
@@ -373,3 +374,65 @@ def test_a_wgrad_operand_is_measured_against_its_twin_seen_as_tokens_by_features
                   variant="quantized", tensor_name="input_quantized_wgrad")
     saver.close()
     assert run_pair(PairTask(str(hp), str(other)))["error"][0] == "mismatch"   # 512 != 1024
+
+
+# -- Done when: a 3-iteration capture of the tiny Llama, its figures and page in Chromium --------
+def test_tiny_llama_report_figures_and_page_in_chromium(small_data, tmp_path):
+    """Real megatron-core training with the default what-if set: the timeline has a line per
+    layer x tensor with the numbers of numerics.csv (lowest over micro-batches), the block-scale
+    histogram holds every MX exponent numerics.csv's range allows, and the page renders in
+    Chromium without errors, a hovered point showing its row of numerics.csv."""
+    import json
+
+    from tensor_capture.patcher import prepare_patched_megatron
+    from training_driver.megatron_env import free_port
+    from training_helpers import run
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("chromium is not installed (CI installs it in .ci/run)")
+    patched = prepare_patched_megatron(tmp_path / "patched")
+    cmd = [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
+           "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",
+           "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
+           "--checkpoint-dir", str(tmp_path / "ckpt")]
+    cfg = tmp_path / "capture.yaml"
+    cfg.write_text("max_iterations: unlimited\nbyte_budget: unlimited\nwhatif_formats: default\n")
+    out = run(cmd, cwd=tmp_path, timeout=600, TENSOR_SAVE_ENABLED="true",
+              TENSOR_SAVE_DIR=str(tmp_path / "cap"), TENSOR_SAVE_CONFIG=str(cfg),
+              CUSTOM_QUANT_TYPE="mxfp8", MEGATRON_LOWP_PATCHED_DIR=str(patched),
+              MASTER_PORT=str(free_port()))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    opts = pipeline.Options(workers=1, whatif=(), progress=False, sample_size=256)
+    result = pipeline.build(tmp_path / "cap", tmp_path / "report", ("numerics_map", "whatif_numerics"),
+                            opts)
+    names = {Path(f.path).name for f in result.figures.figures if f.section == "whatif_numerics"}
+    assert {"sqnr_timeline.png", "block_scale_hist.png", "sqnr_by_phase_component.png"} <= names
+    assert all(f.layout_issues == [] for f in result.figures.figures)
+    with open(tmp_path / "report" / "numerics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {int(r["iteration"]) for r in rows} == {0, 1, 2}
+    assert {(r["phase"], r["component"]) for r in rows} >= {("pre", "FA"), ("post", "FA"),
+                                                            ("pre", "linear"), ("post", "linear")}
+    # the lowest mxfp8 SQNR at iteration 2, from the CSV: the tooltip of that timeline point
+    entries = {Path(e.path).name: e for e in scan(tmp_path / "cap").entries if e.path}
+    worst = min((float(r["sqnr_db"]), r) for r in rows
+                if r["format"] == "mxfp8" and r["iteration"] == "2" and r["file"]
+                and math.isfinite(float(r["sqnr_db"])))[1]
+    label = entries[worst["file"]].label
+    lowest = min(float(r["sqnr_db"]) for r in rows if r["format"] == "mxfp8"
+                 and r["iteration"] == "2" and r["file"] and entries[r["file"]].label == label)
+    text = f"{label} | iteration 2 | mxfp8 SQNR: {lowest:.2f} dB"
+    browser = DevTools(chromium, tmp_path / "profile")
+    try:
+        browser.open(tmp_path / "report" / "index.html")
+        images = browser.js("Array.prototype.map.call(document.images, function (i) "
+                            "{ return i.complete && i.naturalWidth > 0; })")
+        assert len(images) == len(result.figures.figures) and all(images)
+        at = browser.js(HOVER_JS % json.dumps(text))
+        assert at is not None, f"no point with the tooltip {text!r}"
+        browser.hover(*at)
+        assert browser.js(HOVERED_JS) == [text, "2px"]
+        assert browser.errors == []
+    finally:
+        browser.close()
