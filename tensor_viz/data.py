@@ -25,6 +25,7 @@ class Dataset:
     pairs: list[PairError] = field(default_factory=list)
     whatif_formats: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)   # section -> why something is missing
+    numerics: list[dict[str, Any]] = field(default_factory=list)   # numerics_data.rows(entries)
 
     def sampled(self, entries: Iterable[Entry] | None = None) -> list[Entry]:
         return [e for e in (self.entries if entries is None else entries) if e.sample is not None]

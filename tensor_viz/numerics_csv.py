@@ -2,10 +2,11 @@
 
 Why a CSV: a run's quantization error per layer, tensor, iteration and format is the table
 researchers load into their own notebooks; the figures draw a subset, this file holds it all.
-Values come from each record's ``metadata["whatif"]`` (tensor_capture.whatif, computed at
-capture along the GEMM's reduction axis). A capture made before that key existed has its saved
-tensors recomputed with quant.whatif along the last axis (on the rows the file kept), at most
-``FALLBACK_MAX_FILES`` files.
+The rows are tensor_viz.numerics_data's table (each record's ``metadata["whatif"]``, computed at
+capture along the GEMM's reduction axis; a capture made before that key existed has its saved
+tensors recomputed with quant.whatif along the last axis, at most ``FALLBACK_MAX_FILES`` files).
+``short_axis`` marks a block format on a tensor whose block axis is shorter than one block
+(true/false; empty for formats without blocks): its block numbers describe zero-padded blocks.
 """
 from __future__ import annotations
 
@@ -16,81 +17,45 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lowp_common import atomic_write_text
-from tensor_capture import schema
+from tensor_viz import numerics_data
 from tensor_viz.catalog import Entry
 
 FILE_NAME = "numerics.csv"
-NAME_COLUMNS = ("layer_type", "layer_idx", "operation", "phase", "component", "tensor_name",
-                "iteration", "rank")
-NUMBER_COLUMNS = ("sqnr_db", "rel_error", "overflow_ratio", "underflow_ratio", "flush_ratio")
+NAME_COLUMNS = numerics_data.NAME_FIELDS
+NUMBER_COLUMNS = numerics_data.NUMBER_FIELDS
 #: block_scale key -> column (empty for formats without block scales)
 BLOCK_COLUMNS = {"min": "block_scale_min", "max": "block_scale_max", "std": "block_scale_std"}
-COLUMNS = ("file",) + NAME_COLUMNS + ("format",) + NUMBER_COLUMNS + tuple(BLOCK_COLUMNS.values())
-FALLBACK_MAX_FILES = 200
+COLUMNS = (("file",) + NAME_COLUMNS + ("format",) + NUMBER_COLUMNS + tuple(BLOCK_COLUMNS.values())
+           + ("short_axis",))
+FALLBACK_MAX_FILES = numerics_data.FALLBACK_MAX_FILES
 
 
-def _fallback(entry: Entry) -> dict[str, Any] | None:
-    """What-if numbers of a saved tensor whose catalog entry lacks them: from the file's own
-    metadata, else computed (an older capture)."""
-    try:
-        from quant.formats import WHATIF_FORMATS
-        from quant.whatif import whatif_set
-
-        tensor, meta = schema.load_tensor_file(entry.path)
-        stored = meta.get(schema.META_WHATIF)
-        if isinstance(stored, dict) and isinstance(stored.get(schema.WHATIF_FORMATS), dict):
-            return stored                  # a file found without its manifest
-        if tensor.numel() == 0 or not tensor.is_floating_point():
-            return None
-        return {schema.WHATIF_FORMATS: whatif_set(tensor, WHATIF_FORMATS, -1)}
-    except (ImportError, ValueError):
-        return None
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v
 
 
-def _numbers(entry: Entry, budget: list[int]) -> dict[str, Any] | None:
-    stored = entry.meta.get(schema.META_WHATIF)
-    if isinstance(stored, dict) and isinstance(stored.get(schema.WHATIF_FORMATS), dict):
-        return stored[schema.WHATIF_FORMATS]
-    if entry.path and entry.variant == schema.VARIANT_HP and budget[0] > 0:
-        budget[0] -= 1
-        computed = _fallback(entry)
-        if computed is not None:
-            return computed[schema.WHATIF_FORMATS]
-    return None
+def rows(entries: Iterable[Entry], table: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One dict per (entry, what-if format), keys COLUMNS (``table``: numerics_data.rows of the
+    entries, when already built); a format that failed at capture keeps its row with empty
+    numbers."""
+    table = numerics_data.rows(entries) if table is None else table
+    return [{k: _cell(r.get(k)) for k in COLUMNS} for r in table]
 
 
-def rows(entries: Iterable[Entry]) -> list[dict[str, Any]]:
-    """One dict per (entry, what-if format), keys COLUMNS; a format that failed at capture
-    keeps its row with empty numbers."""
-    out: list[dict[str, Any]] = []
-    budget = [FALLBACK_MAX_FILES]
-    for e in entries:
-        formats = _numbers(e, budget)
-        if not formats:
-            continue
-        base = {"file": os.path.basename(e.path) if e.path else "",
-                **{k: getattr(e.name, k) for k in NAME_COLUMNS}}
-        for fmt, num in formats.items():
-            num = num if isinstance(num, dict) else {}
-            row = dict(base, format=fmt)
-            row.update({k: num.get(k, "") for k in NUMBER_COLUMNS})
-            scale = num.get("block_scale") if isinstance(num.get("block_scale"), dict) else {}
-            row.update({col: ("" if scale.get(k) is None else scale[k])
-                        for k, col in BLOCK_COLUMNS.items()})
-            out.append(row)
-    return out
-
-
-def write_csv(entries: Iterable[Entry], out_dir: str | os.PathLike[str]) -> str | None:
+def write_csv(entries: Iterable[Entry], out_dir: str | os.PathLike[str],
+              table: list[dict[str, Any]] | None = None) -> str | None:
     """Write OUT/numerics.csv atomically; returns its name, or None when no entry has what-if
     numbers (no file, so an empty table is never mistaken for a clean run)."""
-    table = rows(entries)
-    if not table:
+    out = rows(entries, table)
+    if not out:
         return None
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
-    for r in table:
-        w.writerow({k: ("" if r[k] is None else r[k]) for k in COLUMNS})
+    w.writerows(out)
     atomic_write_text(Path(out_dir) / FILE_NAME, buf.getvalue())
     return FILE_NAME

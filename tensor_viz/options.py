@@ -14,7 +14,7 @@ DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
 SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
                  "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
                  "bf16_analysis", "backward_analysis", "rank_analysis")
-ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map",)
+ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map", "whatif_numerics")
 
 #: Every report section (a draw/ folder), in index.html order: (name, "plots module:function",
 #: what the section answers). The one list of sections: a new plot family is its
@@ -43,6 +43,9 @@ SECTION_TABLE: tuple[tuple[str, str, str], ...] = (
     ("rank_analysis", "plots_enhanced:draw_ranks", "The same tensor across ranks."),
     ("numerics_map", "plots_quant:draw_numerics_map",
      "A layer x tensor map of one statistic over iterations."),
+    ("whatif_numerics", "plots_numerics:draw_numerics",
+     "What-if numerics over training (stored at capture): SQNR timeline per format, block-scale "
+     "histograms, SQNR by phase and component."),
 )
 FULL_SECTIONS = tuple(name for name, _, _ in SECTION_TABLE)
 #: section name -> the one-line description index.html shows

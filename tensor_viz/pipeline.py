@@ -136,6 +136,9 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
         catalog.problems.append(Problem(f"(what-if format {fmt})", "whatif", f"failed on {n} tensors: {msg}"))
     ds.entries = [e for e in ds.entries if id(e) not in dropped]
     catalog.entries = ds.entries
+    from tensor_viz import numerics_data
+
+    ds.numerics = numerics_data.rows(ds.entries)
     return catalog, ds, len(chosen)
 
 
@@ -244,7 +247,7 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
     result = Result(catalog, ds, fs, files_read=nread)
     from tensor_viz import numerics_csv
 
-    csv_name = numerics_csv.write_csv(ds.entries, out)
+    csv_name = numerics_csv.write_csv(ds.entries, out, ds.numerics)
     if csv_name:
         result.extra_files.append(csv_name)
     if quick:

@@ -6,12 +6,14 @@ tensor name, path or caption can never inject markup; this module only gathers t
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
 import jinja2
 
 from lowp_common import atomic_write_text
+from tensor_viz import interactive, numerics_data
 from tensor_viz.catalog import Catalog, Entry
 from tensor_viz.data import Dataset, group, ratio
 from tensor_viz.figures import subset_note
@@ -35,29 +37,48 @@ def worst(entries: list[Entry], key: str, n: int = TOP) -> list[tuple[Entry, flo
     return sorted(scored, key=lambda er: -er[1])[:n]
 
 
-def largest_error_per_layer(ds: Dataset) -> list[tuple[str, str, str]]:
-    """(layer, measured worst, what-if worst) as text, one row per layer."""
-    measured = group(ds.pairs, lambda p: p.hp.layer_label)
-    whatif = group([e for e in ds.entries if e.whatif], lambda e: e.layer_label)
+def _measured_per_layer(ds: Dataset) -> dict[str, str]:
+    """{layer: the worst measured error (saved quantized operand vs its high-precision twin)}."""
+    out = {}
+    for layer, pairs in group(ds.pairs, lambda p: p.hp.layer_label).items():
+        p = max(pairs, key=lambda p: p.errors["relative_error"])
+        out[layer] = (f"{100 * p.errors['relative_error']:.3g}% ({p.hp.name.tensor_name}, "
+                      f"{p.quantized.name.quant_type}, SQNR {p.errors['sqnr']:.1f} dB)")
+    return out
+
+
+def _sqnr_text(v: float) -> str:
+    return "exact" if v == math.inf else f"{v:.1f} dB"
+
+
+def _whatif_cell(r: dict | None) -> dict:
+    """One format's cell of a layer: its worst SQNR, relative error and where (tensor, iteration);
+    ``short``: that tensor's block axis is shorter than one block (marked, not dropped)."""
+    if r is None:
+        return {"text": "", "detail": "", "short": False}
+    rel = "" if r["rel_error"] is None else f", {100 * r['rel_error']:.3g}%"
+    return {"text": _sqnr_text(r["sqnr_db"]) + rel,
+            "detail": f"{r['operation']} {r['tensor_name']}, iteration {r['iteration']}",
+            "short": bool(r.get("short_axis"))}
+
+
+def largest_error_per_layer(ds: Dataset) -> dict:
+    """The per-layer table: measured worst error, and each what-if format's worst SQNR (over the
+    tensors and iterations of the layer) with the formats ranked best first. The what-if
+    numbers are the run's own what-if set (numerics_data rows: stored at capture, or recomputed
+    from saved tensors), so the ranking compares the formats a run would choose between."""
+    measured = _measured_per_layer(ds)
+    worst = numerics_data.worst_per_layer(ds.numerics)
+    fmts = numerics_data.formats(ds.numerics)
     rows = []
-    for layer in sorted(set(measured) | set(whatif)):
-        m = ""
-        if layer in measured:
-            p = max(measured[layer], key=lambda p: p.errors["relative_error"])
-            m = (f"{100 * p.errors['relative_error']:.3g}% ({p.hp.name.tensor_name}, "
-                 f"{p.quantized.name.quant_type}, SQNR {p.errors['sqnr']:.1f} dB)")
-        w = ""
-        if layer in whatif:
-            best = None
-            for e in whatif[layer]:
-                for fmt, err in e.whatif.items():
-                    if best is None or err["relative_error"] > best[2]["relative_error"]:
-                        best = (e, fmt, err)
-            if best:
-                w = (f"{100 * best[2]['relative_error']:.3g}% under {best[1]} ({best[0].name.tensor_name}, "
-                     f"SQNR {best[2]['sqnr']:.1f} dB)")
-        rows.append((layer, m or "not saved", w or "not computed"))
-    return rows
+    for layer in sorted(set(measured) | set(worst)):
+        w = worst.get(layer, {})
+        ranked = numerics_data.ranked_formats(w)
+        rows.append({"layer": layer, "measured": measured.get(layer, "not saved"),
+                     "cells": [_whatif_cell(w.get(f)) for f in fmts],
+                     "ranking": " > ".join(f for f, _ in ranked) or "not computed"})
+    return {"formats": fmts, "rows": rows,
+            "short": any(c["short"] for r in rows for c in r["cells"])}
 
 
 def _worst_rows(rows: list[tuple[Entry, float]]) -> list[dict]:
@@ -99,8 +120,10 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
         files_read=result.files_read, sample_size=opts.sample_size, seed=opts.seed,
         n_pairs=len(ds.pairs), drawn=result.drawn, worst_tables=worst_tables,
         per_layer=largest_error_per_layer(ds),
-        no_error_reason=ds.notes.get("quantization_analysis",
-                                     "no operand pairs saved and no what-if formats"),
+        interactive=interactive.charts(ds, opts.map_stats),
+        no_error_reason=("no quantized operands were saved (capture with save_quantized: true) "
+                         "and no what-if numerics were stored (whatif_formats: default) or "
+                         "could be recomputed from saved tensors"),
         problem_counts=sorted(cat.problem_counts().items()),
         problems=cat.problems[:MAX_PROBLEMS_SHOWN], quick=fs.in_section("quick"),
         problems_subset=subset_note(min(len(cat.problems), MAX_PROBLEMS_SHOWN), len(cat.problems), "problems",

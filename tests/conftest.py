@@ -52,6 +52,8 @@ SLOW_TIERS = {
     "test_profiler_layer_diff.py::test_watch_training_on_megatron_*": ("megatron",),
     "test_viz_report.py::built": ("multiprocess",),      # the full report with a worker pool
     "test_viz_report.py::test_report_in_headless_chromium": ("browser", "multiprocess"),
+    "test_viz_numerics.py::test_interactive_view_in_headless_chromium_*": ("browser",),
+    "test_viz_numerics.py::test_tiny_llama_*": ("megatron", "multiprocess", "browser"),
     "test_viz_badinput.py::test_scripts_run_from_repo_root": ("multiprocess",),
     "test_scaling_cli.py::test_runs_as_a_file_*": ("multiprocess",),
     "test_quant_compiled.py::test_exit_during_*": ("multiprocess",),

@@ -220,13 +220,14 @@ def test_numerics_csv_rows_per_tensor_and_format(tmp_path):
     assert header == ["file", "layer_type", "layer_idx", "operation", "phase", "component",
                       "tensor_name", "iteration", "rank", "format", "sqnr_db", "rel_error",
                       "overflow_ratio", "underflow_ratio", "flush_ratio", "block_scale_min",
-                      "block_scale_max", "block_scale_std"]
+                      "block_scale_max", "block_scale_std", "short_axis"]
     assert len(rows) == len(entries) * len(WHATIF_FORMATS)
     assert {(r["file"], r["format"]) for r in rows} == {
         (Path(e.path).name, f) for e in entries for f in WHATIF_FORMATS}
     for r in rows:
         block = quant.get_format(r["format"]).block_size is not None
         assert all((r[c] != "") == block for c in numerics_csv.BLOCK_COLUMNS.values())
+        assert (r["short_axis"] in ("true", "false")) == block
         assert math.isfinite(float(r["sqnr_db"]))
 
 

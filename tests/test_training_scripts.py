@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensor_capture.schema import load_tensor_file, parse_filename, read_manifest
+from quant.formats import WHATIF_FORMATS
+from tensor_capture.schema import (META_VARIANT, META_WHATIF, VARIANT_QUANTIZED, load_tensor_file,
+                                   parse_filename, read_manifest)
 from training_driver.collector import full_iteration_saved, summarize
 from training_driver.megatron_env import free_port
 from training_helpers import ROOT, clean_env, one_error_line, run, small_data  # noqa: F401
@@ -48,6 +50,10 @@ def test_embedded_default_run_collects_tensors(tmp_path):
     assert set(s.by_operation) == {"forward", "backward"}
     assert set(s.by_quant_type) == {"hifp8"}
     assert set(s.iterations) == {0}             # exactly one captured iteration (max_iterations: 1)
+    # the quantized operands (the report's measured error) and the what-if numerics are captured
+    assert any(parse_filename(f.name).tensor_name.endswith("_quantized") for f in files)
+    hp = [r for r in read_manifest(tensor_dir) if r.get(META_VARIANT) != VARIANT_QUANTIZED]
+    assert hp and all(list(r[META_WHATIF]["formats"]) == list(WHATIF_FORMATS) for r in hp)
     assert f"{s.files} files" in text
     manifest = list(read_manifest(tensor_dir))
     assert {r["file"] for r in manifest if r.get("file")} >= {f.name for f in files if f.parent == tensor_dir}
@@ -57,6 +63,16 @@ def test_embedded_default_run_collects_tensors(tmp_path):
 
     assert len(AutoTokenizer.from_pretrained(tmp_path / "runs/default/data/tokenizer")) == 512
     assert (tmp_path / "runs/default/data/python_docs_text_document.idx").is_file()
+
+
+def test_embedded_capture_config_saves_operands_and_whatif(tmp_path):
+    from tensor_capture.config import load_config
+    from training_driver.collector import embedded_capture_yaml
+
+    path = tmp_path / "capture.yaml"
+    path.write_text(embedded_capture_yaml())
+    cfg = load_config(env={"TENSOR_SAVE_CONFIG": str(path)})
+    assert (cfg.max_iterations, cfg.save_quantized, cfg.whatif_formats) == (1, True, WHATIF_FORMATS)
 
 
 def test_full_iteration_rule():

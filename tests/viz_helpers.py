@@ -140,3 +140,109 @@ def browser_check(index: Path, chromium: str, profile: Path, timeout: float = 90
     import html as _html
 
     return json.loads(_html.unescape(m.group(1)))
+
+
+class DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe:
+    commands on the child's fd 3, replies on fd 4, each a JSON text ended by NUL), so a test can
+    move the real mouse pointer and read what the page then shows; no websocket library needed.
+    Collects exceptions, console errors and log errors (e.g. a failed image load) as ``errors``."""
+
+    def __init__(self, chromium: str, profile: Path, timeout: float = 60.0):
+        import subprocess
+
+        self.timeout = timeout
+        to_child_r, self._to_child = os.pipe()
+        self._from_child, from_child_w = os.pipe()
+
+        def fds():  # in the child, before exec: the pipe ends at 3 and 4 (inheritable)
+            import fcntl
+
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_child_r, from_child_w)]
+            for target, fd in zip((3, 4), high):
+                os.dup2(fd, target)
+
+        self.proc = subprocess.Popen(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             "--disable-background-networking", "--disable-component-update", "--no-first-run",
+             f"--user-data-dir={profile}", "--allow-file-access-from-files", "about:blank"],
+            preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._buf = b""
+        self._id = 0
+        self.errors: list[str] = []
+        self.session = None
+        targets = self.call("Target.getTargets")["targetInfos"]
+        page = next(t for t in targets if t["type"] == "page")
+        self.session = self.call("Target.attachToTarget", targetId=page["targetId"],
+                                 flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            self.call(f"{domain}.enable")
+
+    def _read(self) -> dict:
+        import json
+        import select
+
+        while b"\0" not in self._buf:
+            ready, _, _ = select.select([self._from_child], [], [], self.timeout)
+            assert ready, "Chromium did not answer over the DevTools pipe"
+            chunk = os.read(self._from_child, 1 << 16)
+            assert chunk, "Chromium closed the DevTools pipe"
+            self._buf += chunk
+        text, self._buf = self._buf.split(b"\0", 1)
+        msg = json.loads(text)
+        method = msg.get("method")
+        params = msg.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            self.errors.append("exception: " + str(params["exceptionDetails"].get("text")))
+        elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            self.errors.append("console: " + " ".join(str(a.get("value")) for a in params["args"]))
+        elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+            self.errors.append("log: " + params["entry"].get("text", ""))
+        return msg
+
+    def call(self, method: str, **params) -> dict:
+        import json
+
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params}
+        if self.session:
+            msg["sessionId"] = self.session
+        os.write(self._to_child, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = self._read()
+            if reply.get("id") == self._id:
+                assert "error" not in reply, f"{method}: {reply['error']}"
+                return reply.get("result", {})
+
+    def wait_event(self, method: str) -> dict:
+        while True:
+            msg = self._read()
+            if msg.get("method") == method:
+                return msg.get("params", {})
+
+    def open(self, path: Path) -> None:
+        self.call("Page.navigate", url=path.resolve().as_uri())
+        self.wait_event("Page.loadEventFired")
+
+    def js(self, expression: str):
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def hover(self, x: float, y: float) -> None:
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close")
+        except AssertionError:
+            pass
+        try:
+            self.proc.wait(timeout=20)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._to_child)
+        os.close(self._from_child)

@@ -397,6 +397,17 @@ def run_visualization(tensor_dir: Path, draw_dir: Path) -> int:
     return rc
 
 
+#: The capture settings of the embedded default run (its TENSOR_SAVE_CONFIG), unless the caller
+#: gives its own TENSOR_SAVE_CONFIG.
+EMBEDDED_CAPTURE = {"max_iterations": 1, "save_quantized": "true", "whatif_formats": "default"}
+
+
+def embedded_capture_yaml() -> str:
+    """The text of the embedded run's capture YAML."""
+    return ("# written by the collector for the embedded default run\n"
+            + "".join(f"{k}: {v}\n" for k, v in EMBEDDED_CAPTURE.items()))
+
+
 @cli_entry("run_wikipedia_tensor_collection.sh")
 def main(argv: list[str] | None = None) -> int:
     own, passthrough = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
@@ -440,9 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     visualize = embedded if args.visualize is None else args.visualize
     if embedded and not env.get("TENSOR_SAVE_CONFIG"):
         # One captured iteration is what the default run is for; it keeps the report quick.
+        # The quantized operands (the report's "measured" error) and the what-if numerics
+        # (numerics.csv, the numerics figures) are what a first look at a format needs.
         capture_yaml = workdir / "capture_default.yaml"
-        capture_yaml.write_text("# written by the collector for the embedded default run\n"
-                                "max_iterations: 1\n")
+        capture_yaml.write_text(embedded_capture_yaml())
         env["TENSOR_SAVE_CONFIG"] = str(capture_yaml)
         check_capture_config(env)
     master_port = _check_master_port(args.nproc)
