@@ -245,8 +245,12 @@ def te_attention_forward(module: torch.nn.Module, forward: Callable[..., torch.T
 def _attention(module, forward, query, key, value, emulate, args, kwargs):
     saver = get_tensor_saver()
     cap = saver.enabled and not STATE.paused
-    site = _attention_site(module) if cap or STATE.warn_underflow else UNKNOWN_SITE
+    inspector = STATE.inspector    # the debug API's route (te_integration), hp tensors
+    site = (_attention_site(module) if cap or STATE.warn_underflow or inspector is not None
+            else UNKNOWN_SITE)
     it, sample = saver.iteration, saver.sample_idx
+    if inspector is not None:
+        inspector(module, site, it, {"query": query, "key": key, "value": value})
     if cap:
         for p, t in zip(_QKV, (query, key, value)):
             name = p.operand
@@ -264,6 +268,8 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
         query, key, value = (q(t, p) for p, t in zip(_QKV, (query, key, value)))
     _RUNNING_ATTENTION[0] = site.module_path
     context = forward(query, key, value, *args, **kwargs)
+    if inspector is not None:
+        inspector(module, site, it, {"context": context})
     if cap:
         if _wanted(saver, "attention", "forward", "post", "context", site, it):
             _save(saver, context, "attention", "forward", "post", "context", site, it, sample, "FA")
