@@ -413,3 +413,68 @@ def test_te_linear_under_the_factory_matches_our_emulation():
     want = gemm_plan.linear_forward(x.detach(), layer.weight.detach(), None,
                                     gemm_plan.format_quantizer("mxfp8"))
     torch.testing.assert_close(y.detach(), want, rtol=1e-5, atol=1e-5)
+
+
+# -- our namespace on the tiny Llama (real megatron-core; megatron tier) -----------------------
+def test_tiny_llama_attention_follows_the_same_yaml(tmp_path):
+    """Loading our feature folder routes our Megatron attention capture points through the
+    ``lowp`` namespace: the YAML's layer pattern picks one attention layer's query / key /
+    value (named by infer_and_assign_layer_names: layers.1 is megatron's layer_number 1, our
+    layer 0), captured with our names and metadata; what-if numbers are logged; end_debug
+    takes the route away again."""
+    import torch.multiprocessing as mp
+
+    from te_helpers import attention_worker
+    from tensor_capture import schema
+    from tensor_capture.patcher import prepare_patched_megatron as prepare
+    from training_driver.megatron_env import free_port
+
+    caps = tmp_path / "caps"
+    config = _write(tmp_path, f"""
+attention:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: .*layers\\.1\\.self_attention\\.core_attention$
+  lowp:
+    LowpCapture:
+      enabled: True
+      tensors: [query, key, value]
+      save_dir: {caps}
+    LowpWhatIf:
+      enabled: True
+      tensors: [query, context]
+      formats: [mxfp8, nvfp4]
+te_linears:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: .*linear_fc1$
+  transformer_engine:
+    LowpWhatIf: {{enabled: True, tensors: [activation]}}
+""")
+    patched = str(prepare(tmp_path / "patched"))
+    mp.spawn(attention_worker, args=(patched, free_port(), str(tmp_path), str(config)),
+             nprocs=1, join=True)
+    res = torch.load(tmp_path / "result.pt", weights_only=True)
+    assert res["megatron_file"].startswith(patched)
+    assert not res["active_before"] and res["active_during"]
+    assert not res["active_after"] and res["inspector_after"]
+    assert torch.isfinite(res["loss"]).all()
+
+    recs = list(schema.read_manifest(caps))
+    name = "model.decoder.layers.1.self_attention.core_attention"
+    assert sorted(r["tensor_name"] for r in recs) == ["key", "query", "value"]
+    for r in recs:
+        assert (r["layer_type"], r["operation"], r["phase"], r["component"]) == (
+            "attention", "forward", "pre", "FA")
+        assert r["module_path"] == name and r["layer_idx"] == 0 and r["iteration"] == 0
+    q, meta = schema.load_tensor_file(caps / next(r["file"] for r in recs
+                                                  if r["tensor_name"] == "query"))
+    assert list(q.shape) == [32, 2, 4, 16]          # [sq, b, heads, head_dim]
+    k, _ = schema.load_tensor_file(caps / next(r["file"] for r in recs if r["tensor_name"] == "key"))
+    assert list(k.shape) == [32, 2, 2, 16]          # 2 query groups
+    vals = res["values"]
+    # the query's what-if SQNR, re-derived from the captured query along head_dim (Q·Kᵀ)
+    assert vals[f"{name}_query_mxfp8_sqnr_db@0"] == pytest.approx(
+        _sqnr(q, quant.quantize(q, "mxfp8", axis=-1)), rel=1e-5)
+    assert f"{name}_context_nvfp4_sqnr_db@0" in vals
+    assert not any("layers.2.self_attention" in k for k in vals)   # the other layer: nothing
