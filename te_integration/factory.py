@@ -175,3 +175,40 @@ def quantizer_factory(role: Any) -> Any:
     """The factory Megatron-LM / CustomRecipe call: CUSTOM_QUANT_TYPE and LOWP_TE_ROLE_FORMATS
     read once per process."""
     return _from_env()(role)
+
+
+def check_environment(env: Optional[Mapping[str, str]] = None) -> str:
+    """Everything the factory will need, checked before a run: TE's version, CUSTOM_QUANT_TYPE
+    and LOWP_TE_ROLE_FORMATS. Returns a summary line; FactoryError (one line) on a problem."""
+    env = os.environ if env is None else env
+    fmt = default_format(env)
+    rules = parse_rules(env.get(ENV_ROLE_FORMATS, ""))
+    version = installed_te_version()
+    check_te_version(version)
+    return (f"{FACTORY_PATH}: Transformer Engine {version}, {ENV_QUANT}={fmt}"
+            + (f", {len(rules)} role rule(s)" if rules else ""))
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m te_integration.factory --check``: the launcher's check before torchrun."""
+    import argparse
+
+    from lowp_common import cli_entry
+
+    @cli_entry("te_integration.factory")
+    def run(argv):
+        p = argparse.ArgumentParser(prog="python -m te_integration.factory",
+                                    description="Check that TE's custom recipe with our quantizer "
+                                                "factory can run here (TE version, "
+                                                "CUSTOM_QUANT_TYPE, LOWP_TE_ROLE_FORMATS).")
+        p.add_argument("--check", action="store_true", required=True,
+                       help="check and print a summary line (exit 2 with one line on a problem)")
+        p.parse_args(argv)
+        print(check_environment())
+        return 0
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -493,3 +493,22 @@ def test_example_yamls_load(tmp_path, name):
         section.get("transformer_engine", {}).pop("LogTensorStats", None)
     initialize(raw, tmp_path / "logs")
     assert debug_api.DEBUG_MANAGER is not None
+
+
+def test_factory_check_before_a_run(monkeypatch):
+    """The launcher's `python -m te_integration.factory --check`: TE version, format, rules."""
+    env = {"CUSTOM_QUANT_TYPE": "nvfp4", "LOWP_TE_ROLE_FORMATS": "tensor_type=grad_output:mxfp8"}
+    monkeypatch.setattr(factory, "installed_te_version", lambda: "2.20.0")
+    assert factory.check_environment(env) == (
+        "te_integration.factory.quantizer_factory: Transformer Engine 2.20.0, "
+        "CUSTOM_QUANT_TYPE=nvfp4, 1 role rule(s)")
+    monkeypatch.setattr(factory, "installed_te_version", lambda: "2.10.1")
+    with pytest.raises(factory.FactoryError, match=r"2\.10\.1 is too old .* >= 2\.16"):
+        factory.check_environment(env)
+    out = _python("from te_integration.factory import main; raise SystemExit(main(['--check']))",
+                  CUSTOM_QUANT_TYPE="mxfp8")
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # noqa: BLE001 - no TE here: one line saying so
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "needs Transformer Engine >= 2.16, which does not import here" in out.stderr

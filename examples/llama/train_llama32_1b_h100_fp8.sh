@@ -105,6 +105,10 @@ HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev
 if [[ "$DTYPE" == fp8 && "$DRY_RUN" != 1 ]]; then
     [[ "$HAS_CUDA" == 1 ]] || die "DTYPE fp8 needs a CUDA GPU (none found): use bf16, or CUSTOM_QUANT_TYPE to emulate a format"
     "$PY" -c 'import transformer_engine' >/dev/null 2>&1 || die "DTYPE fp8 needs Transformer Engine: pip install transformer-engine[pytorch]"
+    if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then   # the factory's TE version, CUSTOM_QUANT_TYPE and role rules
+        FACTORY_CHECK=$("$PY" -m te_integration.factory --check 2>&1) \
+            || die "$(printf '%s\n' "$FACTORY_CHECK" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^te_integration.factory: error: //')"
+    fi
     if [[ "$CAPTURE" == 1 ]]; then
         echo "train_llama32_1b_h100_fp8.sh: note: DTYPE fp8 runs Transformer Engine linears, which capture does not reach (docs/capture.md, 'Not captured'): their tensors are not saved; DTYPE bf16 captures them" >&2
     fi
