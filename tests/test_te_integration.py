@@ -238,9 +238,14 @@ def test_yaml_mistakes_fail_at_initialize_naming_key_and_valid_values(tmp_path, 
 def test_unknown_feature_in_our_namespace_fails_at_initialize(tmp_path):
     path = _write(tmp_path, "a:\n  enabled: True\n  layers: {layer_name_regex_pattern: .*}\n"
                             "  lowp:\n    LowpWhatif: {enabled: True, tensors: [query]}\n")
-    with pytest.raises(Exception) as err:      # nvdlfw-inspect's own check, or ours
+    with pytest.raises(Exception) as err:      # nvdlfw-inspect's own check comes first
         initialize(path, tmp_path / "logs")
     assert "LowpWhatif" in str(err.value)
+    import yaml
+
+    with pytest.raises(options.InspectConfigError, match=r"a\.lowp: unknown feature 'LowpWhatif'; "
+                       r"valid: LowpWhatIf, LowpBlockScaleStats, LowpCapture"):
+        options.validate(yaml.safe_load(path.read_text()), str(path))   # lowp-te-check's check
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
