@@ -2,7 +2,8 @@
 
 Install with ``pip install -e .`` (torch first: ``pip install torch==2.13.0`` on a CPU machine).
 Packages: lowp_common (console-command helpers), quant (numerics core), quant_tools (its
-command-line applications), tensor_capture (what
+command-line applications), te_integration (Transformer Engine custom recipe and debug-API
+features), tensor_capture (what
 megatron/core/tensor_saver.py uses), tensor_viz (plots and reports), training_driver (training on megatron-core),
 training_profiler (static checker, monitor, analyzers).
 """
@@ -14,11 +15,14 @@ setup(
     description="Capture, emulate and visualize FP8/MXFP/HiFP8 numerics in Megatron-LM training",
     python_requires=">=3.10",
     packages=find_packages(
-        include=["lowp_common", "lowp_common.*", "quant", "quant.*", "quant_tools", "quant_tools.*", "tensor_capture",
+        include=["lowp_common", "lowp_common.*", "quant", "quant.*", "quant_tools", "quant_tools.*", "te_integration", "tensor_capture",
                  "tensor_capture.*", "tensor_viz", "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
-    package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2", "templates/*.css"]},
+    # te_integration/debug_features/ is a feature folder nvdlfw-inspect executes file by file
+    # (no __init__.py on purpose): shipped as data beside the package
+    package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2", "templates/*.css"],
+                  "te_integration": ["debug_features/*.py"]},
     install_requires=[
         # A range, not a pin: users bring their own CUDA build of torch.
         "torch>=2.4",
@@ -37,7 +41,12 @@ setup(
                  # the tests load our tokenizer as Megatron-LM does (AutoTokenizer); no torch pulled
                  "transformers>=4.40",
                  # the Triton kernels are tested on the CPU in its interpreter (TRITON_INTERPRET=1)
-                 "triton>=3.2"],
+                 "triton>=3.2",
+                 # the Transformer Engine debug features (te extra), tested with a TE stand-in
+                 "nvdlfw-inspect==0.2.2"],
+        # Transformer Engine's debug API (pure Python): our features in it (te_integration);
+        # Transformer Engine itself (>= 2.16 for the quantizer factory) comes from the gpu extra
+        "te": ["nvdlfw-inspect==0.2.2"],
         # GPU-only extras; nothing imports them unconditionally.
         "gpu": ["transformer-engine[pytorch]"],
         "tensorboard": ["tensorboard>=2.10"],
@@ -56,6 +65,7 @@ setup(
             "amp-static-check=training_profiler.static_checker:main",
             "analyze-tensor=training_profiler.tensor_analyzer:main",
             "precision-diff=training_profiler.layer_diff:main",
+            "lowp-te-check=te_integration.check_cli:main",
         ]
     },
 )

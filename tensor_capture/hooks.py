@@ -250,8 +250,12 @@ def te_attention_forward(module: torch.nn.Module, forward: Callable[..., torch.T
 def _attention(module, forward, query, key, value, emulate, args, kwargs):
     saver = get_tensor_saver()
     cap = saver.enabled and not STATE.paused
-    site = _attention_site(module) if cap or STATE.warn_underflow else UNKNOWN_SITE
+    inspector = STATE.inspector    # the debug API's route (te_integration), hp tensors
+    site = (_attention_site(module) if cap or STATE.warn_underflow or inspector is not None
+            else UNKNOWN_SITE)
     it, sample = saver.iteration, saver.sample_idx
+    if inspector is not None:
+        inspector(module, site, it, {"query": query, "key": key, "value": value})
     if cap:
         for p, t in zip(_QKV, (query, key, value)):
             name = p.operand
@@ -269,6 +273,8 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
         query, key, value = (q(t, p) for p, t in zip(_QKV, (query, key, value)))
     _RUNNING_ATTENTION[0] = site.module_path
     context = forward(query, key, value, *args, **kwargs)
+    if inspector is not None:
+        inspector(module, site, it, {"context": context})
     if cap:
         if _wanted(saver, "attention", "forward", "post", "context", site, it):
             _save(saver, context, "attention", "forward", "post", "context", site, it, sample, "FA")
@@ -309,6 +315,8 @@ def attention_probs(module: torch.nn.Module, probs: torch.Tensor) -> torch.Tenso
     saver = get_tensor_saver()
     cfg = saver.config
     out = quantize_probs(probs) if STATE.emulate_attention else probs
+    if STATE.inspector is not None:          # the debug API's route (te_integration): all of P
+        STATE.inspector(module, _attention_site(module), saver.iteration, {"probs": probs})
     if not (saver.enabled and not STATE.paused and cfg.probs_heads > 0 and probs.dim() == 3):
         return out
     site = _attention_site(module)

@@ -283,11 +283,18 @@ def _refresh_state(saver: TensorSaver) -> None:
     STATE.emulate_attention = (STATE.emulate and saver.config.emulate_attention
                                and _attention_format(saver.config.quant_type) is not None)
     STATE.warn_underflow = STATE.emulate and saver.config.underflow_warnings
-    STATE.active = saver.enabled or STATE.emulate
-    if saver.enabled or STATE.warn_underflow:   # module paths for captures and warnings
+    STATE.active = saver.enabled or STATE.emulate or STATE.inspector is not None
+    if saver.enabled or STATE.warn_underflow or STATE.inspector is not None:  # module paths
         sites.install_discovery()
     else:                      # the global module hook costs every module call: remove it
         sites.uninstall_discovery()
+
+
+def set_inspector(inspector: Callable[..., None] | None) -> None:
+    """Also hand attention tensors to ``inspector(module, site, iteration, {name: tensor})``
+    (te_integration's debug-API route; None: stop). Keeps the hot-path flag in step."""
+    STATE.inspector = inspector
+    _refresh_state(get_tensor_saver())
 
 
 def get_tensor_saver() -> TensorSaver:
@@ -341,7 +348,8 @@ def reset_tensor_saver() -> None:
         if old is not None:
             old.close()
         _reset_session_state()
-        STATE.active = STATE.emulate = STATE.emulate_attention = False
+        STATE.emulate = STATE.emulate_attention = False
+        STATE.active = STATE.inspector is not None
         STATE.paused = STATE.warn_underflow = False
         STATE.quant_type = None
         STATE.current_linear = None

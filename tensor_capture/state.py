@@ -11,7 +11,7 @@ from .config import env_requests_activity  # noqa: F401  (the facade imports it 
 
 class _State:
     __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "current_linear",
-                 "paused", "warn_underflow")
+                 "paused", "warn_underflow", "inspector")
 
     def __init__(self) -> None:
         self.active = False             # capture enabled or emulation on
@@ -21,6 +21,9 @@ class _State:
         self.current_linear = None      # site of the linear module whose forward is running
         self.paused = False             # a forward-only (evaluation) schedule call: capture nothing
         self.warn_underflow = False     # emulating with underflow_warnings on (tensor_capture.underflow)
+        # inspector(module, site, iteration, {name: tensor}) for attention tensors: the debug
+        # API route of te_integration (saver.set_inspector); None: off
+        self.inspector = None
 
 
 STATE = _State()

@@ -32,6 +32,7 @@ TIER_MARKERS = {
 #: using the fixture); fnmatch patterns, parameters ignored -> slow tiers.
 SLOW_TIERS = {
     "test_capture_megatron.py": ("megatron",),
+    "test_te_integration.py::test_tiny_llama_*": ("megatron",),
     "test_capture_patch_versions.py::test_release_*": ("megatron",),  # downloads each release
     "test_capture_driver.py": ("megatron", "multiprocess"),     # issue 10's capture runtime
     "test_capture_numerics.py::test_tiny_llama_*": ("megatron", "multiprocess"),

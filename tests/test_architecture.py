@@ -17,7 +17,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "tensor_capture": frozenset({"lowp_common", "quant"}),
     "tensor_viz": frozenset({"lowp_common", "quant", "tensor_capture"}),
     "quant_tools": frozenset({"lowp_common", "quant", "tensor_capture", "tensor_viz"}),
-    "training_driver": frozenset({"lowp_common", "quant", "tensor_capture", "megatron"}),
+    "te_integration": frozenset({"lowp_common", "quant", "tensor_capture"}),
+    "training_driver": frozenset({"lowp_common", "quant", "tensor_capture", "te_integration",
+                                  "megatron"}),
     "training_profiler": frozenset({"lowp_common", "quant", "tensor_capture", "training_driver",
                                     "megatron"}),
     "megatron/core": frozenset({"tensor_capture"}),       # the facade a patched tree imports
@@ -27,6 +29,7 @@ MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
     "lowp_common": frozenset({"torch", "numpy", "matplotlib", "jinja2", "megatron"}),
     "quant": frozenset({"matplotlib", "jinja2", "megatron", "transformer_engine"}),
     "tensor_capture": frozenset({"matplotlib", "jinja2"}),
+    "te_integration": frozenset({"matplotlib", "jinja2", "megatron"}),
 }
 #: file -> why it may break its package's row (each says when it goes away).
 EXCEPTIONS: dict[str, str] = {
@@ -35,6 +38,9 @@ EXCEPTIONS: dict[str, str] = {
     "quant/mxfp_scaling_test.py": "the seed's script path: a shim that runs the sweep command",
 }
 PROJECT = {p.split("/")[0] for p in MAY_IMPORT} | {"quant_tools"}
+#: te_integration modules that may import Transformer Engine at module level (the rest import it
+#: lazily or never: the factory and the debug features load on machines without TE)
+TE_AT_IMPORT = {"te_integration/te_quantizer.py"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -71,3 +77,21 @@ def test_the_table_knows_every_package() -> None:
     assert found <= set(MAY_IMPORT), f"add {sorted(found - set(MAY_IMPORT))} to MAY_IMPORT"
     doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert all(f"`{p}" in doc for p in MAY_IMPORT), "docs/architecture.md must name every package"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_transformer_engine_is_imported_at_module_level_only_where_it_must_be() -> None:
+    """Issue 20: the factory, the features and their folder load without TE installed."""
+    bad = [p.relative_to(REPO).as_posix() for p in _files("te_integration")
+           if "transformer_engine" in _module_level_imports(p)
+           and p.relative_to(REPO).as_posix() not in TE_AT_IMPORT]
+    assert bad == [], f"import transformer_engine lazily in {bad}"

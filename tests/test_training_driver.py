@@ -182,17 +182,29 @@ def test_stop_file_ends_the_run_cleanly_with_a_checkpoint(small_data, tmp_path):
 
 
 @pytest.mark.parametrize("kw", [dict(dtype="fp8"), dict(transformer_impl="te")])
-def test_emulation_on_te_linears_is_refused(small_data, monkeypatch, kw):
-    """CUSTOM_QUANT_TYPE never silently does nothing on Transformer Engine linears.
+def test_emulation_on_te_linears_runs_the_custom_recipe(small_data, monkeypatch, kw):
+    """CUSTOM_QUANT_TYPE never silently does nothing on Transformer Engine linears: it selects
+    TE's custom recipe with our quantizer factory (issue 20), and a TE too old for it is one
+    line naming the version needed.
 
-    TE needs CUDA, so its presence is stubbed (the one thing this CPU cannot provide)."""
+    TE needs CUDA, so its presence and version are stubbed (what this CPU cannot provide)."""
+    from te_integration import factory
     from training_driver import train as train_mod
 
     monkeypatch.setattr(train_mod, "_te_available", lambda: True)
     monkeypatch.delenv("CUSTOM_QUANT_TYPE", raising=False)
-    assert check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)["use_te"]
+    plain = check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)
+    assert plain["use_te"] and not plain["te_custom_recipe"]
+    assert "fp8_recipe" not in train_mod.fp8_overrides(kw.get("dtype", "bf16"), False)
     monkeypatch.setenv("CUSTOM_QUANT_TYPE", "mxfp8")
-    with pytest.raises(UserError, match="cannot be emulated .* Transformer Engine linears"):
+    monkeypatch.setattr(factory, "installed_te_version", lambda: "2.20.0.dev0")
+    derived = check_config(_cfg(small_data, **kw), 1, cuda=True, capture=True)
+    assert derived["use_te"] and derived["te_custom_recipe"]
+    assert train_mod.fp8_overrides(kw.get("dtype", "bf16"), True) == dict(
+        fp8="hybrid", fp8_recipe="custom",
+        fp8_quantizer_factory="te_integration.factory.quantizer_factory")
+    monkeypatch.setattr(factory, "installed_te_version", lambda: "2.12.0")
+    with pytest.raises(UserError, match=r"Transformer Engine 2\.12\.0 is too old .* >= 2\.16"):
         check_config(_cfg(small_data, **kw), 1, cuda=True, capture=True)
-    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "fp32")   # the "no emulation" name stays allowed
-    assert check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)["use_te"]
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "fp32")   # the "no emulation" name: TE's own FP8
+    assert not check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)["te_custom_recipe"]

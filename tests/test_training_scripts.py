@@ -402,14 +402,13 @@ def test_example_script_refuses_an_unsupported_megatron_version(small_data, tmp_
 
 @pytest.mark.parametrize("env,dtype,message", [
     ({"CUSTOM_QUANT_TYPE": "mxfp9"}, "bf16", "CUSTOM_QUANT_TYPE='mxfp9' is not a known format"),
-    ({"CUSTOM_QUANT_TYPE": "mxfp8"}, "fp8",
-     "CUSTOM_QUANT_TYPE=mxfp8 with DTYPE fp8: fp8 runs Transformer Engine linears"),
-    ({"CUSTOM_QUANT_TYPE": "mxfp8", "MEGATRON_LM_DIR": "CHECKOUT"}, "fp8", "use DTYPE bf16"),
+    ({"CUSTOM_QUANT_TYPE": "mxfp9", "MEGATRON_LM_DIR": "CHECKOUT"}, "fp8",
+     "CUSTOM_QUANT_TYPE='mxfp9' is not a known format"),
     ({"FP8_RECIPE": "mxfp9"}, "bf16", "FP8_RECIPE=mxfp9 is unknown: choose one of delayed"),
     ({"FP4_RECIPE": "nvfp4"}, "fp8", "FP4_RECIPE=nvfp4 with DTYPE fp8 needs"),
     ({"FP8_RECIPE": "mxfp8", "CUSTOM_QUANT_TYPE": "hifp8"}, "bf16", "disagree: set one of them"),
     ({"FP4_RECIPE": "nvfp4"}, "bf16", "CUSTOM_QUANT_TYPE=te_nvfp4 needs a multiple of 16"),
-], ids=["typo", "te-emulation", "te-emulation-megatron-lm", "recipe-typo", "recipe-no-hardware",
+], ids=["typo", "typo-te-megatron-lm", "recipe-typo", "recipe-no-hardware",
         "recipe-and-quant-type", "recipe-cannot-tile-the-tiny-ffn"])
 def test_example_script_quant_mistakes_are_one_line(small_data, tmp_path, env, dtype, message):
     """Before torchrun starts: no traceback, one line, exit 2 (on any machine, GPU or not)."""
@@ -422,6 +421,56 @@ def test_example_script_quant_mistakes_are_one_line(small_data, tmp_path, env, d
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert message in one_error_line(out.stderr)
     assert not (tmp_path / "probe.json").exists()
+
+
+def _dry_run_argv(out: subprocess.CompletedProcess) -> list[str]:
+    import shlex
+
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return shlex.split(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("quant", ["mxfp8", "nvfp4", ""])
+def test_example_script_te_linears_with_custom_quant_type_get_the_custom_recipe(
+        small_data, tmp_path, quant):
+    """Issue 20: DTYPE fp8 selects Transformer Engine linears; with CUSTOM_QUANT_TYPE set the
+    launcher passes Megatron-LM's custom recipe with our quantizer factory (read here from
+    the command DRY_RUN=1 prints; no GPU needed to see it), without it TE's hybrid FP8."""
+    checkout = _standin_checkout(tmp_path)
+    env = dict(MEGATRON_LM_DIR=str(checkout), GPUS_PER_NODE="1", MASTER_PORT=str(free_port()),
+               PROBE_OUT=str(tmp_path / "probe.json"), IGNORE_RESOURCE_CHECK="1", DRY_RUN="1")
+    if quant:
+        env["CUSTOM_QUANT_TYPE"] = quant
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data, "fp8")], cwd=tmp_path,
+              timeout=240, **env)
+    argv = _dry_run_argv(out)
+    pairs = dict(zip(argv, argv[1:]))
+    assert argv[argv.index("-m") + 1] == "training_driver.torchrun"
+    assert any(a.endswith("megatron-lm/pretrain_gpt.py") for a in argv)
+    assert pairs["--transformer-impl"] == "transformer_engine" and pairs["--fp8-format"] == "hybrid"
+    if quant:
+        assert pairs["--fp8-recipe"] == "custom"
+        assert pairs["--fp8-quantizer-factory"] == "te_integration.factory.quantizer_factory"
+        assert "--fp8-amax-history-len" not in argv
+        assert f"CUSTOM_QUANT_TYPE={quant} on Transformer Engine linears" in out.stderr
+        # the path resolves to the factory megatron-core will call
+        from te_integration import factory
+
+        assert factory.FACTORY_PATH == pairs["--fp8-quantizer-factory"]
+    else:
+        assert "--fp8-recipe" not in argv and pairs["--fp8-amax-history-len"] == "1024"
+    assert not (tmp_path / "probe.json").exists()      # nothing ran
+
+
+def test_example_script_dry_run_prints_the_driver_command(small_data, tmp_path):
+    """Without MEGATRON_LM_DIR the printed command runs this project's driver (which turns
+    CUSTOM_QUANT_TYPE on TE linears into the same custom recipe: test_training_driver)."""
+    out = run([*EXAMPLE, *_example_args(tmp_path, small_data, "fp8")], cwd=tmp_path, timeout=240,
+              CUSTOM_QUANT_TYPE="mxfp8", GPUS_PER_NODE="1", MASTER_PORT=str(free_port()),
+              IGNORE_RESOURCE_CHECK="1", DRY_RUN="1")
+    argv = _dry_run_argv(out)
+    assert argv[argv.index("-m", argv.index("training_driver.torchrun")) + 1] == "training_driver.train"
+    assert dict(zip(argv, argv[1:]))["--dtype"] == "fp8"
 
 
 @pytest.mark.parametrize("model,writes", [("tiny", "~2.1 MB"), ("llama32_1b", "")])

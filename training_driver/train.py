@@ -139,20 +139,35 @@ def check_config(cfg: TrainConfig, world_size: int, cuda: bool, capture: bool) -
     # Capture hooks sit in megatron's local layers; TE only when asked for or needed by fp8.
     use_te = impl == "te" or cfg.dtype == "fp8" or (
         impl == "auto" and cuda and _te_available() and not capture)
-    if use_te and emulation_requested():
-        # The emulation lives in megatron-core's local linears; TE's would ignore it silently.
-        why = "--dtype fp8" if cfg.dtype == "fp8" else "--transformer-impl te"
-        raise UserError(f"CUSTOM_QUANT_TYPE={os.environ.get('CUSTOM_QUANT_TYPE')} cannot be emulated "
-                        f"with {why}: it selects Transformer Engine linears, which the emulation does "
-                        "not reach; use --dtype bf16 with --transformer-impl local (or auto)")
+    # CUSTOM_QUANT_TYPE on Transformer Engine linears: TE's custom recipe with our quantizer
+    # factory (the emulation of megatron-core's local linears does not reach TE's); a TE too
+    # old for it is one line naming the version needed.
+    te_recipe = use_te and emulation_requested()
+    if te_recipe:
+        from te_integration.factory import check_te_version, installed_te_version
+
+        check_te_version(installed_te_version())
     quant_type = os.environ.get("CUSTOM_QUANT_TYPE", "").strip()
-    if quant_type and emulation_requested():
+    if quant_type and emulation_requested() and not te_recipe:
         from .preflight import check_recipe_shape
 
         check_recipe_shape(quant_type, shape, shape["seq_length"] * cfg.micro_batch_size, tp)
     return {"data_parallel_size": dp, "global_batch_size": gbs,
             "num_micro_batches": gbs // (cfg.micro_batch_size * dp), "shape": shape,
-            "use_te": use_te}
+            "use_te": use_te, "te_custom_recipe": te_recipe}
+
+
+def fp8_overrides(dtype: str, te_custom_recipe: bool) -> dict[str, Any]:
+    """TransformerConfig fields of the precision: TE's hybrid FP8 recipe for --dtype fp8; with
+    CUSTOM_QUANT_TYPE on TE linears, TE's custom recipe with our factory (any --dtype)."""
+    if te_custom_recipe:
+        from te_integration.factory import FACTORY_PATH
+
+        return dict(fp8="hybrid", fp8_recipe="custom", fp8_quantizer_factory=FACTORY_PATH)
+    if dtype == "fp8":
+        return dict(fp8="hybrid", fp8_margin=0, fp8_amax_history_len=1024,
+                    fp8_amax_compute_algo="max")
+    return {}
 
 
 def _raise_keyboard_interrupt(signum, frame):  # SIGTERM from a launcher: stop like Ctrl-C
@@ -254,9 +269,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
         overrides: dict[str, Any] = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         if pp > 1:
             overrides["pipeline_dtype"] = params_dtype
-        if cfg.dtype == "fp8":
-            overrides.update(fp8="hybrid", fp8_margin=0, fp8_amax_history_len=1024,
-                             fp8_amax_compute_algo="max")
+        overrides.update(fp8_overrides(cfg.dtype, derived["te_custom_recipe"]))
         model = build_llama_model(shape, params_dtype=params_dtype, use_te=derived["use_te"], **overrides)
         if params_dtype != torch.float32:
             model = model.to(params_dtype)   # all of it, norms included, as Megatron's Float16Module

@@ -13,15 +13,20 @@
 # Environment:
 #   TENSOR_SAVE_ENABLED, TENSOR_SAVE_DIR, TENSOR_SAVER_ITERATION, CUSTOM_QUANT_TYPE
 #                      capture / emulation, applied through the patch set (patches/).
-#                      CUSTOM_QUANT_TYPE emulates on local linears only: with DTYPE fp8
-#                      (Transformer Engine linears) it is refused (exit 2); use DTYPE bf16,
-#                      which runs --transformer-impl local. Capture with fp8 does not save
-#                      the Transformer Engine linears (a note says so).
+#                      With DTYPE bf16 CUSTOM_QUANT_TYPE emulates on local linears; with DTYPE
+#                      fp8 (Transformer Engine linears) it runs TE's custom recipe with our
+#                      quantizer factory (--fp8-recipe custom --fp8-quantizer-factory
+#                      te_integration.factory.quantizer_factory; TE >= 2.16; every
+#                      megatron-core the patch set supports has these flags; docs/te.md).
+#                      Capture with fp8 does not save the Transformer Engine linears (a note
+#                      says so; TE's debug API with our features can: docs/te.md).
 #   FP8_RECIPE, FP4_RECIPE  Megatron-LM's --fp8-recipe (delayed, tensorwise, blockwise, mxfp8)
 #                      / --fp4-recipe (nvfp4). DTYPE fp8: run natively (Megatron-LM checkout
 #                      only) on a GPU that has the recipe, else exit 2 naming what is missing;
 #                      DTYPE bf16: emulate it exactly on local linears (CUSTOM_QUANT_TYPE=te_...,
 #                      the recipe table in training_driver.preflight / quant.recipes)
+#   DRY_RUN=1          print the training command instead of running it (no GPU or
+#                      Transformer Engine needed to see it)
 #   MEGATRON_LM_DIR    a Megatron-LM checkout: its version must be one the patch set supports
 #                      (megatron-tensor-patch --detect; else exit 2); its pretrain_gpt.py runs
 #                      on a patched copy; without apex (fused_weight_gradient_mlp_cuda) the
@@ -96,9 +101,19 @@ read -r _ CAPTURE QUANT <<<"$(printf '%s\n' "$PREFLIGHT" | tail -n 1)"
 [[ "$QUANT" == - ]] && QUANT=""
 # A tokenizer.json file stands for its directory (what AutoTokenizer.from_pretrained takes).
 [[ -f "$TOKENIZER_PATH" ]] && TOKENIZER_PATH=$(dirname "$TOKENIZER_PATH")
+# CUSTOM_QUANT_TYPE with Transformer Engine linears: TE's custom recipe with our factory
+# (te_integration.factory), so the format is emulated inside TE's GEMMs instead of ignored.
+TE_FACTORY=te_integration.factory.quantizer_factory
+TE_RECIPE=()
 if [[ "$DTYPE" == fp8 && -n "$QUANT" ]]; then
-    die "CUSTOM_QUANT_TYPE=$QUANT with DTYPE fp8: fp8 runs Transformer Engine linears (--transformer-impl transformer_engine), where the emulation does not apply and would silently do nothing; use DTYPE bf16 (local linears, --transformer-impl local) to emulate $QUANT, or unset CUSTOM_QUANT_TYPE for real FP8"
+    [[ ${#RECIPE_ARGS[@]} -eq 0 ]] || die "CUSTOM_QUANT_TYPE=$QUANT with DTYPE fp8 runs TE's custom recipe, and ${FP8_RECIPE:+FP8_RECIPE=$FP8_RECIPE}${FP4_RECIPE:+FP4_RECIPE=$FP4_RECIPE} asks for a native one: set one of them"
+    TE_RECIPE=(--fp8-recipe custom --fp8-quantizer-factory "$TE_FACTORY")
 fi
+DRY_RUN=${DRY_RUN:-0}
+launch() {  # exec the command, or print it (DRY_RUN=1)
+    if [[ "$DRY_RUN" == 1 ]]; then printf '%q ' "$@"; printf '\n'; exit 0; fi
+    exec "$@"
+}
 
 if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     [[ -d "$MEGATRON_LM_DIR" ]] || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR is not a directory: point it at a Megatron-LM checkout or unset it"
@@ -113,9 +128,13 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
 fi
 
 HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
-if [[ "$DTYPE" == fp8 ]]; then
+if [[ "$DTYPE" == fp8 && "$DRY_RUN" != 1 ]]; then
     [[ "$HAS_CUDA" == 1 ]] || die "DTYPE fp8 needs a CUDA GPU (none found): use bf16, or CUSTOM_QUANT_TYPE to emulate a format"
     "$PY" -c 'import transformer_engine' >/dev/null 2>&1 || die "DTYPE fp8 needs Transformer Engine: pip install transformer-engine[pytorch]"
+    if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then   # the factory's TE version, CUSTOM_QUANT_TYPE and role rules
+        FACTORY_CHECK=$("$PY" -m te_integration.factory --check 2>&1) \
+            || die "$(printf '%s\n' "$FACTORY_CHECK" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^te_integration.factory: error: //')"
+    fi
     if [[ "$CAPTURE" == 1 ]]; then
         echo "train_llama32_1b_h100_fp8.sh: note: DTYPE fp8 runs Transformer Engine linears, which capture does not reach (docs/capture.md, 'Not captured'): their tensors are not saved; DTYPE bf16 captures them" >&2
     fi
@@ -194,13 +213,18 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     fi
     echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
     PRECISION=(--bf16)
-    [[ "$DTYPE" == fp8 ]] && PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
+    if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then
+        PRECISION+=(--fp8-format hybrid "${TE_RECIPE[@]}")
+        echo "train_llama32_1b_h100_fp8.sh: CUSTOM_QUANT_TYPE=$QUANT on Transformer Engine linears: ${TE_RECIPE[*]}" >&2
+    elif [[ "$DTYPE" == fp8 ]]; then
+        PRECISION+=(--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
+    fi
     if [[ "${RECIPE_ARGS[0]:-}" == --fp4-recipe ]]; then
         PRECISION=(--bf16 --fp4-format e2m1 "${RECIPE_ARGS[@]}")
     elif [[ ${#RECIPE_ARGS[@]} -gt 0 ]]; then
         PRECISION+=("${RECIPE_ARGS[@]}")
     fi
-    exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
+    launch "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
         --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
         --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
         --max-position-embeddings "$SEQ_LENGTH" --position-embedding-type rope --rotary-base 500000 \
@@ -236,4 +260,4 @@ TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MOD
             --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
             --tensorboard-dir "$TENSORBOARD_LOGS_PATH")
 if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" ]]; then TRAIN_ARGS+=(--seq-length "$SEQ_LENGTH"); fi
-exec "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
+launch "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"

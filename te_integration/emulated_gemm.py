@@ -1,0 +1,75 @@
+"""The numerics of our custom TE quantizers: operand values per usage and the GEMM over them.
+
+Why this layout: TE keeps a quantized operand in two layouts, ``rowwise`` (the tensor as
+[rows, cols]) and ``columnwise`` (its transpose), and a custom quantizer's ``qgemm(a, b)``
+computes ``a @ b.T`` on the layouts TE picks per GEMM (fprop: input and weight rowwise; dgrad:
+grad_output rowwise, weight columnwise; wgrad: grad_output and input columnwise), so each GEMM
+sums over the last axis of both stored operands. Blocking a rowwise layout along its last axis
+and a columnwise one along the original's axis 0 is therefore exactly quant.gemm_plan's plan
+(``USAGE_PLAN`` says which plan entry each is; the tests check the axes agree), the plan our
+own emulation of megatron-core linears uses. Values are quant.quantize's (dequantized, in the
+input's dtype); the GEMM runs in float32 over them and returns ``out_dtype``.
+
+No Transformer Engine import: te_integration.te_quantizer wraps these in TE's classes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from quant import gemm_plan
+
+#: formats meaning "leave the tensor in high precision"
+HIGH_PRECISION = ("hp", "fp32")
+#: TE layout -> the axis (of the [rows, cols] tensor) its blocks run along
+AXIS_OF_USAGE = {"rowwise": -1, "columnwise": 0}
+#: (QuantizerRole.tensor_type, layout) -> the quant.gemm_plan operand that layout feeds
+USAGE_PLAN: dict[tuple[str, str], tuple[str, str]] = {
+    ("input", "rowwise"): ("forward", "input"),
+    ("input", "columnwise"): ("wgrad", "input"),
+    ("weight", "rowwise"): ("forward", "weight"),
+    ("weight", "columnwise"): ("dgrad", "weight"),
+    ("grad_output", "rowwise"): ("dgrad", "grad_output"),
+    ("grad_output", "columnwise"): ("wgrad", "grad_output"),
+}
+
+
+def as_2d(x: torch.Tensor) -> torch.Tensor:
+    """[..., cols] -> [rows, cols] (TE's GEMM view of an operand)."""
+    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+
+
+def usage_values(x2d: torch.Tensor, fmt: str, usage: str) -> torch.Tensor:
+    """The operand TE's ``usage`` layout holds: ``x2d`` fake-quantized to ``fmt`` along
+    AXIS_OF_USAGE (quant.quantize), transposed for the columnwise layout."""
+    import quant
+
+    axis = AXIS_OF_USAGE[usage]
+    q = x2d if fmt in HIGH_PRECISION else quant.quantize(x2d, fmt, axis=axis)
+    return q if usage == "rowwise" else q.t().contiguous()
+
+
+def hp_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
+            bias: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+            accumulate: bool = False) -> torch.Tensor:
+    """``a @ b.T`` (+ bias) in float32 over already fake-quantized operands, as ``out_dtype``;
+    ``accumulate`` adds into ``out`` (TE's wgrad accumulation into main_grad)."""
+    y = torch.matmul(a.float(), b.float().t())
+    if bias is not None and bias.numel():
+        y = y + bias.float()
+    y = y.to(out_dtype)
+    if accumulate:
+        if out is None:
+            raise ValueError("hp_gemm: accumulate needs out")
+        return out.add_(y)
+    if out is not None:
+        return out.copy_(y)
+    return y
+
+
+def plan_axis(tensor_type: str, usage: str) -> Optional[int]:
+    """The quant.gemm_plan axis of the operand a layout feeds, on the [rows, cols] tensor
+    (None for a tensor type that feeds no linear GEMM)."""
+    key = USAGE_PLAN.get((tensor_type, usage))
+    return None if key is None else gemm_plan.axis(*key) % 2

@@ -1,0 +1,214 @@
+"""The quantizer factory of Transformer Engine's custom recipe: our formats inside TE layers.
+
+Megatron-LM (megatron-core >= 0.16)::
+
+    CUSTOM_QUANT_TYPE=mxfp8 ... --fp8-recipe custom \\
+        --fp8-quantizer-factory te_integration.factory.quantizer_factory
+
+or plain TE: ``CustomRecipe(qfactory=te_integration.factory.quantizer_factory)``. TE calls the
+factory once per quantizer slot with a ``QuantizerRole`` (module_type linear / grouped_linear /
+dpa, tensor_type input / weight / grad_output / ..., name). Linear and grouped-linear GEMM
+operands get our custom quantizer in the chosen format (te_integration.te_quantizer: values
+from quant.quantize along each GEMM's reduction axis, the GEMM in high precision); every other
+slot stays in high precision (our quantizer with "hp"), including DotProductAttention's (TE's
+fused attention takes only TE's own quantizer families, so it cannot run our emulation: our
+attention emulation is on the megatron-core side, tensor_capture).
+
+Which format: CUSTOM_QUANT_TYPE (any quant.FORMATS name), overridden per role by
+LOWP_TE_ROLE_FORMATS, rules ``field=value[,field=value]:format`` separated by ``;``, first
+match wins (fields of QuantizerRole; format a quant.FORMATS name or ``hp``), e.g.
+``tensor_type=grad_output:fp8_e5m2_tensor;name=fc2,tensor_type=weight:nvfp4;module_type=dpa:hp``.
+
+Transformer Engine is imported on the first call only; a TE older than the custom-recipe
+quantizer roles is one line naming the version needed.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Mapping, Optional
+
+from lowp_common import UserError
+
+ENV_QUANT = "CUSTOM_QUANT_TYPE"
+ENV_ROLE_FORMATS = "LOWP_TE_ROLE_FORMATS"
+#: the dotted path Megatron-LM's --fp8-quantizer-factory takes
+FACTORY_PATH = "te_integration.factory.quantizer_factory"
+#: TE that has CustomRecipe (2.9) and QuantizerRole's module_type / tensor_type / name (2.16)
+MIN_TE_VERSION = (2, 16)
+ROLE_FIELDS = ("module_type", "tensor_type", "name")
+#: the roles our format applies to by default: the three operands of linear GEMMs
+LINEAR_MODULES = ("linear", "grouped_linear")
+OPERAND_TYPES = ("input", "weight", "grad_output")
+HP = "hp"
+
+
+class FactoryError(UserError, ValueError):
+    """A factory setting (environment variable) is wrong; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class RoleRule:
+    """``match`` (QuantizerRole field -> value) -> ``fmt`` (a format name or "hp")."""
+
+    match: tuple[tuple[str, str], ...]
+    fmt: str
+
+    def matches(self, role: Any) -> bool:
+        return all(str(getattr(role, k, "") or "") == v for k, v in self.match)
+
+
+def _check_format(name: str, where: str) -> str:
+    import quant
+
+    key = name.strip().lower()
+    if key in (HP, "none", "fp32"):
+        return HP
+    if key not in quant.FORMATS:
+        raise FactoryError(f"{where}: {name!r} is not a known format; valid: "
+                           f"{', '.join(quant.FORMATS)}, hp (high precision)")
+    return key
+
+
+def parse_rules(text: str, where: str = ENV_ROLE_FORMATS) -> tuple[RoleRule, ...]:
+    """``field=value[,field=value]:format;...`` -> rules (FactoryError names the bad part)."""
+    rules = []
+    for part in filter(None, (p.strip() for p in (text or "").split(";"))):
+        lhs, sep, fmt = part.rpartition(":")
+        if not sep or not lhs.strip():
+            raise FactoryError(f"{where}: rule {part!r} needs 'field=value:format' "
+                               f"(fields: {', '.join(ROLE_FIELDS)})")
+        match = []
+        for cond in lhs.split(","):
+            field, eq, value = (s.strip() for s in cond.partition("="))
+            if not eq or field not in ROLE_FIELDS or not value:
+                raise FactoryError(f"{where}: {cond.strip()!r} in rule {part!r} is not "
+                                   f"'field=value' with a field of {', '.join(ROLE_FIELDS)}")
+            match.append((field, value))
+        rules.append(RoleRule(tuple(match), _check_format(fmt, f"{where} rule {part!r}")))
+    return tuple(rules)
+
+
+def choose_format(role: Any, default: str, rules: tuple[RoleRule, ...] = ()) -> str:
+    """The format of one quantizer slot: the first matching rule, else ``default`` for the
+    operands of linear GEMMs and "hp" for every other slot (None role included)."""
+    for rule in rules:
+        if role is not None and rule.matches(role):
+            return rule.fmt
+    if role is not None and getattr(role, "module_type", "") in LINEAR_MODULES and (
+            getattr(role, "tensor_type", "") in OPERAND_TYPES):
+        return default
+    return HP
+
+
+def default_format(env: Optional[Mapping[str, str]] = None) -> str:
+    """CUSTOM_QUANT_TYPE, checked as capture checks it (FactoryError when unset or unknown)."""
+    from tensor_capture.config import ConfigError, load_config
+
+    env = os.environ if env is None else env
+    value = env.get(ENV_QUANT, "")
+    try:
+        name = load_config(env={ENV_QUANT: value}).quant_type
+    except ConfigError as exc:
+        raise FactoryError(str(exc)) from None
+    if name is None:
+        raise FactoryError(f"{ENV_QUANT} is not set: the TE quantizer factory needs the format "
+                           "to emulate (e.g. CUSTOM_QUANT_TYPE=mxfp8)")
+    return _check_format(name, ENV_QUANT)
+
+
+def te_version_tuple(text: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def check_te_version(text: str) -> None:
+    """FactoryError (one line) unless ``text`` is a TE version with the custom-recipe roles."""
+    if te_version_tuple(text) < MIN_TE_VERSION:
+        need = ".".join(map(str, MIN_TE_VERSION))
+        raise FactoryError(
+            f"Transformer Engine {text or '(unknown version)'} is too old for "
+            f"{FACTORY_PATH}: it needs transformer-engine >= {need} (CustomRecipe with "
+            f"QuantizerRole); pip install -U 'transformer-engine[pytorch]>={need}'")
+
+
+def installed_te_version() -> str:
+    """The installed TE's version (FactoryError when it does not import)."""
+    try:
+        import transformer_engine
+    except Exception as exc:  # noqa: BLE001 - no TE, or one that cannot load its CUDA parts
+        need = ".".join(map(str, MIN_TE_VERSION))
+        raise FactoryError(f"{FACTORY_PATH} needs Transformer Engine >= {need}, which does not "
+                           f"import here ({type(exc).__name__}: "
+                           f"{(str(exc).splitlines() or [''])[0][:160]})") from None
+    return str(getattr(transformer_engine, "__version__", ""))
+
+
+def make_factory(default: str, rules: tuple[RoleRule, ...] = ()) -> Callable[[Any], Any]:
+    """A qfactory returning our emulating quantizer for each role (TE imported on first call)."""
+    default = _check_format(default, "default format")
+
+    def qfactory(role: Any) -> Any:
+        te_quantizer = _te_quantizer_module()
+        fmt = choose_format(role, default, rules)
+        return te_quantizer.EmulatedQuantizer(fmt, getattr(role, "tensor_type", "") or "")
+
+    return qfactory
+
+
+@lru_cache(maxsize=1)
+def _te_quantizer_module():
+    check_te_version(installed_te_version())
+    from . import te_quantizer
+
+    return te_quantizer
+
+
+@lru_cache(maxsize=1)
+def _from_env() -> Callable[[Any], Any]:
+    return make_factory(default_format(), parse_rules(os.environ.get(ENV_ROLE_FORMATS, "")))
+
+
+def quantizer_factory(role: Any) -> Any:
+    """The factory Megatron-LM / CustomRecipe call: CUSTOM_QUANT_TYPE and LOWP_TE_ROLE_FORMATS
+    read once per process."""
+    return _from_env()(role)
+
+
+def check_environment(env: Optional[Mapping[str, str]] = None) -> str:
+    """Everything the factory will need, checked before a run: TE's version, CUSTOM_QUANT_TYPE
+    and LOWP_TE_ROLE_FORMATS. Returns a summary line; FactoryError (one line) on a problem."""
+    env = os.environ if env is None else env
+    fmt = default_format(env)
+    rules = parse_rules(env.get(ENV_ROLE_FORMATS, ""))
+    version = installed_te_version()
+    check_te_version(version)
+    return (f"{FACTORY_PATH}: Transformer Engine {version}, {ENV_QUANT}={fmt}"
+            + (f", {len(rules)} role rule(s)" if rules else ""))
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m te_integration.factory --check``: the launcher's check before torchrun."""
+    import argparse
+
+    from lowp_common import cli_entry
+
+    @cli_entry("te_integration.factory")
+    def run(argv):
+        p = argparse.ArgumentParser(prog="python -m te_integration.factory",
+                                    description="Check that TE's custom recipe with our quantizer "
+                                                "factory can run here (TE version, "
+                                                "CUSTOM_QUANT_TYPE, LOWP_TE_ROLE_FORMATS).")
+        p.add_argument("--check", action="store_true", required=True,
+                       help="check and print a summary line (exit 2 with one line on a problem)")
+        p.parse_args(argv)
+        print(check_environment())
+        return 0
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
