@@ -34,6 +34,9 @@ setup(
         "jinja2>=3.0",
         # preprocess-corpus trains a byte-level BPE with it; small abi3 wheels, no torch.
         "tokenizers>=0.15",
+        # the report's columnar index of the manifests (tensor_viz.columnar): Parquet + DuckDB
+        "pyarrow>=14",
+        "duckdb>=1.1",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",

@@ -13,6 +13,7 @@ from typing import Any
 
 from lowp_common import UserError  # noqa: F401  (the CLI prints it as one line and exits 2)
 from tensor_capture import schema
+from tensor_viz.columnar import CACHE_DIRNAME
 
 
 @dataclass
@@ -78,6 +79,9 @@ class Catalog:
     entries: list[Entry]
     problems: list[Problem]
     ignored: int = 0                   # files that are neither tensors nor manifests
+    view: Any = None                   # rank_tables.RankView of the columnar index, when built
+    selected: str | None = None        # a large capture: which records the figures draw from
+    index: Any = None                  # a large capture: (DuckDB connection, columnar.IndexState)
 
     def problem_counts(self) -> dict[str, int]:
         return dict(Counter(p.kind for p in self.problems))
@@ -103,14 +107,35 @@ def _record_entry(directory: Path, record: dict[str, Any]) -> tuple[Entry | None
     return Entry(name=name, meta=record, path=path, stats=stats, source="manifest"), problem
 
 
-def scan(directory: str | os.PathLike[str]) -> Catalog:
-    """Catalog ``directory``; UserError if it is not a directory."""
+def from_records(directory: str | os.PathLike[str], records: list[dict[str, Any]]) -> Catalog:
+    """A catalog of the given manifest records only (a large capture's selection from the
+    columnar index; files not in the manifest are not looked for)."""
+    root = Path(directory)
+    entries: list[Entry] = []
+    problems: list[Problem] = []
+    for record in records:
+        entry, problem = _record_entry(root, record)
+        if problem:
+            problems.append(problem)
+        if entry:
+            entries.append(entry)
+    return Catalog(directory=str(root), entries=entries, problems=problems)
+
+
+def check_directory(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` as a Path; UserError if it is not a directory."""
     root = Path(directory)
     if not root.exists():
         raise UserError(f"--tensor_dir {root}: no such directory (pass the folder the capture wrote, "
                         "e.g. $TENSOR_SAVE_DIR)")
     if not root.is_dir():
         raise UserError(f"--tensor_dir {root}: is a file, not a directory (pass the folder holding the .pt files)")
+    return root
+
+
+def scan(directory: str | os.PathLike[str]) -> Catalog:
+    """Catalog ``directory``; UserError if it is not a directory."""
+    root = check_directory(directory)
     entries: list[Entry] = []
     problems: list[Problem] = []
     known: set[str] = set()
@@ -123,7 +148,8 @@ def scan(directory: str | os.PathLike[str]) -> Catalog:
             if entry.path:
                 known.add(os.path.realpath(entry.path))
     ignored = 0
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*")
+                       if p.is_file() and CACHE_DIRNAME not in p.relative_to(root).parts):
         if path.suffix != schema.TENSOR_SUFFIX:
             if not path.match(schema.MANIFEST_GLOB):
                 ignored += 1

@@ -37,11 +37,17 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--map-stat", default=",".join(defaults.DEFAULT_MAP_STATS),
                    help=f"statistics for the numerics map, from {', '.join(defaults.MAP_STAT_NAMES)}")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--index-dir", default=None,
+                   help="where the columnar index of the manifests goes (default: "
+                        "TENSOR_DIR/.tensor_index, or a temporary folder when TENSOR_DIR is read-only)")
+    p.add_argument("--max-records", type=int, default=defaults.Options.max_records,
+                   help="above this many manifest records, figures drawn per record use a "
+                        "selection of ranks and iterations (tables and numerics.csv cover all)")
     return p
 
 
 def options(args: argparse.Namespace) -> defaults.Options:
-    for name in ("sample_size", "max_files", "workers", "whatif_files"):
+    for name in ("sample_size", "max_files", "workers", "whatif_files", "max_records"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     stats = _formats(args.map_stat)
@@ -59,7 +65,8 @@ def options(args: argparse.Namespace) -> defaults.Options:
         raise UserError(f"--whatif {','.join(unknown)}: unknown format; see quant.FORMATS for names")
     return defaults.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
                             workers=args.workers, whatif=whatif, whatif_files=args.whatif_files, map_stats=stats,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, index_dir=args.index_dir,
+                            max_records=args.max_records)
 
 
 def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,

@@ -26,6 +26,7 @@ class Dataset:
     whatif_formats: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)   # section -> why something is missing
     numerics: list[dict[str, Any]] = field(default_factory=list)   # numerics_data.rows(entries)
+    rank_view: Any = None   # rank_tables.RankView: header and outlier ranks from the columnar index
 
     def sampled(self, entries: Iterable[Entry] | None = None) -> list[Entry]:
         return [e for e in (self.entries if entries is None else entries) if e.sample is not None]

@@ -65,3 +65,8 @@ class Options:
     map_stats: tuple[str, ...] = DEFAULT_MAP_STATS
     progress: bool = True
     dpi: int = 90
+    index_dir: str | None = None     # where the columnar index goes (default: beside the capture)
+    #: above this many manifest records the per-record figures draw from a selection of ranks
+    #: and iterations (the header, outlier ranks and numerics.csv still cover every record)
+    max_records: int = 50_000
+    selection_records: int = 20_000

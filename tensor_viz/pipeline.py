@@ -76,11 +76,43 @@ def _quant_available() -> bool:
         return False
 
 
+def _catalog(tensor_dir: str | Path, opts: Options) -> Catalog:
+    """The catalog; with manifests, first their columnar index (tensor_viz.columnar): its header
+    and outlier ranks always, and for a capture of more than ``opts.max_records`` records a
+    catalog of a selection of them (the rank with the lowest number and the outlier ranks, at
+    evenly spaced iterations) instead of every record."""
+    from tensor_viz import catalog as cat_mod
+    from tensor_viz import columnar, rank_tables
+
+    root = cat_mod.check_directory(tensor_dir)
+    if not any(root.glob(schema.MANIFEST_GLOB)):
+        return scan(root)
+    say = (lambda line: print(f"visualize-tensors: {line}", flush=True)) if opts.progress else None
+    state = columnar.refresh(root, opts.index_dir, say=say)
+    con = columnar.connect()
+    view = rank_tables.rank_view(con, state)
+    if state.records <= opts.max_records:
+        catalog = scan(root)
+    else:
+        keep = sorted({r["rank"] for r in view.outliers})
+        records = rank_tables.selection(con, state, opts.selection_records, keep)
+        catalog = cat_mod.from_records(root, records)
+        ranks = sorted({r.get("rank") for r in records if r.get("rank") is not None})
+        its = sorted({r.get("iteration") for r in records if r.get("iteration") is not None})
+        catalog.selected = (f"figures drawn per record use {len(records):,} of {state.records:,} "
+                            f"records: rank(s) {', '.join(map(str, ranks))} at {len(its)} "
+                            f"iteration(s) ({', '.join(map(str, its[:12]))}{', ...' if len(its) > 12 else ''}); "
+                            "the header, outlier ranks and numerics.csv cover every record")
+        catalog.index = (con, state)
+    catalog.view = view
+    return catalog
+
+
 def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True) -> tuple[Catalog, Dataset, int]:
     """Catalog the directory and read what the plots need. Returns (catalog, dataset, files read)."""
     opts = opts or Options()
-    catalog = scan(tensor_dir)
-    ds = Dataset(entries=list(catalog.entries))
+    catalog = _catalog(tensor_dir, opts)
+    ds = Dataset(entries=list(catalog.entries), rank_view=catalog.view)
     if not values:
         return catalog, ds, 0
     chosen = _select(ds.entries, opts)
@@ -247,7 +279,15 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
     result = Result(catalog, ds, fs, files_read=nread)
     from tensor_viz import numerics_csv
 
-    csv_name = numerics_csv.write_csv(ds.entries, out, ds.numerics)
+    index = getattr(catalog, "index", None)
+    if index is not None:     # a large capture: every record's numerics, written by DuckDB
+        from tensor_viz import rank_tables
+
+        con, state = index
+        csv_name = numerics_csv.FILE_NAME if rank_tables.write_numerics_csv(
+            con, state, out, numerics_csv.COLUMNS) else None
+    else:
+        csv_name = numerics_csv.write_csv(ds.entries, out, ds.numerics)
     if csv_name:
         result.extra_files.append(csv_name)
     if quick:

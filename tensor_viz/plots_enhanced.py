@@ -303,8 +303,47 @@ def draw_layers(ds: Dataset, fs: FigureSet) -> None:
             "show whether one micro-batch (one bad example) drives the outliers. " + " ".join(sorted(scales)))
 
 
+def _rank_outliers(ds: Dataset, fs: FigureSet, section: str) -> None:
+    """Outlier ranks from the columnar index (tensor_viz.rank_tables): every record counted."""
+    view = ds.rank_view
+    if view is None or not view.outliers or view.worst is None:
+        return
+    fig, axes = grid(2, ncols=2, size=(5.6, 3.8))
+    ax = axes[0]
+    h = view.header
+    span = list(range(h.first_iteration, h.last_iteration + 1)) if (
+        h.first_iteration is not None and h.last_iteration - h.first_iteration < 100_000) else None
+    for metric, counts in view.per_iteration.items():
+        got = dict(counts)
+        xs = span if span is not None else sorted(got)
+        ax.plot(xs, [got.get(i, 0) for i in xs], marker="." if len(xs) < 60 else None,
+                label=metric)
+    ax.set(title="outlier cells per iteration", xlabel="iteration",
+           ylabel="layer x tensor cells with an outlier rank (count)")
+    ax.legend(fontsize=7)
+    w, band = view.worst, view.worst_band
+    ax = axes[1]
+    its = [b[0] for b in band]
+    ax.fill_between(its, [b[1] for b in band], [b[3] for b in band], alpha=0.25,
+                    label="min..max over ranks")
+    ax.plot(its, [b[2] for b in band], label="median over ranks")
+    ax.plot(its, [np.nan if b[4] is None else b[4] for b in band], marker=".",
+            label=f"rank {w['rank']}")
+    where = f"L{'NA' if w['layer_idx'] is None else w['layer_idx']} {w['submodule'] or ''} {w['operation']} {w['tensor_name']}"
+    ax.set(title=short(f"rank {w['rank']}: {w['metric']} of {where}", 48), xlabel="iteration",
+           ylabel=f"{w['metric']} (tensor units or ratio)")
+    ax.legend(fontsize=7)
+    fs.save(fig, section, "rank_outliers", "Which rank diverged, from which iteration",
+            f"From every record of the capture ({h.records:,} records, {h.ranks} ranks, "
+            f"{h.iterations} iterations), aggregated in DuckDB over the columnar index. Left: per "
+            "iteration, how many layer x tensor cells have a rank far from the median over ranks "
+            "(robust z > 3.5). Right: the most extreme rank's value against the band of all ranks, "
+            "for the layer and tensor where it was furthest off.")
+
+
 def draw_ranks(ds: Dataset, fs: FigureSet) -> None:
     section = "rank_analysis"
+    _rank_outliers(ds, fs, section)
     key_fn = lambda e: (e.name.iteration, e.name.layer_type, e.name.layer_idx,  # noqa: E731
                         e.name.operation, e.name.tensor_name, e.name.quant_type, e.name.sample_idx)
     multi = {k: g for k, g in group(ds.with_stats(), key_fn).items()

@@ -14,6 +14,7 @@ import jinja2
 
 from lowp_common import atomic_write_text
 from tensor_viz import interactive, numerics_data
+from tensor_viz import rank_tables
 from tensor_viz.catalog import Catalog, Entry
 from tensor_viz.data import Dataset, group, ratio
 from tensor_viz.figures import subset_note
@@ -107,6 +108,7 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
     """The page's text: the data of ``result`` through templates/report.html.j2 (autoescaped)."""
 
     ds, cat, fs = result.dataset, result.catalog, result.figures
+    view = cat.view
     worst_tables = []
     for title, key, what in WORST_TABLES:
         rows = _worst_rows(worst(ds.entries, key))
@@ -116,6 +118,11 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                                                    "those with the largest ratios")})
     return _template().render(
         directory=cat.directory, n_tensors=len(ds.entries),
+        capture_header=view.header.line() if view is not None else None,
+        selected=cat.selected,
+        outlier_ranks=(view.outliers if view is not None and view.header.ranks >= 3 else None),
+        outlier_z=rank_tables.OUTLIER_Z, rel_floor=rank_tables.REL_FLOOR,
+        outlier_metrics=", ".join(rank_tables.METRICS),
         n_from_manifest=sum(1 for e in ds.entries if e.source == "manifest"),
         files_read=result.files_read, sample_size=opts.sample_size, seed=opts.seed,
         n_pairs=len(ds.pairs), drawn=result.drawn, worst_tables=worst_tables,

@@ -1,0 +1,221 @@
+"""Aggregations over the columnar index (tensor_viz.columnar), run by DuckDB.
+
+Why here: a cluster capture holds millions of records; these queries return only aggregates
+(a header, a bounded table of outlier ranks, per-iteration counts), and numerics.csv is written by
+the engine itself, so the report's memory does not grow with the number of records.
+
+The cross-rank question ("which rank diverged, from which iteration"): per layer x tensor x
+iteration, each rank's value of a metric (:data:`METRICS`, the micro-batches of a rank folded by
+the metric's own fold), its min / median / max across ranks, and the ranks whose robust z-score
+``|v - median| / scale`` exceeds :data:`OUTLIER_Z`, where ``scale`` is 1.4826 x the median
+absolute deviation, floored at :data:`REL_FLOOR` x |median| (so ranks that agree to the last digit
+are not outliers of each other) -- the one definition of a rank outlier.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensor_capture import schema
+from tensor_viz.columnar import IndexState, _lit
+
+#: robust z-score above which a rank is an outlier of its layer x tensor x iteration
+OUTLIER_Z = 3.5
+#: the deviation scale never falls below this share of |median|
+REL_FLOOR = 0.05
+#: metric -> (SQL over one record, how a rank's micro-batches fold); ratios are of the
+#: tensor's own quant type (stats.range), as the overflow table reads them
+METRICS: dict[str, tuple[str, str]] = {
+    "absmax": ("stats.absmax", "max"),
+    "std": ("stats.std", "avg"),
+    "underflow_ratio": ("stats.range[quant_type].underflow_ratio", "max"),
+    "overflow_ratio": ("stats.range[quant_type].overflow_ratio", "max"),
+    "nonfinite": ("stats.nan_count + stats.inf_count", "max"),
+}
+_KEY = ("layer_idx", "submodule", "operation", "phase", "tensor_name")
+
+
+@dataclass
+class Header:
+    """What the report's header states about the capture."""
+
+    records: int
+    ranks: int
+    iterations: int
+    first_iteration: int | None
+    last_iteration: int | None
+    bad_lines: int
+    bad_examples: list[str] = field(default_factory=list)
+    pending_bytes: int = 0
+    manifests: int = 0
+
+    def line(self) -> str:
+        its = ("" if self.first_iteration is None
+               else f" ({self.first_iteration}..{self.last_iteration})")
+        text = (f"{self.records:,} records from {self.manifests} manifest(s): {self.ranks} rank(s), "
+                f"{self.iterations} iteration(s){its}; {self.bad_lines:,} bad line(s) skipped")
+        if self.bad_examples:
+            text += " (" + "; ".join(self.bad_examples[:3]) + ")"
+        if self.pending_bytes:
+            text += f"; {self.pending_bytes:,} bytes of unfinished lines wait for the next report"
+        return text
+
+
+def _source(state: IndexState) -> str:
+    return f"read_parquet('{_lit(state.parquet_glob)}', hive_partitioning=true, union_by_name=true)"
+
+
+def header(con: Any, state: IndexState) -> Header:
+    if state.records == 0:
+        return Header(0, 0, 0, None, None, state.bad_lines, state.bad_examples,
+                      state.pending_bytes, state.manifests)
+    n, ranks, its, lo, hi = con.execute(
+        f"SELECT count(*), count(DISTINCT rank), count(DISTINCT iteration), min(iteration), "
+        f"max(iteration) FROM {_source(state)}").fetchone()
+    return Header(int(n), int(ranks), int(its), lo, hi, state.bad_lines, state.bad_examples,
+                  state.pending_bytes, state.manifests)
+
+
+def _per_rank_sql(state: IndexState, metric: str) -> str:
+    expr, fold = METRICS[metric]
+    key = ", ".join(_KEY)
+    return f"""
+        SELECT {key}, iteration, rank, {fold}(v) AS v FROM (
+            SELECT {key}, iteration, rank, CAST({expr} AS DOUBLE) AS v FROM {_source(state)}
+            WHERE coalesce(variant, 'hp') = 'hp')
+        WHERE v IS NOT NULL AND isfinite(v)
+        GROUP BY {key}, iteration, rank"""
+
+
+def _scored_sql(state: IndexState, metric: str) -> str:
+    key = ", ".join(_KEY)
+    return f"""
+        WITH r AS ({_per_rank_sql(state, metric)}),
+        m AS (SELECT {key}, iteration, median(v) AS med, min(v) AS lo, max(v) AS hi,
+                     count(*) AS ranks FROM r GROUP BY {key}, iteration),
+        d AS (SELECT r.*, m.med, m.lo, m.hi, m.ranks FROM r JOIN m USING ({key}, iteration)),
+        mad AS (SELECT {key}, iteration, median(abs(v - med)) AS mad FROM d
+                GROUP BY {key}, iteration)
+        SELECT d.*, abs(v - med) / greatest(1.4826 * mad.mad, {REL_FLOOR} * abs(med), 1e-30) AS z
+        FROM d JOIN mad USING ({key}, iteration)"""
+
+
+def outlier_ranks(con: Any, state: IndexState, metric: str, limit: int = 20) -> list[dict[str, Any]]:
+    """Per rank with outliers: the first iteration it is one, how many layer x tensor x
+    iteration cells, the worst z and where (only ranks of worlds of 3+ ranks can be judged)."""
+    key = ", ".join(_KEY)
+    rows = con.execute(f"""
+        WITH s AS ({_scored_sql(state, metric)}), o AS (SELECT * FROM s WHERE ranks >= 3 AND z > {OUTLIER_Z})
+        SELECT rank, min(iteration) AS first_iteration, count(*) AS cells, max(z) AS worst_z,
+               arg_max(struct_pack({key}, iteration, v, med), z) AS worst
+        FROM o GROUP BY rank ORDER BY first_iteration, worst_z DESC LIMIT {int(limit)}""").fetchall()
+    out = []
+    for rank, first, cells, z, worst in rows:
+        out.append({"metric": metric, "rank": int(rank), "first_iteration": int(first),
+                    "cells": int(cells), "worst_z": float(z), **worst})
+    return out
+
+
+def band(con: Any, state: IndexState, metric: str, where: dict[str, Any], rank: int
+         ) -> list[tuple[int, float, float, float, float | None]]:
+    """(iteration, min, median, max across ranks, ``rank``'s value) of one layer x tensor."""
+    conds = " AND ".join(f"{k} IS NOT DISTINCT FROM ?" for k in _KEY)
+    rows = con.execute(f"""
+        WITH r AS ({_per_rank_sql(state, metric)})
+        SELECT iteration, min(v), median(v), max(v), max(v) FILTER (WHERE rank = ?)
+        FROM r WHERE {conds} GROUP BY iteration ORDER BY iteration""",
+        [rank] + [where.get(k) for k in _KEY]).fetchall()
+    return [(int(i), float(a), float(m), float(b), None if r is None else float(r))
+            for i, a, m, b, r in rows]
+
+
+def outliers_per_iteration(con: Any, state: IndexState, metric: str) -> list[tuple[int, int]]:
+    """(iteration, outlier cells) for iterations that have any."""
+    return [(int(i), int(n)) for i, n in con.execute(f"""
+        WITH s AS ({_scored_sql(state, metric)})
+        SELECT iteration, count(*) FROM s WHERE ranks >= 3 AND z > {OUTLIER_Z}
+        GROUP BY iteration ORDER BY iteration""").fetchall()]
+
+
+def write_numerics_csv(con: Any, state: IndexState, out_dir: str | os.PathLike[str],
+                       columns: tuple[str, ...]) -> int:
+    """numerics.csv of every record's what-if numerics, written by the engine (one row per record
+    and format, ``columns`` in order, as tensor_viz.numerics_csv names them); rows written."""
+    from lowp_common import atomic_path
+
+    fields = {
+        "file": f"coalesce(regexp_extract(\"{schema.MANIFEST_FILE}\", '[^/]*$'), '')",
+        "format": "f.key", "sqnr_db": "f.value.sqnr_db", "rel_error": "f.value.rel_error",
+        "overflow_ratio": "f.value.overflow_ratio", "underflow_ratio": "f.value.underflow_ratio",
+        "flush_ratio": "f.value.flush_ratio", "block_scale_min": "f.value.block_scale.min",
+        "block_scale_max": "f.value.block_scale.max", "block_scale_std": "f.value.block_scale.std",
+        "short_axis": "f.value.short_axis",
+    }
+    select = ", ".join(f"{fields.get(c, c)} AS \"{c}\"" for c in columns)
+    total = con.execute(f"""SELECT count(*) FROM (SELECT unnest(map_entries(whatif.formats)) AS f
+        FROM {_source(state)} WHERE whatif IS NOT NULL)""").fetchone()[0]
+    if not total:
+        return 0
+    target = Path(out_dir) / "numerics.csv"
+    with atomic_path(target) as tmp:
+        con.execute(f"""COPY (SELECT {select} FROM (
+                SELECT *, unnest(map_entries(whatif.formats)) AS f FROM {_source(state)}
+                WHERE whatif IS NOT NULL) ORDER BY rank, iteration, counter, format)
+            TO '{_lit(tmp)}' (HEADER, DELIMITER ',')""")
+    return int(total)
+
+
+def selection(con: Any, state: IndexState, limit: int, keep_ranks: list[int] | None = None
+              ) -> list[dict[str, Any]]:
+    """At most ``limit`` whole records for the figures that draw per record: every rank named
+    in ``keep_ranks`` (outliers) plus the lowest rank, at evenly spaced iterations (first and last
+    included), as plain dicts like manifest records."""
+    ranks = sorted({*(keep_ranks or []), *(r for (r,) in con.execute(
+        f"SELECT min(rank) FROM {_source(state)}").fetchall() if r is not None)})
+    its = [i for (i,) in con.execute(
+        f"SELECT DISTINCT iteration FROM {_source(state)} ORDER BY iteration").fetchall()]
+    if not ranks or not its:
+        return []
+    per_it = con.execute(
+        f"SELECT count(*) / count(DISTINCT iteration) FROM {_source(state)} "
+        f"WHERE rank IN ({', '.join(map(str, ranks))})").fetchone()[0] or 1
+    k = max(1, min(len(its), int(limit // max(per_it, 1))))
+    picked = sorted({its[round(j * (len(its) - 1) / max(k - 1, 1))] for j in range(k)})
+    cur = con.execute(
+        f"SELECT * FROM {_source(state)} WHERE rank IN ({', '.join(map(str, ranks))}) "
+        f"AND iteration IN ({', '.join(map(str, picked))}) ORDER BY rank, iteration, counter "
+        f"LIMIT {int(limit)}")
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+
+@dataclass
+class RankView:
+    """What the report shows from the index: the header, the outlier ranks per metric (at most
+    ``limit`` rows each), outlier cells per iteration, and the worst rank's band."""
+
+    header: Header
+    outliers: list[dict[str, Any]] = field(default_factory=list)
+    per_iteration: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    worst_band: list[tuple[int, float, float, float, float | None]] = field(default_factory=list)
+    worst: dict[str, Any] | None = None
+
+
+def rank_view(con: Any, state: IndexState, limit: int = 20) -> RankView:
+    view = RankView(header(con, state))
+    if view.header.ranks < 3:
+        return view
+    for metric in METRICS:
+        rows = outlier_ranks(con, state, metric, limit)
+        view.outliers += rows
+        if rows:
+            view.per_iteration[metric] = outliers_per_iteration(con, state, metric)
+    if view.outliers:
+        w = max(view.outliers, key=lambda r: r["worst_z"])
+        view.worst = w
+        view.worst_band = band(con, state, w["metric"], w, w["rank"])
+    view.outliers.sort(key=lambda r: (r["first_iteration"], -r["worst_z"]))
+    view.outliers = view.outliers[:limit]
+    return view
