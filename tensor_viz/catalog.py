@@ -82,6 +82,7 @@ class Catalog:
     view: Any = None                   # rank_tables.RankView of the columnar index, when built
     selected: str | None = None        # a large capture: which records the figures draw from
     index: Any = None                  # a large capture: (DuckDB connection, columnar.IndexState)
+    index_state: Any = None            # columnar.IndexState of the manifests, when they exist
 
     def problem_counts(self) -> dict[str, int]:
         return dict(Counter(p.kind for p in self.problems))

@@ -85,6 +85,13 @@ def _run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bo
         opts.whatif, opts.max_pairs = (), 0
     result = pipeline.build(args.tensor_dir, args.output_dir, sections, opts, quick=quick, report=report)
     cat = result.catalog
+    if result.reused is not None:
+        from tensor_viz.report_stamp import STAMP_FILE
+
+        print(f"{prog}: nothing new in {cat.directory} since the report in {args.output_dir} "
+              f"({result.reused.get('records', 0):,} records, {result.drawn} figures): it is "
+              f"current (delete {args.output_dir}/{STAMP_FILE} to draw it again)")
+        return result.exit_code
     print(f"{prog}: {len(cat.entries)} tensors in {cat.directory}; read values from {result.files_read} files; "
           f"{result.drawn} figures drawn into {args.output_dir}")
     counts = cat.problem_counts()

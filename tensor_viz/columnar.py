@@ -42,6 +42,9 @@ DATA_DIRNAME = "data"
 STATE_FILE = "state.json"
 #: bad lines named per manifest (the rest are counted)
 BAD_EXAMPLES = 3
+#: one COPY reads at most this many manifests / bytes (memory follows the partitions written at
+#: once); rows per Parquet row group (the unit a reader skips by its iteration min/max)
+BATCH_FILES, BATCH_BYTES, ROW_GROUP_ROWS = 32, 512 << 20, 4096
 
 _SCALAR_STATS = ("numel", "min", "max", "mean", "std", "absmax", "min_nonzero_abs",
                  "zero_count", "nan_count", "inf_count")
@@ -230,24 +233,25 @@ def _staged(path: Path, start: int, end: int, tmp: Path) -> Path:
     return part
 
 
+def _duck_type(t: Any) -> str:
+    """A RECORD_STRUCTURE entry as a DuckDB type."""
+    if isinstance(t, dict):
+        return "STRUCT(" + ", ".join(f"{_q(k)} {_duck_type(v)}" for k, v in t.items()) + ")"
+    return str(t)
+
+
 def _select_sql(sources: list[str]) -> str:
-    """Typed rows of the given JSON-lines files: valid records only, with their manifest."""
+    """Typed rows of the given JSON-lines files (DuckDB's reader, straight into the columns of
+    RECORD_STRUCTURE; a line that is not JSON comes back empty), with their manifest and
+    whether they are a record (every REQUIRED field present)."""
     files = "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in sources) + "]"
-    structure = json.dumps(RECORD_STRUCTURE).replace("'", "''")
-    cols = ", ".join(f"j.{_q(k)} AS {_q(k)}" for k in RECORD_STRUCTURE)
-    required = " AND ".join(f"j.{_q(k)} IS NOT NULL" for k in REQUIRED)
+    columns = "{" + ", ".join("'" + k.replace("'", "''") + "': '" + _duck_type(v).replace("'", "''")
+                              + "'" for k, v in RECORD_STRUCTURE.items()) + "}"
+    required = " AND ".join(f"{_q(k)} IS NOT NULL" for k in REQUIRED)
     return f"""
-        WITH raw AS (
-            SELECT line, filename FROM read_csv({files}, columns={{'line': 'VARCHAR'}},
-                delim='\\x01', quote='', escape='', header=false, auto_detect=false,
-                filename=true, max_line_size=100000000, strict_mode=false)
-            WHERE line IS NOT NULL AND trim(line) <> ''),
-        parsed AS (
-            SELECT filename, json_valid(line) AS ok,
-                   CASE WHEN json_valid(line) THEN json_transform(line, '{structure}') END AS j
-            FROM raw)
-        SELECT {cols}, parse_filename(filename) AS manifest, ok AND {required} AS valid
-        FROM parsed"""
+        SELECT * EXCLUDE (filename), parse_filename(filename) AS manifest, {required} AS valid
+        FROM read_json({files}, format='newline_delimited', columns={columns},
+                       ignore_errors=true, filename=true, maximum_object_size=100000000)"""
 
 
 def _q(name: str) -> str:
@@ -319,9 +323,13 @@ def _ingest(con, sources, spans, seen, files, cache: Path) -> None:
     data.mkdir(parents=True, exist_ok=True)
     keep = ", ".join(_q(k) for k in RECORD_STRUCTURE) + ", manifest"
     part = f"part-{uuid.uuid4().hex[:12]}"
-    con.execute(f"""COPY (SELECT {keep} FROM ({_select_sql(sources)}) WHERE valid)
-        TO '{_lit(data)}' (FORMAT parquet, PARTITION_BY (rank), FILENAME_PATTERN '{part}-{{i}}',
-        OVERWRITE_OR_IGNORE, ROW_GROUP_SIZE 20000)""")
+    # in batches of files: a partitioned write buffers a row group per open partition, so
+    # memory follows the ranks written at once, not the capture
+    for n, batch in enumerate(_batches(sources)):
+        con.execute(f"""COPY (SELECT {keep} FROM ({_select_sql(batch)}) WHERE valid)
+            TO '{_lit(data)}' (FORMAT parquet, PARTITION_BY (rank),
+            FILENAME_PATTERN '{part}-{n}-{{i}}', OVERWRITE_OR_IGNORE,
+            ROW_GROUP_SIZE {ROW_GROUP_ROWS})""")
     written = list(data.glob(f"*/{part}-*.parquet"))
     counts: dict[str, int] = {}
     if written:
@@ -339,6 +347,20 @@ def _ingest(con, sources, spans, seen, files, cache: Path) -> None:
             info["examples"] += _bad_examples(files[name], start, end, first_line,
                                               BAD_EXAMPLES - len(info["examples"]))
         info["offset"], info["lines"] = end, first_line + lines
+
+
+def _batches(sources: list[str]) -> list[list[str]]:
+    """Sources grouped so that one COPY reads at most BATCH_FILES files / BATCH_BYTES bytes."""
+    out: list[list[str]] = [[]]
+    size = 0
+    for src in sources:
+        n = os.path.getsize(src)
+        if out[-1] and (len(out[-1]) >= BATCH_FILES or size + n > BATCH_BYTES):
+            out.append([])
+            size = 0
+        out[-1].append(src)
+        size += n
+    return out
 
 
 def _lit(path: Any) -> str:

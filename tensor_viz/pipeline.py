@@ -105,6 +105,7 @@ def _catalog(tensor_dir: str | Path, opts: Options) -> Catalog:
                             "the header, outlier ranks and numerics.csv cover every record")
         catalog.index = (con, state)
     catalog.view = view
+    catalog.index_state = state
     return catalog
 
 
@@ -259,6 +260,28 @@ def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Opti
 _HEAVY = ("distributions", "heatmaps", "comparisons", "numerics_map", "overflow_analysis", "layer_analysis")
 
 
+def _stamp(tensor_dir, out: Path, opts: Options, sections, quick: bool, report: bool
+           ) -> tuple[str, Result | None]:
+    """(the stamp of this report, the reused Result when the report in ``out`` is current).
+    Only captures with manifests are stamped (their index says whether anything is new)."""
+    from tensor_viz import catalog as cat_mod
+    from tensor_viz import columnar, report_stamp
+
+    root = cat_mod.check_directory(tensor_dir)
+    if not any(root.glob(schema.MANIFEST_GLOB)):
+        return "", None
+    state = columnar.refresh(root, opts.index_dir)
+    stamp = report_stamp.fingerprint(state.cache_dir / columnar.STATE_FILE, opts, sections,
+                                     quick, report)
+    summary = (report_stamp.current(out, stamp)
+               if state.new_records == 0 and not state.rebuilt else None)
+    if summary is None:
+        return stamp, None
+    catalog = Catalog(directory=str(root), entries=[], problems=[])
+    catalog.index_state = state
+    return stamp, Result(catalog, Dataset(entries=[]), FigureSet(out), reused=summary)
+
+
 def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...] = FULL_SECTIONS,
           opts: Options | None = None, quick: bool = False, report: bool = True) -> Result:
     """Everything for one directory: sections' figures, optionally the quick view, and index.html."""
@@ -274,6 +297,9 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--output_dir {out}: cannot create it ({exc.strerror})") from None
+    stamp, reused = _stamp(tensor_dir, out, opts, sections, quick, report)
+    if reused is not None:                       # nothing new: the report there is current
+        return reused
     catalog, ds, nread = load(tensor_dir, opts)
     fs = draw(ds, out, sections, opts)
     result = Result(catalog, ds, fs, files_read=nread)
@@ -295,4 +321,10 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
     html.write_problems(catalog, out)
     if report:
         result.extra_files.append(html.write_index(result, out, sections, opts))
+    if stamp:
+        from tensor_viz import report_stamp
+
+        report_stamp.write(out, stamp, {"tensors": len(catalog.entries), "drawn": result.drawn,
+                                        "files_read": nread,
+                                        "records": catalog.index_state.records})
     return result

@@ -142,7 +142,8 @@ def outliers_per_iteration(con: Any, state: IndexState, metric: str) -> list[tup
 def write_numerics_csv(con: Any, state: IndexState, out_dir: str | os.PathLike[str],
                        columns: tuple[str, ...]) -> int:
     """numerics.csv of every record's what-if numerics, written by the engine (one row per record
-    and format, ``columns`` in order, as tensor_viz.numerics_csv names them); rows written."""
+    and format, ``columns`` in order, as tensor_viz.numerics_csv names them; rows in the engine's
+    order, not sorted); rows written."""
     from lowp_common import atomic_path
 
     fields = {
@@ -162,7 +163,7 @@ def write_numerics_csv(con: Any, state: IndexState, out_dir: str | os.PathLike[s
     with atomic_path(target) as tmp:
         con.execute(f"""COPY (SELECT {select} FROM (
                 SELECT *, unnest(map_entries(whatif.formats)) AS f FROM {_source(state)}
-                WHERE whatif IS NOT NULL) ORDER BY rank, iteration, counter, format)
+                WHERE whatif IS NOT NULL))
             TO '{_lit(tmp)}' (HEADER, DELIMITER ',')""")
     return int(total)
 

@@ -19,10 +19,12 @@ class Result:
     figures: FigureSet
     files_read: int = 0
     extra_files: list[str] = field(default_factory=list)   # quick_analysis.png, tensor_stats.txt, ...
+    #: nothing new since the report in the output folder: its stored summary (tensor_viz.report_stamp)
+    reused: dict | None = None
 
     @property
     def drawn(self) -> int:
-        return self.figures.drawn()
+        return int(self.reused["drawn"]) if self.reused else self.figures.drawn()
 
     @property
     def exit_code(self) -> int:

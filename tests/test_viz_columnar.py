@@ -214,3 +214,29 @@ def test_the_index_folder_is_not_taken_for_capture_files(tmp_path):
     columnar.refresh(tmp_path / "cap")
     after = scan(tmp_path / "cap")
     assert (after.ignored, len(after.problems)) == (before.ignored, len(before.problems))
+
+
+def test_a_report_with_nothing_new_is_not_drawn_again(tmp_path):
+    from tensor_viz import pipeline
+    from tensor_viz.options import Options
+    from tensor_viz.report_stamp import STAMP_FILE
+
+    _capture(tmp_path / "cap", ranks=3, iterations=2)
+    opts = Options(progress=False, workers=1)
+    first = pipeline.build(tmp_path / "cap", tmp_path / "draw", sections=("statistics",), opts=opts)
+    assert first.reused is None and first.drawn > 0
+    mtime = (tmp_path / "draw" / "index.html").stat().st_mtime_ns
+    again = pipeline.build(tmp_path / "cap", tmp_path / "draw", sections=("statistics",), opts=opts)
+    assert again.reused is not None and again.drawn == first.drawn and again.exit_code == 0
+    assert (tmp_path / "draw" / "index.html").stat().st_mtime_ns == mtime
+    # other sections, or a grown manifest: drawn again
+    other = pipeline.build(tmp_path / "cap", tmp_path / "draw", sections=("distributions",), opts=opts)
+    assert other.reused is None
+    m = tmp_path / "cap" / "manifest_rank0.jsonl"
+    with open(m, "a") as fh:
+        fh.write(m.read_text().splitlines(keepends=True)[0])
+    grown = pipeline.build(tmp_path / "cap", tmp_path / "draw", sections=("distributions",), opts=opts)
+    assert grown.reused is None and "19 records" in (tmp_path / "draw" / "index.html").read_text()
+    (tmp_path / "draw" / STAMP_FILE).unlink()
+    assert pipeline.build(tmp_path / "cap", tmp_path / "draw", sections=("distributions",),
+                          opts=opts).reused is None
