@@ -67,8 +67,9 @@ def _struct(keys: tuple[str, ...], ints: tuple[str, ...] = ()) -> str:
     return "STRUCT(" + ", ".join(f"{k} {'BIGINT' if k in ints else 'DOUBLE'}" for k in keys) + ")"
 
 
-#: the typed shape of one manifest record (DuckDB json_transform structure): the naming
-#: fields and metadata keys of tensor_capture.schema, statistics and what-if numerics nested
+#: the typed shape of one manifest record (DuckDB types): the naming fields and metadata keys of
+#: tensor_capture.schema, statistics and what-if numerics nested. Keys not listed here (e.g. the
+#: per-operand recipe specs) stay in the JSON manifest only.
 RECORD_STRUCTURE: dict[str, Any] = {
     "layer_type": "VARCHAR", "operation": "VARCHAR", "tensor_name": "VARCHAR",
     "quant_type": "VARCHAR", "layer_idx": "BIGINT", "phase": "VARCHAR", "component": "VARCHAR",
@@ -77,7 +78,10 @@ RECORD_STRUCTURE: dict[str, Any] = {
     schema.META_SHAPE: "BIGINT[]", schema.META_DTYPE: "VARCHAR",
     schema.META_MODULE_PATH: "VARCHAR", schema.META_SUBMODULE: "VARCHAR",
     schema.META_VARIANT: "VARCHAR", schema.META_SAMPLED_ROWS: "BIGINT",
-    schema.META_EMULATED_FORMAT: "VARCHAR",
+    schema.META_SAMPLED_ROW_STRIDE: "BIGINT",
+    schema.META_EMULATED_FORMAT: "VARCHAR", schema.META_RECIPE: "VARCHAR",
+    schema.META_PROBS_SAMPLE: {"heads": "BIGINT[]", "head_count": "BIGINT",
+                               "row_stride": "BIGINT", "shape": "BIGINT[]"},
     **{k: "BIGINT" for k in schema.META_PARALLEL},
     schema.META_MCORE_VERSION: "VARCHAR", schema.MANIFEST_FILE: "VARCHAR",
     schema.META_STATS: {
