@@ -1,5 +1,6 @@
-"""P0: static AMP checker. Parses Python files (never runs them) and reports mixed-precision
-mistakes before a GPU hour is spent.
+"""P0: static AMP checker. Parses Python files and bash launch scripts (never runs them) and
+reports mixed-precision mistakes before a GPU hour is spent: AMP rules in Python
+(training_profiler.amp_rules), launch hazards in ``.sh`` files (training_profiler.launch_rules).
 
     python -m training_profiler.static_checker train.py src/ --format text --fail-on high
 
@@ -23,6 +24,8 @@ from typing import Iterable, Sequence
 from lowp_common import UserError, cli_entry
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_rules import RULES, RULES_BY_ID, RULES_BY_NAME, Finding, Rule, Severity
+from training_profiler.launch_rules import (LAUNCH_RULES, LAUNCH_RULES_BY_ID, LAUNCH_RULES_BY_NAME,
+                                            LaunchRule, NotBash, check_script)
 
 _SUPPRESS = re.compile(r"#\s*amp-check:\s*ignore(?:\[([^\]]*)\])?", re.I)
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
@@ -45,23 +48,31 @@ class Report:
     files_checked: int = 0
 
 
-def select_rules(select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> list[Rule]:
-    """Rules chosen by id (AMP004) or name (softmax-without-dtype); ValueError names a bad one."""
+_ALL_RULES = RULES + LAUNCH_RULES
+_ALL_BY_ID = {**RULES_BY_ID, **LAUNCH_RULES_BY_ID}
+_ALL_BY_NAME = {**RULES_BY_NAME, **LAUNCH_RULES_BY_NAME}
+
+
+def select_rules(select: Iterable[str] | None = None, ignore: Iterable[str] | None = None
+                 ) -> list[Rule | LaunchRule]:
+    """Rules chosen by id (AMP004, LCH002) or name (softmax-without-dtype); ValueError names a
+    bad one. AMP rules apply to Python files, launch rules (LCH) to bash launch scripts."""
     def resolve(tokens: Iterable[str]) -> set[str]:
         out = set()
         for t in tokens:
             t = t.strip()
             if not t:
                 continue
-            rule = RULES_BY_ID.get(t.upper()) or RULES_BY_NAME.get(t.lower())
+            rule = _ALL_BY_ID.get(t.upper()) or _ALL_BY_NAME.get(t.lower())
             if rule is None:
-                raise ValueError(f"unknown rule {t!r}; known: {', '.join(r.id for r in RULES)}")
+                raise ValueError(f"unknown rule {t!r}; known: {', '.join(r.id for r in _ALL_RULES)}")
             out.add(rule.id)
         return out
 
-    chosen = resolve(select) or {r.id for r in RULES} if select else {r.id for r in RULES}
+    every = {r.id for r in _ALL_RULES}
+    chosen = resolve(select) or every if select else every
     dropped = resolve(ignore) if ignore else set()
-    return [r for r in RULES if r.id in chosen and r.id not in dropped]
+    return [r for r in _ALL_RULES if r.id in chosen and r.id not in dropped]
 
 
 def _suppressions(source: str) -> dict[int, set[str] | None]:
@@ -100,7 +111,7 @@ def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | No
     sup = _suppressions(source)
     findings: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
-    for rule in rules if rules is not None else RULES:
+    for rule in [r for r in (rules if rules is not None else RULES) if isinstance(r, Rule)]:
         for node, message in rule.visitor(ctx).run():
             key = (rule.id, node.lineno, node.col_offset)
             if key in seen or _suppressed(sup, node, rule.id):
@@ -113,10 +124,10 @@ def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | No
 
 
 def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]:
-    """Every .py file under the given files/folders, in a stable order."""
+    """Every .py and .sh file under the given files/folders, in a stable order."""
     for p in map(Path, paths):
         if p.is_dir():
-            for sub in sorted(p.rglob("*.py")):
+            for sub in sorted([*p.rglob("*.py"), *p.rglob("*.sh")]):
                 if not any(part in _SKIP_DIRS or part.startswith(".") for part in sub.relative_to(p).parts[:-1]):
                     yield sub
         elif p.is_file():
@@ -127,7 +138,11 @@ def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]
 
 def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] | None = None) -> Report:
     report = Report()
+    rules = list(rules) if rules is not None else list(_ALL_RULES)
     for f in iter_python_files(paths):
+        if f.suffix == ".sh":
+            _check_launch(f, [r for r in rules if isinstance(r, LaunchRule)], report)
+            continue
         try:
             with tokenize.open(f) as fh:
                 source = fh.read()
@@ -140,6 +155,30 @@ def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] |
         if err:
             report.errors.append(err)
     return report
+
+
+def _check_launch(f: Path, rules: list[LaunchRule], report: Report) -> None:
+    """A bash launch script through the launch rules; unreadable, binary, non-UTF-8 or
+    not-bash files are one error each and the scan goes on."""
+    try:
+        data = f.read_bytes()
+    except OSError as exc:
+        report.errors.append(FileError(str(f), 0, f"cannot read: {exc.strerror or exc}"))
+        return
+    if b"\0" in data:
+        report.errors.append(FileError(str(f), 0, "a binary file, not a launch script"))
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        report.errors.append(FileError(str(f), 0, f"not UTF-8 text (byte {exc.start})"))
+        return
+    try:
+        report.findings.extend(check_script(text, str(f), rules))
+    except NotBash as exc:
+        report.errors.append(FileError(str(f), 1, str(exc)))
+        return
+    report.files_checked += 1
 
 
 # ---- output formats ------------------------------------------------------------------------
@@ -192,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="amp-static-check",
         description="Static checker for PyTorch automatic-mixed-precision mistakes (never runs the code).",
-        epilog="Rules: " + "; ".join(f"{r.id} {r.name} [{r.severity.name}]" for r in RULES)
+        epilog="Rules: " + "; ".join(f"{r.id} {r.name} [{r.severity.name}]" for r in _ALL_RULES)
         + ". Suppress one line with `# amp-check: ignore[AMP001]` (or `# amp-check: ignore`).")
-    p.add_argument("paths", nargs="+", help="Python files or folders to scan")
+    p.add_argument("paths", nargs="+", help="Python files, bash launch scripts (.sh: the LCH "
+                   "rules) or folders to scan")
     p.add_argument("--format", choices=sorted(FORMATTERS), default="text", help="output format (default text)")
     p.add_argument("--select", default="", help="comma-separated rule ids or names to run (default all)")
     p.add_argument("--ignore", default="", help="comma-separated rule ids or names to skip")
@@ -208,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--list-rules" in argv:
-        for r in RULES:
+        for r in _ALL_RULES:
             print(f"{r.id}  {r.name:34s} {r.severity.name:6s} {r.explanation}")
         return 0
     args = build_parser().parse_args(argv)
