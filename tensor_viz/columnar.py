@@ -248,9 +248,9 @@ def _select_sql(sources: list[str]) -> str:
     """Typed rows of the given JSON-lines files (DuckDB's reader, straight into the columns of
     RECORD_STRUCTURE; a line that is not JSON comes back empty), with their manifest and
     whether they are a record (every REQUIRED field present)."""
-    files = "[" + ", ".join("'" + s.replace("'", "''") + "'" for s in sources) + "]"
-    columns = "{" + ", ".join("'" + k.replace("'", "''") + "': '" + _duck_type(v).replace("'", "''")
-                              + "'" for k, v in RECORD_STRUCTURE.items()) + "}"
+    files = "[" + ", ".join(sql_string(src) for src in sources) + "]"
+    columns = "{" + ", ".join(f"{sql_string(k)}: {sql_string(_duck_type(v))}"
+                              for k, v in RECORD_STRUCTURE.items()) + "}"
     required = " AND ".join(f"{_q(k)} IS NOT NULL" for k in REQUIRED)
     return f"""
         SELECT * EXCLUDE (filename), parse_filename(filename) AS manifest, {required} AS valid
@@ -331,13 +331,13 @@ def _ingest(con, sources, spans, seen, files, cache: Path) -> None:
     # memory follows the ranks written at once, not the capture
     for n, batch in enumerate(_batches(sources)):
         con.execute(f"""COPY (SELECT {keep} FROM ({_select_sql(batch)}) WHERE valid)
-            TO '{_lit(data)}' (FORMAT parquet, PARTITION_BY (rank),
+            TO {sql_string(data)} (FORMAT parquet, PARTITION_BY (rank),
             FILENAME_PATTERN '{part}-{n}-{{i}}', OVERWRITE_OR_IGNORE,
             ROW_GROUP_SIZE {ROW_GROUP_ROWS})""")
     written = list(data.glob(f"*/{part}-*.parquet"))
     counts: dict[str, int] = {}
     if written:
-        listing = "[" + ", ".join(f"'{_lit(w)}'" for w in written) + "]"
+        listing = "[" + ", ".join(sql_string(w) for w in written) + "]"
         counts = dict(con.execute(f"SELECT manifest, count(*) FROM read_parquet({listing}) "
                                   "GROUP BY manifest").fetchall())
     for name, (start, end, first_line, lines, blank) in spans.items():
@@ -367,5 +367,6 @@ def _batches(sources: list[str]) -> list[list[str]]:
     return out
 
 
-def _lit(path: Any) -> str:
-    return str(path).replace("'", "''")
+def sql_string(value: Any) -> str:
+    """``value`` as a single-quoted SQL string literal (quotes doubled)."""
+    return "'" + str(value).replace("'", "''") + "'"

@@ -76,19 +76,24 @@ def _quant_available() -> bool:
         return False
 
 
-def _catalog(tensor_dir: str | Path, opts: Options) -> Catalog:
+def _say(opts: Options):
+    return (lambda line: print(f"visualize-tensors: {line}", flush=True)) if opts.progress else None
+
+
+def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
     """The catalog; with manifests, first their columnar index (tensor_viz.columnar): its header
     and outlier ranks always, and for a capture of more than ``opts.max_records`` records a
     catalog of a selection of them (the rank with the lowest number and the outlier ranks, at
-    evenly spaced iterations) instead of every record."""
+    evenly spaced iterations) instead of every record. ``state``: the index already refreshed
+    by this report (columnar.IndexState), else it is refreshed here."""
     from tensor_viz import catalog as cat_mod
     from tensor_viz import columnar, rank_tables
 
     root = cat_mod.check_directory(tensor_dir)
     if not any(root.glob(schema.MANIFEST_GLOB)):
         return scan(root)
-    say = (lambda line: print(f"visualize-tensors: {line}", flush=True)) if opts.progress else None
-    state = columnar.refresh(root, opts.index_dir, say=say)
+    if state is None:
+        state = columnar.refresh(root, opts.index_dir, say=_say(opts))
     con = columnar.connect()
     view = rank_tables.rank_view(con, state)
     if state.records <= opts.max_records:
@@ -109,10 +114,12 @@ def _catalog(tensor_dir: str | Path, opts: Options) -> Catalog:
     return catalog
 
 
-def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True) -> tuple[Catalog, Dataset, int]:
-    """Catalog the directory and read what the plots need. Returns (catalog, dataset, files read)."""
+def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True,
+         index_state=None) -> tuple[Catalog, Dataset, int]:
+    """Catalog the directory and read what the plots need. Returns (catalog, dataset, files read).
+    ``index_state``: the manifests' columnar index when the caller refreshed it already."""
     opts = opts or Options()
-    catalog = _catalog(tensor_dir, opts)
+    catalog = _catalog(tensor_dir, opts, index_state)
     ds = Dataset(entries=list(catalog.entries), rank_view=catalog.view)
     if not values:
         return catalog, ds, 0
@@ -261,25 +268,26 @@ _HEAVY = ("distributions", "heatmaps", "comparisons", "numerics_map", "overflow_
 
 
 def _stamp(tensor_dir, out: Path, opts: Options, sections, quick: bool, report: bool
-           ) -> tuple[str, Result | None]:
-    """(the stamp of this report, the reused Result when the report in ``out`` is current).
-    Only captures with manifests are stamped (their index says whether anything is new)."""
+           ) -> tuple[str, Result | None, object]:
+    """(the stamp of this report, the reused Result when the report in ``out`` is current, the
+    refreshed columnar index or None). Only captures with manifests are stamped (their index
+    says whether anything is new)."""
     from tensor_viz import catalog as cat_mod
     from tensor_viz import columnar, report_stamp
 
     root = cat_mod.check_directory(tensor_dir)
     if not any(root.glob(schema.MANIFEST_GLOB)):
-        return "", None
-    state = columnar.refresh(root, opts.index_dir)
+        return "", None, None
+    state = columnar.refresh(root, opts.index_dir, say=_say(opts))
     stamp = report_stamp.fingerprint(state.cache_dir / columnar.STATE_FILE, opts, sections,
                                      quick, report)
     summary = (report_stamp.current(out, stamp)
                if state.new_records == 0 and not state.rebuilt else None)
     if summary is None:
-        return stamp, None
+        return stamp, None, state
     catalog = Catalog(directory=str(root), entries=[], problems=[])
     catalog.index_state = state
-    return stamp, Result(catalog, Dataset(entries=[]), FigureSet(out), reused=summary)
+    return stamp, Result(catalog, Dataset(entries=[]), FigureSet(out), reused=summary), state
 
 
 def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...] = FULL_SECTIONS,
@@ -297,10 +305,10 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--output_dir {out}: cannot create it ({exc.strerror})") from None
-    stamp, reused = _stamp(tensor_dir, out, opts, sections, quick, report)
+    stamp, reused, state = _stamp(tensor_dir, out, opts, sections, quick, report)
     if reused is not None:                       # nothing new: the report there is current
         return reused
-    catalog, ds, nread = load(tensor_dir, opts)
+    catalog, ds, nread = load(tensor_dir, opts, index_state=state)
     fs = draw(ds, out, sections, opts)
     result = Result(catalog, ds, fs, files_read=nread)
     from tensor_viz import numerics_csv

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tensor_capture import schema
-from tensor_viz.columnar import IndexState, _lit
+from tensor_viz.columnar import IndexState, sql_string
 
 #: robust z-score above which a rank is an outlier of its layer x tensor x iteration
 OUTLIER_Z = 3.5
@@ -64,7 +64,7 @@ class Header:
 
 
 def _source(state: IndexState) -> str:
-    return f"read_parquet('{_lit(state.parquet_glob)}', hive_partitioning=true, union_by_name=true)"
+    return f"read_parquet({sql_string(state.parquet_glob)}, hive_partitioning=true, union_by_name=true)"
 
 
 def header(con: Any, state: IndexState) -> Header:
@@ -164,7 +164,7 @@ def write_numerics_csv(con: Any, state: IndexState, out_dir: str | os.PathLike[s
         con.execute(f"""COPY (SELECT {select} FROM (
                 SELECT *, unnest(map_entries(whatif.formats)) AS f FROM {_source(state)}
                 WHERE whatif IS NOT NULL))
-            TO '{_lit(tmp)}' (HEADER, DELIMITER ',')""")
+            TO {sql_string(tmp)} (HEADER, DELIMITER ',')""")
     return int(total)
 
 

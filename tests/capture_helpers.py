@@ -27,6 +27,17 @@ def _fwd_bwd(model, tokens):
     return loss.detach().clone(), grads
 
 
+def tiny_model_and_tokens(me):
+    """The tiny Llama of the runtime capture tests (2 layers, hidden 64, 4 heads in 2 GQA
+    groups, sequence 32) and its batch of 2 sequences of seeded tokens; ``me``: the
+    training_driver.megatron_env module of the worker's (patched) tree."""
+    shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160, num_attention_heads=4,
+                          num_query_groups=2, vocab_size=128, seq_length=32)
+    tokens = torch.randint(0, shape.vocab_size, (2, shape.seq_length),
+                           generator=torch.Generator().manual_seed(7))
+    return me.build_llama_model(shape), tokens
+
+
 def megatron_worker(rank: int, world: int, patched_dir: str | None, port: int, out_dir: str,
                     scenarios: tuple[str, ...]) -> None:
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG",
@@ -46,12 +57,7 @@ def megatron_worker(rank: int, world: int, patched_dir: str | None, port: int, o
     out = Path(out_dir)
     result: dict = {"megatron_file": megatron.core.__file__}
     try:
-        shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160,
-                              num_attention_heads=4, num_query_groups=2, vocab_size=128,
-                              seq_length=32)
-        model = me.build_llama_model(shape)
-        gen = torch.Generator().manual_seed(7)
-        tokens = torch.randint(0, shape.vocab_size, (2, shape.seq_length), generator=gen)
+        model, tokens = tiny_model_and_tokens(me)
         for scen in scenarios:
             if scen == "off":
                 loss, grads = _fwd_bwd(model, tokens)

@@ -69,7 +69,7 @@ def attention_worker(rank: int, patched_dir: str, port: int, out_dir: str, confi
                 "TENSOR_SAVER_ITERATION", "TENSOR_SAVE_DIR"):
         os.environ.pop(var, None)
     sys.path.insert(0, patched_dir)
-    from capture_helpers import _fwd_bwd
+    from capture_helpers import _fwd_bwd, tiny_model_and_tokens
     from training_driver import megatron_env as me
 
     me.init_distributed(rank, 1, tensor_model_parallel_size=1, master_port=port)
@@ -80,12 +80,7 @@ def attention_worker(rank: int, patched_dir: str, port: int, out_dir: str, confi
     out = Path(out_dir)
     result: dict = {"megatron_file": megatron.core.__file__}
     try:
-        shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160,
-                              num_attention_heads=4, num_query_groups=2, vocab_size=128,
-                              seq_length=32)
-        model = me.build_llama_model(shape)
-        tokens = torch.randint(0, shape.vocab_size, (2, shape.seq_length),
-                               generator=torch.Generator().manual_seed(7))
+        model, tokens = tiny_model_and_tokens(me)
         result["active_before"] = bool(ts.STATE.active)
         logger = make_logger()
         debug_api.initialize(config_file=config, feature_dirs=[str(FEATURE_DIR), str(STANDIN_DIR)],
