@@ -120,3 +120,41 @@ def test_cli_usage_errors_are_one_line() -> None:
     assert r.returncode == 2 and "unknown rule 'NOPE'" in r.stderr
     assert _cli("--help").returncode == 0
     assert "AMP012" in _cli("--list-rules").stdout
+
+
+PROJECT = Path(__file__).parent / "profiler_project"
+
+
+def _expected_in(folder: Path) -> set[tuple[str, int, str]]:
+    out = set()
+    for f in folder.rglob("*.py"):
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            m = re.search(r"#\s*expect:\s*(AMP\d{3})", line)
+            if m:
+                out.add((f.name, n, m.group(1)))
+    return out
+
+
+def test_project_mode_follows_imports_and_calls() -> None:
+    """Scaler wrapper, autocast factory and loss helper live in a package; the script that uses
+    them is judged with what they are (and the model code with the script's float16)."""
+    report = sc.check_paths([PROJECT])
+    assert not report.errors
+    found = {(Path(f.path).name, f.line, f.rule_id) for f in report.findings}
+    assert found == _expected_in(PROJECT)
+    assert not any(f.rule_id == "AMP008" for f in report.findings)  # the wrapper scales the loss
+
+
+def test_precision_decided_outside_the_scan_is_not_guessed() -> None:
+    alone = sc.check_paths([PROJECT / "train.py"])
+    assert alone.findings == []  # autocast_for / lm_loss unknown: nothing is claimed
+    with_context = sc.check_paths([PROJECT / "train.py"], context=[PROJECT])
+    assert [(f.line, f.rule_id) for f in with_context.findings] == [(12, "AMP003")]
+    assert with_context.files_checked == 1
+
+
+def test_context_flag_on_the_command_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "training_profiler.static_checker",
+                          str(PROJECT / "train.py"), "--context", str(PROJECT), "--format", "line"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout.strip().endswith("AMP003 loss `lm_loss(...)` computed outside the autocast block")

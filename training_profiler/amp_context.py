@@ -3,11 +3,17 @@
 Rules ask three questions again and again: "what is this name really?" (import and alias
 resolution), "is this node under autocast, and which one?" (scope tracking), and "does this file
 use AMP / low precision at all?". Answering them once here keeps each rule's visitor small.
+Names are followed to what they hold (``amp_values``) and across the scanned tree
+(``amp_project``), so an autocast held in a variable or a GradScaler made in another module count.
 """
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from training_profiler import amp_values as av
+from training_profiler.amp_project import Project
 
 # Canonical autocast entry points -> (device when fixed by the name, positional argument names).
 _AUTOCAST_APIS: dict[str, tuple[str | None, tuple[str, ...]]] = {
@@ -26,6 +32,7 @@ _DTYPE_NAMES = {
     "torch.float32": "float32", "torch.float": "float32",
 }
 LOWP_DTYPES = ("float16", "bfloat16")
+av._AUTOCAST_QUALS.update(_AUTOCAST_APIS)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class AmpScope:
     dtype: str
     enabled: bool
     node: ast.AST
+    conditional: bool = False   # `autocast(...) if amp else nullcontext()`: the AMP path of two
+    inherited: bool = False     # not opened here: every call of this function is under it
 
 
 def dotted(expr: ast.AST) -> str | None:
@@ -53,36 +62,89 @@ def dotted(expr: ast.AST) -> str | None:
 class FileContext:
     """Aliases, parents and autocast scopes of one module's AST."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, project: Project | None = None,
+                 module_name: str = "<string>", path: str = "<string>") -> None:
         self.tree = tree
+        self.module_name = module_name
+        self.path = path
         self.aliases: dict[str, str] = {}
         self.parents: dict[ast.AST, ast.AST] = {}
+        self.calls: list[ast.Call] = []
         self._scope: dict[ast.AST, AmpScope | None] = {}
-        self.autocast_scopes: list[AmpScope] = []
+        self._scopes_state = 0  # 0 not computed, 1 computing, 2 done
+        self._autocast_scopes: list[AmpScope] = []
         self._collect_aliases()
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                self.calls.append(node)
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
-        self._annotate(tree, None)
-        self.has_gradscaler = any(
+        self.project = project if project is not None else Project()
+        self.project.add(self)
+
+    @cached_property
+    def values(self) -> "av.Evaluator":
+        return av.Evaluator(self)
+
+    @property
+    def autocast_scopes(self) -> list[AmpScope]:
+        self._ensure_scopes()
+        return self._autocast_scopes
+
+    @cached_property
+    def has_gradscaler(self) -> bool:
+        """A GradScaler is made, imported or used here (by what it is or how it is used)."""
+        return bool(self.scaler_calls) or any(
             (q := self.qualname(n)) is not None and q.split(".")[-1] in ("GradScaler", "ShardedGradScaler")
-            for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute))
+            for n in ast.walk(self.tree) if isinstance(n, (ast.Name, ast.Attribute))
         ) or any(
             isinstance(n, ast.ImportFrom) and any(a.name.endswith("GradScaler") for a in n.names)
-            for n in ast.walk(tree)
+            for n in ast.walk(self.tree)
         )
-        self.manual_lowp_casts: list[ast.Call] = [
-            n for n in ast.walk(tree) if isinstance(n, ast.Call) and self.lowp_cast_dtype(n)
-        ]
-        # Functions that return autocast results (a `return` under autocast): their calls
-        # produce low-precision tensors wherever they are called.
-        self.lowp_functions: set[str] = {
-            fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and any(isinstance(r, ast.Return) and r.value is not None and self.in_autocast(r)
+
+    @cached_property
+    def scaler_calls(self) -> list[ast.Call]:
+        """Calls that apply loss scaling: ``s.scale(loss)`` on a GradScaler (by value, or by use:
+        the same receiver also gets ``.update()`` / ``.unscale_()`` / ``.step(opt)``) and calls of
+        a scaler wrapper object (``loss_scaler(loss, optimizer)``)."""
+        used: dict[str, set[str]] = {}
+        for c in self.calls:
+            if isinstance(c.func, ast.Attribute):
+                r = dotted(c.func.value)
+                if r:
+                    used.setdefault(r, set()).add(c.func.attr)
+        out = []
+        for c in self.calls:
+            f = c.func
+            if isinstance(f, ast.Attribute) and f.attr == "scale":
+                r = dotted(f.value) or ""
+                if av.SCALER in self.values.kinds(f.value) or used.get(r, set()) & {"update", "unscale_"}:
+                    out.append(c)
+            elif av.SCALER in self.values.kinds(f):
+                out.append(c)
+        return out
+
+    @cached_property
+    def manual_lowp_casts(self) -> list[ast.Call]:
+        return [n for n in self.calls if self.lowp_cast_dtype(n)]
+
+    @cached_property
+    def lowp_functions(self) -> set[str]:
+        """Functions that return autocast results (a `return` under autocast): their calls
+        produce low-precision tensors wherever they are called."""
+        return {
+            fn.name for fn in ast.walk(self.tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(isinstance(r, ast.Return) and r.value is not None and self.in_autocast(r, direct=True)
                     for r in ast.walk(fn))
         }
-        self.uses_amp = bool(self.autocast_scopes) or self.has_gradscaler
-        self.uses_lowp = self.uses_amp or bool(self.manual_lowp_casts)
+
+    @property
+    def uses_amp(self) -> bool:
+        return bool(self.autocast_scopes) or self.has_gradscaler
+
+    @property
+    def uses_lowp(self) -> bool:
+        return self.uses_amp or bool(self.manual_lowp_casts)
 
     # ---- names -------------------------------------------------------------------------
     def _collect_aliases(self) -> None:
@@ -94,10 +156,12 @@ class FileContext:
                     else:
                         head = a.name.split(".")[0]
                         self.aliases[head] = head
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            elif isinstance(node, ast.ImportFrom):
                 for a in node.names:
                     if a.name != "*":
-                        self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                        q = self.import_qualname(node, a.asname or a.name)
+                        if q:
+                            self.aliases[a.asname or a.name] = q
         # Module-level `F = torch.nn.functional` style aliases.
         for node in self.tree.body:
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -105,6 +169,24 @@ class FileContext:
                 q = self.qualname(node.value)
                 if q and q.startswith("torch."):
                     self.aliases[node.targets[0].id] = q
+
+    def import_qualname(self, node: ast.Import | ast.ImportFrom, local: str) -> str | None:
+        """The dotted name ``local`` stands for after this import; relative imports are made
+        absolute from this module's own name."""
+        for a in node.names:
+            if (a.asname or (a.name if isinstance(node, ast.ImportFrom) else a.name.split(".")[0])) != local:
+                continue
+            if isinstance(node, ast.Import):
+                return a.name if a.asname else a.name.split(".")[0]
+            base = node.module or ""
+            if node.level:
+                pkg = self.module_name.split(".")
+                is_package = self.path.endswith("__init__.py")
+                keep = len(pkg) - node.level + (1 if is_package else 0)
+                prefix = ".".join(pkg[:max(keep, 0)])
+                base = ".".join(x for x in (prefix, base) if x)
+            return f"{base}.{a.name}" if base else a.name
+        return None
 
     def qualname(self, expr: ast.AST) -> str | None:
         """Dotted name with its first part resolved through imports (``F.softmax`` ->
@@ -146,15 +228,39 @@ class FileContext:
         enabled = not (isinstance(en, ast.Constant) and en.value is False)
         return AmpScope(device, dtype, enabled, expr)
 
+    def with_scope(self, expr: ast.AST) -> AmpScope | None:
+        """The autocast a ``with`` item or decorator opens: the API called in place, or a value
+        that holds one (variable, attribute, partial, factory call, conditional with a
+        nullcontext twin). A method named ``autocast`` of a library object (Accelerate,
+        Lightning Fabric) opens autocast with a device and dtype decided outside the tree."""
+        s = self.autocast_call(expr)
+        if s is not None:
+            return s
+        vals = self.values.value(expr)
+        scopes = [v.scope for v in vals if v.kind == av.AUTOCAST and v.scope is not None]
+        if scopes:
+            conditional = any(v.kind == av.NULL_CONTEXT for v in vals) or len(vals) > len(scopes)
+            return replace(scopes[0], node=expr, conditional=conditional)
+        f = expr.func if isinstance(expr, ast.Call) else expr
+        if isinstance(f, ast.Attribute) and f.attr == "autocast" and all(v.kind == av.EXTERNAL for v in vals):
+            return AmpScope("unknown", "unknown", True, expr)
+        return None
+
+    def _ensure_scopes(self) -> None:
+        if self._scopes_state == 0:
+            self._scopes_state = 1
+            self._annotate(self.tree, None)
+            self._scopes_state = 2
+
     def _annotate(self, node: ast.AST, scope: AmpScope | None) -> None:
         self._scope[node] = scope
         if isinstance(node, (ast.With, ast.AsyncWith)):
             inner = scope
             for item in node.items:
                 self._annotate(item, scope)
-                s = self.autocast_call(item.context_expr)
+                s = self.with_scope(item.context_expr)
                 if s is not None:
-                    self.autocast_scopes.append(s)
+                    self._autocast_scopes.append(s)
                     inner = s
             for stmt in node.body:
                 self._annotate(stmt, inner)
@@ -163,9 +269,9 @@ class FileContext:
             inner = None  # a function body runs where it is called, not where it is defined
             for dec in getattr(node, "decorator_list", []):
                 self._annotate(dec, scope)
-                s = self.autocast_call(dec)
+                s = self.with_scope(dec)
                 if s is not None:
-                    self.autocast_scopes.append(s)
+                    self._autocast_scopes.append(s)
                     inner = s
             self._annotate(node.args, scope)
             body = node.body if isinstance(node.body, list) else [node.body]
@@ -175,11 +281,32 @@ class FileContext:
         for child in ast.iter_child_nodes(node):
             self._annotate(child, scope)
 
-    def scope_of(self, node: ast.AST) -> AmpScope | None:
-        return self._scope.get(node)
-
-    def in_autocast(self, node: ast.AST) -> bool:
+    def scope_of(self, node: ast.AST, direct: bool = False) -> AmpScope | None:
+        """The autocast ``node`` runs under: opened in this file, or (unless ``direct``)
+        inherited from the callers of its function when every project call site is under one."""
+        self._ensure_scopes()
         s = self._scope.get(node)
+        if s is not None or direct:
+            return s
+        fn = self.enclosing_function(node)
+        return self.caller_scope(fn) if fn is not self.tree else None
+
+    def caller_scope(self, fn: ast.AST) -> AmpScope | None:
+        """One call level up: the scope shared by every call site of ``fn`` in the project."""
+        cache = self.__dict__.setdefault("_caller_scopes", {})
+        if fn in cache:
+            return cache[fn]
+        cache[fn] = None  # recursion guard
+        sites = self.project.calls_to(fn, self)  # type: ignore[arg-type]
+        scopes = [c.scope_of(call, direct=True) for call, c in sites]
+        out = None
+        if scopes and all(x is not None and x.enabled for x in scopes):
+            out = replace(scopes[0], inherited=True)  # type: ignore[arg-type]
+        cache[fn] = out
+        return out
+
+    def in_autocast(self, node: ast.AST, direct: bool = False) -> bool:
+        s = self.scope_of(node, direct)
         return s is not None and s.enabled
 
     @property

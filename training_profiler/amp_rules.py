@@ -15,7 +15,10 @@ from enum import IntEnum
 
 import numpy as np
 
+from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import (TRAINING, cast_purpose, is_float32_cast,
+                                          on_non_amp_branch, training_backward_calls)
 
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
@@ -67,12 +70,37 @@ class RuleVisitor(ast.NodeVisitor):
         return self.hits
 
 
-_LOSS_NAME = re.compile(r"(loss|crit|cross_entropy|nll|mse|l1|bce|kl_div|huber)", re.I)
+_LOSS_NAME = re.compile(r"(loss|crit|cross_entropy|nll|mse|bce|kl_div|huber)", re.I)
+_NOT_A_LOSS = {av.SCALER, av.SCALER_FACTORY, av.OPTIMIZER, av.AUTOCAST, av.AUTOCAST_FACTORY,
+               av.CLASS, av.FUNCTION, av.NULL_CONTEXT}
 
 
 def _is_loss_call(ctx: FileContext, call: ast.Call) -> bool:
-    name = ctx.call_name(call) or ""
-    return bool(_LOSS_NAME.search(name.split(".")[-1]))
+    """A call that computes a loss: a torch loss function, an ``nn.*Loss`` module (however it
+    reached this name), or a project function that returns one. Only a callee nothing is known
+    of (a parameter, a library object) falls back to its name, and then not when it is given
+    an optimizer or a GradScaler (``loss_scaler(loss, optimizer)`` applies a loss, it does not
+    compute one)."""
+    if any(v.kind == av.LOSS for v in ctx.values.value(call)):
+        return True
+    if ctx.values.kinds(call.func) & _NOT_A_LOSS:
+        return False
+    name = (ctx.call_name(call) or "").split(".")[-1]
+    if not _LOSS_NAME.search(name) or "scal" in name.lower():
+        return False
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return not any(ctx.values.kinds(a) & {av.OPTIMIZER, av.SCALER} for a in args)
+
+
+def training_lowp_casts(ctx: FileContext) -> list[ast.Call]:
+    """Manual low-precision casts whose purpose is training (not a checkpoint copy, an
+    evaluation model, a round trip or a frozen module), off any non-AMP branch."""
+    cached = ctx.__dict__.get("_training_casts")
+    if cached is None:
+        cached = [c for c in ctx.manual_lowp_casts
+                  if cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]
+        ctx.__dict__["_training_casts"] = cached
+    return cached
 
 
 def _has_kw(call: ast.Call, name: str) -> bool:
@@ -84,7 +112,7 @@ class ManualCast(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         if self.ctx.uses_amp:
             d = self.ctx.lowp_cast_dtype(node)
-            if d:
+            if d and node in training_lowp_casts(self.ctx):
                 attr = node.func.attr  # type: ignore[attr-defined]
                 what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
                 self.report(node, f"{what} call detected")
@@ -106,16 +134,33 @@ class BceUnderAutocast(RuleVisitor):
         self.generic_visit(node)
 
 
-def _assigned_names(stmt: ast.AST) -> set[str]:
+def _produced_names(ctx: FileContext, stmt: ast.AST) -> set[str]:
+    """Names an autocast block leaves holding low-precision results: assigned from calls or
+    arithmetic inside it, except losses (autocast computes those in float32)."""
     out: set[str] = set()
     for n in ast.walk(stmt):
         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and isinstance(
-                getattr(n, "value", None), ast.Call):
+                getattr(n, "value", None), (ast.Call, ast.BinOp)):
+            if isinstance(n.value, ast.Call) and _is_loss_call(ctx, n.value):
+                continue
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             for t in targets:
                 for x in ast.walk(t):
                     if isinstance(x, ast.Name):
                         out.add(x.id)
+    return out
+
+
+def _lowp_names_in(ctx: FileContext, expr: ast.AST, names: set[str]) -> set[str]:
+    """Which of ``names`` reach ``expr`` without passing through a float32 cast first
+    (``logits.float()`` hands the loss a float32 tensor)."""
+    if is_float32_cast(ctx, expr):
+        return set()
+    if isinstance(expr, ast.Name):
+        return {expr.id} & names
+    out: set[str] = set()
+    for child in ast.iter_child_nodes(expr):
+        out |= _lowp_names_in(ctx, child, names)
     return out
 
 
@@ -134,18 +179,19 @@ class LossOutsideAutocast(RuleVisitor):
             produced: set[str] = set()
             for stmt in stmts:
                 if isinstance(stmt, (ast.With, ast.AsyncWith)) and any(
-                        (s := ctx.autocast_call(i.context_expr)) is not None and s.enabled
+                        (s := ctx.with_scope(i.context_expr)) is not None and s.enabled
                         for i in stmt.items):
-                    produced |= _assigned_names(stmt)
+                    produced |= _produced_names(ctx, stmt)
                     continue
                 if not produced:
                     continue
                 for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
                     if ctx.in_autocast(call) or not _is_loss_call(ctx, call):
                         continue
-                    used = {x.id for a in list(call.args) + [k.value for k in call.keywords]
-                            for x in ast.walk(a) if isinstance(x, ast.Name)}
-                    if used & produced:
+                    used: set[str] = set()
+                    for a in [*call.args, *(k.value for k in call.keywords)]:
+                        used |= _lowp_names_in(ctx, a, produced)
+                    if used:
                         name = (ctx.call_name(call) or "loss").split(".")[-1]
                         self.report(call, f"loss `{name}(...)` computed outside the autocast block")
         return self.hits
@@ -211,7 +257,7 @@ class SoftmaxNoDtype(_LowpNames):
             elif scope is None or not scope.enabled:
                 x = self.operand(node)
                 if (isinstance(x, ast.Name) and x.id in self.lowp) or (
-                        ctx.manual_lowp_casts and not ctx.autocast_scopes):
+                        training_lowp_casts(ctx) and not ctx.autocast_scopes):
                     self.report(node, f"{op} without dtype on a low-precision tensor")
         self.generic_visit(node)
 
@@ -258,8 +304,12 @@ _DEPRECATED = {
 
 
 class DeprecatedAmpApi(RuleVisitor):
+    """Live uses only: not in a type annotation, not in the fallback of a ``try`` whose body
+    already uses the new API (``except ImportError/AttributeError``), not in the old-torch branch
+    of a version or ``hasattr`` check."""
+
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.module in ("torch.cuda.amp", "torch.cpu.amp") and not node.level:
+        if node.module in ("torch.cuda.amp", "torch.cpu.amp") and not node.level and not _compat_path(self.ctx, node):
             names = [a.name for a in node.names if f"{node.module}.{a.name}" in _DEPRECATED]
             if names:
                 self.report(node, f"deprecated import from {node.module}: {', '.join(names)}")
@@ -270,9 +320,31 @@ class DeprecatedAmpApi(RuleVisitor):
         # Report only spelled-out uses (torch.cuda.amp.X); uses of a deprecated name imported
         # above are already covered by the import finding.
         if q in _DEPRECATED and d.count(".") >= 3:
-            self.report(node, f"deprecated {q}; use {_DEPRECATED[q]}")
+            if not _compat_path(self.ctx, node):
+                self.report(node, f"deprecated {q}; use {_DEPRECATED[q]}")
             return
         self.generic_visit(node)
+
+
+_VERSION_HINTS = ("version", "hasattr", "is_torch", "TORCH_", "torch_version", "getattr")
+
+
+def _compat_path(ctx: FileContext, node: ast.AST) -> bool:
+    child = node
+    cur = ctx.parents.get(node)
+    while cur is not None:
+        if isinstance(cur, (ast.arg, ast.AnnAssign)) and child is getattr(cur, "annotation", None):
+            return True
+        if isinstance(cur, (ast.FunctionDef, ast.AsyncFunctionDef)) and child is cur.returns:
+            return True
+        if isinstance(cur, ast.ExceptHandler):
+            return True  # the old API as a fallback for a failed new one
+        if isinstance(cur, (ast.If, ast.IfExp)) and child is not cur.test:
+            test = ast.unparse(cur.test)
+            if any(h in test for h in _VERSION_HINTS):
+                return True
+        child, cur = cur, ctx.parents.get(cur)
+    return False
 
 
 def _attr_parts(node: ast.AST) -> list[str]:
@@ -285,27 +357,20 @@ def _attr_parts(node: ast.AST) -> list[str]:
     return parts
 
 
-def _backward_calls(ctx: FileContext) -> list[ast.Call]:
-    """``x.backward(...)`` calls on tensors: not ``some_cuda_module.backward(...)`` kernel calls
-    (receiver is an imported name), nor calls inside an autograd Function's own backward."""
-    out = []
-    for n in ast.walk(ctx.tree):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
-            head = (dotted(n.func.value) or "").split(".")[0]
-            fn = ctx.enclosing_function(n)
-            if head in ctx.aliases or getattr(fn, "name", None) == "backward":
-                continue
-            out.append(n)
-    return out
-
-
 class Fp16WithoutGradScaler(RuleVisitor):
+    """Float16 training with a backward that no loss scaling reaches. Scaling is recognised by
+    use (``s.scale(loss)`` with ``s.update()``), by value (a GradScaler, a class holding one)
+    and across the project; when the loss goes to a callable from outside the tree together
+    with an optimizer, the scaling is unknown and nothing is said."""
+
     def run(self):
         ctx = self.ctx
-        if ctx.has_gradscaler or not _backward_calls(ctx):
+        backward = training_backward_calls(ctx)
+        if ctx.has_gradscaler or not backward or _unknown_loss_handler(ctx):
             return self.hits
-        evidence: list[tuple[ast.AST, str]] = [(s.node, "float16 autocast") for s in ctx.fp16_autocast]
-        evidence += [(c, "manual float16 cast") for c in ctx.manual_lowp_casts
+        evidence: list[tuple[ast.AST, str]] = [(s.node, "float16 autocast") for s in ctx.fp16_autocast
+                                                if not on_non_amp_branch(ctx, s.node)]
+        evidence += [(c, "manual float16 cast") for c in training_lowp_casts(ctx)
                      if ctx.lowp_cast_dtype(c) == "float16"]
         if evidence:
             node, what = min(evidence, key=lambda e: (e[0].lineno, e[0].col_offset))
@@ -313,9 +378,25 @@ class Fp16WithoutGradScaler(RuleVisitor):
         return self.hits
 
 
+def _unknown_loss_handler(ctx: FileContext) -> bool:
+    """``handler(loss, optimizer)`` where handler comes from outside the tree (Apex amp,
+    DeepSpeed, a framework's loss scaler): it may scale the loss; we cannot tell."""
+    for c in ctx.calls:
+        kinds = ctx.values.kinds(c.func)
+        if kinds and kinds <= {av.EXTERNAL, av.PARAM}:
+            args = [*c.args, *(k.value for k in c.keywords)]
+            if len(args) >= 2 and any(ctx.values.kinds(a) & {av.OPTIMIZER} or
+                                      (isinstance(a, ast.Name) and "optim" in a.id) for a in args):
+                return True
+        if isinstance(c.func, ast.Attribute) and c.func.attr in ("scale_loss", "backward") and (
+                ctx.values.kinds(c.func.value) & {av.EXTERNAL, av.PARAM}) and c.args:
+            return True  # apex amp.scale_loss(...), accelerator.backward(loss), engine.backward(loss)
+    return False
+
+
 class BackwardInAutocast(RuleVisitor):
     def run(self):
-        for call in _backward_calls(self.ctx):
+        for call in training_backward_calls(self.ctx):
             if self.ctx.in_autocast(call):
                 self.report(call, "backward() called inside the autocast block")
         return self.hits
@@ -326,25 +407,51 @@ _CLIP = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
          "clip_grad_norm_", "clip_grad_value_"}
 
 
+def _is_torch_clip(ctx: FileContext, call: ast.Call) -> bool:
+    q = ctx.call_name(call) or ""
+    return q in _CLIP or (q.startswith("torch.") and q.split(".")[-1] in ("clip_grad_norm_", "clip_grad_value_"))
+
+
+def _calls_helper_that(ctx: FileContext, call: ast.Call, pred) -> bool:
+    """``call`` goes to a project function whose own body has a call satisfying ``pred``."""
+    for v in ctx.values.value(call.func):
+        if v.kind == av.FUNCTION and v.ctx is not None:
+            if any(isinstance(n, ast.Call) and pred(v.ctx, n) for n in ast.walk(v.node)):
+                return True
+    return False
+
+
+def _is_unscale(ctx: FileContext, call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "unscale_"
+
+
 class ClipWithoutUnscale(RuleVisitor):
+    """Per function that scales a loss: a torch gradient clip (or a project helper that does
+    one), on the AMP path, with no ``unscale_`` (or helper doing it) before it. Clipping through
+    a library object (``accelerator.clip_grad_norm_``) unscales by itself or is unknown."""
+
     def run(self):
         ctx = self.ctx
-        if not ctx.has_gradscaler:
+        scaling = {id(c) for c in ctx.scaler_calls}
+        if not scaling:
             return self.hits
         by_fn: dict[ast.AST, list[ast.Call]] = {}
-        for n in ast.walk(ctx.tree):
-            if isinstance(n, ast.Call):
-                by_fn.setdefault(ctx.enclosing_function(n), []).append(n)
+        for n in ctx.calls:
+            by_fn.setdefault(ctx.enclosing_function(n), []).append(n)
         for calls in by_fn.values():
-            attrs = [(c, c.func.attr if isinstance(c.func, ast.Attribute) else "") for c in calls]
-            if not any(a == "scale" for _, a in attrs):
+            if not any(id(c) in scaling for c in calls):
                 continue
-            unscale_lines = [c.lineno for c, a in attrs if a == "unscale_"]
+            unscale_at = [c.lineno for c in calls if _is_unscale(ctx, c)
+                          or _calls_helper_that(ctx, c, _is_unscale)]
             for c in calls:
-                q = ctx.call_name(c) or ""
-                if q in _CLIP or q.split(".")[-1] in ("clip_grad_norm_", "clip_grad_value_"):
-                    if not any(line < c.lineno for line in unscale_lines):
-                        self.report(c, f"{q.split('.')[-1]} on scaled gradients (no scaler.unscale_ before it)")
+                direct = _is_torch_clip(ctx, c)
+                if not (direct or _calls_helper_that(ctx, c, _is_torch_clip)):
+                    continue
+                if any(line < c.lineno for line in unscale_at) or on_non_amp_branch(ctx, c):
+                    continue
+                what = (ctx.call_name(c) or "clip").split(".")[-1]
+                via = "" if direct else " (it clips gradients)"
+                self.report(c, f"{what}{via} on scaled gradients (no scaler.unscale_ before it)")
         return self.hits
 
 
@@ -362,12 +469,24 @@ def _const_value(node: ast.AST) -> float | None:
     return None
 
 
+def _fp16_evidence(ctx: FileContext) -> bool:
+    """This module trains in float16 (autocast's float16, or a float16 training cast), or,
+    when it says nothing itself, another module of the project does (model code whose
+    precision the training script decides)."""
+    def own(c: FileContext) -> bool:
+        return bool(c.fp16_autocast) or any(c.lowp_cast_dtype(x) == "float16" for x in training_lowp_casts(c))
+    if own(ctx):
+        return True
+    if ctx.autocast_scopes or ctx.manual_lowp_casts:
+        return False  # this module decides its own precision, and it is not float16
+    return any(own(m) for m in ctx.project.modules.values() if m is not ctx)
+
+
 class Fp16UnsafeConstant(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
-        fp16 = ctx.fp16_autocast or any(ctx.lowp_cast_dtype(c) == "float16" for c in ctx.manual_lowp_casts)
         name = (ctx.call_name(node) or "").split(".")[-1]
-        if fp16 and name in _FILL_CALLS:
+        if name in _FILL_CALLS and _fp16_evidence(ctx):
             for a in list(node.args) + [k.value for k in node.keywords]:
                 v = _const_value(a)
                 if v is not None and abs(v) > FP16_MAX:
@@ -381,8 +500,8 @@ _OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAd
 class EpsUnderflowFp16(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
-        half_model = any(ctx.lowp_cast_dtype(c) == "float16" for c in ctx.manual_lowp_casts)
-        if half_model and (ctx.call_name(node) or "").split(".")[-1] in _OPTIMIZERS:
+        if (ctx.call_name(node) or "").split(".")[-1] in _OPTIMIZERS and any(
+                ctx.lowp_cast_dtype(c) == "float16" for c in training_lowp_casts(ctx)):
             for k in node.keywords:
                 v = _const_value(k.value) if k.arg == "eps" else None
                 if v is not None and 0 < v < FP16_MIN_SUBNORMAL:

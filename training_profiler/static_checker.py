@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 
 from lowp_common import UserError, cli_entry
 from training_profiler.amp_context import FileContext
+from training_profiler.amp_project import Project, module_name
 from training_profiler.amp_rules import RULES, RULES_BY_ID, RULES_BY_NAME, Finding, Rule, Severity
 from training_profiler.launch_rules import (LAUNCH_RULES, LAUNCH_RULES_BY_ID, LAUNCH_RULES_BY_NAME,
                                             LaunchRule, NotBash, check_script)
@@ -100,14 +101,18 @@ def _suppressed(sup: dict[int, set[str] | None], node: ast.AST, rule_id: str) ->
     return False
 
 
-def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | None = None
-                 ) -> tuple[list[Finding], FileError | None]:
-    """Findings for one file's text, sorted by position; a syntax error comes back as FileError."""
+def parse_module(source: str, path: str, project: Project, name: str | None = None
+                 ) -> FileContext | FileError:
+    """One file parsed into the project (its facts are computed lazily, when a rule asks)."""
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
-        return [], FileError(path, exc.lineno or 0, f"syntax error: {exc.msg}")
-    ctx = FileContext(tree)
+        return FileError(path, exc.lineno or 0, f"syntax error: {exc.msg}")
+    return FileContext(tree, project, name or Path(path).stem, path)
+
+
+def run_rules(ctx: FileContext, source: str, rules: Sequence[Rule] | None = None) -> list[Finding]:
+    """Findings for one parsed module, sorted by position, suppression comments applied."""
     sup = _suppressions(source)
     findings: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
@@ -117,10 +122,20 @@ def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | No
             if key in seen or _suppressed(sup, node, rule.id):
                 continue
             seen.add(key)
-            findings.append(Finding(rule.id, rule.severity, path, node.lineno, node.col_offset + 1,
+            findings.append(Finding(rule.id, rule.severity, ctx.path, node.lineno, node.col_offset + 1,
                                     message, rule.explanation, rule.suggestion))
     findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
-    return findings, None
+    return findings
+
+
+def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | None = None
+                 ) -> tuple[list[Finding], FileError | None]:
+    """Findings for one file's text on its own (a project of one module); a syntax error comes
+    back as FileError."""
+    ctx = parse_module(source, path, Project())
+    if isinstance(ctx, FileError):
+        return [], ctx
+    return run_rules(ctx, source, rules), None
 
 
 def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]:
@@ -136,24 +151,41 @@ def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]
             raise FileNotFoundError(f"{p}: no such file or directory")
 
 
-def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] | None = None) -> Report:
+def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] | None = None,
+                context: Iterable[str | os.PathLike[str]] = ()) -> Report:
+    """Findings for every file under ``paths``. All Python files of one call (and those under
+    ``context``, which are read for what they set up but not reported) form one project:
+    imports and calls between them are followed."""
     report = Report()
     rules = list(rules) if rules is not None else list(_ALL_RULES)
-    for f in iter_python_files(paths):
+    project = Project()
+    parsed: list[tuple[FileContext, str]] = []
+    targets = list(iter_python_files(paths))
+    wanted = {f.resolve() for f in targets}
+    extra = [f for f in iter_python_files(context) if f.suffix == ".py" and f.resolve() not in wanted]
+    for f in targets + extra:
         if f.suffix == ".sh":
             _check_launch(f, [r for r in rules if isinstance(r, LaunchRule)], report)
             continue
+        reported = f.resolve() in wanted
         try:
             with tokenize.open(f) as fh:
                 source = fh.read()
         except (UnicodeDecodeError, SyntaxError, OSError) as exc:
-            report.errors.append(FileError(str(f), 0, f"cannot read: {exc}"))
+            if reported:
+                report.errors.append(FileError(str(f), 0, f"cannot read: {exc}"))
             continue
-        findings, err = check_source(source, str(f), rules)
+        ctx = parse_module(source, str(f), project, module_name(f))
+        if isinstance(ctx, FileError):
+            if reported:
+                report.files_checked += 1
+                report.errors.append(ctx)
+            continue
+        if reported:
+            parsed.append((ctx, source))
+    for ctx, source in parsed:
         report.files_checked += 1
-        report.findings.extend(findings)
-        if err:
-            report.errors.append(err)
+        report.findings.extend(run_rules(ctx, source, rules))
     return report
 
 
@@ -235,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
         + ". Suppress one line with `# amp-check: ignore[AMP001]` (or `# amp-check: ignore`).")
     p.add_argument("paths", nargs="+", help="Python files, bash launch scripts (.sh: the LCH "
                    "rules) or folders to scan")
+    p.add_argument("--context", action="append", default=[], metavar="DIR",
+                   help="a folder read for what it sets up (GradScalers, autocast helpers, losses) "
+                   "but not reported; repeatable. Folders given as PATHS are already one project")
     p.add_argument("--format", choices=sorted(FORMATTERS), default="text", help="output format (default text)")
     p.add_argument("--select", default="", help="comma-separated rule ids or names to run (default all)")
     p.add_argument("--ignore", default="", help="comma-separated rule ids or names to skip")
@@ -254,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rules = select_rules(args.select.split(","), args.ignore.split(","))
-        report = check_paths(args.paths, rules)
+        report = check_paths(args.paths, rules, context=args.context)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
     text = FORMATTERS[args.format](report)

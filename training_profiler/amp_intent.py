@@ -1,0 +1,261 @@
+"""What a piece of code is for: training, or something that only looks like it.
+
+Real training files also save half-precision checkpoints, evaluate a ``.half()`` copy, round
+values through float16 (``x.half().float()``), run frozen encoders in float16, profile a backward
+pass, and keep a plain ``loss.backward()`` for the non-AMP configuration. The rules ask here before
+calling a cast or a backward part of mixed-precision training, and each answer is judged from what
+the code does (calls, context managers, ``requires_grad_``), not from how things are named.
+"""
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+
+from training_profiler.amp_context import FileContext, dotted
+from training_profiler import amp_values as av
+
+TRAINING = "training"
+ROUND_TRIP = "round-trip"        # x.half().float(): rounding values, the result is float32
+CHECKPOINT = "checkpoint"        # a copy being saved (torch.save, state_dict comprehension, deepcopy)
+EVALUATION = "evaluation"        # under no_grad / inference_mode, or in a function that evaluates
+FROZEN = "frozen"                # a module whose parameters do not train (requires_grad_(False))
+
+_NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
+            "torch.autograd.grad_mode.inference_mode"}
+_FLOAT32_CASTS = {"float", "double"}
+_SAVE_CALLS = ("save", "save_file", "save_checkpoint", "save_model", "save_pretrained", "save_state")
+_PROFILERS = {"torch.profiler.profile", "torch.autograd.profiler.profile",
+              "torch.autograd.profiler.record_function", "torch.profiler.record_function",
+              "torch.utils.benchmark.Timer"}
+
+
+def _ancestors(ctx: FileContext, node: ast.AST):
+    cur = ctx.parents.get(node)
+    while cur is not None:
+        yield cur
+        cur = ctx.parents.get(cur)
+
+
+def is_float32_cast(ctx: FileContext, call: ast.AST) -> bool:
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+        return False
+    if call.func.attr in _FLOAT32_CASTS and not call.args:
+        return True
+    if call.func.attr in ("to", "type"):
+        return any(ctx.dtype_of(a) in ("float32", "float64") for a in
+                   [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")])
+    return False
+
+
+def no_grad_region(ctx: FileContext, node: ast.AST) -> bool:
+    """Inside ``with torch.no_grad()`` / ``inference_mode()`` or a function decorated so."""
+    for a in _ancestors(ctx, node):
+        if isinstance(a, (ast.With, ast.AsyncWith)) and any(
+                (ctx.call_name(i.context_expr) if isinstance(i.context_expr, ast.Call)
+                 else ctx.qualname(i.context_expr)) in _NO_GRAD for i in a.items):
+            return True
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                (ctx.qualname(d.func if isinstance(d, ast.Call) else d) or "") in _NO_GRAD
+                for d in a.decorator_list):
+            return True
+    return False
+
+
+def _calls_in(fn: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+
+
+def _method_calls(fn: ast.AST, attr: str) -> list[ast.Call]:
+    return [c for c in _calls_in(fn) if isinstance(c.func, ast.Attribute) and c.func.attr == attr]
+
+
+def _frozen_receivers(ctx: FileContext, where: ast.AST) -> set[str]:
+    """Modules made not to train: ``m.requires_grad_(False)`` or ``for p in m.parameters():
+    p.requires_grad = False``, in ``where`` (a function) for local names, anywhere in the
+    file for attributes (``self.vae``)."""
+    frozen: set[str] = set()
+    for scope in {id(where): where, id(ctx.tree): ctx.tree}.values():
+        local = scope is where
+        for c in _method_calls(scope, "requires_grad_"):
+            arg = c.args[0] if c.args else next((k.value for k in c.keywords if k.arg == "requires_grad"), None)
+            r = dotted(c.func.value)
+            if isinstance(arg, ast.Constant) and arg.value is False and r and (local or "." in r):
+                frozen.add(r)
+        for loop in (n for n in ast.walk(scope) if isinstance(n, ast.For)):
+            it = loop.iter
+            if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in (
+                    "parameters", "named_parameters"):
+                r = dotted(it.func.value)
+                if not r or not (local or "." in r):
+                    continue
+                for st in ast.walk(loop):
+                    if (isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and st.value.value is False
+                            and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in st.targets)):
+                        frozen.add(r)
+    return frozen
+
+
+def _receiver_root(call: ast.Call) -> ast.AST:
+    """``a.b.to(...).half()`` -> ``a.b``: the object the chain of calls starts from."""
+    cur: ast.AST = call.func.value if isinstance(call.func, ast.Attribute) else call
+    while isinstance(cur, ast.Call) and isinstance(cur.func, ast.Attribute):
+        cur = cur.func.value
+    return cur
+
+
+def _in_save(ctx: FileContext, node: ast.AST) -> bool:
+    for a in _ancestors(ctx, node):
+        if isinstance(a, ast.Call):
+            name = (ctx.call_name(a) or "").rsplit(".", 1)[-1]
+            if name in _SAVE_CALLS or name == "deepcopy":
+                return True
+        if isinstance(a, (ast.DictComp, ast.ListComp, ast.GeneratorExp)):
+            for gen in a.generators:
+                if any(isinstance(n, ast.Attribute) and n.attr == "state_dict" for n in ast.walk(gen.iter)):
+                    return True
+        if isinstance(a, ast.stmt):
+            break
+    root = _receiver_root(node) if isinstance(node, ast.Call) else None
+    if isinstance(root, ast.Call) and (ctx.call_name(root) or "").rsplit(".", 1)[-1] == "deepcopy":
+        return True
+    chain = node
+    while isinstance(chain, ast.Call) and isinstance(chain.func, ast.Attribute):
+        if chain.func.attr == "state_dict":
+            return True
+        chain = chain.func.value
+    # the cast's result bound to a name that is then only saved
+    stmt = next((a for a in _ancestors(ctx, node) if isinstance(a, ast.stmt)), None)
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        name = stmt.targets[0].id
+        fn = ctx.enclosing_function(node)
+        uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        if uses and all(_in_save_call(ctx, u) for u in uses):
+            return True
+    return False
+
+
+def _in_save_call(ctx: FileContext, node: ast.AST) -> bool:
+    for a in _ancestors(ctx, node):
+        if isinstance(a, ast.Call) and (ctx.call_name(a) or "").rsplit(".", 1)[-1] in _SAVE_CALLS:
+            return True
+        if isinstance(a, ast.stmt):
+            return False
+    return False
+
+
+def has_backward(fn: ast.AST) -> bool:
+    return bool(_method_calls(fn, "backward")) or any(
+        (isinstance(c.func, ast.Attribute) and c.func.attr == "grad") for c in _calls_in(fn))
+
+
+def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
+    """Why this low-precision cast is there: TRAINING unless the code shows another purpose."""
+    parent = ctx.parents.get(call)
+    if isinstance(parent, ast.Attribute) and is_float32_cast(ctx, ctx.parents.get(parent)):
+        return ROUND_TRIP
+    if _in_save(ctx, call):
+        return CHECKPOINT
+    if no_grad_region(ctx, call):
+        return EVALUATION
+    fn = ctx.enclosing_function(call)
+    if fn is not ctx.tree and not has_backward(fn) and _method_calls(fn, "eval") and not _method_calls(fn, "train"):
+        return EVALUATION
+    root = dotted(_receiver_root(call)) or ""
+    frozen = _frozen_receivers(ctx, fn)
+    if root and (root in frozen or any(root.startswith(f + ".") for f in frozen)):
+        return FROZEN
+    # the cast result bound to a name that is then frozen
+    stmt = next((a for a in _ancestors(ctx, call) if isinstance(a, ast.stmt)), None)
+    if isinstance(stmt, ast.Assign) and any(dotted(t) in frozen for t in stmt.targets):
+        return FROZEN
+    return TRAINING
+
+
+def profiling_region(ctx: FileContext, node: ast.AST) -> bool:
+    """Under a torch profiler / benchmark context, or in a function that such code calls only."""
+    for a in _ancestors(ctx, node):
+        if isinstance(a, (ast.With, ast.AsyncWith)) and any(
+                (ctx.call_name(i.context_expr) if isinstance(i.context_expr, ast.Call) else "") in _PROFILERS
+                for i in a.items):
+            return True
+    return False
+
+
+def optimizer_steps(ctx: FileContext, fn: ast.AST) -> list[ast.Call]:
+    """``x.step(...)`` calls that update parameters: on an optimizer or a GradScaler, or on an
+    object whose value is not known to be something else (an LR scheduler is not an update)."""
+    out = []
+    for c in _method_calls(fn, "step"):
+        kinds = ctx.values.kinds(c.func.value)  # type: ignore[attr-defined]
+        q = ctx.qualname(c.func.value) or ""  # type: ignore[attr-defined]
+        if "lr_scheduler" in q:
+            continue
+        if not kinds or kinds & {av.OPTIMIZER, av.SCALER, av.PARAM, av.EXTERNAL, av.INSTANCE}:
+            out.append(c)
+    return out
+
+
+def training_backward_calls(ctx: FileContext) -> list[ast.Call]:
+    """``loss.backward()`` calls that are part of training: not a kernel module's
+    ``backward(...)`` (receiver is an imported name), not inside an autograd Function's own
+    backward, not under a profiler, and in a function (or module) that also updates parameters
+    or is called by one that does."""
+    out = []
+    for n in ctx.calls:
+        if not (isinstance(n.func, ast.Attribute) and n.func.attr == "backward"):
+            continue
+        head = (dotted(n.func.value) or "").split(".")[0]
+        fn = ctx.enclosing_function(n)
+        if head in ctx.aliases or getattr(fn, "name", None) == "backward":
+            continue
+        if profiling_region(ctx, n) or (fn is not ctx.tree and _times_itself(ctx, fn)
+                                         and not optimizer_steps(ctx, fn)):
+            continue
+        if fn is ctx.tree or optimizer_steps(ctx, fn) or _caller_steps(ctx, fn):
+            out.append(n)
+    return out
+
+
+_TIMERS = {"time.time", "time.perf_counter", "time.monotonic", "torch.cuda.synchronize",
+           "torch.cuda.Event", "timeit.default_timer"}
+
+
+def _times_itself(ctx: FileContext, fn: ast.AST) -> bool:
+    """A function that reads clocks or CUDA events around its work: a profiling helper."""
+    return any((ctx.call_name(c) or "") in _TIMERS or (isinstance(c.func, ast.Attribute)
+               and c.func.attr == "elapsed_time") for c in _calls_in(fn))
+
+
+def _caller_steps(ctx: FileContext, fn: ast.AST) -> bool:
+    """A training step split in two: the function that calls backward, called by one that steps."""
+    for call, cctx in ctx.project.calls_to(fn, ctx):  # type: ignore[arg-type]
+        caller = cctx.enclosing_function(call)
+        if optimizer_steps(cctx, caller) and not profiling_region(cctx, call):
+            return True
+    return not ctx.project.calls_to(fn, ctx)  # nobody in the tree calls it: a public step API
+
+
+def amp_evidence(ctx: FileContext, nodes: list[ast.AST]) -> bool:
+    """Whether these statements use loss scaling or open autocast."""
+    scaler = set(map(id, ctx.scaler_calls))
+    for stmt in nodes:
+        for n in ast.walk(stmt):
+            if id(n) in scaler:
+                return True
+            if isinstance(n, (ast.With, ast.AsyncWith)) and any(ctx.with_scope(i.context_expr) for i in n.items):
+                return True
+    return False
+
+
+def on_non_amp_branch(ctx: FileContext, node: ast.AST) -> bool:
+    """``if use_amp: scaler.scale(loss).backward() else: loss.backward()``: the ``else`` is the
+    non-AMP configuration. A node is on it when an enclosing ``if`` has AMP on the other branch
+    and none on the node's own."""
+    child = node
+    for a in _ancestors(ctx, node):
+        if isinstance(a, ast.If) and child is not a.test:
+            mine, other = (a.body, a.orelse) if child in a.body else (a.orelse, a.body)
+            if other and amp_evidence(ctx, other) and not amp_evidence(ctx, mine):
+                return True
+        child = a
+    return False

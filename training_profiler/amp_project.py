@@ -1,0 +1,97 @@
+"""Project mode: the scanned tree analysed as one program.
+
+Real training code sets up precision in one module and uses it in another: the GradScaler lives in
+``utils/amp.py``, the autocast context in a trainer base class, the loss in ``losses.py``. A
+``Project`` holds one ``FileContext`` per module, resolves imports (absolute, relative, and the
+"script folder on sys.path" style of training scripts) to modules of the tree, and finds the call
+sites of a function one level up, so a rule in one module can use what another one sets up. A name
+that leads outside the tree stays ``EXTERNAL``: the rules then say "unknown" instead of guessing.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from training_profiler.amp_context import FileContext
+    from training_profiler.amp_values import Val
+
+
+def module_name(path: Path) -> str:
+    """The dotted name Python would import ``path`` under: climb while the folder is a package
+    (``pkg/sub/mod.py`` with ``__init__.py`` files -> ``pkg.sub.mod``); a package's
+    ``__init__`` is the package itself; a script outside any package is its stem."""
+    path = path.resolve()
+    parts = [] if path.stem == "__init__" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts) or path.stem
+
+
+class Project:
+    """Modules of one scanned tree, by dotted name."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, "FileContext"] = {}
+        self._by_last: dict[str, list[str]] = {}
+        self._calls: dict[str, list[tuple[ast.Call, "FileContext"]]] | None = None
+
+    def add(self, ctx: "FileContext") -> None:
+        self.modules[ctx.module_name] = ctx
+        self._by_last.setdefault(ctx.module_name.rsplit(".", 1)[-1], []).append(ctx.module_name)
+        self._calls = None
+
+    # ---- imports -------------------------------------------------------------------------
+    def find_module(self, dotted: str, importer: "FileContext") -> "FileContext | None":
+        """The project module an import names: exact, else the module whose name ends with it,
+        nearest to the importer (scripts import siblings as top-level modules)."""
+        if dotted in self.modules:
+            return self.modules[dotted]
+        last = dotted.rsplit(".", 1)[-1]
+        # the scan may start below the import root (megatron/core scanned, megatron.core.x
+        # imported) or above it (a repo scanned, its scripts import siblings by short name)
+        cands = [m for m in self._by_last.get(last, [])
+                 if m.endswith("." + dotted) or dotted.endswith("." + m)]
+        if not cands:
+            return None
+        here = importer.module_name.rsplit(".", 1)[0] if "." in importer.module_name else ""
+        cands.sort(key=lambda m: (not m.startswith(here + ".") if here else False, m.count(".")))
+        return self.modules[cands[0]]
+
+    def resolve_qualname(self, qual: str, importer: "FileContext") -> set["Val"] | None:
+        """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module."""
+        parts = qual.split(".")
+        for cut in range(len(parts), 0, -1):
+            mod = self.find_module(".".join(parts[:cut]), importer)
+            if mod is None or mod is importer and cut == len(parts):
+                continue
+            rest = parts[cut:]
+            if not rest:
+                return set()  # a module object: nothing the rules need
+            return mod.values.module_attr(rest)
+        return None
+
+    # ---- calls ---------------------------------------------------------------------------
+    def _call_index(self) -> dict[str, list[tuple[ast.Call, "FileContext"]]]:
+        if self._calls is None:
+            self._calls = {}
+            for ctx in self.modules.values():
+                for n in ctx.calls:
+                    f = n.func
+                    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                    if name:
+                        self._calls.setdefault(name, []).append((n, ctx))
+        return self._calls
+
+    def calls_to(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, owner: "FileContext"
+                 ) -> list[tuple[ast.Call, "FileContext"]]:
+        """Call sites in the project that resolve to ``fn`` (defined in ``owner``)."""
+        from training_profiler.amp_values import FUNCTION
+        out = []
+        for call, ctx in self._call_index().get(fn.name, []):
+            if any(v.kind == FUNCTION and v.node is fn for v in ctx.values.value(call.func)):
+                out.append((call, ctx))
+        return out

@@ -1,0 +1,495 @@
+"""What a name holds, by following the code rather than reading its spelling.
+
+The AMP rules need a few facts that real training code rarely states on the line where they
+matter: that ``ctx`` in ``with ctx:`` is an autocast (``ctx = nullcontext() if cpu else
+torch.autocast(...)``, ``amp = partial(torch.autocast, "cuda")``, ``self.autocast = ...``), that
+``loss_scaler`` is a GradScaler wrapper rather than a loss, that ``criterion`` is an
+``nn.CrossEntropyLoss``. ``Evaluator`` answers them with a small abstract interpretation:
+flow-insensitive bindings per scope (assignments, ``with ... as``, parameters with their defaults
+and, one call level up, the arguments of their callers), class attributes set through
+``self.x = ...``, conditional and boolean expressions as unions, ``functools.partial`` and lambdas
+as factories, and calls into functions and classes of the scanned project (``amp_project``).
+What comes from outside the project is ``EXTERNAL``: the rules say "unknown" instead of guessing.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from training_profiler.amp_context import AmpScope, FileContext
+
+
+@dataclass(frozen=True, eq=False)
+class Val:
+    """One abstract value. ``kind`` is one of the module constants below; ``scope`` is set for
+    autocast values, ``node``/``ctx`` for project functions, classes and instances, ``name`` for
+    externals and torch objects."""
+
+    kind: str
+    scope: "AmpScope | None" = None
+    node: ast.AST | None = None
+    ctx: "FileContext | None" = field(default=None, repr=False)
+    name: str = ""
+
+
+AUTOCAST = "autocast"                  # a context manager that turns autocast on (scope says how)
+AUTOCAST_FACTORY = "autocast_factory"  # calling it gives an AUTOCAST (partial, lambda, def)
+NULL_CONTEXT = "null_context"          # nullcontext() and friends: the non-AMP twin of AUTOCAST
+SCALER = "scaler"                      # a GradScaler, or an object that wraps one
+SCALER_FACTORY = "scaler_factory"      # a class or function whose result is a SCALER
+LOSS_FN = "loss_fn"                    # a torch loss function or nn.*Loss module
+LOSS = "loss"                          # the value a loss function returned
+OPTIMIZER = "optimizer"                # a torch.optim optimizer
+FUNCTION = "function"                  # a def of the project (node, ctx)
+CLASS = "class"                        # a class of the project
+INSTANCE = "instance"                  # an instance of a project class
+EXTERNAL = "external"                  # decided outside the scanned tree (name says what)
+PARAM = "param"                        # a parameter nobody in the project passes
+
+_NULL_CONTEXTS = {"contextlib.nullcontext", "contextlib.suppress", "contextlib.ExitStack",
+                  "torch.no_grad", "torch.enable_grad"}
+_SCALER_CLASSES = ("GradScaler", "ShardedGradScaler")
+_LOSS_CLASS_SUFFIX = "Loss"
+_TORCH_LOSS_FUNCTIONS = {
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss",
+    "gaussian_nll_loss", "cosine_embedding_loss", "margin_ranking_loss", "hinge_embedding_loss",
+    "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
+    "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss", "ctc_loss",
+}
+_MAX_DEPTH = 12
+
+
+def is_torch_loss_function(qualname: str) -> bool:
+    head, _, last = qualname.rpartition(".")
+    return head in ("torch.nn.functional", "torch", "F") and last in _TORCH_LOSS_FUNCTIONS
+
+
+def is_torch_loss_class(qualname: str) -> bool:
+    return qualname.startswith(("torch.nn.", "nn.")) and qualname.endswith(_LOSS_CLASS_SUFFIX)
+
+
+class Bindings:
+    """name -> the expressions bound to it in one scope (module, function or lambda body)."""
+
+    def __init__(self, node: ast.AST, parent: "Bindings | None") -> None:
+        self.node = node
+        self.parent = parent
+        self.names: dict[str, list[tuple[str, ast.AST]]] = {}
+
+    def add(self, name: str, how: str, expr: ast.AST) -> None:
+        self.names.setdefault(name, []).append((how, expr))
+
+    def lookup(self, name: str) -> tuple["Bindings", list[tuple[str, ast.AST]]] | None:
+        b: Bindings | None = self
+        while b is not None:
+            if name in b.names:
+                return b, b.names[name]
+            b = b.parent
+        return None
+
+
+def _target_names(target: ast.AST) -> Iterable[ast.Name]:
+    if isinstance(target, ast.Name):
+        yield target
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for e in target.elts:
+            yield from _target_names(e)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
+
+
+class ScopeBuilder(ast.NodeVisitor):
+    """Fills one ``Bindings`` per module/function and records ``self.x = ...`` per class."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.module = Bindings(tree, None)
+        self.of: dict[ast.AST, Bindings] = {tree: self.module}
+        self.class_attrs: dict[ast.ClassDef, dict[str, list[tuple[ast.AST, Bindings]]]] = {}
+        self._stack = [self.module]
+        self._class: list[ast.ClassDef | None] = [None]
+        self.visit(tree)
+
+    @property
+    def cur(self) -> Bindings:
+        return self._stack[-1]
+
+    def _bind_target(self, target: ast.AST, how: str, value: ast.AST) -> None:
+        if isinstance(target, ast.Name):
+            self.cur.add(target.id, how, value)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for n in _target_names(target):
+                self.cur.add(n.id, "unknown", value)
+        elif (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+              and target.value.id == "self" and self._class[-1] is not None):
+            attrs = self.class_attrs.setdefault(self._class[-1], {})
+            attrs.setdefault(target.attr, []).append((value, self.cur))
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for t in node.targets:
+            self._bind_target(t, "assign", node.value)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind_target(node.target, "assign", node.value)
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self._bind_target(node.target, "assign", node.value)
+        self.generic_visit(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        for n in _target_names(node.target):
+            self.cur.add(n.id, "unknown", node.iter)
+        self.generic_visit(node)
+
+    visit_AsyncFor = visit_For  # type: ignore[assignment]
+
+    def visit_With(self, node: ast.With) -> None:
+        for item in node.items:
+            if item.optional_vars is not None:
+                for n in _target_names(item.optional_vars):
+                    self.cur.add(n.id, "with_as", item.context_expr)
+        self.generic_visit(node)
+
+    visit_AsyncWith = visit_With  # type: ignore[assignment]
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            self.cur.add(a.asname or a.name.split(".")[0], "import", node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for a in node.names:
+            if a.name != "*":
+                self.cur.add(a.asname or a.name, "import", node)
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        if not isinstance(node, ast.Lambda):
+            self.cur.add(node.name, "def", node)
+            for d in node.decorator_list:
+                self.visit(d)
+        b = Bindings(node, self.cur)
+        self.of[node] = b
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        for i, a in enumerate(positional):
+            b.add(a.arg, "param", node)
+        for a in [*args.kwonlyargs, *( [args.vararg] if args.vararg else []),
+                  *([args.kwarg] if args.kwarg else [])]:
+            b.add(a.arg, "param", node)
+        self._stack.append(b)
+        self._class.append(self._class[-1] if not isinstance(node, ast.Lambda) else self._class[-1])
+        body = node.body if isinstance(node.body, list) else [node.body]
+        for stmt in body:
+            self.visit(stmt)
+        self._stack.pop()
+        self._class.pop()
+
+    visit_FunctionDef = _function  # type: ignore[assignment]
+    visit_AsyncFunctionDef = _function  # type: ignore[assignment]
+    visit_Lambda = _function  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.cur.add(node.name, "class", node)
+        for d in [*node.decorator_list, *node.bases]:
+            self.visit(d)
+        self.class_attrs.setdefault(node, {})
+        self._class.append(node)
+        for stmt in node.body:
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                value = stmt.value
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for t in targets:
+                    if isinstance(t, ast.Name) and value is not None:
+                        self.class_attrs[node].setdefault(t.id, []).append((value, self.cur))
+            self.visit(stmt)
+        self._class.pop()
+
+
+class Evaluator:
+    """Abstract values of expressions in one module, reaching into the project for the rest."""
+
+    def __init__(self, ctx: "FileContext") -> None:
+        self.ctx = ctx
+        sb = ScopeBuilder(ctx.tree)
+        self.scopes = sb.of
+        self.class_attrs = sb.class_attrs
+        self._memo: dict[int, frozenset[Val]] = {}
+        self._busy: set[int] = set()
+
+    # ---- scopes ------------------------------------------------------------------------------
+    def bindings_at(self, node: ast.AST) -> Bindings:
+        cur: ast.AST | None = node
+        while cur is not None:
+            b = self.scopes.get(cur)
+            if b is not None and cur is not node:
+                return b
+            if b is not None and isinstance(cur, ast.Module):
+                return b
+            cur = self.ctx.parents.get(cur)
+        return self.scopes[self.ctx.tree]
+
+    def enclosing_class(self, node: ast.AST) -> ast.ClassDef | None:
+        cur = self.ctx.parents.get(node)
+        while cur is not None and not isinstance(cur, ast.ClassDef):
+            cur = self.ctx.parents.get(cur)
+        return cur
+
+    # ---- values ------------------------------------------------------------------------------
+    def value(self, expr: ast.AST | None, depth: int = 0) -> frozenset[Val]:
+        """The abstract values ``expr`` may hold (empty when nothing is known)."""
+        if expr is None or depth > _MAX_DEPTH:
+            return frozenset()
+        key = id(expr)
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._busy:
+            return frozenset()
+        self._busy.add(key)
+        try:
+            out = frozenset(self._value(expr, depth + 1))
+        finally:
+            self._busy.discard(key)
+        self._memo[key] = out
+        return out
+
+    def _value(self, e: ast.AST, depth: int) -> set[Val]:
+        ctx = self.ctx
+        if isinstance(e, ast.IfExp):
+            return set(self.value(e.body, depth)) | set(self.value(e.orelse, depth))
+        if isinstance(e, ast.BoolOp):
+            out: set[Val] = set()
+            for v in e.values:
+                out |= self.value(v, depth)
+            return out
+        if isinstance(e, ast.NamedExpr):
+            return set(self.value(e.value, depth))
+        if isinstance(e, ast.Lambda):
+            return {self._as_factory(v) for v in self.value(e.body, depth) if self._as_factory(v)}
+        if isinstance(e, ast.Call):
+            return self._call_value(e, depth)
+        if isinstance(e, ast.Name):
+            return self._name_value(e, depth)
+        if isinstance(e, ast.Attribute):
+            return self._attr_value(e, depth)
+        if isinstance(e, ast.Await):
+            return set(self.value(e.value, depth))
+        return set()
+
+    @staticmethod
+    def _as_factory(v: Val) -> Val | None:
+        if v.kind == AUTOCAST:
+            return Val(AUTOCAST_FACTORY, scope=v.scope)
+        if v.kind == SCALER:
+            return Val(SCALER_FACTORY)
+        return None
+
+    def _qual_value(self, q: str, node: ast.AST) -> set[Val]:
+        """Values of a name that resolves to something outside this module."""
+        ctx = self.ctx
+        last = q.rsplit(".", 1)[-1]
+        if q in _AUTOCAST_QUALS:
+            return {Val(AUTOCAST_FACTORY, name=q)}
+        if last in _SCALER_CLASSES and q.startswith("torch."):
+            return {Val(SCALER_FACTORY, name=q)}
+        if is_torch_loss_function(q):
+            return {Val(LOSS_FN, name=q)}
+        if ctx.project is not None:
+            found = ctx.project.resolve_qualname(q, ctx)
+            if found is not None:
+                return found
+        return {Val(EXTERNAL, name=q)}
+
+    def _name_value(self, e: ast.Name, depth: int) -> set[Val]:
+        hit = self.bindings_at(e).lookup(e.id)
+        if hit is None:
+            q = self.ctx.aliases.get(e.id)
+            return self._qual_value(q, e) if q else set()
+        return self._entries_value(hit[1], e.id, e, depth)
+
+    def _entries_value(self, entries: list[tuple[str, ast.AST]], name: str, at: ast.AST,
+                       depth: int) -> set[Val]:
+        out: set[Val] = set()
+        for how, expr in entries:
+            if how == "assign":
+                out |= self.value(expr, depth)
+            elif how == "with_as":
+                out |= {v for v in self.value(expr, depth) if v.kind in (SCALER, LOSS_FN, OPTIMIZER)}
+            elif how == "def":
+                out.add(Val(FUNCTION, node=expr, ctx=self.ctx))
+            elif how == "class":
+                out.add(self._class_value(expr))  # type: ignore[arg-type]
+            elif how == "import":
+                q = self.ctx.import_qualname(expr, name)  # type: ignore[arg-type]
+                if q:
+                    out |= self._qual_value(q, at)
+            elif how == "param":
+                out |= self._param_value(expr, name, depth)
+        return out
+
+    def module_attr(self, parts: list[str]) -> set[Val]:
+        """Values of ``module.parts[0].parts[1]...`` seen from another module."""
+        entries = self.scopes[self.ctx.tree].names.get(parts[0])
+        if not entries:
+            return set()
+        vals = self._entries_value(entries, parts[0], self.ctx.tree, 1)
+        for attr in parts[1:]:
+            nxt: set[Val] = set()
+            for v in vals:
+                if v.kind in (CLASS, SCALER_FACTORY, LOSS_FN) and isinstance(v.node, ast.ClassDef):
+                    nxt |= self._class_attr(v.node, attr, 1)
+            vals = nxt
+        return vals
+
+    def _class_value(self, cls: ast.ClassDef) -> Val:
+        if self.class_is_scaler(cls):
+            return Val(SCALER_FACTORY, node=cls, ctx=self.ctx)
+        for b in cls.bases:
+            q = self.ctx.qualname(b) or ""
+            if is_torch_loss_class(q):
+                return Val(LOSS_FN, node=cls, ctx=self.ctx)
+        return Val(CLASS, node=cls, ctx=self.ctx)
+
+    def class_is_scaler(self, cls: ast.ClassDef) -> bool:
+        """A class that holds a GradScaler (timm's NativeScaler, fairseq-style wrappers)."""
+        for values in self.class_attrs.get(cls, {}).values():
+            for expr, _ in values:
+                if any(v.kind == SCALER for v in self.value(expr)):
+                    return True
+        for b in cls.bases:
+            if (self.ctx.qualname(b) or "").rsplit(".", 1)[-1] in _SCALER_CLASSES:
+                return True
+        return False
+
+    def _param_value(self, fn: ast.AST, name: str, depth: int) -> set[Val]:
+        """A parameter: its default, and what the project's callers pass (one level)."""
+        out: set[Val] = set()
+        args = fn.args  # type: ignore[attr-defined]
+        positional = [*args.posonlyargs, *args.args]
+        defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
+        defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+        if name in defaults:
+            out |= self.value(defaults[name], depth)
+        if self.ctx.project is not None and not isinstance(fn, ast.Lambda):
+            index = [a.arg for a in positional].index(name) if name in [a.arg for a in positional] else None
+            is_method = isinstance(self.ctx.parents.get(fn), ast.ClassDef)
+            for call, cctx in self.ctx.project.calls_to(fn, self.ctx):  # type: ignore[arg-type]
+                arg = _argument(call, name, index, is_method)
+                if arg is not None:
+                    out |= cctx.values.value(arg, depth)
+        if not out:
+            out.add(Val(PARAM, name=name))
+        return out
+
+    def _attr_value(self, e: ast.Attribute, depth: int) -> set[Val]:
+        ctx = self.ctx
+        if isinstance(e.value, ast.Name) and e.value.id in ("self", "cls"):
+            cls = self.enclosing_class(e)
+            if cls is not None:
+                return self._class_attr(cls, e.attr, depth)
+        q = ctx.qualname(e)
+        base = self.value(e.value, depth) if not (q and q.split(".")[0] in ctx.aliases) else frozenset()
+        for v in base:
+            if v.kind == INSTANCE and v.ctx is not None:
+                return v.ctx.values._class_attr(v.node, e.attr, depth)  # type: ignore[arg-type]
+        if q and q.split(".")[0] in ctx.aliases:
+            return self._qual_value(q, e)
+        return set()
+
+    def _class_attr(self, cls: ast.ClassDef, attr: str, depth: int) -> set[Val]:
+        out: set[Val] = set()
+        for expr, _ in self.class_attrs.get(cls, {}).get(attr, []):
+            out |= self.value(expr, depth)
+        for stmt in cls.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == attr:
+                out.add(Val(FUNCTION, node=stmt, ctx=self.ctx))
+        return out
+
+    def _call_value(self, call: ast.Call, depth: int) -> set[Val]:
+        ctx = self.ctx
+        q = ctx.call_name(call) or ""
+        if q in _AUTOCAST_QUALS:
+            scope = ctx.autocast_call(call)
+            return {Val(AUTOCAST, scope=scope)} if scope is not None else set()
+        if q in _NULL_CONTEXTS or q.rsplit(".", 1)[-1] == "nullcontext":
+            return {Val(NULL_CONTEXT)}
+        if q in ("functools.partial", "partial") and call.args:
+            inner = self.value(call.args[0], depth)
+            if any(v.kind == AUTOCAST_FACTORY for v in inner):
+                scope = ctx.autocast_call(ast.Call(func=call.args[0], args=call.args[1:],
+                                                   keywords=call.keywords))
+                return {Val(AUTOCAST_FACTORY, scope=scope)}
+            return {Val(SCALER_FACTORY)} if any(v.kind == SCALER_FACTORY for v in inner) else set()
+        if q.startswith("torch.optim.") and q.rsplit(".", 1)[-1][:1].isupper():
+            return {Val(OPTIMIZER, name=q)}
+        if is_torch_loss_class(q):
+            return {Val(LOSS_FN, name=q)}
+        if is_torch_loss_function(q):
+            return {Val(LOSS, name=q)}
+        out: set[Val] = set()
+        for f in self.value(call.func, depth):
+            if f.kind == AUTOCAST_FACTORY:
+                scope = f.scope
+                if scope is None:  # the API itself, called here
+                    scope = ctx.autocast_call(call)
+                if scope is not None:
+                    out.add(Val(AUTOCAST, scope=scope))
+            elif f.kind == SCALER_FACTORY:
+                out.add(Val(SCALER))
+            elif f.kind == LOSS_FN:
+                out.add(Val(LOSS, name=f.name))
+            elif f.kind == CLASS and f.ctx is not None:
+                out.add(Val(INSTANCE, node=f.node, ctx=f.ctx))
+            elif f.kind == FUNCTION and f.ctx is not None:
+                out |= f.ctx.values.returns(f.node, depth)  # type: ignore[arg-type]
+            elif f.kind == EXTERNAL:
+                out.add(Val(EXTERNAL, name=f.name + "()"))
+        return out
+
+    def returns(self, fn: ast.FunctionDef, depth: int) -> set[Val]:
+        """What a project function returns: the union of its ``return`` values; a generator
+        decorated with contextmanager that yields under autocast counts as an autocast."""
+        out: set[Val] = set()
+        decorated_cm = any((self.ctx.qualname(d) or "").endswith("contextmanager") for d in fn.decorator_list)
+        for n in _own_nodes(fn):
+            if isinstance(n, ast.Return) and n.value is not None:
+                out |= self.value(n.value, depth)
+            elif decorated_cm and isinstance(n, (ast.Yield, ast.YieldFrom)):
+                s = self.ctx.scope_of(n)
+                if s is not None:
+                    out.add(Val(AUTOCAST, scope=s))
+        return out
+
+    # ---- questions the rules ask --------------------------------------------------------------
+    def kinds(self, expr: ast.AST | None) -> set[str]:
+        return {v.kind for v in self.value(expr)}
+
+
+def _own_nodes(fn: ast.AST) -> Iterable[ast.AST]:
+    """Nodes of a function body, not descending into nested functions or classes."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        n = stack.pop()
+        yield n
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(n))
+
+
+def _argument(call: ast.Call, name: str, index: int | None, is_method: bool) -> ast.AST | None:
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    if index is None:
+        return None
+    if is_method:
+        index -= 1  # `self` is bound by the call
+    if 0 <= index < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:index + 1]):
+        return call.args[index]
+    return None
+
+
+# Filled by amp_context (the one table of autocast entry points).
+_AUTOCAST_QUALS: set[str] = set()
