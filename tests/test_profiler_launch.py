@@ -83,3 +83,13 @@ def test_launch_rules_are_selected_like_the_others():
         select_rules(["LCH999"], [])
     report = check_paths([HERE / "hazards.sh"], select_rules(["LCH002"], []))
     assert [(f.rule_id, f.line) for f in report.findings] == [("LCH002", 10)]
+
+
+def test_a_torchrun_of_another_program_is_not_a_megatron_launch():
+    """Seen on pytorch/examples' run scripts: LCH005 is about Megatron-LM's fusion default."""
+    other = "#!/bin/bash\ntorchrun --nnodes 1 --nproc_per_node 2 main.py --epochs 3\n"
+    assert launch_rules.check_script(other, "x.sh", [launch_rules.LAUNCH_RULES_BY_ID["LCH005"]]) == []
+    megatron = "#!/bin/bash\ntorchrun --nproc_per_node 8 train.py \\\n  --tensor-model-parallel-size 2 --num-layers 4\n"
+    hits = launch_rules.check_script(megatron, "y.sh", [launch_rules.LAUNCH_RULES_BY_ID["LCH005"]])
+    if launch_rules.importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
+        assert [f.line for f in hits] == [2]

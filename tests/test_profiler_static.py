@@ -55,7 +55,8 @@ def test_alias_resolution_and_scope() -> None:
 
 
 def test_suppression_forms() -> None:
-    base = "import torch\nscaler = torch.amp.GradScaler('cuda')\nx = torch.ones(2).half(){}\n"
+    base = ("import torch\nscaler = torch.amp.GradScaler('cuda')\nx = torch.ones(2).half(){}\n"
+            "scaler.scale(x.float().sum()).backward()\n")
     assert len(sc.check_source(base.format(""))[0]) == 1
     assert sc.check_source(base.format("  # amp-check: ignore"))[0] == []
     assert sc.check_source(base.format("  # amp-check: ignore[AMP001]"))[0] == []
@@ -105,7 +106,7 @@ def test_cli_exit_codes_and_threshold() -> None:
 
 def test_cli_syntax_error_is_reported_and_skipped(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("def f(:\n")
-    (tmp_path / "ok.py").write_text("import torch\nwith torch.autocast('cpu'):\n    y = torch.ones(2).half()\n")
+    (tmp_path / "ok.py").write_text("import torch\nwith torch.autocast('cpu'):\n    y = torch.ones(2).half()\ny.float().sum().backward()\n")
     r = _cli(str(tmp_path), "--format", "line")
     assert r.returncode == 1
     assert "ok.py:3:9: AMP001" in r.stdout

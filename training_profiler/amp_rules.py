@@ -17,7 +17,7 @@ import numpy as np
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import (TRAINING, cast_purpose, is_float32_cast,
+from training_profiler.amp_intent import (TRAINING, cast_purpose, is_float32_cast, no_grad_region,
                                           on_non_amp_branch, training_backward_calls)
 
 _FP16 = np.finfo(np.float16)
@@ -92,13 +92,20 @@ def _is_loss_call(ctx: FileContext, call: ast.Call) -> bool:
     return not any(ctx.values.kinds(a) & {av.OPTIMIZER, av.SCALER} for a in args)
 
 
+def trains(ctx: FileContext) -> bool:
+    """The module runs a training step (a backward that updates parameters, or loss scaling);
+    an inference pipeline or an export script does not, so its casts are not training casts."""
+    return bool(training_backward_calls(ctx) or ctx.scaler_calls)
+
+
 def training_lowp_casts(ctx: FileContext) -> list[ast.Call]:
     """Manual low-precision casts whose purpose is training (not a checkpoint copy, an
-    evaluation model, a round trip or a frozen module), off any non-AMP branch."""
+    evaluation model, a round trip or a frozen module) in a module that trains, off any
+    non-AMP branch."""
     cached = ctx.__dict__.get("_training_casts")
     if cached is None:
-        cached = [c for c in ctx.manual_lowp_casts
-                  if cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]
+        cached = [c for c in ctx.manual_lowp_casts if trains(ctx)
+                  and cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]
         ctx.__dict__["_training_casts"] = cached
     return cached
 
@@ -186,8 +193,8 @@ class LossOutsideAutocast(RuleVisitor):
                 if not produced:
                     continue
                 for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
-                    if ctx.in_autocast(call) or not _is_loss_call(ctx, call):
-                        continue
+                    if ctx.in_autocast(call) or no_grad_region(ctx, call) or not _is_loss_call(ctx, call):
+                        continue  # under no_grad the loss is a metric, not a training signal
                     used: set[str] = set()
                     for a in [*call.args, *(k.value for k in call.keywords)]:
                         used |= _lowp_names_in(ctx, a, produced)
@@ -257,7 +264,8 @@ class SoftmaxNoDtype(_LowpNames):
             elif scope is None or not scope.enabled:
                 x = self.operand(node)
                 if (isinstance(x, ast.Name) and x.id in self.lowp) or (
-                        training_lowp_casts(ctx) and not ctx.autocast_scopes):
+                        not ctx.autocast_scopes and any(
+                            ctx.lowp_cast_dtype(c) == "float16" for c in training_lowp_casts(ctx))):
                     self.report(node, f"{op} without dtype on a low-precision tensor")
         self.generic_visit(node)
 
@@ -425,6 +433,16 @@ def _is_unscale(ctx: FileContext, call: ast.Call) -> bool:
     return isinstance(call.func, ast.Attribute) and call.func.attr == "unscale_"
 
 
+def _clips_unscaled(ctx: FileContext, call: ast.Call) -> bool:
+    """A torch clip with no ``unscale_`` before it in its own function (a helper that unscales
+    and then clips, as SpeechBrain's ``optimizers_step`` does, is fine)."""
+    if not _is_torch_clip(ctx, call):
+        return False
+    fn = ctx.enclosing_function(call)
+    return not any(isinstance(n, ast.Call) and _is_unscale(ctx, n) and n.lineno < call.lineno
+                   for n in ast.walk(fn))
+
+
 class ClipWithoutUnscale(RuleVisitor):
     """Per function that scales a loss: a torch gradient clip (or a project helper that does
     one), on the AMP path, with no ``unscale_`` (or helper doing it) before it. Clipping through
@@ -445,7 +463,7 @@ class ClipWithoutUnscale(RuleVisitor):
                           or _calls_helper_that(ctx, c, _is_unscale)]
             for c in calls:
                 direct = _is_torch_clip(ctx, c)
-                if not (direct or _calls_helper_that(ctx, c, _is_torch_clip)):
+                if not (direct or _calls_helper_that(ctx, c, _clips_unscaled)):
                     continue
                 if any(line < c.lineno for line in unscale_at) or on_non_amp_branch(ctx, c):
                     continue

@@ -68,6 +68,7 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
         buf = ""
     if buf:
         logical.append((start, buf))
+    launchers: list[int] = []
     for no, line in logical:
         try:
             lexer = shlex.shlex(line, posix=True, punctuation_chars="();|&")
@@ -86,9 +87,20 @@ def parse_script(text: str, path: str = "<script>") -> LaunchScript:
                     nxt = words[i + 1] if i + 1 < len(words) else None
                     val = nxt if nxt is not None and not nxt.startswith("-") and nxt not in "();|&" else None
                 out.flags.setdefault(name, []).append((no, val))
-            elif w.endswith("pretrain_gpt.py") or w in ("torchrun",):
+            elif _MEGATRON_ENTRY.search(w):
                 out.runs.append(no)
+            elif w in ("torchrun", "python", "python3") or w.endswith("torch.distributed.run"):
+                launchers.append(no)
+    # a generic launcher counts when the arguments are Megatron-LM's (a torchrun of some other
+    # program is not a Megatron launch)
+    if not out.runs and launchers and any(f in out.flags for f in _MEGATRON_FLAGS):
+        out.runs.append(launchers[0])
     return out
+
+
+_MEGATRON_ENTRY = re.compile(r"(^|/)pretrain_\w+\.py$|(^|/)megatron/.*\.py$")
+_MEGATRON_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                   "--micro-batch-size", "--global-batch-size", "--num-layers")
 
 
 def _literal(value: str) -> str | None:

@@ -11,3 +11,4 @@ v = torch.randn(4, 8).float()                  # no finding: float32
 u = x.half()  # amp-check: ignore[AMP001]
 with torch.autocast("cuda"):
     out = model(x)
+scaler.scale(out.float().sum()).backward()     # a training step: the casts above are training casts

@@ -8,4 +8,7 @@ class Attention(torch.nn.Module):
 
 
 model = Attention().half()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(2, 2), torch.randn(2, 2)).sum().backward()   # trained in float16
+opt.step()
 probs = torch.softmax(torch.randn(2, 2), -1, dtype=torch.float32)   # no finding

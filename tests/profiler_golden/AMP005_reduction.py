@@ -13,3 +13,10 @@ def step(model, x):
     lp = x.bfloat16()
     bad = lp.mean()                          # finding
     return total, avg, safe, fine, bad, inside
+
+
+def train(model, x, opt, scaler):
+    out = step(model, x)
+    scaler.scale(out[0].float()).backward()
+    scaler.step(opt)
+    scaler.update()
