@@ -33,6 +33,7 @@ _DTYPE_NAMES = {
 }
 LOWP_DTYPES = ("float16", "bfloat16")
 av._AUTOCAST_QUALS.update(_AUTOCAST_APIS)
+av._DTYPES.update(_DTYPE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,22 @@ class FileContext:
         if expr is None:
             return None
         q = self.qualname(expr)
-        return _DTYPE_NAMES.get(q or "", "unknown")
+        if q in _DTYPE_NAMES:
+            return _DTYPE_NAMES[q]
+        choices = self.dtype_choices(expr)
+        if len(choices) == 1:
+            return next(iter(choices))
+        for lowp in LOWP_DTYPES:  # a run-time choice: the low-precision path is the one to judge
+            if lowp in choices:
+                return lowp
+        return "unknown"
+
+    def dtype_choices(self, expr: ast.AST) -> set[str]:
+        """The dtypes a variable or parameter may hold (``weight_dtype = torch.float16 if
+        fp16 else torch.float32``; a ``torch_dtype`` parameter its callers pass)."""
+        if isinstance(expr, (ast.Name, ast.Attribute, ast.IfExp, ast.Subscript)):
+            return {v.name for v in self.values.value(expr) if v.kind == av.DTYPE}
+        return set()
 
     # ---- autocast scopes ---------------------------------------------------------------
     def autocast_call(self, expr: ast.AST) -> AmpScope | None:

@@ -38,6 +38,7 @@ class Project:
         self.modules: dict[str, "FileContext"] = {}
         self._by_last: dict[str, list[str]] = {}
         self._calls: dict[str, list[tuple[ast.Call, "FileContext"]]] | None = None
+        self._resolving: set[tuple[str, str]] = set()
 
     def add(self, ctx: "FileContext") -> None:
         self.modules[ctx.module_name] = ctx
@@ -62,7 +63,18 @@ class Project:
         return self.modules[cands[0]]
 
     def resolve_qualname(self, qual: str, importer: "FileContext") -> set["Val"] | None:
-        """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module."""
+        """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module (re-export
+        cycles between packages end in "nothing known")."""
+        key = (qual, importer.module_name)
+        if key in self._resolving or len(self._resolving) > 40:
+            return set()
+        self._resolving.add(key)
+        try:
+            return self._resolve(qual, importer)
+        finally:
+            self._resolving.discard(key)
+
+    def _resolve(self, qual: str, importer: "FileContext") -> set["Val"] | None:
         parts = qual.split(".")
         for cut in range(len(parts), 0, -1):
             mod = self.find_module(".".join(parts[:cut]), importer)

@@ -47,6 +47,7 @@ CLASS = "class"                        # a class of the project
 INSTANCE = "instance"                  # an instance of a project class
 EXTERNAL = "external"                  # decided outside the scanned tree (name says what)
 PARAM = "param"                        # a parameter nobody in the project passes
+DTYPE = "dtype"                        # a torch dtype (name: 'float16', 'bfloat16', 'float32')
 
 _NULL_CONTEXTS = {"contextlib.nullcontext", "contextlib.suppress", "contextlib.ExitStack",
                   "torch.no_grad", "torch.enable_grad"}
@@ -277,6 +278,11 @@ class Evaluator:
             return self._attr_value(e, depth)
         if isinstance(e, ast.Await):
             return set(self.value(e.value, depth))
+        if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Dict):
+            out = set()
+            for v in e.value.values:
+                out |= self.value(v, depth)
+            return out
         return set()
 
     @staticmethod
@@ -291,6 +297,8 @@ class Evaluator:
         """Values of a name that resolves to something outside this module."""
         ctx = self.ctx
         last = q.rsplit(".", 1)[-1]
+        if q in _DTYPES:
+            return {Val(DTYPE, name=_DTYPES[q])}
         if q in _AUTOCAST_QUALS:
             return {Val(AUTOCAST_FACTORY, name=q)}
         if last in _SCALER_CLASSES and q.startswith("torch."):
@@ -491,5 +499,6 @@ def _argument(call: ast.Call, name: str, index: int | None, is_method: bool) -> 
     return None
 
 
-# Filled by amp_context (the one table of autocast entry points).
+# Filled by amp_context (its tables of autocast entry points and dtype names are the one definition).
 _AUTOCAST_QUALS: set[str] = set()
+_DTYPES: dict[str, str] = {}
