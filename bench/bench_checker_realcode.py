@@ -8,8 +8,9 @@ AMP bugs, and the time to scan a real ~10,000-line tree (issue 18 item 4).
 The repositories are not part of the project: corpus.json and bugs.json hold only references
 (repository, commit, paths, lines) and our own labels. Each repository must be on this machine
 as a git mirror under ``--mirrors`` (``<owner>+<name>/repo``, what the fetch tool leaves); the
-scan folders are extracted at the pinned commit with ``git archive`` into ``--cache`` and given
-to ``check_paths`` together, so project mode sees the package as a whole. Only findings in the
+.py/.sh files of the scan folders are extracted at the pinned commit (git ls-tree + cat-file,
+which skips blobs a snapshot left out) into ``--cache`` and given to ``check_paths`` together,
+so project mode sees the package as a whole. Only findings in the
 listed files count. Labels match findings by (repo, path, line, rule).
 
 Prints precision per rule and overall (tp / (tp + fp) over labelled findings), the unlabelled
@@ -67,7 +68,7 @@ class Hit:
 # ---- input ------------------------------------------------------------------------------
 def _need(obj: dict, field: str, kind: type, where: str) -> object:
     if not isinstance(obj, dict) or not isinstance(obj.get(field), kind):
-        raise UserError(f"{where}: needs a {kind.__name__} field {field!r}; see REALCODE schema "
+        raise UserError(f"{where}: needs a {kind.__name__} field {field!r}; see the schema "
                         "in bench/realcode/README.md")
     return obj[field]
 
@@ -190,7 +191,7 @@ def scan(dest: Path, repo: str, folders: Sequence[str], keep: Iterable[str] | No
          amp_only: bool = True) -> list[Hit]:
     """Findings of check_paths on the scan folders taken together; only files in ``keep``
     (repository-relative paths) when given, only AMP rules when ``amp_only``."""
-    report = check_paths([dest / f.strip("/") if f.strip("/") not in ("", ".") else dest for f in folders])
+    report = check_paths(scan_roots(dest, folders))
     wanted = set(keep) if keep is not None else None
     hits = []
     for f in report.findings:
@@ -253,32 +254,31 @@ def python_files(folders: Iterable[Path]) -> list[Path]:
     return out
 
 
-def timing_tree(trees: Sequence[tuple[str, Path, Sequence[str]]], target: int = TIMING_LINES) -> list[Path]:
-    """Whole .py files from the extracted scan folders, in corpus order, until ~target lines."""
-    chosen, total = [], 0
-    for _repo, dest, folders in trees:
-        for f in python_files(dest / s.strip("/") if s.strip("/") not in ("", ".") else dest for s in folders):
-            n = len(f.read_bytes().splitlines())
-            if total + n > target * 1.05 and total:
-                continue
-            chosen.append(f)
-            total += n
-            if total >= target * 0.95:
-                return chosen
-    return chosen
+def scan_roots(dest: Path, folders: Sequence[str]) -> list[Path]:
+    return [dest / f.strip("/") if f.strip("/") not in ("", ".") else dest for f in folders]
 
 
-def time_scan(files: Sequence[Path], tmp: Path, repeats: int = 3) -> dict:
-    """Seconds to check ``files`` as one tree (copied into ``tmp``), best of ``repeats``, against
-    the seconds to only read and parse them (the same run's baseline)."""
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    lines = 0
-    for i, f in enumerate(files):
-        data = f.read_bytes()
-        lines += len(data.splitlines())
-        (tmp / f"f{i:04d}_{f.name}").write_bytes(data)
+def tree_lines(roots: Sequence[Path]) -> int:
+    return sum(len(f.read_bytes().splitlines()) for f in python_files(roots))
+
+
+def timing_tree(trees: Sequence[tuple[str, Path, Sequence[str]]], target: int = TIMING_LINES,
+                repo: str | None = None) -> tuple[str, list[Path]]:
+    """The scan folders (as extracted, structure intact) of ``repo``, or of the repository
+    whose scan folders hold the number of Python lines closest to ``target``."""
+    if repo is not None:
+        chosen = [t for t in trees if t[0] == repo]
+        if not chosen:
+            raise UserError(f"--timing-repo {repo}: not among the scanned repositories")
+        return repo, scan_roots(chosen[0][1], chosen[0][2])
+    name, dest, folders = min(trees, key=lambda t: abs(tree_lines(scan_roots(t[1], t[2])) - target))
+    return name, scan_roots(dest, folders)
+
+
+def time_scan(roots: Sequence[Path], repeats: int = 3) -> dict:
+    """Seconds for check_paths on ``roots`` taken together (best of ``repeats``) against the
+    seconds to only read and parse the same .py files: the same run's baseline."""
+    files = python_files(roots)
 
     def best(fn) -> float:
         times = []
@@ -288,9 +288,9 @@ def time_scan(files: Sequence[Path], tmp: Path, repeats: int = 3) -> dict:
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    parse_s = best(lambda: [ast.parse(p.read_bytes()) for p in sorted(tmp.glob("*.py"))])
-    check_s = best(lambda: check_paths([tmp]))
-    return {"files": len(files), "lines": lines, "check_s": check_s, "parse_s": parse_s,
+    parse_s = best(lambda: [ast.parse(p.read_bytes()) for p in files])
+    check_s = best(lambda: check_paths(list(roots)))
+    return {"files": len(files), "lines": tree_lines(roots), "check_s": check_s, "parse_s": parse_s,
             "ratio_to_parse": check_s / parse_s if parse_s else None, "goal_s": TIMING_GOAL_S}
 
 
@@ -325,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", action="append", default=[], help="only this repository (repeatable)")
     p.add_argument("--json", type=Path, help="write the tables, unlabelled findings and recall here")
     p.add_argument("--no-timing", action="store_true", help="skip the ~10,000-line scan timing")
+    p.add_argument("--timing-repo", help="time this repository's scan folders (default: the one "
+                   "closest to 10,000 lines)")
     p.add_argument("--quiet", action="store_true", help="no per-repository progress lines")
     return p
 
@@ -412,8 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nreal bugs: {a.bugs} not found; recall skipped")
 
     if not a.no_timing and trees:
-        t = time_scan(timing_tree(trees), a.cache / "_timing")
-        print(f"\nscan of a real tree: {t['files']} files, {t['lines']} lines in {t['check_s']:.2f} s "
+        name, roots = timing_tree(trees, repo=a.timing_repo)
+        t = time_scan(roots)
+        t["repo"] = name
+        print(f"\nscan of a real tree ({name}: {', '.join(r.name for r in roots)}): {t['files']} files, "
+              f"{t['lines']} lines in {t['check_s']:.2f} s "
               f"(goal < {TIMING_GOAL_S:g} s; parsing alone {t['parse_s']:.2f} s, ratio {t['ratio_to_parse']:.1f}x)")
         result["timing"] = t
 
