@@ -212,19 +212,18 @@ def match(hits: Sequence[Hit], labels: Sequence[dict]) -> tuple[list[tuple[Hit, 
     return labelled, unlabelled, stale
 
 
-def precision_table(labelled: Sequence[tuple[Hit, dict]]) -> dict[str, dict]:
-    """rule -> {tp, fp, precision}; plus 'overall' and 'overall_without_AMP007'."""
-    counts: dict[str, Counter] = {}
-    for h, lab in labelled:
-        counts.setdefault(h.rule, Counter())[lab["verdict"]] += 1
-
-    def row(c: Counter) -> dict:
+def precision_table(labelled: Sequence[tuple[Hit, dict]], by: str = "rule") -> dict[str, dict]:
+    """rule (or repo, with by="repo") -> {tp, fp, precision}; plus 'overall' and
+    'overall_without_AMP007' (deprecation warnings set aside)."""
+    def row(pairs: Iterable[tuple[Hit, dict]]) -> dict:
+        c = Counter(lab["verdict"] for _, lab in pairs)
         n = c["tp"] + c["fp"]
         return {"tp": c["tp"], "fp": c["fp"], "precision": c["tp"] / n if n else None}
 
-    table = {rule: row(c) for rule, c in sorted(counts.items())}
-    table["overall"] = row(sum(counts.values(), Counter()))
-    table["overall_without_AMP007"] = row(sum((c for r, c in counts.items() if r != "AMP007"), Counter()))
+    keys = sorted({getattr(h, by) for h, _ in labelled})
+    table = {k: row(p for p in labelled if getattr(p[0], by) == k) for k in keys}
+    table["overall"] = row(labelled)
+    table["overall_without_AMP007"] = row(p for p in labelled if p[0].rule != "AMP007")
     return table
 
 
@@ -306,10 +305,10 @@ def _fmt_p(p: float | None) -> str:
     return "   -" if p is None else f"{p:.2f}"
 
 
-def print_table(table: dict[str, dict]) -> None:
-    print(f"{'rule':24s} {'tp':>4s} {'fp':>4s} precision")
-    for rule, r in table.items():
-        print(f"{rule:24s} {r['tp']:4d} {r['fp']:4d} {_fmt_p(r['precision'])}")
+def print_table(table: dict[str, dict], head: str = "rule") -> None:
+    print(f"{head:34s} {'tp':>4s} {'fp':>4s} precision")
+    for key, r in table.items():
+        print(f"{key:34s} {r['tp']:4d} {r['fp']:4d} {_fmt_p(r['precision'])}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -379,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\ncorpus: {len(dests)} repositories, {n_files} files, {n_lines} lines, {len(hits)} findings "
           f"({len(labelled)} labelled)")
     print_table(table)
+    by_repo = precision_table(labelled, by="repo")
+    print()
+    print_table({k: v for k, v in by_repo.items() if not k.startswith("overall")}, head="repository")
     if unlabelled:
         print(f"\nunlabelled findings ({len(unlabelled)}):")
         for h in unlabelled:
@@ -389,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {lab['repo']} {lab['path']}:{lab['line']} {lab['rule']} [{lab['verdict']}] {lab['why']}")
 
     result: dict = {"repositories": len(dests), "files": n_files, "lines": n_lines,
-                    "findings": len(hits), "precision": table,
+                    "findings": len(hits), "precision": table, "precision_by_repo": by_repo,
                     "unlabelled": [h.__dict__ for h in unlabelled], "stale_labels": stale}
 
     if a.bugs.exists():

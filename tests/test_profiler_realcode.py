@@ -124,6 +124,10 @@ def test_match_and_precision_table() -> None:
     assert t["overall"]["tp"] == 2 and t["overall"]["precision"] == pytest.approx(2 / 3)
     assert t["overall_without_AMP007"] == {"tp": 1, "fp": 1, "precision": 0.5}
     assert bench.precision_table([])["overall"]["precision"] is None
+    other = (bench.Hit("own/other", "b.py", 1, "AMP007", ""), {"verdict": "fp"})
+    by_repo = bench.precision_table([*labelled, other], by="repo")
+    assert by_repo[REPO] == {"tp": 2, "fp": 1, "precision": pytest.approx(2 / 3)}
+    assert by_repo["own/other"]["fp"] == 1 and by_repo["overall"]["fp"] == 2
 
 
 @pytest.mark.parametrize("line,rule,expect,caught", [
