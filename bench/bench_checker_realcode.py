@@ -187,15 +187,30 @@ def extract(gitdir: Path, commit: str, folders: Sequence[str], cache: Path, repo
     return dest
 
 
+def repo_path(path: str, dest: Path, roots: Sequence[Path]) -> str:
+    """A finding's path relative to the repository root, whether the checker reported it
+    absolute, relative to the working directory or relative to the scan root it came from."""
+    p = Path(path)
+    for cand in ([p] if p.is_absolute() else [p, *(r / p for r in roots if r.is_dir()), dest / p]):
+        if cand.is_file():
+            try:
+                return cand.resolve().relative_to(dest.resolve()).as_posix()
+            except ValueError:
+                continue
+    raise UserError(f"cannot place the finding path {path!r} under {dest}; the checker's path "
+                    "format changed, update repo_path() in this bench")
+
+
 def scan(dest: Path, repo: str, folders: Sequence[str], keep: Iterable[str] | None = None,
          amp_only: bool = True) -> list[Hit]:
     """Findings of check_paths on the scan folders taken together; only files in ``keep``
     (repository-relative paths) when given, only AMP rules when ``amp_only``."""
-    report = check_paths(scan_roots(dest, folders))
+    roots = scan_roots(dest, folders)
+    report = check_paths(roots)
     wanted = set(keep) if keep is not None else None
     hits = []
     for f in report.findings:
-        rel = Path(f.path).resolve().relative_to(dest.resolve()).as_posix()
+        rel = repo_path(f.path, dest, roots)
         if (wanted is None or rel in wanted) and (not amp_only or f.rule_id.startswith("AMP")):
             hits.append(Hit(repo, rel, f.line, f.rule_id, f.message))
     return sorted(hits, key=lambda h: h.key)

@@ -102,6 +102,12 @@ def test_extract_and_scan_keep_only_listed_files(mirror, tmp_path) -> None:
     assert (REPO, "pkg/train.py", CLIP_LINE, "AMP010") in keys
     assert all(h.path == "pkg/train.py" for h in hits)
     assert len(bench.scan(dest, REPO, ["pkg"])) > len(hits)   # helper.py's finding is dropped above
+    # The checker may report paths absolute, or relative to the scan root: both map back.
+    roots = [dest / "pkg"]
+    assert {bench.repo_path(x, dest, roots) for x in (str(dest / "pkg" / "train.py"), "train.py",
+                                                      "pkg/train.py")} == {"pkg/train.py"}
+    with pytest.raises(UserError, match="cannot place"):
+        bench.repo_path("elsewhere.py", dest, roots)
     # A second extraction reuses the cache; a wrong folder is one clear error.
     assert bench.extract(bench.mirror_dir(mirrors, REPO), commit, ["pkg"], tmp_path, REPO) == dest
     with pytest.raises(UserError, match="scan folder 'nope'"):
