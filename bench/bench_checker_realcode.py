@@ -416,8 +416,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         by_bug: dict[str, list[Hit]] = {}
         for b in bugs:
             dest = tree(b["repo"], b["parent_commit"], b["scan"])
-            if dest is not None:
-                by_bug[b["id"]] = scan(dest, b["repo"], b["scan"], [b["path"]])
+            if dest is None:
+                continue
+            if not (dest / b["path"]).is_file():
+                print(f"bug {b['id']}: {b['path']} is not in its scan folders at {b['parent_commit'][:12]}; "
+                      "skipped (fix 'path' or 'scan' in the bugs file)")
+                continue
+            by_bug[b["id"]] = scan(dest, b["repo"], b["scan"], [b["path"]])
+            if not a.quiet:
+                hit = bug_caught(b, by_bug[b["id"]])
+                print(f"bug {b['id']}: " + (f"caught by {hit.rule} at line {hit.line}" if hit else "missed"),
+                      flush=True)
         rec, missed = recall(bugs, by_bug)
         print(f"\nreal bugs: {len(by_bug)} scanned of {len(bugs)}, recall {_fmt_p(rec)} "
               f"({len(by_bug) - len(missed)}/{len(by_bug)})")

@@ -166,7 +166,9 @@ def test_main_end_to_end(mirror, tmp_path, capsys) -> None:
         {"id": "clip", "repo": REPO, "parent_commit": commit, "path": "pkg/train.py",
          "lines": [CLIP_LINE + 3], "scan": ["pkg"], "bug_class": "clip-without-unscale", "expect_rule": "AMP010"},
         {"id": "bce", "repo": REPO, "parent_commit": commit, "path": "pkg/train.py",
-         "lines": [CLIP_LINE], "scan": ["pkg"], "bug_class": "bce", "expect_rule": "AMP002"}]}))
+         "lines": [CLIP_LINE], "scan": ["pkg"], "bug_class": "bce", "expect_rule": "AMP002"},
+        {"id": "gone", "repo": REPO, "parent_commit": commit, "path": "pkg/gone.py",
+         "lines": [1], "scan": ["pkg"], "bug_class": "x", "expect_rule": None}]}))
     out = tmp_path / "out.json"
     rc = bench.main(["--corpus", str(corpus), "--bugs", str(bugs), "--mirrors", str(mirrors),
                      "--cache", str(tmp_path / "cache"), "--json", str(out), "--quiet"])
@@ -179,6 +181,7 @@ def test_main_end_to_end(mirror, tmp_path, capsys) -> None:
     assert [(s["line"], s["rule"]) for s in r["stale_labels"]] == [(1, "AMP001")]
     assert r["bugs"]["recall"] == 0.5 and [m["id"] for m in r["bugs"]["missed"]] == ["bce"]
     assert "missed bce [bce]" in text
+    assert "bug gone: pkg/gone.py is not in its scan folders" in text and r["bugs"]["scanned"] == 2
     assert r["timing"]["lines"] == len(TRAIN.splitlines()) + len(HELPER.splitlines())
     assert r["timing"]["check_s"] > 0
 
