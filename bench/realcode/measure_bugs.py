@@ -16,14 +16,20 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from lowp_common import UserError, cli_entry  # noqa: E402  (the script runs from any folder)
+
 SLACK = 3
 
 
 def _extract(gitdir: Path, commit: str, folders: list[str], dest: Path) -> None:
     """Write the folders of one commit under dest (git archive | tar)."""
     spec = [] if folders == ["."] else folders
-    archive = subprocess.run(["git", f"--git-dir={gitdir}", "archive", commit, *spec],
-                             check=True, capture_output=True).stdout
+    done = subprocess.run(["git", f"--git-dir={gitdir}", "archive", commit, *spec], capture_output=True)
+    if done.returncode:
+        raise UserError(f"{gitdir}: cannot archive {commit} {' '.join(spec)} "
+                        f"({done.stderr.decode(errors='replace').strip()}); fetch the repository again")
+    archive = done.stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
@@ -32,12 +38,16 @@ def _findings(root: Path, folders: list[str]) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
     out = subprocess.run([sys.executable, "-m", "training_profiler.static_checker", "--format", "json",
                           "--fail-on", "high", *folders], cwd=root, env=env, capture_output=True, text=True)
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"checker failed on {folders}: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout)["findings"]
 
 
 def measure(bug: dict, mirror: Path) -> dict:
     """Caught or not, and the AMP findings on the bug's file near its lines."""
     gitdir = mirror / bug["repo"].replace("/", "+") / "repo"
+    if not gitdir.is_dir():
+        raise UserError(f"{gitdir}: no mirror of {bug['repo']}; fetch it (github:{bug['repo']}) or pass --mirror")
     lo, hi = min(bug["lines"]) - SLACK, max(bug["lines"]) + SLACK
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -52,6 +62,15 @@ def measure(bug: dict, mirror: Path) -> dict:
                                if os.path.normpath(f["path"]) == os.path.normpath(bug["path"])})}
 
 
+def _load(path: Path) -> list[dict]:
+    """The bug records of a bugs.json file."""
+    try:
+        return json.loads(path.read_text())["bugs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a readable bugs.json with a 'bugs' list ({exc})") from None
+
+
+@cli_entry("measure_bugs")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bugs", type=Path, default=HERE / "bugs.json", help="bugs file (default %(default)s)")
@@ -59,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of git mirrors named owner+name/repo (default %(default)s)")
     parser.add_argument("--only", default="", help="comma-separated bug ids to measure (default all)")
     args = parser.parse_args(argv)
-    bugs = json.loads(args.bugs.read_text())["bugs"]
+    bugs = _load(args.bugs)
     only = {s for s in args.only.split(",") if s}
+    unknown = only - {b["id"] for b in bugs}
+    if unknown:
+        raise UserError(f"--only: unknown bug id(s) {', '.join(sorted(unknown))}; see {args.bugs}")
     results = [measure(b, args.mirror) for b in bugs if not only or b["id"] in only]
     for r in results:
         print(f"{r['id']:40s} {'CAUGHT' if r['caught'] else 'missed'}  near={r['near']}  file={r['on_file'][:8]}")
