@@ -141,7 +141,19 @@ class FileContext:
 
     @property
     def uses_amp(self) -> bool:
-        return bool(self.autocast_scopes) or self.has_gradscaler
+        """Autocast to a low precision (a float32 autocast only upcasts) or loss scaling here."""
+        return any(s.dtype != "float32" for s in self.autocast_scopes) or self.has_gradscaler
+
+    @cached_property
+    def apex_amp(self) -> bool:
+        """Apex's ``amp.initialize(model, optimizer, opt_level=...)``: float16 AMP set up by apex."""
+        return any((self.call_name(c) or "").startswith("apex.amp.") for c in self.calls)
+
+    @property
+    def project_uses_amp(self) -> bool:
+        """This module or any other of the scanned project trains with AMP (model code whose
+        precision the training script decides)."""
+        return any(m.uses_amp or m.apex_amp for m in self.project.modules.values())
 
     @property
     def uses_lowp(self) -> bool:
@@ -359,6 +371,13 @@ class FileContext:
             if q.endswith("BFloat16Tensor"):
                 return "bfloat16"
         return None
+
+    def parents_chain(self, node: ast.AST):
+        """The ancestors of ``node``, innermost first."""
+        cur = self.parents.get(node)
+        while cur is not None:
+            yield cur
+            cur = self.parents.get(cur)
 
     def enclosing_function(self, node: ast.AST) -> ast.AST:
         cur = self.parents.get(node)

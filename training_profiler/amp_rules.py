@@ -116,14 +116,36 @@ def _has_kw(call: ast.Call, name: str) -> bool:
 
 # --------------------------------------------------------------------------------------------
 class ManualCast(RuleVisitor):
+    """Training casts in AMP code, and float16 casts on a path that selected bfloat16 (wherever
+    they are: float16 cannot hold what the bfloat16 path was chosen for)."""
+
     def visit_Call(self, node: ast.Call) -> None:
-        if self.ctx.uses_amp:
-            d = self.ctx.lowp_cast_dtype(node)
-            if d and node in training_lowp_casts(self.ctx):
-                attr = node.func.attr  # type: ignore[attr-defined]
-                what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
-                self.report(node, f"{what} call detected")
+        ctx = self.ctx
+        d = ctx.lowp_cast_dtype(node)
+        if d:
+            attr = node.func.attr  # type: ignore[attr-defined]
+            what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
+            bf16_if = next((a for a in ctx.parents_chain(node) if isinstance(a, ast.If)
+                            and _selects_bf16(ctx, a.test) and _in_body(a, node)), None)
+            if d == "float16" and bf16_if is not None:
+                self.report(node, f"{what} on the bfloat16 path (`{ast.unparse(bf16_if.test)[:60]}`)")
+            elif ctx.uses_amp and node in training_lowp_casts(ctx):
+                self.report(node, f"{what} call detected{_runtime_dtype_note(ctx, node)}")
         self.generic_visit(node)
+
+
+def _in_body(branch: ast.If, node: ast.AST) -> bool:
+    return any(node is n for stmt in branch.body for n in ast.walk(stmt))
+
+
+def _runtime_dtype_note(ctx: FileContext, call: ast.Call) -> str:
+    """' (dtype chosen at run time: ...)' when the cast's dtype is a variable or parameter."""
+    for a in [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")]:
+        choices = ctx.dtype_choices(a) if ctx.qualname(a) not in (None,) and not (
+            ctx.qualname(a) or "").startswith("torch.") else set()
+        if len(choices) > 1:
+            return f" (dtype chosen at run time: one of {', '.join(sorted(choices))})"
+    return ""
 
 
 _BCE = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy",
@@ -133,7 +155,8 @@ _BCE = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"
 class BceUnderAutocast(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
-        if ctx.uses_amp and not ctx.cpu_only_autocast and ctx.call_name(node) in _BCE:
+        if (ctx.uses_amp or ctx.apex_amp or ctx.project_uses_amp) and not ctx.cpu_only_autocast \
+                and ctx.call_name(node) in _BCE:
             scope = ctx.scope_of(node)
             if scope is None or scope.enabled:
                 name = ctx.call_name(node).split(".")[-1]  # type: ignore[union-attr]
@@ -285,14 +308,40 @@ class ReductionOutsideAutocast(_LowpNames):
         self.generic_visit(node)
 
 
+_DTYPE_SENSITIVE = {"mm", "bmm", "matmul", "einsum", "linear", "conv1d", "conv2d", "conv3d",
+                    "addmm", "baddbmm", "addbmm", "conv_transpose2d", "scaled_dot_product_attention"}
+
+
+def _dtype_sensitive(ctx: FileContext, fn: ast.AST) -> bool:
+    """A body whose result depends on its inputs agreeing in dtype: a matmul/conv, or a call into
+    a compiled extension (a module imported from outside torch: CUDA kernels read all operands
+    as one scalar type). A pass-through or an elementwise rescale is not."""
+    for n in ast.walk(fn):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
+            return True
+        if isinstance(n, ast.Call):
+            q = ctx.call_name(n) or ""
+            if (q.startswith("torch.") and q.rsplit(".", 1)[-1] in _DTYPE_SENSITIVE) or q.startswith("torch.ops."):
+                return True
+            head = (dotted(n.func) or "").split(".")[0]
+            if head in ctx.aliases and not ctx.aliases[head].startswith(("torch", "math", "numpy", "typing")) \
+                    and isinstance(n.func, ast.Attribute) and any(
+                        isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args):
+                vals = ctx.values.kinds(n.func)
+                if not vals or vals <= {av.EXTERNAL}:
+                    return True
+    return False
+
+
 class AutogradFunctionNoCustomFwd(RuleVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
-        if ctx.uses_lowp and any((ctx.qualname(b) or "") in ("torch.autograd.Function",
-                                                            "torch.autograd.function.Function")
-                                 for b in node.bases):
+        if (ctx.uses_lowp or ctx.project_uses_amp) and any(
+                (ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
+                for b in node.bases):
             for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward"):
+                if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward") \
+                        and _dtype_sensitive(ctx, item):
                     want = "custom_fwd" if item.name == "forward" else "custom_bwd"
                     decs = [(ctx.qualname(d.func if isinstance(d, ast.Call) else d) or "")
                             for d in item.decorator_list]
@@ -473,11 +522,128 @@ class ClipWithoutUnscale(RuleVisitor):
         return self.hits
 
 
+def _receiver(call: ast.Call) -> str:
+    return (dotted(call.func.value) or "") if isinstance(call.func, ast.Attribute) else ""
+
+
+def _scaler_method_calls(ctx: FileContext, fn: ast.AST, attr: str) -> list[ast.Call]:
+    scaling = {_receiver(c) for c in ctx.scaler_calls if isinstance(c.func, ast.Attribute)}
+    return [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+            and c.func.attr == attr and (_receiver(c) in scaling
+                                         or av.SCALER in ctx.values.kinds(c.func.value))]
+
+
+class UnscaleEveryMicroStep(RuleVisitor):
+    """``scaler.unscale_`` that runs on every call while ``scaler.step`` sits under a condition
+    (gradient accumulation): the unscale happens on micro-steps that do not step, so the next
+    one raises or adds scaled gradients onto unscaled ones."""
+
+    def run(self):
+        ctx = self.ctx
+        fns = {ctx.enclosing_function(c) for c in ctx.scaler_calls}
+        for fn in fns:
+            steps = _scaler_method_calls(ctx, fn, "step")
+            for u in _scaler_method_calls(ctx, fn, "unscale_"):
+                u_ifs = {id(a) for a in _ancestors_within(ctx, u, fn) if isinstance(a, ast.If)}
+                for st in steps:
+                    if _receiver(st) != _receiver(u) or st.lineno < u.lineno:
+                        continue
+                    guards = [a for a in _ancestors_within(ctx, st, fn)
+                              if isinstance(a, ast.If) and id(a) not in u_ifs]
+                    if guards:
+                        self.report(u, f"{_receiver(u)}.unscale_ runs on every call, "
+                                       f"{_receiver(st)}.step only when `{ast.unparse(guards[-1].test)}`")
+                        break
+        return self.hits
+
+
+def _ancestors_within(ctx: FileContext, node: ast.AST, stop: ast.AST):
+    cur = ctx.parents.get(node)
+    while cur is not None and cur is not stop:
+        yield cur
+        cur = ctx.parents.get(cur)
+
+
+class AutocastWrappedForward(RuleVisitor):
+    """``model.forward = autocast(...)(model.forward)``: the outputs leave autocast in its low
+    precision, so a loss written outside the model runs in float16/bfloat16."""
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        v = node.value
+        if (isinstance(v, ast.Call) and v.args and isinstance(v.func, ast.Call)
+                and any(isinstance(t, ast.Attribute) and t.attr == "forward" for t in node.targets)
+                and any(x.kind == av.AUTOCAST for x in self.ctx.values.value(v.func))):
+            self.report(v, "forward wrapped in autocast hands low-precision outputs to the caller")
+        self.generic_visit(node)
+
+
+_BF16_WORDS = ("bf16", "bfloat16")
+
+
+def _selects_bf16(ctx: FileContext, test: ast.AST) -> bool:
+    """An ``if`` test that holds when bfloat16 was chosen (``mode == "bf16"``, ``dtype is
+    torch.bfloat16``), not its negation."""
+    for n in ast.walk(test):
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return False
+        if isinstance(n, ast.Compare) and any(isinstance(o, (ast.NotEq, ast.IsNot, ast.NotIn)) for o in n.ops):
+            return False
+    for n in ast.walk(test):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.lower() in _BF16_WORDS:
+            return True
+        if isinstance(n, (ast.Attribute, ast.Name)) and ctx.qualname(n) == "torch.bfloat16":
+            return True
+    return False
+
+
+class GradScalerWithBf16(RuleVisitor):
+    """A GradScaler made on the bfloat16 path (under an ``if`` that selects bfloat16, or, with no
+    ``enabled=`` switch, in a module whose every autocast is bfloat16): bfloat16 has float32's
+    exponent range, so loss scaling only adds inf checks and skipped steps."""
+
+    def run(self):
+        ctx = self.ctx
+        scopes = [x for x in ctx.autocast_scopes if x.enabled]
+        self._all_bf16 = bool(scopes) and all(x.dtype == "bfloat16" for x in scopes)
+        return super().run()
+
+    def visit_Call(self, node: ast.Call) -> None:
+        ctx = self.ctx
+        q0 = ctx.call_name(node) or ""
+        if self._all_bf16 and q0.startswith("torch.") and q0.rsplit(".", 1)[-1] == "GradScaler" \
+                and not _has_kw(node, "enabled"):
+            self.report(node, "GradScaler with every autocast of this module in bfloat16")
+            self.generic_visit(node)
+            return
+        q = ctx.call_name(node) or ""
+        if q.startswith("torch.") and q.rsplit(".", 1)[-1] in ("GradScaler", "ShardedGradScaler") or (
+                av.SCALER_FACTORY in ctx.values.kinds(node.func) and q.rsplit(".", 1)[-1].endswith("GradScaler")):
+            child: ast.AST = node
+            for a in ctx.parents_chain(node):
+                if isinstance(a, ast.If) and child in a.body and _selects_bf16(ctx, a.test):
+                    self.report(node, f"{q.rsplit('.', 1)[-1]} created when bfloat16 is selected "
+                                      f"(`{ast.unparse(a.test)[:60]}`)")
+                    break
+                if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    break
+                child = a
+        self.generic_visit(node)
+
+
 _FILL_CALLS = ("masked_fill", "masked_fill_", "fill_", "full", "full_like", "new_full", "clamp",
                "clamp_", "where")
 
 
+_FINFO_FLOAT32 = {"min": -float(np.finfo(np.float32).max), "max": float(np.finfo(np.float32).max)}
+
+
 def _const_value(node: ast.AST) -> float | None:
+    """A literal number, or ``torch.finfo(torch.float32).min/max`` (float32's extremes, which a
+    float16 tensor cannot hold)."""
+    if (isinstance(node, ast.Attribute) and node.attr in _FINFO_FLOAT32 and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "finfo"
+            and node.value.args and dotted(node.value.args[0]) in ("torch.float32", "torch.float")):
+        return _FINFO_FLOAT32[node.attr]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         v = _const_value(node.operand)
         return -v if v is not None else None
@@ -600,6 +766,22 @@ RULES: tuple[Rule, ...] = (
          "parameters, so the update divides by sqrt(v) alone.",
          "Keep float32 master weights (autocast + GradScaler), or use eps >= 1e-4 with float16 parameters.",
          EpsUnderflowFp16),
+    Rule("AMP013", "unscale-every-micro-step", Severity.MEDIUM,
+         "With gradient accumulation, scaler.unscale_ must run only on the micro-step that calls "
+         "scaler.step: a second unscale_ before update() raises, and later micro-batches add "
+         "scaled gradients onto already unscaled ones.",
+         "Put unscale_ (and the clipping after it) under the same condition as scaler.step/update.",
+         UnscaleEveryMicroStep),
+    Rule("AMP014", "autocast-wrapped-forward", Severity.MEDIUM,
+         "Wrapping a model's forward in autocast returns its float16/bfloat16 outputs to code "
+         "outside autocast: a loss computed there runs in low precision.",
+         "Convert the wrapped forward's outputs to float32 (or compute the loss under autocast).",
+         AutocastWrappedForward),
+    Rule("AMP015", "gradscaler-with-bf16", Severity.LOW,
+         "bfloat16 has float32's exponent range; a GradScaler on the bfloat16 path only adds inf "
+         "checks and skipped steps.",
+         "Create the GradScaler for float16 only (or pass enabled=(dtype == torch.float16)).",
+         GradScalerWithBf16),
 )
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}

@@ -6,8 +6,8 @@ from torch.nn import functional as F
 
 def attend(q, k, v, pad: torch.Tensor):
     bias = torch.zeros(pad.shape, dtype=torch.float32, device=q.device)
-    bias = bias.masked_fill(pad, torch.finfo(torch.float32).min)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))  # expect: AMP011
+    bias = bias.masked_fill(pad, torch.finfo(torch.float32).min)  # expect: AMP011
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
 
 
 def block(x, wq, wk, wv, pad):
