@@ -242,12 +242,14 @@ def precision_table(labelled: Sequence[tuple[Hit, dict]], by: str = "rule") -> d
 
 
 def bug_caught(bug: dict, hits: Sequence[Hit]) -> Hit | None:
-    """The finding that catches ``bug`` (schema: its expected rule, or any AMP rule when none,
-    on its file within BUG_WINDOW lines of its buggy lines), or None."""
+    """The finding that catches ``bug`` (schema: its expected rule, or any AMP rule but the
+    deprecation notice AMP007 when none, on its file within BUG_WINDOW lines of its buggy
+    lines), or None. A deprecation notice that happens to sit on a buggy line says nothing
+    about the bug."""
     lo, hi = min(bug["lines"]) - BUG_WINDOW, max(bug["lines"]) + BUG_WINDOW
     want = bug.get("expect_rule")
     for h in hits:
-        if h.path == bug["path"] and lo <= h.line <= hi and (h.rule == want if want else h.rule.startswith("AMP")):
+        if h.path == bug["path"] and lo <= h.line <= hi and (h.rule == want if want else h.rule.startswith("AMP") and h.rule != "AMP007"):
             return h
     return None
 

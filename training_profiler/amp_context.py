@@ -14,6 +14,7 @@ from functools import cached_property
 
 from training_profiler import amp_values as av
 from training_profiler.amp_project import Project
+from training_profiler.amp_values import dotted  # noqa: F401  (the rules' one spelling of it)
 
 # Canonical autocast entry points -> (device when fixed by the name, positional argument names).
 _AUTOCAST_APIS: dict[str, tuple[str | None, tuple[str, ...]]] = {
@@ -46,18 +47,6 @@ class AmpScope:
     node: ast.AST
     conditional: bool = False   # `autocast(...) if amp else nullcontext()`: the AMP path of two
     inherited: bool = False     # not opened here: every call of this function is under it
-
-
-def dotted(expr: ast.AST) -> str | None:
-    """'a.b.c' for a Name/Attribute chain, else None."""
-    parts: list[str] = []
-    while isinstance(expr, ast.Attribute):
-        parts.append(expr.attr)
-        expr = expr.value
-    if isinstance(expr, ast.Name):
-        parts.append(expr.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 class FileContext:

@@ -76,6 +76,10 @@ def _frozen_receivers(ctx: FileContext, where: ast.AST) -> set[str]:
     frozen: set[str] = set()
     for scope in {id(where): where, id(ctx.tree): ctx.tree}.values():
         local = scope is where
+        for c in _method_calls(scope, "add_adapter"):  # PEFT freezes the base weights it adapts
+            r = dotted(c.func.value)
+            if r and (local or "." in r):
+                frozen.add(r)
         for c in _method_calls(scope, "requires_grad_"):
             arg = c.args[0] if c.args else next((k.value for k in c.keywords if k.arg == "requires_grad"), None)
             r = dotted(c.func.value)
@@ -143,6 +147,21 @@ def _in_save_call(ctx: FileContext, node: ast.AST) -> bool:
     return False
 
 
+def _argument_of_evaluator(ctx: FileContext, node: ast.AST) -> bool:
+    """The cast's result goes straight into a project function that runs without gradients
+    (decorated with no_grad / inference_mode or a wrapper of them): an evaluation copy."""
+    for a in _ancestors(ctx, node):
+        if isinstance(a, ast.stmt):
+            return False
+        if isinstance(a, ast.Call) and node is not a.func:
+            for v in ctx.values.value(a.func):
+                if v.kind == av.FUNCTION and any(
+                        (dotted(d.func if isinstance(d, ast.Call) else d) or "").endswith(("no_grad", "inference_mode"))
+                        for d in getattr(v.node, "decorator_list", [])):
+                    return True
+    return False
+
+
 def has_backward(fn: ast.AST) -> bool:
     return bool(_method_calls(fn, "backward")) or any(
         (isinstance(c.func, ast.Attribute) and c.func.attr == "grad") for c in _calls_in(fn))
@@ -155,7 +174,7 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
         return ROUND_TRIP
     if _in_save(ctx, call):
         return CHECKPOINT
-    if no_grad_region(ctx, call):
+    if no_grad_region(ctx, call) or _argument_of_evaluator(ctx, call):
         return EVALUATION
     fn = ctx.enclosing_function(call)
     if fn is not ctx.tree and not has_backward(fn) and _method_calls(fn, "eval") and not _method_calls(fn, "train"):

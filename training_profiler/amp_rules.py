@@ -130,8 +130,30 @@ class ManualCast(RuleVisitor):
             if d == "float16" and bf16_if is not None:
                 self.report(node, f"{what} on the bfloat16 path (`{ast.unparse(bf16_if.test)[:60]}`)")
             elif ctx.uses_amp and node in training_lowp_casts(ctx):
-                self.report(node, f"{what} call detected{_runtime_dtype_note(ctx, node)}")
+                note = _runtime_dtype_note(ctx, node)
+                if not note or _module_like(ctx, node):
+                    self.report(node, f"{what} call detected{note}")
         self.generic_visit(node)
+
+
+_MODULE_METHODS = {"parameters", "named_parameters", "eval", "train", "requires_grad_", "state_dict",
+                   "load_state_dict", "modules", "children", "set_progress_bar_config", "register_buffer"}
+
+
+def _module_like(ctx: FileContext, call: ast.Call) -> bool:
+    """The cast's receiver is used as a module (its parameters, train/eval, state_dict...) in
+    the same function: a run-time dtype cast of a batch or an activation to match a frozen
+    model (``batch["pixel_values"].to(dtype=weight_dtype)``) is data plumbing, not a cast of
+    trained weights."""
+    root = call.func.value if isinstance(call.func, ast.Attribute) else None
+    while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
+        root = root.func.value
+    name = dotted(root) if root is not None else None
+    if not name:
+        return False
+    fn = ctx.enclosing_function(call)
+    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _MODULE_METHODS
+               and dotted(c.func.value) == name for c in ast.walk(fn))
 
 
 def _in_body(branch: ast.If, node: ast.AST) -> bool:

@@ -92,6 +92,18 @@ class Bindings:
         return None
 
 
+def dotted(expr: ast.AST) -> str | None:
+    """'a.b.c' for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        parts.append(expr.id)
+        return ".".join(reversed(parts))
+    return None
+
+
 def _target_names(target: ast.AST) -> Iterable[ast.Name]:
     if isinstance(target, ast.Name):
         yield target
@@ -399,12 +411,14 @@ class Evaluator:
             if cls is not None:
                 return self._class_attr(cls, e.attr, depth)
         q = ctx.qualname(e)
-        base = self.value(e.value, depth) if not (q and q.split(".")[0] in ctx.aliases) else frozenset()
-        for v in base:
+        head = (dotted(e) or "").split(".")[0]
+        hit = self.bindings_at(e).lookup(head) if head else None
+        imported = head in ctx.aliases and (hit is None or all(how == "import" for how, _ in hit[1]))
+        if imported and q:
+            return self._qual_value(q, e)
+        for v in self.value(e.value, depth):
             if v.kind == INSTANCE and v.ctx is not None:
                 return v.ctx.values._class_attr(v.node, e.attr, depth)  # type: ignore[arg-type]
-        if q and q.split(".")[0] in ctx.aliases:
-            return self._qual_value(q, e)
         return set()
 
     def _class_attr(self, cls: ast.ClassDef, attr: str, depth: int) -> set[Val]:
