@@ -334,41 +334,53 @@ _DTYPE_SENSITIVE = {"mm", "bmm", "matmul", "einsum", "linear", "conv1d", "conv2d
                     "addmm", "baddbmm", "addbmm", "conv_transpose2d", "scaled_dot_product_attention"}
 
 
-def _dtype_sensitive(ctx: FileContext, fn: ast.AST) -> bool:
-    """A body whose result depends on its inputs agreeing in dtype: a matmul/conv, or a call into
-    a compiled extension (a module imported from outside torch: CUDA kernels read all operands
-    as one scalar type). A pass-through or an elementwise rescale is not."""
+def _dtype_sensitive(ctx: FileContext, fn: ast.AST) -> str | None:
+    """'kernel' when the body calls compiled code (a module imported from outside torch, or
+    ``torch.ops``: such kernels read every operand as one scalar type), 'matmul' for a matmul or
+    convolution, None for a pass-through or an elementwise rescale."""
+    found = None
     for n in ast.walk(fn):
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
-            return True
+            found = found or "matmul"
         if isinstance(n, ast.Call):
             q = ctx.call_name(n) or ""
-            if (q.startswith("torch.") and q.rsplit(".", 1)[-1] in _DTYPE_SENSITIVE) or q.startswith("torch.ops."):
-                return True
+            if q.startswith("torch.ops."):
+                return "kernel"
+            if q.startswith("torch.") and q.rsplit(".", 1)[-1] in _DTYPE_SENSITIVE:
+                found = found or "matmul"
             head = (dotted(n.func) or "").split(".")[0]
             if head in ctx.aliases and not ctx.aliases[head].startswith(("torch", "math", "numpy", "typing")) \
                     and isinstance(n.func, ast.Attribute) and any(
                         isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args):
                 vals = ctx.values.kinds(n.func)
                 if not vals or vals <= {av.EXTERNAL}:
-                    return True
-    return False
+                    return "kernel"
+    return found
 
 
 class AutogradFunctionNoCustomFwd(RuleVisitor):
+    """A custom Function whose result depends on its operands agreeing in dtype, without
+    custom_fwd/custom_bwd: in AMP code (this module or the project), or, for compiled kernels,
+    in library code whose callers decide whether it runs under autocast (then the finding says
+    so rather than guessing)."""
+
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
-        if (ctx.uses_lowp or ctx.project_uses_amp) and any(
-                (ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
-                for b in node.bases):
+        if any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
+               for b in node.bases):
+            amp_here = ctx.uses_lowp or ctx.project_uses_amp
             for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward") \
-                        and _dtype_sensitive(ctx, item):
-                    want = "custom_fwd" if item.name == "forward" else "custom_bwd"
-                    decs = [(ctx.qualname(d.func if isinstance(d, ast.Call) else d) or "")
-                            for d in item.decorator_list]
-                    if not any(d.split(".")[-1] == want for d in decs):
-                        self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}")
+                if not (isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward")):
+                    continue
+                kind = _dtype_sensitive(ctx, item)
+                if kind is None or (not amp_here and kind != "kernel"):
+                    continue
+                want = "custom_fwd" if item.name == "forward" else "custom_bwd"
+                decs = [(ctx.qualname(d.func if isinstance(d, ast.Call) else d) or "")
+                        for d in item.decorator_list]
+                if not any(d.split(".")[-1] == want for d in decs):
+                    note = "" if amp_here else " (autocast is decided by its callers, outside the scan: unknown)"
+                    self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}")
         self.generic_visit(node)
 
 
@@ -604,18 +616,23 @@ _BF16_WORDS = ("bf16", "bfloat16")
 
 def _selects_bf16(ctx: FileContext, test: ast.AST) -> bool:
     """An ``if`` test that holds when bfloat16 was chosen (``mode == "bf16"``, ``dtype is
-    torch.bfloat16``), not its negation."""
-    for n in ast.walk(test):
+    torch.bfloat16``, ``dtype in (torch.float16, torch.bfloat16)``), judged per comparison: the
+    one naming bfloat16 must not be negated (``!=``, ``not in``, ``not ...``)."""
+    def names_bf16(n: ast.AST) -> bool:
+        return any((isinstance(x, ast.Constant) and isinstance(x.value, str) and x.value.lower() in _BF16_WORDS)
+                   or (isinstance(x, (ast.Attribute, ast.Name)) and ctx.qualname(x) == "torch.bfloat16")
+                   for x in ast.walk(n))
+
+    def positive(n: ast.AST) -> bool:
+        if isinstance(n, ast.BoolOp):
+            return any(positive(v) for v in n.values)
         if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
             return False
-        if isinstance(n, ast.Compare) and any(isinstance(o, (ast.NotEq, ast.IsNot, ast.NotIn)) for o in n.ops):
-            return False
-    for n in ast.walk(test):
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.lower() in _BF16_WORDS:
-            return True
-        if isinstance(n, (ast.Attribute, ast.Name)) and ctx.qualname(n) == "torch.bfloat16":
-            return True
-    return False
+        if isinstance(n, ast.Compare):
+            return names_bf16(n) and not any(isinstance(o, (ast.NotEq, ast.IsNot, ast.NotIn)) for o in n.ops)
+        return isinstance(n, (ast.Attribute, ast.Name)) and ctx.qualname(n) == "torch.bfloat16"
+
+    return positive(test)
 
 
 class GradScalerWithBf16(RuleVisitor):
