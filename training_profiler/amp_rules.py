@@ -349,13 +349,27 @@ def _dtype_sensitive(ctx: FileContext, fn: ast.AST) -> str | None:
             if q.startswith("torch.") and q.rsplit(".", 1)[-1] in _DTYPE_SENSITIVE:
                 found = found or "matmul"
             head = (dotted(n.func) or "").split(".")[0]
-            if head in ctx.aliases and not ctx.aliases[head].startswith(("torch", "math", "numpy", "typing")) \
-                    and isinstance(n.func, ast.Attribute) and any(
-                        isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args):
+            if isinstance(n.func, ast.Attribute) and _is_extension_module(ctx, head) and any(
+                    isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args):
                 vals = ctx.values.kinds(n.func)
                 if not vals or vals <= {av.EXTERNAL}:
                     return "kernel"
     return found
+
+
+def _is_extension_module(ctx: FileContext, name: str) -> bool:
+    """A compiled extension: a module imported from outside torch/numpy/the standard helpers,
+    or a module-level name bound to a loader call (``ext_loader.load_ext(...)``,
+    ``torch.utils.cpp_extension.load(...)``, ``importlib.import_module(...)``)."""
+    if name in ctx.aliases:
+        return not ctx.aliases[name].startswith(("torch", "math", "numpy", "typing", "functools",
+                                                 "warnings", "logging"))
+    for how, expr in ctx.values.scopes[ctx.tree].names.get(name, []):
+        if how == "assign" and isinstance(expr, ast.Call):
+            callee = (ctx.call_name(expr) or "").rsplit(".", 1)[-1]
+            if "load" in callee or callee == "import_module":
+                return True
+    return False
 
 
 class AutogradFunctionNoCustomFwd(RuleVisitor):
