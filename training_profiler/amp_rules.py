@@ -683,6 +683,56 @@ class GradScalerWithBf16(RuleVisitor):
         self.generic_visit(node)
 
 
+_STAT_CALLS = {"mean", "var", "var_mean", "std", "std_mean"}
+
+
+def _squares_or_input(node: ast.AST, params: set[str]) -> str | None:
+    """The forward input a statistic reads: ``x``, ``x * x``, ``x ** 2``, ``x.pow(2)``,
+    ``x.square()``; None when it is cast (``x.float()``) or reads something else."""
+    if isinstance(node, ast.Name):
+        return node.id if node.id in params else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Pow)):
+        return _squares_or_input(node.left, params)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("pow", "square"):
+        return _squares_or_input(node.func.value, params)
+    return None
+
+
+class NormStatsInInputPrecision(RuleVisitor):
+    """A normalization layer's forward that takes the mean of squares / variance of its input
+    in the input's dtype and then its reciprocal square root: in float16 the squares overflow
+    past 256, in bfloat16 the mean keeps 8 bits (litgpt's RMSNorm, detectron2's SyncBatchNorm,
+    imagen's LayerNorm). Model code's dtype is usually its callers' choice: without low
+    precision in the scanned project the finding says so."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        ctx = self.ctx
+        if node.name == "forward" and isinstance(ctx.parents.get(node), ast.ClassDef) and any(
+                isinstance(c, ast.Call) and (ctx.call_name(c) or "").rsplit(".", 1)[-1] in ("rsqrt", "sqrt")
+                or isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("rsqrt", "sqrt")
+                for c in ast.walk(node)):
+            params = {a.arg for a in node.args.args[1:]}
+            upcast = {t.id for st in ast.walk(node) if isinstance(st, ast.Assign) and is_float32_cast(self.ctx, st.value)
+                      for t in st.targets if isinstance(t, ast.Name)}
+            for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                q = ctx.call_name(c) or ""
+                method = isinstance(c.func, ast.Attribute) and c.func.attr in _STAT_CALLS and not q.startswith("torch.")
+                if not (method or (q.startswith("torch.") and q.rsplit(".", 1)[-1] in _STAT_CALLS)) or _has_kw(c, "dtype"):
+                    continue
+                operand = c.func.value if method else (c.args[0] if c.args else None)  # type: ignore[union-attr]
+                x = _squares_or_input(operand, params) if operand is not None else None
+                what = c.func.attr if isinstance(c.func, ast.Attribute) else q.rsplit(".", 1)[-1]
+                if x is None or x in upcast or (what == "mean" and isinstance(operand, ast.Name)):
+                    continue  # a plain mean (centering) is not the fragile statistic
+                note = "" if _lowp_evidence(ctx) else " (its dtype is decided by the model's callers: unknown)"
+                self.report(c, f"{what}() of `{ast.unparse(operand)}` in the input's precision before rsqrt{note}")
+        self.generic_visit(node)
+
+
+def _lowp_evidence(ctx: FileContext) -> bool:
+    return ctx.uses_lowp or any(m.uses_lowp or m.apex_amp for m in ctx.project.modules.values())
+
+
 _FILL_CALLS = ("masked_fill", "masked_fill_", "fill_", "full", "full_like", "new_full", "clamp",
                "clamp_", "where")
 
@@ -835,6 +885,13 @@ RULES: tuple[Rule, ...] = (
          "checks and skipped steps.",
          "Create the GradScaler for float16 only (or pass enabled=(dtype == torch.float16)).",
          GradScalerWithBf16),
+    Rule("AMP016", "norm-stats-in-input-precision", Severity.MEDIUM,
+         "A normalization's mean of squares or variance computed in float16/bfloat16 loses the "
+         "statistic (squares overflow float16 past 256; bfloat16 keeps 8 significant bits) and "
+         "its reciprocal square root amplifies the error.",
+         "Compute the statistics in float32 (x.float().pow(2).mean(...)) and cast the result "
+         "back to the input dtype.",
+         NormStatsInInputPrecision),
 )
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}

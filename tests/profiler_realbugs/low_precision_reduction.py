@@ -11,7 +11,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        mean_sq = torch.mean(x * x, dim=-1, keepdim=True)  # missed: AMP005
+        mean_sq = torch.mean(x * x, dim=-1, keepdim=True)  # expect: AMP016
         return self.weight * x * torch.rsqrt(mean_sq + self.eps)
 
 
