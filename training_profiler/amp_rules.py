@@ -246,7 +246,73 @@ class LossOutsideAutocast(RuleVisitor):
                     if used:
                         name = (ctx.call_name(call) or "loss").split(".")[-1]
                         self.report(call, f"loss `{name}(...)` computed outside the autocast block")
+        self._prepared_model_losses()
         return self.hits
+
+    def _prepared_model_losses(self) -> None:
+        """Accelerate in mixed precision runs a prepared model's forward under autocast (and
+        DeepSpeed keeps its weights in float16): a torch loss on its raw output, not cast to
+        float32, runs in low precision."""
+        ctx = self.ctx
+        if not any((ctx.call_name(c) or "").startswith("accelerate") for c in ctx.calls):
+            return
+        for fn in [ctx.tree, *(n for n in ast.walk(ctx.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+            prepared: set[str] = set()
+            produced: set[str] = set()
+            body = sorted((n for n in _own_statements(fn)), key=lambda n: (n.lineno, n.col_offset))
+            for st in body:
+                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call):
+                    f = st.value.func
+                    if isinstance(f, ast.Attribute) and f.attr == "prepare" and _is_accelerator(ctx, f.value):
+                        prepared |= {n.id for t in st.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                        continue
+                if isinstance(st, ast.Assign) and not (isinstance(st.value, ast.Call) and _is_loss_call(ctx, st.value)):
+                    called = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in prepared
+                                 for c in ast.walk(st.value))
+                    if called or _lowp_names_in(ctx, st.value, produced):
+                        produced |= {n.id for t in st.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                        continue
+                for call in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
+                    if not produced or ctx.in_autocast(call) or no_grad_region(ctx, call):
+                        continue
+                    q = ctx.call_name(call) or ""
+                    if not (av.is_torch_loss_function(q) or any(v.kind == av.LOSS for v in ctx.values.value(call))):
+                        continue
+                    used: set[str] = set()
+                    for a in [*call.args, *(k.value for k in call.keywords)]:
+                        used |= _lowp_names_in(ctx, a, produced)
+                    if used:
+                        self.report(call, f"loss `{q.rsplit('.', 1)[-1]}(...)` on the raw output of a model "
+                                          f"Accelerate runs in mixed precision (`{sorted(used)[0]}` not cast to float32)")
+
+
+def _own_statements(fn: ast.AST):
+    """Simple statements of a function (or module) body, not of nested functions or classes."""
+    stack = list(fn.body) if hasattr(fn, "body") else []
+    while stack:
+        st = stack.pop()
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)):
+            yield st
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            stack.extend(getattr(st, field, []) or [])
+
+
+def _is_accelerator(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` is an ``accelerate.Accelerator`` built here with a mixed precision that is not
+    the literal "no" (``mixed_precision=args.mixed_precision`` is a run-time choice: it may
+    be fp16)."""
+    if not isinstance(expr, ast.Name):
+        return False
+    hit = ctx.values.bindings_at(expr).lookup(expr.id)
+    for how, value in (hit[1] if hit else []):
+        if how == "assign" and isinstance(value, ast.Call) and (ctx.call_name(value) or "").endswith("Accelerator") \
+                and (ctx.call_name(value) or "").startswith("accelerate"):
+            mp = next((k.value for k in value.keywords if k.arg == "mixed_precision"), None)
+            if mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None)):
+                return True
+    return False
 
 
 _SOFTMAX = {"torch.softmax", "torch.log_softmax", "torch.nn.functional.softmax",
@@ -733,6 +799,34 @@ def _lowp_evidence(ctx: FileContext) -> bool:
     return ctx.uses_lowp or any(m.uses_lowp or m.apex_amp for m in ctx.project.modules.values())
 
 
+_FLOAT_TENSOR_TYPES = {"torch.cuda.FloatTensor", "torch.FloatTensor"}
+_FACTORIES = {"zeros", "empty", "ones", "full", "rand", "randn"}
+
+
+class Float32BufferForKernel(RuleVisitor):
+    """A custom Function that hands a compiled kernel a buffer fixed to float32
+    (``torch.cuda.FloatTensor(...)``, ``torch.zeros(..., dtype=torch.float32)``) beside its
+    inputs: under autocast or a half model the inputs are float16 and the kernel reads both as
+    one type (mmcv's three_interpolate)."""
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        ctx = self.ctx
+        if any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
+               for b in node.bases):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward") \
+                        and _dtype_sensitive(ctx, item) == "kernel":
+                    for c in (n for n in ast.walk(item) if isinstance(n, ast.Call)):
+                        q = ctx.call_name(c) or ""
+                        fixed = q in _FLOAT_TENSOR_TYPES or (
+                            q.startswith("torch.") and q.rsplit(".", 1)[-1] in _FACTORIES
+                            and any(k.arg == "dtype" and ctx.dtype_of(k.value) == "float32" for k in c.keywords))
+                        if fixed:
+                            self.report(c, f"{q.rsplit('.', 1)[-1]}(...) fixes a kernel buffer to float32 "
+                                           f"whatever the inputs' dtype")
+        self.generic_visit(node)
+
+
 _FILL_CALLS = ("masked_fill", "masked_fill_", "fill_", "full", "full_like", "new_full", "clamp",
                "clamp_", "where")
 
@@ -892,6 +986,11 @@ RULES: tuple[Rule, ...] = (
          "Compute the statistics in float32 (x.float().pow(2).mean(...)) and cast the result "
          "back to the input dtype.",
          NormStatsInInputPrecision),
+    Rule("AMP017", "float32-buffer-for-kernel", Severity.MEDIUM,
+         "A compiled kernel reads all its operands as one scalar type; a buffer allocated as "
+         "float32 next to float16 inputs (autocast, a half model) is misread or rejected.",
+         "Allocate from the input: x.new_empty(...), torch.zeros_like(x), or dtype=x.dtype.",
+         Float32BufferForKernel),
 )
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}

@@ -10,7 +10,7 @@ def train(denoiser, loader, optimizer):
     denoiser, optimizer, loader = accelerator.prepare(denoiser, optimizer, loader)
     for noisy, noise in loader:
         pred = denoiser(noisy)
-        loss = F.mse_loss(pred, noise)  # missed: AMP003
+        loss = F.mse_loss(pred, noise)  # expect: AMP003
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
