@@ -266,17 +266,13 @@ class LossOutsideAutocast(RuleVisitor):
                     if isinstance(f, ast.Attribute) and f.attr == "prepare" and _is_accelerator(ctx, f.value):
                         prepared |= {n.id for t in st.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
                         continue
-                if isinstance(st, ast.Assign) and not (isinstance(st.value, ast.Call) and _is_loss_call(ctx, st.value)):
-                    called = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in prepared
-                                 for c in ast.walk(st.value))
-                    if called or _lowp_names_in(ctx, st.value, produced):
-                        produced |= {n.id for t in st.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-                        continue
+                has_loss = False
                 for call in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
-                    if not produced or ctx.in_autocast(call) or no_grad_region(ctx, call):
-                        continue
                     q = ctx.call_name(call) or ""
                     if not (av.is_torch_loss_function(q) or any(v.kind == av.LOSS for v in ctx.values.value(call))):
+                        continue
+                    has_loss = True
+                    if not produced or ctx.in_autocast(call) or no_grad_region(ctx, call):
                         continue
                     used: set[str] = set()
                     for a in [*call.args, *(k.value for k in call.keywords)]:
@@ -284,6 +280,11 @@ class LossOutsideAutocast(RuleVisitor):
                     if used:
                         self.report(call, f"loss `{q.rsplit('.', 1)[-1]}(...)` on the raw output of a model "
                                           f"Accelerate runs in mixed precision (`{sorted(used)[0]}` not cast to float32)")
+                if isinstance(st, ast.Assign) and not has_loss:  # a loss's value is computed in float32 by it
+                    called = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in prepared
+                                 for c in ast.walk(st.value))
+                    if called or _lowp_names_in(ctx, st.value, produced):
+                        produced |= {n.id for t in st.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
 def _own_statements(fn: ast.AST):
