@@ -150,7 +150,7 @@ def test_precision_decided_outside_the_scan_is_not_guessed() -> None:
     alone = sc.check_paths([PROJECT / "train.py"])
     assert alone.findings == []  # autocast_for / lm_loss unknown: nothing is claimed
     with_context = sc.check_paths([PROJECT / "train.py"], context=[PROJECT])
-    assert [(f.line, f.rule_id) for f in with_context.findings] == [(12, "AMP003")]
+    assert [(f.line, f.rule_id) for f in with_context.findings] == [(14, "AMP003")]
     assert with_context.files_checked == 1
 
 

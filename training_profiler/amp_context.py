@@ -140,9 +140,9 @@ class FileContext:
 
     @property
     def project_uses_amp(self) -> bool:
-        """This module or any other of the scanned project trains with AMP (model code whose
-        precision the training script decides)."""
-        return any(m.uses_amp or m.apex_amp for m in self.project.modules.values())
+        """This module, or a module of the scanned project that imports it (directly or through
+        others), trains with AMP: model code whose precision its training script decides."""
+        return any(m.uses_amp or m.apex_amp for m in self.project.users_of(self))
 
     @property
     def uses_lowp(self) -> bool:

@@ -39,11 +39,13 @@ class Project:
         self._by_last: dict[str, list[str]] = {}
         self._calls: dict[str, list[tuple[ast.Call, "FileContext"]]] | None = None
         self._resolving: set[tuple[str, str]] = set()
+        self._importers: dict[str, set[str]] | None = None
 
     def add(self, ctx: "FileContext") -> None:
         self.modules[ctx.module_name] = ctx
         self._by_last.setdefault(ctx.module_name.rsplit(".", 1)[-1], []).append(ctx.module_name)
         self._calls = None
+        self._importers = None
 
     # ---- imports -------------------------------------------------------------------------
     def find_module(self, dotted: str, importer: "FileContext") -> "FileContext | None":
@@ -85,6 +87,41 @@ class Project:
                 return set()  # a module object: nothing the rules need
             return mod.values.module_attr(rest)
         return None
+
+    def _imports_of(self, ctx: "FileContext") -> set[str]:
+        """Project modules ``ctx`` imports (anywhere in it, functions included)."""
+        out: set[str] = set()
+        for node in ast.walk(ctx.tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ctx.import_qualname(node, node.names[0].asname or node.names[0].name) or ""
+                base = base.rsplit(".", 1)[0] if base else (node.module or "")
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for n in names:
+                m = self.find_module(n, ctx) if n else None
+                if m is not None and m is not ctx:
+                    out.add(m.module_name)
+        return out
+
+    def users_of(self, ctx: "FileContext") -> list["FileContext"]:
+        """``ctx`` and every project module that imports it, directly or through others: the
+        code that decides the precision a library module runs in. A folder of unrelated
+        scripts is not one program, so its modules do not vouch for each other."""
+        if self._importers is None:
+            self._importers = {}
+            for m in list(self.modules.values()):
+                for dep in self._imports_of(m):
+                    self._importers.setdefault(dep, set()).add(m.module_name)
+        seen = {ctx.module_name}
+        todo = [ctx.module_name]
+        while todo:
+            for user in self._importers.get(todo.pop(), ()):
+                if user not in seen:
+                    seen.add(user)
+                    todo.append(user)
+        return [self.modules[n] for n in seen if n in self.modules]
 
     # ---- calls ---------------------------------------------------------------------------
     def _call_index(self) -> dict[str, list[tuple[ast.Call, "FileContext"]]]:

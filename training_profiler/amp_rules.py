@@ -127,7 +127,9 @@ class ManualCast(RuleVisitor):
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
             bf16_if = next((a for a in ctx.parents_chain(node) if isinstance(a, ast.If)
                             and _selects_bf16(ctx, a.test) and _in_body(a, node)), None)
-            if d == "float16" and bf16_if is not None:
+            literal = attr == "half" or any(ctx.qualname(a) in ("torch.float16", "torch.half") for a in
+                                            [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")])
+            if d == "float16" and literal and bf16_if is not None:
                 self.report(node, f"{what} on the bfloat16 path (`{ast.unparse(bf16_if.test)[:60]}`)")
             elif ctx.uses_amp and node in training_lowp_casts(ctx):
                 note = _runtime_dtype_note(ctx, node)
@@ -279,7 +281,9 @@ class LossOutsideAutocast(RuleVisitor):
                         used |= _lowp_names_in(ctx, a, produced)
                     if used:
                         self.report(call, f"loss `{q.rsplit('.', 1)[-1]}(...)` on the raw output of a model "
-                                          f"Accelerate runs in mixed precision (`{sorted(used)[0]}` not cast to float32)")
+                                          f"Accelerate prepares in mixed precision (`{sorted(used)[0]}` not cast "
+                                          "to float32: float16 under DeepSpeed, set by `accelerate config` "
+                                          "outside the code: unknown)")
                 if isinstance(st, ast.Assign) and not has_loss:  # a loss's value is computed in float32 by it
                     called = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in prepared
                                  for c in ast.walk(st.value))
@@ -797,7 +801,7 @@ class NormStatsInInputPrecision(RuleVisitor):
 
 
 def _lowp_evidence(ctx: FileContext) -> bool:
-    return ctx.uses_lowp or any(m.uses_lowp or m.apex_amp for m in ctx.project.modules.values())
+    return ctx.uses_lowp or any(m.uses_lowp or m.apex_amp for m in ctx.project.users_of(ctx))
 
 
 _FLOAT_TENSOR_TYPES = {"torch.cuda.FloatTensor", "torch.FloatTensor"}
@@ -853,7 +857,7 @@ def _const_value(node: ast.AST) -> float | None:
 
 def _fp16_evidence(ctx: FileContext) -> bool:
     """This module trains in float16 (autocast's float16, or a float16 training cast), or,
-    when it says nothing itself, another module of the project does (model code whose
+    when it says nothing itself, a project module that imports it does (model code whose
     precision the training script decides)."""
     def own(c: FileContext) -> bool:
         return bool(c.fp16_autocast) or any(c.lowp_cast_dtype(x) == "float16" for x in training_lowp_casts(c))
@@ -861,7 +865,7 @@ def _fp16_evidence(ctx: FileContext) -> bool:
         return True
     if ctx.autocast_scopes or ctx.manual_lowp_casts:
         return False  # this module decides its own precision, and it is not float16
-    return any(own(m) for m in ctx.project.modules.values() if m is not ctx)
+    return any(own(m) for m in ctx.project.users_of(ctx) if m is not ctx)
 
 
 class Fp16UnsafeConstant(RuleVisitor):

@@ -1,13 +1,15 @@
-"""A training script whose scaler, autocast and loss all come from its package."""
+"""A training script whose scaler, autocast, loss and model all come from its package."""
 from trainer_pkg import losses
 from trainer_pkg.amp_setup import LossScaler, autocast_for
+from trainer_pkg.model import TinyAttention
 
 
-def main(model, loader, opt, device="cuda"):
+def main(loader, opt, device="cuda"):
+    model = TinyAttention(64)
     scaler = LossScaler()
     amp_ctx = autocast_for(device, True)
-    for x, y in loader:
+    for x, mask, y in loader:
         with amp_ctx:
-            logits = model(x)
+            logits = model(x, mask)
         loss = losses.lm_loss(logits, y)  # expect: AMP003
         scaler(loss, opt, clip=1.0, params=model.parameters())
