@@ -414,3 +414,33 @@ def test_filename_glob_matches_only_its_fields() -> None:
         assert not fnmatch.fnmatchcase(changed, pattern), (field, other)
     assert fnmatch.fnmatchcase(schema.build_filename(schema.TensorName(**{**base, "layer_idx": None})),
                                schema.filename_glob(layer_idx=None))
+
+
+@pytest.mark.parametrize("direction", ["up", "down", "both"])
+@pytest.mark.parametrize("window", [None, 8])
+def test_scalar_path_equals_the_array_path(direction: str, window: int | None) -> None:
+    """update(float) after the warm-up takes the Python-float path; it must give the same
+    verdicts, z and window state as the array path, bit for bit, through spikes, drops, NaN,
+    Inf and a window emptied by a long incident."""
+    rng = np.random.default_rng(3)
+    values = list(2.0 + 0.1 * rng.standard_normal(300))
+    values[40:44] = [9.0, float("nan"), float("inf"), -float("inf")]
+    values[60:80] = [50.0] * 20                    # a long incident empties the window
+    values[120] = 0.2
+    values[200:203] = [0.0, 1e-300, -5.0]
+    for range_check in (True, False):
+        fast = AdaptiveThreshold(warmup_steps=10, window=window, direction=direction, range_check=range_check)
+        ref = AdaptiveThreshold(warmup_steps=10, window=window, direction=direction, range_check=range_check)
+        verdicts = []
+        for x in values:
+            if fast.ready:   # from here on a float must take the scalar path
+                fast._update_array = lambda v: pytest.fail("array path taken for a float")
+            a = fast.update(float(x))
+            b = ref.update(np.array([x]))               # an array: never the scalar path
+            assert a.tolist() == b.tolist() and a.dtype == b.dtype == bool
+            np.testing.assert_array_equal(fast.last_z, ref.last_z)
+            if ref.ready:
+                np.testing.assert_array_equal(fast.reference()[0], ref.reference()[0])
+                np.testing.assert_array_equal(fast.reference()[1], ref.reference()[1])
+            verdicts.append(bool(a[0]))
+        assert any(verdicts) and not all(verdicts)

@@ -118,7 +118,50 @@ class AdaptiveThreshold:
         self._ring_pos = (self._ring_pos + 1) % len(self._ring)
 
     def update(self, values: Any) -> np.ndarray:
-        v = np.atleast_1d(np.asarray(values, dtype=np.float64))
+        if self.baseline is not None and isinstance(values, float):
+            self.step += 1
+            return self._update_scalar(values)
+        return self._update_array(np.atleast_1d(np.asarray(values, dtype=np.float64)))
+
+    def _update_scalar(self, x: float) -> np.ndarray:
+        """:meth:`_update_array` for one series after the warm-up, in Python floats: the same
+        operations in the same order (so the same bits; a test compares the two paths), at a
+        tenth of the cost: the loss and the global norm are judged every step."""
+        b = self.baseline
+        assert b is not None
+        cnt = int(self._count[0]) if self._ring is not None else 0
+        if cnt:
+            mean = float(self._sum[0]) / cnt
+            std = math.sqrt(_fmax(float(self._sumsq[0]) / cnt - mean * mean, 0.0))
+        else:   # no window, or a window emptied by a long incident: the warm-up's numbers
+            mean, std = float(b["mean"][0]), float(b["std"][0])
+        spread = _fmax(_fmax(std, self.rel_floor * abs(mean)), self.abs_floor)
+        z = (x - mean) / spread
+        self.last_z = np.array([z])
+        d = self.direction
+        bad = z > self.sigma if d == "up" else z < -self.sigma if d == "down" else abs(z) > self.sigma
+        if self.range_check:
+            lo, hi = float(b["min"][0]), float(b["max"][0])
+            if d in ("up", "both"):
+                bad = bad or (hi > 0 and x > 2 * hi)
+            if d in ("down", "both"):
+                bad = bad or (lo > 0 and x < lo / 2)
+        finite = math.isfinite(x)
+        has_base = math.isfinite(float(b["mean"][0]))
+        bad = bad and finite and (cnt >= 3 if cnt else has_base)
+        if self._ring is not None:
+            pos = self._ring_pos
+            old = float(self._ring[pos, 0])
+            new = math.nan if bad or not finite else x
+            ok_old, ok_new = old == old, new == new
+            self._sum[0] += (new if ok_new else 0.0) - (old if ok_old else 0.0)
+            self._sumsq[0] += (new * new if ok_new else 0.0) - (old * old if ok_old else 0.0)
+            self._count[0] += int(ok_new) - int(ok_old)
+            self._ring[pos, 0] = new
+            self._ring_pos = (pos + 1) % len(self._ring)
+        return np.array([bad])
+
+    def _update_array(self, v: np.ndarray) -> np.ndarray:
         self.step += 1
         if self.baseline is None:
             self._warm.append(v)
@@ -168,6 +211,11 @@ class AdaptiveThreshold:
         if self._ring is not None:  # anomalies do not enter the reference window
             self._push(np.where(bad | ~finite, np.nan, v))
         return bad
+
+
+def _fmax(a: float, b: float) -> float:
+    """np.maximum for two floats: NaN if either is NaN."""
+    return a if a >= b or a != a else b
 
 
 class _quiet_nan_warnings:
