@@ -11,8 +11,8 @@ Cost: a step that is neither a statistics step (every ``layer_stats_every``) nor
 step (every ``grad_norm_every``, by default the statistics steps) costs one small device copy
 (the loss): the layer hooks are installed only for statistics steps, and the global gradient
 norm, which reads every gradient, is taken from the training step when it returns one
-(``{"loss": ..., "grad_norm": ...}``). On statistics steps each hook writes the tensor's
-absolute max and an evenly strided sample into preallocated device buffers; the ratios of all
+(``{"loss": ..., "grad_norm": ...}``). On statistics steps each hook writes the tensor's min,
+max and an evenly strided sample into preallocated device buffers; the ratios of all
 layers are then computed in one batched pass. Nothing is copied to the host until every
 ``sync_every`` steps, when the buffers are read at once and judged in numpy. Only numbers are
 kept, never tensors.
@@ -538,7 +538,7 @@ class TrainingMonitor:
         return self._limits[d]
 
     def _record(self, k: int, i: int, t: torch.Tensor) -> None:
-        """Write one tensor's absmax and sample into the scratch buffer (no host sync).
+        """Write one tensor's min, max and sample into the scratch buffer (no host sync).
 
         The min and max (whose absolute max also exposes NaN/Inf, since both propagate through
         them) are taken over the whole tensor; the overflow/underflow ratios and mean|x| later
