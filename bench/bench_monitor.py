@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         t_watch.append(block(watched))
     n_layers = len(watched.monitor.layers)
     print(f"device {dev.type}, {n_layers} watched layers, width {a.width}, batch {a.batch}, "
-          f"sync every {a.sync_every} steps, grad norm every {watched.monitor.grad_norm_every}{' (returned by the step)' if a.clip else ''}, {len(t_plain)} interleaved blocks of {a.block} steps, "
+          f"sync every {a.sync_every} steps, grad norm {'returned by the step' if a.clip else f'every {watched.monitor.grad_norm_every}'}, {len(t_plain)} interleaved blocks of {a.block} steps, "
           f"{a.threads} thread(s)")
     for k, clock in enumerate(("wall", "process CPU")):
         p_ = [t[k] for t in t_plain]
