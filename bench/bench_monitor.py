@@ -1,6 +1,7 @@
 """Overhead of @watch_training against the same undecorated training step, in the same run.
 
-    python bench/bench_monitor.py [--steps 300] [--layers 4] [--width 256] [--batch 64]
+    python bench/bench_monitor.py [--steps 1000] [--layers 4] [--width 256] [--batch 64]
+                                  [--grad-norm-every K] [--clip]
 
 Both loops train their own copy of the same model on the same batches; blocks of steps are
 interleaved (plain, watched, plain, ...) so drifts in machine speed hit both equally. Prints
@@ -12,6 +13,7 @@ import argparse
 import copy
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -25,13 +27,19 @@ def build(layers: int, width: int) -> torch.nn.Module:
     return torch.nn.Sequential(*mods, torch.nn.Linear(width, 1))
 
 
-def make_step(model: torch.nn.Module):
+def make_step(model: torch.nn.Module, clip: bool = False):
+    """A plain SGD step; with ``clip`` it clips the gradients and returns the norm clipping
+    computed ({"loss", "grad_norm"}), as loops with gradient clipping can."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(x: torch.Tensor, y: torch.Tensor) -> Any:
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        if clip:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            return {"loss": loss, "grad_norm": norm}
         opt.step()
         return loss
 
@@ -46,7 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--block", type=int, default=25, help="steps per interleaved block")
     p.add_argument("--sync-every", type=int, default=10)
-    p.add_argument("--grad-norm-every", type=int, default=1, help="global gradient norm every N steps")
+    p.add_argument("--grad-norm-every", type=int, default=None,
+                   help="global gradient norm every N steps (default: the monitor's, on statistics steps)")
+    p.add_argument("--clip", action="store_true",
+                   help="both loops clip gradients; the watched step returns clip_grad_norm_'s norm")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier timings)")
     a = p.parse_args(argv)
@@ -55,8 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device(a.device)
     plain_model = build(a.layers, a.width).to(dev)
     watched_model = copy.deepcopy(plain_model)
-    plain = make_step(plain_model)
-    watched = watch_training(make_step(watched_model), warmup_steps=50, alert_window=50,
+    plain = make_step(plain_model, a.clip)
+    watched = watch_training(make_step(watched_model, a.clip), warmup_steps=50, alert_window=50,
                              model=watched_model, sinks=[], sync_every=a.sync_every, log_every=10**9,
                              grad_norm_every=a.grad_norm_every)
     xs = torch.randn(a.block, a.batch, a.width, device=dev)
@@ -82,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         t_watch.append(block(watched))
     n_layers = len(watched.monitor.layers)
     print(f"device {dev.type}, {n_layers} watched layers, width {a.width}, batch {a.batch}, "
-          f"sync every {a.sync_every} steps, grad norm every {a.grad_norm_every}, {len(t_plain)} interleaved blocks of {a.block} steps, "
+          f"sync every {a.sync_every} steps, grad norm {'returned by the step' if a.clip else f'every {watched.monitor.grad_norm_every}'}, {len(t_plain)} interleaved blocks of {a.block} steps, "
           f"{a.threads} thread(s)")
     for k, clock in enumerate(("wall", "process CPU")):
         p_ = [t[k] for t in t_plain]

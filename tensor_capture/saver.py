@@ -313,6 +313,12 @@ def get_tensor_saver() -> TensorSaver:
     return saver
 
 
+def current_saver() -> TensorSaver | None:
+    """The process-wide saver if one was built, else None; never builds one (a reader such as
+    the training monitor must not start a capture from the environment)."""
+    return _GLOBAL.get("saver")
+
+
 def configure(config: CaptureConfig | str | os.PathLike[str] | None = None,
               **overrides: Any) -> TensorSaver:
     """Replace the process-wide saver (a config object, a YAML path, or keyword settings)."""

@@ -96,6 +96,16 @@ def _check_token(field_name: str, value: str, allow_underscore: bool = True) -> 
         )
 
 
+def _compose(timestamp: str, counter: str, iteration: str, layer_type: str, layer_idx: str,
+             operation: str, phase: str, component: str, quant_type: str, rank: str,
+             sample_idx: str, tensor_name: str) -> str:
+    """The one layout of a current-format name, from already formatted fields."""
+    return (
+        f"{timestamp}_{counter}_iter{iteration}_{layer_type}_L{layer_idx}_{operation}_{phase}"
+        f"_{component}_{quant_type}_rank{rank}_sample{sample_idx}_{tensor_name}{TENSOR_SUFFIX}"
+    )
+
+
 def build_filename(name: TensorName) -> str:
     """The current-format file name for ``name`` (validates every field)."""
     _check_token("layer_type", name.layer_type, allow_underscore=False)
@@ -106,12 +116,32 @@ def build_filename(name: TensorName) -> str:
     _check_token("tensor_name", name.tensor_name)
     if not re.fullmatch(r"\d{8}_\d{6}", name.timestamp):
         raise ValueError(f"timestamp={name.timestamp!r} must look like YYYYMMDD_HHMMSS")
-    return (
-        f"{name.timestamp}_{name.counter:04d}_iter{_fmt_int(name.iteration)}_{name.layer_type}"
-        f"_L{_fmt_int(name.layer_idx)}_{name.operation}_{name.phase}_{name.component}"
-        f"_{name.quant_type}_rank{_fmt_int(name.rank)}_sample{_fmt_int(name.sample_idx)}"
-        f"_{name.tensor_name}{TENSOR_SUFFIX}"
-    )
+    return _compose(name.timestamp, f"{name.counter:04d}", _fmt_int(name.iteration),
+                    name.layer_type, _fmt_int(name.layer_idx), name.operation, name.phase,
+                    name.component, name.quant_type, _fmt_int(name.rank),
+                    _fmt_int(name.sample_idx), name.tensor_name)
+
+
+#: A field of :func:`filename_glob` that matches any value.
+ANY: Any = object()
+
+
+def filename_glob(*, iteration: Any = ANY, layer_type: Any = ANY, layer_idx: Any = ANY,
+                  operation: Any = ANY, phase: Any = ANY, component: Any = ANY,
+                  quant_type: Any = ANY, rank: Any = ANY, sample_idx: Any = ANY,
+                  tensor_name: Any = ANY) -> str:
+    """A glob pattern (``Path.glob`` / ``fnmatch``) for current-format names with the given
+    fields, e.g. every file of layer 3 at iteration 120 on rank 0; ``ANY`` fields match
+    anything (``None`` in an integer field means ``NA``, as in the names). Why here: tools that
+    point a user at captured files (the training monitor's alerts) must not re-spell the layout."""
+    def i(v: Any) -> str:
+        return "*" if v is ANY else _fmt_int(v)
+
+    def t(v: Any) -> str:
+        return "*" if v is ANY else str(v)
+
+    return _compose("*", "*", i(iteration), t(layer_type), i(layer_idx), t(operation), t(phase),
+                    t(component), t(quant_type), i(rank), i(sample_idx), t(tensor_name))
 
 
 _INT = r"(?:\d+|NA)"
