@@ -304,6 +304,18 @@ def _own_statements(fn: ast.AST):
             stack.extend(getattr(st, field, []) or [])
 
 
+def _accelerate_autocast(ctx: FileContext) -> bool:
+    """An Accelerator with a mixed precision other than "no" is built here: the models it
+    prepares run under its autocast."""
+    for c in ctx.calls:
+        q = ctx.call_name(c) or ""
+        if q.startswith("accelerate") and q.endswith("Accelerator"):
+            mp = next((k.value for k in c.keywords if k.arg == "mixed_precision"), None)
+            if mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None)):
+                return True
+    return False
+
+
 def _is_accelerator(ctx: FileContext, expr: ast.AST) -> bool:
     """``expr`` is an ``accelerate.Accelerator`` built here with a mixed precision that is not
     the literal "no" (``mixed_precision=args.mixed_precision`` is a run-time choice: it may
@@ -380,7 +392,7 @@ class SoftmaxNoDtype(_LowpNames):
             elif scope is None or not scope.enabled:
                 x = self.operand(node)
                 if (isinstance(x, ast.Name) and x.id in self.lowp) or (
-                        not ctx.autocast_scopes and any(
+                        not ctx.autocast_scopes and not _accelerate_autocast(ctx) and any(
                             ctx.lowp_cast_dtype(c) == "float16" for c in training_lowp_casts(ctx))):
                     self.report(node, f"{op} without dtype on a low-precision tensor")
         self.generic_visit(node)
@@ -443,6 +455,36 @@ def _is_extension_module(ctx: FileContext, name: str) -> bool:
     return False
 
 
+_NOT_FLOAT_OPERAND = ("mask", "index", "indices", "idx", "scale", "stride", "padding", "size", "shape")
+
+
+def _float_operands_to_kernel(ctx: FileContext, forward: ast.FunctionDef) -> int:
+    """How many of forward's tensor inputs reach a compiled kernel call: two float operands can
+    come in different dtypes under autocast, one cannot mix with anything. Masks, indices and
+    sizes (by their conventional names) are not float operands."""
+    params = {a.arg for a in forward.args.args[1:]}
+    params = {p for p in params if not any(w in p.lower() for w in _NOT_FLOAT_OPERAND)}
+    used: set[str] = set()
+    for n in ast.walk(forward):
+        if isinstance(n, ast.Call) and _call_is_kernel(ctx, n):
+            for a in [*n.args, *(k.value for k in n.keywords)]:
+                root = a
+                while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
+                    root = root.func.value  # x.contiguous(), x.float()
+                if isinstance(root, ast.Name) and root.id in params:
+                    used.add(root.id)
+    return len(used)
+
+
+def _call_is_kernel(ctx: FileContext, n: ast.Call) -> bool:
+    q = ctx.call_name(n) or ""
+    if q.startswith("torch.ops."):
+        return True
+    head = (dotted(n.func) or "").split(".")[0]
+    return isinstance(n.func, ast.Attribute) and _is_extension_module(ctx, head) and \
+        not (ctx.values.kinds(n.func) - {av.EXTERNAL})
+
+
 class AutogradFunctionNoCustomFwd(RuleVisitor):
     """A custom Function whose result depends on its operands agreeing in dtype, without
     custom_fwd/custom_bwd: in AMP code (this module or the project), or, for compiled kernels,
@@ -454,10 +496,15 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
         if any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
                for b in node.bases):
             amp_here = ctx.uses_lowp or ctx.project_uses_amp
+            forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
+            mixes = forward is not None and (_float_operands_to_kernel(ctx, forward) >= 2
+                                             or _dtype_sensitive(ctx, forward) == "matmul")
             for item in node.body:
                 if not (isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward")):
                     continue
                 kind = _dtype_sensitive(ctx, item)
+                if kind == "kernel" and not mixes:
+                    kind = None  # a single float operand (plus masks/indices): nothing can mix
                 if kind is None or (not amp_here and kind != "kernel"):
                     continue
                 want = "custom_fwd" if item.name == "forward" else "custom_bwd"

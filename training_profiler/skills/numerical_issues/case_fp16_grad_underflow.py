@@ -22,9 +22,11 @@ def fp16_gradient_zero_fraction(seed: int = 0) -> float:
     g32 = model.weight.grad.clone()
     half = torch.nn.Linear(256, 256).half()  # the mistake: fp16 parameters, no GradScaler
     half.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(half.parameters(), lr=1e-3)
     loss16 = half(x.half()).float().pow(2).mean() * 1e-6
     loss16.backward()
     g16 = half.weight.grad.float()
+    opt.step()  # the update these zeros feed: those weights do not move
     nonzero = g32 != 0
     return ((g16 == 0) & nonzero).float().sum().item() / max(int(nonzero.sum()), 1)
 
