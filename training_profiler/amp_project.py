@@ -106,9 +106,11 @@ class Project:
         return out
 
     def users_of(self, ctx: "FileContext") -> list["FileContext"]:
-        """``ctx`` and every project module that imports it, directly or through others: the
-        code that decides the precision a library module runs in. A folder of unrelated
-        scripts is not one program, so its modules do not vouch for each other."""
+        """``ctx``, every project module that imports it (directly or through others) and, for a
+        module inside a package, the rest of its top-level package: the code that decides the
+        precision a library module runs in (YOLOX's trainer gets its head through an experiment
+        object, not an import). A folder of unrelated scripts is not one program, so its
+        modules do not vouch for each other."""
         if self._importers is None:
             self._importers = {}
             for m in list(self.modules.values()):
@@ -121,6 +123,9 @@ class Project:
                 if user not in seen:
                     seen.add(user)
                     todo.append(user)
+        if "." in ctx.module_name:  # a package is one program: its trainer decides for its heads
+            top = ctx.module_name.split(".", 1)[0] + "."
+            seen |= {n for n in self.modules if n.startswith(top)}
         return [self.modules[n] for n in seen if n in self.modules]
 
     # ---- calls ---------------------------------------------------------------------------

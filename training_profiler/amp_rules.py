@@ -23,6 +23,7 @@ from training_profiler.amp_intent import (TRAINING, cast_purpose, is_float32_cas
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
 FP16_MIN_SUBNORMAL = float(_FP16.smallest_subnormal)
+FP16_MIN_NORMAL = float(_FP16.smallest_normal)
 
 
 class Severity(IntEnum):
@@ -817,21 +818,25 @@ def _squares_or_input(node: ast.AST, params: set[str]) -> str | None:
 
 
 class NormStatsInInputPrecision(RuleVisitor):
-    """A normalization layer's forward that takes the mean of squares / variance of its input
-    in the input's dtype and then its reciprocal square root: in float16 the squares overflow
-    past 256, in bfloat16 the mean keeps 8 bits (litgpt's RMSNorm, detectron2's SyncBatchNorm,
-    imagen's LayerNorm). Model code's dtype is usually its callers' choice: without low
-    precision in the scanned project the finding says so."""
+    """A normalization layer's forward (it takes a reciprocal square root) that either squares
+    its input in the input's dtype before averaging (float16 squares overflow past 256,
+    bfloat16's mean keeps 8 bits: litgpt's RMSNorm, detectron2's SyncBatchNorm), or adds to a
+    variance in the input's dtype an eps that float16 cannot hold as a normal number (imagen's
+    LayerNorm with eps=1e-5). torch's reductions accumulate in float32 internally, so a plain
+    variance is not the hazard; its eps is. Model code's dtype is usually its callers' choice:
+    without low precision among the code that uses it, the finding says so."""
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         ctx = self.ctx
-        if node.name == "forward" and isinstance(ctx.parents.get(node), ast.ClassDef) and any(
-                isinstance(c, ast.Call) and (ctx.call_name(c) or "").rsplit(".", 1)[-1] in ("rsqrt", "sqrt")
-                or isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("rsqrt", "sqrt")
+        cls = ctx.parents.get(node)
+        if node.name == "forward" and isinstance(cls, ast.ClassDef) and any(
+                isinstance(c, ast.Call) and ((ctx.call_name(c) or "").rsplit(".", 1)[-1] in ("rsqrt", "sqrt")
+                                             or isinstance(c.func, ast.Attribute) and c.func.attr in ("rsqrt", "sqrt"))
                 for c in ast.walk(node)):
             params = {a.arg for a in node.args.args[1:]}
             upcast = {t.id for st in ast.walk(node) if isinstance(st, ast.Assign) and is_float32_cast(self.ctx, st.value)
                       for t in st.targets if isinstance(t, ast.Name)}
+            note = "" if _lowp_evidence(ctx) else " (its dtype is decided by the model's callers: unknown)"
             for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
                 q = ctx.call_name(c) or ""
                 method = isinstance(c.func, ast.Attribute) and c.func.attr in _STAT_CALLS and not q.startswith("torch.")
@@ -839,12 +844,51 @@ class NormStatsInInputPrecision(RuleVisitor):
                     continue
                 operand = c.func.value if method else (c.args[0] if c.args else None)  # type: ignore[union-attr]
                 x = _squares_or_input(operand, params) if operand is not None else None
+                if x is None or x in upcast:
+                    continue
                 what = c.func.attr if isinstance(c.func, ast.Attribute) else q.rsplit(".", 1)[-1]
-                if x is None or x in upcast or (what == "mean" and isinstance(operand, ast.Name)):
-                    continue  # a plain mean (centering) is not the fragile statistic
-                note = "" if _lowp_evidence(ctx) else " (its dtype is decided by the model's callers: unknown)"
-                self.report(c, f"{what}() of `{ast.unparse(operand)}` in the input's precision before rsqrt{note}")
+                if what in ("mean", "sum") and not isinstance(operand, ast.Name):
+                    self.report(c, f"{what}() of `{ast.unparse(operand)}`: squares taken in the input's "
+                                   f"precision before rsqrt{note}")
+                elif what.startswith(("var", "std")):
+                    eps = _eps_added_to(ctx, node, cls, c)
+                    if eps is not None and 0 < eps < FP16_MIN_NORMAL:
+                        self.report(c, f"{what}() in the input's precision plus eps={eps:g}, below "
+                                       f"float16's smallest normal ({FP16_MIN_NORMAL:.3g}){note}")
         self.generic_visit(node)
+
+
+def _eps_added_to(ctx: FileContext, fn: ast.FunctionDef, cls: ast.ClassDef, stat: ast.Call) -> float | None:
+    """The constant added to the variance ``stat`` computes (``var + self.eps`` with
+    ``self.eps = eps`` and ``eps=1e-5`` in ``__init__``); None when it is not one number."""
+    stmt = ctx.parents.get(stat)
+    names = {t.id for t in getattr(stmt, "targets", []) if isinstance(t, ast.Name)}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            sides = (n.left, n.right)
+            if any((isinstance(x, ast.Name) and x.id in names) or x is stat for x in sides):
+                other = n.right if (n.left is stat or (isinstance(n.left, ast.Name) and n.left.id in names)) else n.left
+                return _number(ctx, other, cls)
+    return None
+
+
+def _number(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef) -> float | None:
+    v = _const_value(expr)
+    if v is not None:
+        return v
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+        for value, _ in ctx.values.class_attrs.get(cls, {}).get(expr.attr, []):
+            if (c := _const_value(value)) is not None:
+                return c
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if isinstance(value, ast.Name) and init is not None:
+                a = init.args
+                pos = [*a.posonlyargs, *a.args]
+                defaults = dict(zip([p.arg for p in pos][len(pos) - len(a.defaults):], a.defaults))
+                defaults.update({k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+                if value.id in defaults:
+                    return _const_value(defaults[value.id])
+    return None
 
 
 def _lowp_evidence(ctx: FileContext) -> bool:
@@ -1032,11 +1076,12 @@ RULES: tuple[Rule, ...] = (
          "Create the GradScaler for float16 only (or pass enabled=(dtype == torch.float16)).",
          GradScalerWithBf16),
     Rule("AMP016", "norm-stats-in-input-precision", Severity.MEDIUM,
-         "A normalization's mean of squares or variance computed in float16/bfloat16 loses the "
-         "statistic (squares overflow float16 past 256; bfloat16 keeps 8 significant bits) and "
-         "its reciprocal square root amplifies the error.",
-         "Compute the statistics in float32 (x.float().pow(2).mean(...)) and cast the result "
-         "back to the input dtype.",
+         "A normalization that squares its input in float16/bfloat16 before averaging loses the "
+         "statistic (squares overflow float16 past 256; bfloat16 keeps 8 significant bits), and "
+         "an eps below float16's normal range (6.1e-5) added to a float16 variance does not keep "
+         "rsqrt finite; the reciprocal square root amplifies either error.",
+         "Compute the statistics in float32 (x.float().pow(2).mean(...)) and cast back, or use "
+         "eps >= 1e-3 when the input is not float32.",
          NormStatsInInputPrecision),
     Rule("AMP017", "float32-buffer-for-kernel", Severity.MEDIUM,
          "A compiled kernel reads all its operands as one scalar type; a buffer allocated as "
