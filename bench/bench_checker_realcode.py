@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import shutil
 import subprocess
@@ -142,9 +143,10 @@ def extract(gitdir: Path, commit: str, folders: Sequence[str], cache: Path, repo
     """The .py and .sh files of the scan folders of ``repo`` at ``commit``, under the cache
     (extracted once, then reused). Blobs the mirror lacks (snapshots leave out files of 4 MiB
     and more) are skipped; only the checker's own inputs are written."""
-    dest = cache / repo.replace("/", "+") / commit
-    done = dest / ".extracted"
     want = "\n".join(sorted(folders))
+    # keyed on the scan list as well: two runs with different scan lists share a cache safely
+    dest = cache / repo.replace("/", "+") / f"{commit}-{hashlib.sha1(want.encode()).hexdigest()[:8]}"
+    done = dest / ".extracted"
     if done.exists() and done.read_text() == want:
         return dest
     if dest.exists():

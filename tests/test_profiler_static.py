@@ -159,3 +159,18 @@ def test_context_flag_on_the_command_line() -> None:
                           str(PROJECT / "train.py"), "--context", str(PROJECT), "--format", "line"],
                          capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout.strip().endswith("AMP003 loss `lm_loss(...)` computed outside the autocast block")
+
+
+def test_bad_python_files_are_one_line_each_and_the_scan_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "binary.py").write_bytes(b"x = 1\0\0\n")
+    (tmp_path / "latin.py").write_bytes(b'x = "\xe9"\n')
+    (tmp_path / "broken.py").symlink_to(tmp_path / "missing" / "x.py")
+    (tmp_path / "ok.py").write_text("import torch\nwith torch.autocast('cpu'):\n    y = torch.ones(2).half()\n"
+                                    "y.float().sum().backward()\n")
+    r = _cli(str(tmp_path), "--format", "line")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "binary.py:0:0: E999 a binary file, not Python source" in r.stdout
+    assert "latin.py:0:0: E999 not UTF-8 text" in r.stdout
+    assert "broken.py:0:0: E999 cannot read: No such file or directory" in r.stdout
+    assert "ok.py:3:9: AMP001" in r.stdout
+    assert len([x for x in r.stderr.splitlines() if x.startswith("amp-static-check: skipped")]) == 3

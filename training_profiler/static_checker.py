@@ -168,13 +168,12 @@ def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] |
             _check_launch(f, [r for r in rules if isinstance(r, LaunchRule)], report)
             continue
         reported = f.resolve() in wanted
-        try:
-            with tokenize.open(f) as fh:
-                source = fh.read()
-        except (UnicodeDecodeError, SyntaxError, OSError) as exc:
+        source_or_error = _read_python(f)
+        if isinstance(source_or_error, FileError):
             if reported:
-                report.errors.append(FileError(str(f), 0, f"cannot read: {exc}"))
+                report.errors.append(source_or_error)
             continue
+        source = source_or_error
         ctx = parse_module(source, str(f), project, module_name(f))
         if isinstance(ctx, FileError):
             if reported:
@@ -187,6 +186,25 @@ def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] |
         report.files_checked += 1
         report.findings.extend(run_rules(ctx, source, rules))
     return report
+
+
+def _read_python(f: Path) -> str | FileError:
+    """A Python file's text (its coding cookie honoured), or one line saying why not: unreadable,
+    binary, or not in its declared encoding."""
+    try:
+        data = f.read_bytes()
+    except OSError as exc:
+        return FileError(str(f), 0, f"cannot read: {exc.strerror or exc}")
+    if b"\0" in data:
+        return FileError(str(f), 0, "a binary file, not Python source")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, LookupError) as exc:
+        why = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        return FileError(str(f), 0, f"not UTF-8 text ({why}); re-save it as UTF-8 or add a coding line")
+    except UnicodeDecodeError as exc:
+        return FileError(str(f), 0, f"not {exc.encoding} text (byte {exc.start}); add a coding line or fix the file")
 
 
 def _check_launch(f: Path, rules: list[LaunchRule], report: Report) -> None:
