@@ -155,8 +155,37 @@ def _module_like(ctx: FileContext, call: ast.Call) -> bool:
     if not name:
         return False
     fn = ctx.enclosing_function(call)
-    return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _MODULE_METHODS
-               and dotted(c.func.value) == name for c in ast.walk(fn))
+    if not any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _MODULE_METHODS
+               and dotted(c.func.value) == name for c in ast.walk(fn)):
+        return False
+    trained = _optimized_modules(ctx, fn)
+    return trained is None or name.split(".")[0] in trained
+
+
+def _optimized_modules(ctx: FileContext, fn: ast.AST) -> set[str] | None:
+    """Names whose parameters reach an optimizer built in ``fn`` (through the call's arguments
+    and the variables they name, one assignment back); None when ``fn`` builds none. A module
+    cast to ``weight_dtype`` next to an optimizer that does not hold it is not being trained
+    (diffusers' T2I-adapter script trains the adapter, not the UNet)."""
+    built = [c for c in ast.walk(fn) if isinstance(c, ast.Call)
+             and any(v.kind == av.OPTIMIZER for v in ctx.values.value(c))]
+    if not built:
+        return None
+    exprs: list[ast.AST] = [a for c in built for a in [*c.args, *(k.value for k in c.keywords)]]
+    assigned = {t.id: st.value for st in ast.walk(fn) if isinstance(st, ast.Assign)
+                for t in st.targets if isinstance(t, ast.Name)}
+    out: set[str] = set()
+    for _ in range(2):
+        more = []
+        for e in exprs:
+            for n in ast.walk(e):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
+                        "parameters", "named_parameters") and dotted(n.func.value):
+                    out.add(dotted(n.func.value).split(".")[0])  # type: ignore[union-attr]
+                elif isinstance(n, ast.Name) and n.id in assigned:
+                    more.append(assigned.pop(n.id))
+        exprs = more
+    return out
 
 
 def _in_body(branch: ast.If, node: ast.AST) -> bool:

@@ -42,6 +42,7 @@ SCALER_FACTORY = "scaler_factory"      # a class or function whose result is a S
 LOSS_FN = "loss_fn"                    # a torch loss function or nn.*Loss module
 LOSS = "loss"                          # the value a loss function returned
 OPTIMIZER = "optimizer"                # a torch.optim optimizer
+OPTIMIZER_CLASS = "optimizer_class"    # torch.optim.AdamW itself (``optimizer_class = ...``)
 FUNCTION = "function"                  # a def of the project (node, ctx)
 CLASS = "class"                        # a class of the project
 INSTANCE = "instance"                  # an instance of a project class
@@ -311,6 +312,8 @@ class Evaluator:
         last = q.rsplit(".", 1)[-1]
         if q in _DTYPES:
             return {Val(DTYPE, name=_DTYPES[q])}
+        if q.startswith("torch.optim.") and last[:1].isupper():
+            return {Val(OPTIMIZER_CLASS, name=q)}
         if q in _AUTOCAST_QUALS:
             return {Val(AUTOCAST_FACTORY, name=q)}
         if last in _SCALER_CLASSES and q.startswith("torch."):
@@ -463,6 +466,8 @@ class Evaluator:
                 out.add(Val(SCALER))
             elif f.kind == LOSS_FN:
                 out.add(Val(LOSS, name=f.name))
+            elif f.kind == OPTIMIZER_CLASS:
+                out.add(Val(OPTIMIZER, name=f.name))
             elif f.kind == CLASS and f.ctx is not None:
                 out.add(Val(INSTANCE, node=f.node, ctx=f.ctx))
             elif f.kind == FUNCTION and f.ctx is not None:
