@@ -9,7 +9,6 @@ the code does (calls, context managers, ``requires_grad_``), not from how things
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
 
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler import amp_values as av

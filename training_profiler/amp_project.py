@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from training_profiler.amp_context import FileContext
-    from training_profiler.amp_values import Val
+from training_profiler.amp_values import FUNCTION, ModuleView as FileContext, Val
 
 
 def module_name(path: Path) -> str:
@@ -35,20 +32,20 @@ class Project:
     """Modules of one scanned tree, by dotted name."""
 
     def __init__(self) -> None:
-        self.modules: dict[str, "FileContext"] = {}
+        self.modules: dict[str, FileContext] = {}
         self._by_last: dict[str, list[str]] = {}
-        self._calls: dict[str, list[tuple[ast.Call, "FileContext"]]] | None = None
+        self._calls: dict[str, list[tuple[ast.Call, FileContext]]] | None = None
         self._resolving: set[tuple[str, str]] = set()
         self._importers: dict[str, set[str]] | None = None
 
-    def add(self, ctx: "FileContext") -> None:
+    def add(self, ctx: FileContext) -> None:
         self.modules[ctx.module_name] = ctx
         self._by_last.setdefault(ctx.module_name.rsplit(".", 1)[-1], []).append(ctx.module_name)
         self._calls = None
         self._importers = None
 
     # ---- imports -------------------------------------------------------------------------
-    def find_module(self, dotted: str, importer: "FileContext") -> "FileContext | None":
+    def find_module(self, dotted: str, importer: FileContext) -> FileContext | None:
         """The project module an import names: exact, else the module whose name ends with it,
         nearest to the importer (scripts import siblings as top-level modules)."""
         if dotted in self.modules:
@@ -64,7 +61,7 @@ class Project:
         cands.sort(key=lambda m: (not m.startswith(here + ".") if here else False, m.count(".")))
         return self.modules[cands[0]]
 
-    def resolve_qualname(self, qual: str, importer: "FileContext") -> set["Val"] | None:
+    def resolve_qualname(self, qual: str, importer: FileContext) -> set[Val] | None:
         """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module (re-export
         cycles between packages end in "nothing known")."""
         key = (qual, importer.module_name)
@@ -76,7 +73,7 @@ class Project:
         finally:
             self._resolving.discard(key)
 
-    def _resolve(self, qual: str, importer: "FileContext") -> set["Val"] | None:
+    def _resolve(self, qual: str, importer: FileContext) -> set[Val] | None:
         parts = qual.split(".")
         for cut in range(len(parts), 0, -1):
             mod = self.find_module(".".join(parts[:cut]), importer)
@@ -88,7 +85,7 @@ class Project:
             return mod.values.module_attr(rest)
         return None
 
-    def _imports_of(self, ctx: "FileContext") -> set[str]:
+    def _imports_of(self, ctx: FileContext) -> set[str]:
         """Project modules ``ctx`` imports (anywhere in it, functions included)."""
         out: set[str] = set()
         for node in ast.walk(ctx.tree):
@@ -105,7 +102,7 @@ class Project:
                     out.add(m.module_name)
         return out
 
-    def users_of(self, ctx: "FileContext") -> list["FileContext"]:
+    def users_of(self, ctx: FileContext) -> list[FileContext]:
         """``ctx``, every project module that imports it (directly or through others) and, for a
         module inside a package, the rest of its top-level package: the code that decides the
         precision a library module runs in (YOLOX's trainer gets its head through an experiment
@@ -129,7 +126,7 @@ class Project:
         return [self.modules[n] for n in seen if n in self.modules]
 
     # ---- calls ---------------------------------------------------------------------------
-    def _call_index(self) -> dict[str, list[tuple[ast.Call, "FileContext"]]]:
+    def _call_index(self) -> dict[str, list[tuple[ast.Call, FileContext]]]:
         if self._calls is None:
             self._calls = {}
             for ctx in self.modules.values():
@@ -140,10 +137,9 @@ class Project:
                         self._calls.setdefault(name, []).append((n, ctx))
         return self._calls
 
-    def calls_to(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, owner: "FileContext"
-                 ) -> list[tuple[ast.Call, "FileContext"]]:
+    def calls_to(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, owner: FileContext
+                 ) -> list[tuple[ast.Call, FileContext]]:
         """Call sites in the project that resolve to ``fn`` (defined in ``owner``)."""
-        from training_profiler.amp_values import FUNCTION
         out = []
         for call, ctx in self._call_index().get(fn.name, []):
             if any(v.kind == FUNCTION and v.node is fn for v in ctx.values.value(call.func)):

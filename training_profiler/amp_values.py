@@ -15,10 +15,28 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable, Protocol
 
-if TYPE_CHECKING:
-    from training_profiler.amp_context import AmpScope, FileContext
+
+class ModuleView(Protocol):
+    """What the evaluator and the project read of one parsed module (``amp_context.FileContext``
+    provides it); named here so these modules do not import the context that builds on them."""
+
+    tree: ast.Module
+    module_name: str
+    path: str
+    parents: dict[ast.AST, ast.AST]
+    aliases: dict[str, str]
+    calls: list[ast.Call]
+    project: Any  # amp_project.Project
+
+    @property
+    def values(self) -> "Evaluator": ...
+    def qualname(self, expr: ast.AST) -> str | None: ...
+    def call_name(self, call: ast.Call) -> str | None: ...
+    def autocast_call(self, expr: ast.AST) -> Any: ...
+    def import_qualname(self, node: ast.Import | ast.ImportFrom, local: str) -> str | None: ...
+    def scope_of(self, node: ast.AST, direct: bool = False) -> Any: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,9 +46,9 @@ class Val:
     externals and torch objects."""
 
     kind: str
-    scope: "AmpScope | None" = None
+    scope: Any = None  # the amp_context.AmpScope an autocast value opens
     node: ast.AST | None = None
-    ctx: "FileContext | None" = field(default=None, repr=False)
+    ctx: ModuleView | None = field(default=None, repr=False)
     name: str = ""
 
 
@@ -226,7 +244,7 @@ class ScopeBuilder(ast.NodeVisitor):
 class Evaluator:
     """Abstract values of expressions in one module, reaching into the project for the rest."""
 
-    def __init__(self, ctx: "FileContext") -> None:
+    def __init__(self, ctx: ModuleView) -> None:
         self.ctx = ctx
         sb = ScopeBuilder(ctx.tree)
         self.scopes = sb.of
@@ -271,7 +289,6 @@ class Evaluator:
         return out
 
     def _value(self, e: ast.AST, depth: int) -> set[Val]:
-        ctx = self.ctx
         if isinstance(e, ast.IfExp):
             return set(self.value(e.body, depth)) | set(self.value(e.orelse, depth))
         if isinstance(e, ast.BoolOp):
@@ -282,7 +299,7 @@ class Evaluator:
         if isinstance(e, ast.NamedExpr):
             return set(self.value(e.value, depth))
         if isinstance(e, ast.Lambda):
-            return {self._as_factory(v) for v in self.value(e.body, depth) if self._as_factory(v)}
+            return {f for v in self.value(e.body, depth) if (f := self._as_factory(v)) is not None}
         if isinstance(e, ast.Call):
             return self._call_value(e, depth)
         if isinstance(e, ast.Name):
