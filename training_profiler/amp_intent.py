@@ -28,13 +28,6 @@ _PROFILERS = {"torch.profiler.profile", "torch.autograd.profiler.profile",
               "torch.utils.benchmark.Timer"}
 
 
-def _ancestors(ctx: FileContext, node: ast.AST):
-    cur = ctx.parents.get(node)
-    while cur is not None:
-        yield cur
-        cur = ctx.parents.get(cur)
-
-
 def is_float32_cast(ctx: FileContext, call: ast.AST) -> bool:
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
         return False
@@ -48,7 +41,7 @@ def is_float32_cast(ctx: FileContext, call: ast.AST) -> bool:
 
 def no_grad_region(ctx: FileContext, node: ast.AST) -> bool:
     """Inside ``with torch.no_grad()`` / ``inference_mode()`` or a function decorated so."""
-    for a in _ancestors(ctx, node):
+    for a in ctx.parents_chain(node):
         if isinstance(a, (ast.With, ast.AsyncWith)) and any(
                 (ctx.call_name(i.context_expr) if isinstance(i.context_expr, ast.Call)
                  else ctx.qualname(i.context_expr)) in _NO_GRAD for i in a.items):
@@ -98,7 +91,7 @@ def _frozen_receivers(ctx: FileContext, where: ast.AST) -> set[str]:
     return frozen
 
 
-def _receiver_root(call: ast.Call) -> ast.AST:
+def receiver_root(call: ast.Call) -> ast.AST:
     """``a.b.to(...).half()`` -> ``a.b``: the object the chain of calls starts from."""
     cur: ast.AST = call.func.value if isinstance(call.func, ast.Attribute) else call
     while isinstance(cur, ast.Call) and isinstance(cur.func, ast.Attribute):
@@ -106,19 +99,29 @@ def _receiver_root(call: ast.Call) -> ast.AST:
     return cur
 
 
+def _in_call_named(ctx: FileContext, node: ast.AST, names: tuple[str, ...]) -> bool:
+    """``node`` sits (within its statement) inside a call whose last name is one of ``names``."""
+    for a in ctx.parents_chain(node):
+        if isinstance(a, ast.stmt):
+            return False
+        if isinstance(a, ast.Call) and (ctx.call_name(a) or "").rsplit(".", 1)[-1] in names:
+            return True
+    return False
+
+
 def _in_save(ctx: FileContext, node: ast.AST) -> bool:
-    for a in _ancestors(ctx, node):
-        if isinstance(a, ast.Call):
-            name = (ctx.call_name(a) or "").rsplit(".", 1)[-1]
-            if name in _SAVE_CALLS or name == "deepcopy":
-                return True
-        if isinstance(a, (ast.DictComp, ast.ListComp, ast.GeneratorExp)):
-            for gen in a.generators:
-                if any(isinstance(n, ast.Attribute) and n.attr == "state_dict" for n in ast.walk(gen.iter)):
-                    return True
+    """A checkpoint copy: inside a save or deepcopy call, a comprehension over a state_dict, a
+    chain through ``state_dict()`` or ``deepcopy(...)``, or bound to a name that is only saved."""
+    if _in_call_named(ctx, node, (*_SAVE_CALLS, "deepcopy")):
+        return True
+    for a in ctx.parents_chain(node):
         if isinstance(a, ast.stmt):
             break
-    root = _receiver_root(node) if isinstance(node, ast.Call) else None
+        if isinstance(a, (ast.DictComp, ast.ListComp, ast.GeneratorExp)) and any(
+                isinstance(n, ast.Attribute) and n.attr == "state_dict"
+                for gen in a.generators for n in ast.walk(gen.iter)):
+            return True
+    root = receiver_root(node) if isinstance(node, ast.Call) else None
     if isinstance(root, ast.Call) and (ctx.call_name(root) or "").rsplit(".", 1)[-1] == "deepcopy":
         return True
     chain = node
@@ -126,30 +129,20 @@ def _in_save(ctx: FileContext, node: ast.AST) -> bool:
         if chain.func.attr == "state_dict":
             return True
         chain = chain.func.value
-    # the cast's result bound to a name that is then only saved
-    stmt = next((a for a in _ancestors(ctx, node) if isinstance(a, ast.stmt)), None)
+    stmt = next((a for a in ctx.parents_chain(node) if isinstance(a, ast.stmt)), None)
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         name = stmt.targets[0].id
         fn = ctx.enclosing_function(node)
         uses = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
-        if uses and all(_in_save_call(ctx, u) for u in uses):
+        if uses and all(_in_call_named(ctx, u, _SAVE_CALLS) for u in uses):
             return True
-    return False
-
-
-def _in_save_call(ctx: FileContext, node: ast.AST) -> bool:
-    for a in _ancestors(ctx, node):
-        if isinstance(a, ast.Call) and (ctx.call_name(a) or "").rsplit(".", 1)[-1] in _SAVE_CALLS:
-            return True
-        if isinstance(a, ast.stmt):
-            return False
     return False
 
 
 def _argument_of_evaluator(ctx: FileContext, node: ast.AST) -> bool:
     """The cast's result goes straight into a project function that runs without gradients
     (decorated with no_grad / inference_mode or a wrapper of them): an evaluation copy."""
-    for a in _ancestors(ctx, node):
+    for a in ctx.parents_chain(node):
         if isinstance(a, ast.stmt):
             return False
         if isinstance(a, ast.Call) and node is not a.func:
@@ -178,12 +171,12 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
     fn = ctx.enclosing_function(call)
     if fn is not ctx.tree and not has_backward(fn) and _method_calls(fn, "eval") and not _method_calls(fn, "train"):
         return EVALUATION
-    root = dotted(_receiver_root(call)) or ""
+    root = dotted(receiver_root(call)) or ""
     frozen = _frozen_receivers(ctx, fn)
     if root and (root in frozen or any(root.startswith(f + ".") for f in frozen)):
         return FROZEN
     # the cast result bound to a name that is then frozen
-    stmt = next((a for a in _ancestors(ctx, call) if isinstance(a, ast.stmt)), None)
+    stmt = next((a for a in ctx.parents_chain(call) if isinstance(a, ast.stmt)), None)
     if isinstance(stmt, ast.Assign) and any(dotted(t) in frozen for t in stmt.targets):
         return FROZEN
     return TRAINING
@@ -191,7 +184,7 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
 
 def profiling_region(ctx: FileContext, node: ast.AST) -> bool:
     """Under a torch profiler / benchmark context, or in a function that such code calls only."""
-    for a in _ancestors(ctx, node):
+    for a in ctx.parents_chain(node):
         if isinstance(a, (ast.With, ast.AsyncWith)) and any(
                 (ctx.call_name(i.context_expr) if isinstance(i.context_expr, ast.Call) else "") in _PROFILERS
                 for i in a.items):
@@ -270,7 +263,7 @@ def on_non_amp_branch(ctx: FileContext, node: ast.AST) -> bool:
     non-AMP configuration. A node is on it when an enclosing ``if`` has AMP on the other branch
     and none on the node's own."""
     child = node
-    for a in _ancestors(ctx, node):
+    for a in ctx.parents_chain(node):
         if isinstance(a, ast.If) and child is not a.test:
             mine, other = (a.body, a.orelse) if child in a.body else (a.orelse, a.body)
             if other and amp_evidence(ctx, other) and not amp_evidence(ctx, mine):

@@ -9,6 +9,8 @@ Each visitor only reports; filtering (suppression comments, rule selection) happ
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
 import re
 from dataclasses import dataclass
 from enum import IntEnum
@@ -18,7 +20,7 @@ import numpy as np
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import (TRAINING, cast_purpose, is_float32_cast, no_grad_region,
-                                          on_non_amp_branch, training_backward_calls)
+                                          on_non_amp_branch, receiver_root, training_backward_calls)
 
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
@@ -93,22 +95,31 @@ def _is_loss_call(ctx: FileContext, call: ast.Call) -> bool:
     return not any(ctx.values.kinds(a) & {av.OPTIMIZER, av.SCALER} for a in args)
 
 
+def _per_module(fn):
+    """Cache a module-wide fact on the module's context: the rules ask it once per node."""
+    key = "_fact_" + fn.__name__
+
+    @functools.wraps(fn)
+    def cached(ctx: FileContext):
+        if key not in ctx.__dict__:
+            ctx.__dict__[key] = fn(ctx)
+        return ctx.__dict__[key]
+    return cached
+
+
 def trains(ctx: FileContext) -> bool:
     """The module runs a training step (a backward that updates parameters, or loss scaling);
     an inference pipeline or an export script does not, so its casts are not training casts."""
     return bool(training_backward_calls(ctx) or ctx.scaler_calls)
 
 
+@_per_module
 def training_lowp_casts(ctx: FileContext) -> list[ast.Call]:
     """Manual low-precision casts whose purpose is training (not a checkpoint copy, an
     evaluation model, a round trip or a frozen module) in a module that trains, off any
     non-AMP branch."""
-    cached = ctx.__dict__.get("_training_casts")
-    if cached is None:
-        cached = [c for c in ctx.manual_lowp_casts if trains(ctx)
-                  and cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]
-        ctx.__dict__["_training_casts"] = cached
-    return cached
+    return [c for c in ctx.manual_lowp_casts if trains(ctx)
+            and cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]
 
 
 def _has_kw(call: ast.Call, name: str) -> bool:
@@ -148,10 +159,7 @@ def _module_like(ctx: FileContext, call: ast.Call) -> bool:
     the same function: a run-time dtype cast of a batch or an activation to match a frozen
     model (``batch["pixel_values"].to(dtype=weight_dtype)``) is data plumbing, not a cast of
     trained weights."""
-    root = call.func.value if isinstance(call.func, ast.Attribute) else None
-    while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
-        root = root.func.value
-    name = dotted(root) if root is not None else None
+    name = dotted(receiver_root(call))
     if not name:
         return False
     fn = ctx.enclosing_function(call)
@@ -195,8 +203,9 @@ def _in_body(branch: ast.If, node: ast.AST) -> bool:
 def _runtime_dtype_note(ctx: FileContext, call: ast.Call) -> str:
     """' (dtype chosen at run time: ...)' when the cast's dtype is a variable or parameter."""
     for a in [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")]:
-        choices = ctx.dtype_choices(a) if ctx.qualname(a) not in (None,) and not (
-            ctx.qualname(a) or "").startswith("torch.") else set()
+        if (ctx.qualname(a) or "torch.").startswith("torch."):
+            continue  # a literal dtype, or not a name at all
+        choices = ctx.dtype_choices(a)
         if len(choices) > 1:
             return f" (dtype chosen at run time: one of {', '.join(sorted(choices))})"
     return ""
@@ -334,32 +343,26 @@ def _own_statements(fn: ast.AST):
             stack.extend(getattr(st, field, []) or [])
 
 
+def _mixed_precision_accelerator(ctx: FileContext, call: ast.AST) -> bool:
+    """``accelerate.Accelerator(mixed_precision=...)`` with a value other than the literal "no"
+    (``mixed_precision=args.mixed_precision`` is a run-time choice: it may be fp16)."""
+    q = (ctx.call_name(call) or "") if isinstance(call, ast.Call) else ""
+    if not (q.startswith("accelerate") and q.endswith("Accelerator")):
+        return False
+    mp = next((k.value for k in call.keywords if k.arg == "mixed_precision"), None)  # type: ignore[attr-defined]
+    return mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None))
+
+
 def _accelerate_autocast(ctx: FileContext) -> bool:
-    """An Accelerator with a mixed precision other than "no" is built here: the models it
-    prepares run under its autocast."""
-    for c in ctx.calls:
-        q = ctx.call_name(c) or ""
-        if q.startswith("accelerate") and q.endswith("Accelerator"):
-            mp = next((k.value for k in c.keywords if k.arg == "mixed_precision"), None)
-            if mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None)):
-                return True
-    return False
+    """An Accelerator in mixed precision is built here: the models it prepares run under its
+    autocast."""
+    return any(_mixed_precision_accelerator(ctx, c) for c in ctx.calls)
 
 
 def _is_accelerator(ctx: FileContext, expr: ast.AST) -> bool:
-    """``expr`` is an ``accelerate.Accelerator`` built here with a mixed precision that is not
-    the literal "no" (``mixed_precision=args.mixed_precision`` is a run-time choice: it may
-    be fp16)."""
-    if not isinstance(expr, ast.Name):
-        return False
-    hit = ctx.values.bindings_at(expr).lookup(expr.id)
-    for how, value in (hit[1] if hit else []):
-        if how == "assign" and isinstance(value, ast.Call) and (ctx.call_name(value) or "").endswith("Accelerator") \
-                and (ctx.call_name(value) or "").startswith("accelerate"):
-            mp = next((k.value for k in value.keywords if k.arg == "mixed_precision"), None)
-            if mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None)):
-                return True
-    return False
+    """``expr`` names an Accelerator built here in mixed precision."""
+    hit = ctx.values.bindings_at(expr).lookup(expr.id) if isinstance(expr, ast.Name) else None
+    return any(how == "assign" and _mixed_precision_accelerator(ctx, value) for how, value in (hit[1] if hit else []))
 
 
 _SOFTMAX = {"torch.softmax", "torch.log_softmax", "torch.nn.functional.softmax",
@@ -456,17 +459,11 @@ def _dtype_sensitive(ctx: FileContext, fn: ast.AST) -> str | None:
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
             found = found or "matmul"
         if isinstance(n, ast.Call):
-            q = ctx.call_name(n) or ""
-            if q.startswith("torch.ops."):
+            if _call_is_kernel(ctx, n):
                 return "kernel"
+            q = ctx.call_name(n) or ""
             if q.startswith("torch.") and q.rsplit(".", 1)[-1] in _DTYPE_SENSITIVE:
                 found = found or "matmul"
-            head = (dotted(n.func) or "").split(".")[0]
-            if isinstance(n.func, ast.Attribute) and _is_extension_module(ctx, head) and any(
-                    isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args):
-                vals = ctx.values.kinds(n.func)
-                if not vals or vals <= {av.EXTERNAL}:
-                    return "kernel"
     return found
 
 
@@ -507,12 +504,19 @@ def _float_operands_to_kernel(ctx: FileContext, forward: ast.FunctionDef) -> int
 
 
 def _call_is_kernel(ctx: FileContext, n: ast.Call) -> bool:
-    q = ctx.call_name(n) or ""
-    if q.startswith("torch.ops."):
+    """A call into compiled code: ``torch.ops.*``, or a method of an extension module given
+    tensors (names, attributes, call results) and not resolved to anything in the project."""
+    if (ctx.call_name(n) or "").startswith("torch.ops."):
         return True
     head = (dotted(n.func) or "").split(".")[0]
-    return isinstance(n.func, ast.Attribute) and _is_extension_module(ctx, head) and \
-        not (ctx.values.kinds(n.func) - {av.EXTERNAL})
+    return (isinstance(n.func, ast.Attribute) and _is_extension_module(ctx, head)
+            and any(isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args)
+            and not (ctx.values.kinds(n.func) - {av.EXTERNAL}))
+
+
+def _is_autograd_function(ctx: FileContext, cls: ast.ClassDef) -> bool:
+    return any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
+               for b in cls.bases)
 
 
 class AutogradFunctionNoCustomFwd(RuleVisitor):
@@ -523,8 +527,7 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
-        if any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
-               for b in node.bases):
+        if _is_autograd_function(ctx, node):
             amp_here = ctx.uses_lowp or ctx.project_uses_amp
             forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
             mixes = forward is not None and (_float_operands_to_kernel(ctx, forward) >= 2
@@ -754,10 +757,7 @@ class UnscaleEveryMicroStep(RuleVisitor):
 
 
 def _ancestors_within(ctx: FileContext, node: ast.AST, stop: ast.AST):
-    cur = ctx.parents.get(node)
-    while cur is not None and cur is not stop:
-        yield cur
-        cur = ctx.parents.get(cur)
+    return itertools.takewhile(lambda a: a is not stop, ctx.parents_chain(node))
 
 
 class AutocastWrappedForward(RuleVisitor):
@@ -920,7 +920,9 @@ def _number(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef) -> float | None:
     return None
 
 
+@_per_module
 def _lowp_evidence(ctx: FileContext) -> bool:
+    """Low precision here or in the code that uses this module."""
     return ctx.uses_lowp or any(m.uses_lowp or m.apex_amp for m in ctx.project.users_of(ctx))
 
 
@@ -936,8 +938,7 @@ class Float32BufferForKernel(RuleVisitor):
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
-        if any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
-               for b in node.bases):
+        if _is_autograd_function(ctx, node):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward") \
                         and _dtype_sensitive(ctx, item) == "kernel":
@@ -975,6 +976,7 @@ def _const_value(node: ast.AST) -> float | None:
     return None
 
 
+@_per_module
 def _fp16_evidence(ctx: FileContext) -> bool:
     """This module trains in float16 (autocast's float16, or a float16 training cast), or,
     when it says nothing itself, a project module that imports it does (model code whose
