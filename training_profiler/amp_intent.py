@@ -39,6 +39,16 @@ def is_float32_cast(ctx: FileContext, call: ast.AST) -> bool:
     return False
 
 
+def float32_result(ctx: FileContext, expr: ast.AST) -> bool:
+    """The value is float32 whatever its inputs were: a float32 cast (``x.float()``,
+    ``x.to(torch.float32)``) or an op given ``dtype=torch.float32`` (softmax, sum, mean, ...),
+    so later rules must not treat it as a low-precision result of autocast."""
+    if is_float32_cast(ctx, expr):
+        return True
+    return isinstance(expr, ast.Call) and any(
+        k.arg == "dtype" and ctx.dtype_of(k.value) in ("float32", "float64") for k in expr.keywords)
+
+
 def no_grad_region(ctx: FileContext, node: ast.AST) -> bool:
     """Inside ``with torch.no_grad()`` / ``inference_mode()`` or a function decorated so."""
     for a in ctx.parents_chain(node):

@@ -125,6 +125,13 @@ class Project:
             seen |= {n for n in self.modules if n.startswith(top)}
         return [self.modules[n] for n in seen if n in self.modules]
 
+    def is_one_program(self, scanned: list[FileContext]) -> bool:
+        """The scanned files are a project, not loose scripts: one of them sits in a package or
+        imports another scanned module."""
+        names = {c.module_name for c in scanned}
+        return any("." in n for n in names) or any(
+            self._imports_of(c) & names for c in scanned)
+
     # ---- calls ---------------------------------------------------------------------------
     def _call_index(self) -> dict[str, list[tuple[ast.Call, FileContext]]]:
         if self._calls is None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import (TRAINING, cast_purpose, is_float32_cast, no_grad_region,
+from training_profiler.amp_intent import (TRAINING, cast_purpose, float32_result, is_float32_cast, no_grad_region,
                                           on_non_amp_branch, receiver_root, training_backward_calls)
 
 _FP16 = np.finfo(np.float16)
@@ -41,6 +41,26 @@ class Severity(IntEnum):
             raise ValueError(f"unknown severity {text!r}; use low, medium or high") from None
 
 
+class Confidence(IntEnum):
+    """How sure the checker is that a finding's pattern is live in mixed-precision training:
+    HIGH, the training (autocast, a scaler, a low-precision model that an optimizer steps) is
+    seen; MEDIUM, the precision is decided outside the scan (a library, a launcher's config);
+    LOW, no training is seen at all: the seed's pattern only, reported in case it runs under AMP."""
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+
+    @classmethod
+    def parse(cls, text: str) -> "Confidence":
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown confidence {text!r}; use low, medium or high") from None
+
+
+NO_TRAINING_NOTE = " (no training seen; if this runs under AMP, {why})"
+
+
 @dataclass(frozen=True)
 class Finding:
     rule_id: str
@@ -51,11 +71,12 @@ class Finding:
     message: str
     explanation: str
     suggestion: str
+    confidence: Confidence = Confidence.HIGH
 
     def to_dict(self) -> dict:
         return {"path": self.path, "line": self.line, "col": self.col, "rule": self.rule_id,
-                "severity": self.severity.name, "message": self.message,
-                "explanation": self.explanation, "suggestion": self.suggestion}
+                "severity": self.severity.name, "confidence": self.confidence.name.lower(),
+                "message": self.message, "explanation": self.explanation, "suggestion": self.suggestion}
 
 
 class RuleVisitor(ast.NodeVisitor):
@@ -63,12 +84,16 @@ class RuleVisitor(ast.NodeVisitor):
 
     def __init__(self, ctx: FileContext) -> None:
         self.ctx = ctx
-        self.hits: list[tuple[ast.AST, str]] = []
+        self.hits: list[tuple[ast.AST, str, Confidence]] = []
 
-    def report(self, node: ast.AST, message: str) -> None:
-        self.hits.append((node, message))
+    def report(self, node: ast.AST, message: str, confidence: Confidence | None = None) -> None:
+        """A hit; its confidence defaults to HIGH, or MEDIUM when the message says the
+        precision is decided outside the scan ("unknown")."""
+        if confidence is None:
+            confidence = Confidence.MEDIUM if message.endswith("unknown)") else Confidence.HIGH
+        self.hits.append((node, message, confidence))
 
-    def run(self) -> list[tuple[ast.AST, str]]:
+    def run(self) -> list[tuple[ast.AST, str, Confidence]]:
         self.visit(self.ctx.tree)
         return self.hits
 
@@ -234,7 +259,7 @@ def _produced_names(ctx: FileContext, stmt: ast.AST) -> set[str]:
     for n in ast.walk(stmt):
         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and isinstance(
                 getattr(n, "value", None), (ast.Call, ast.BinOp)):
-            if isinstance(n.value, ast.Call) and _is_loss_call(ctx, n.value):
+            if isinstance(n.value, ast.Call) and (_is_loss_call(ctx, n.value) or float32_result(ctx, n.value)):
                 continue
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             for t in targets:
@@ -379,7 +404,9 @@ class _LowpNames(RuleVisitor):
         self.lowp: set[str] = set()
 
     def _update(self, targets: list[ast.AST], value: ast.AST | None, node: ast.AST) -> None:
-        if isinstance(value, ast.Call):
+        if isinstance(value, ast.Call) and float32_result(self.ctx, value):
+            lowp = False  # softmax(..., dtype=torch.float32), x.float(): float32 from here on
+        elif isinstance(value, ast.Call):
             lowp = self.ctx.lowp_cast_dtype(value) is not None or (
                 self.ctx.in_autocast(node) and not _is_loss_call(self.ctx, value)) or (
                 (self.ctx.call_name(value) or "").split(".")[-1] in self.ctx.lowp_functions)

@@ -24,7 +24,8 @@ from typing import Iterable, Sequence
 from lowp_common import UserError, cli_entry
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_project import Project, module_name
-from training_profiler.amp_rules import RULES, RULES_BY_ID, RULES_BY_NAME, Finding, Rule, Severity
+from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
+from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
 from training_profiler.launch_rules import (LAUNCH_RULES, LAUNCH_RULES_BY_ID, LAUNCH_RULES_BY_NAME,
                                             LaunchRule, NotBash, check_script)
 
@@ -47,6 +48,26 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     files_checked: int = 0
+    project_mode: bool = False
+    min_confidence: Confidence = Confidence.LOW
+    hidden: int = 0  # findings below min_confidence
+
+
+def default_confidence(project_mode: bool) -> Confidence:
+    """What is shown when --min-confidence is not given: every confidence for a single file or a
+    folder of loose scripts (the file the user points at is the one they care about, even when
+    no training is seen in it), HIGH only for a project (a package, or scripts importing each
+    other), where the training is in the scan and a pattern it never reaches is noise."""
+    return Confidence.HIGH if project_mode else Confidence.LOW
+
+
+def apply_min_confidence(report: Report, minimum: Confidence | None) -> Report:
+    """Keep the findings at or above ``minimum`` (None: the mode's default); count the rest."""
+    report.min_confidence = default_confidence(report.project_mode) if minimum is None else minimum
+    kept = [f for f in report.findings if f.confidence >= report.min_confidence]
+    report.hidden += len(report.findings) - len(kept)
+    report.findings = kept
+    return report
 
 
 _ALL_RULES = RULES + LAUNCH_RULES
@@ -117,25 +138,25 @@ def run_rules(ctx: FileContext, source: str, rules: Sequence[Rule] | None = None
     findings: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
     for rule in [r for r in (rules if rules is not None else RULES) if isinstance(r, Rule)]:
-        for node, message in rule.visitor(ctx).run():
+        for node, message, confidence in rule.visitor(ctx).run():
             key = (rule.id, node.lineno, node.col_offset)
             if key in seen or _suppressed(sup, node, rule.id):
                 continue
             seen.add(key)
             findings.append(Finding(rule.id, rule.severity, ctx.path, node.lineno, node.col_offset + 1,
-                                    message, rule.explanation, rule.suggestion))
+                                    message, rule.explanation, rule.suggestion, confidence))
     findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
     return findings
 
 
-def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | None = None
-                 ) -> tuple[list[Finding], FileError | None]:
-    """Findings for one file's text on its own (a project of one module); a syntax error comes
-    back as FileError."""
+def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | None = None,
+                 min_confidence: Confidence = Confidence.LOW) -> tuple[list[Finding], FileError | None]:
+    """Findings for one file's text on its own (a project of one module: every confidence by
+    default); a syntax error comes back as FileError."""
     ctx = parse_module(source, path, Project())
     if isinstance(ctx, FileError):
         return [], ctx
-    return run_rules(ctx, source, rules), None
+    return [f for f in run_rules(ctx, source, rules) if f.confidence >= min_confidence], None
 
 
 def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]:
@@ -152,10 +173,12 @@ def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterable[Path]
 
 
 def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] | None = None,
-                context: Iterable[str | os.PathLike[str]] = ()) -> Report:
-    """Findings for every file under ``paths``. All Python files of one call (and those under
-    ``context``, which are read for what they set up but not reported) form one project:
-    imports and calls between them are followed."""
+                context: Iterable[str | os.PathLike[str]] = (), min_confidence: Confidence | None = None
+                ) -> Report:
+    """Findings for every file under ``paths`` at or above ``min_confidence`` (None: every
+    confidence for loose files, HIGH for a project; see ``default_confidence``). All Python
+    files of one call (and those under ``context``, which are read for what they set up but not
+    reported) form one project: imports and calls between them are followed."""
     report = Report()
     rules = list(rules) if rules is not None else list(_ALL_RULES)
     project = Project()
@@ -185,7 +208,8 @@ def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] |
     for ctx, source in parsed:
         report.files_checked += 1
         report.findings.extend(run_rules(ctx, source, rules))
-    return report
+    report.project_mode = project.is_one_program([c for c, _ in parsed])
+    return apply_min_confidence(report, min_confidence)
 
 
 def _read_python(f: Path) -> str | FileError:
@@ -245,7 +269,8 @@ def format_text(report: Report) -> str:
             if isinstance(it, FileError):
                 lines.append(f"Line {it.line}: [SKIPPED] {it.message}")
             else:
-                lines.append(f"Line {it.line}: [{it.severity.name}] {it.rule_id} {it.message}")
+                conf = "" if it.confidence == Confidence.HIGH else f" ({it.confidence.name.lower()} confidence)"
+                lines.append(f"Line {it.line}: [{it.severity.name}] {it.rule_id} {it.message}{conf}")
                 lines.append(f"  -> {it.explanation}")
                 lines.append(f"  -> Suggestion: {it.suggestion}")
             lines.append("")
@@ -253,17 +278,23 @@ def format_text(report: Report) -> str:
     lines.append(f"{report.files_checked} file(s) checked, {len(report.findings)} finding(s) "
                  f"(HIGH {counts['HIGH']}, MEDIUM {counts['MEDIUM']}, LOW {counts['LOW']}), "
                  f"{len(report.errors)} file(s) skipped")
+    if report.hidden:
+        lines.append(f"{report.hidden} finding(s) below {report.min_confidence.name.lower()} confidence "
+                     "not shown (--min-confidence low shows them)")
     return "\n".join(lines)
 
 
 def format_line(report: Report) -> str:
-    out = [f"{f.path}:{f.line}:{f.col}: {f.rule_id} {f.message}" for f in report.findings]
+    out = [f"{f.path}:{f.line}:{f.col}: {f.rule_id} {f.message}"
+           + ("" if f.confidence == Confidence.HIGH else f" [{f.confidence.name.lower()} confidence]")
+           for f in report.findings]
     out += [f"{e.path}:{e.line}:0: E999 {e.message}" for e in report.errors]
     return "\n".join(out)
 
 
 def format_json(report: Report) -> str:
-    return json.dumps({"files_checked": report.files_checked,
+    return json.dumps({"files_checked": report.files_checked, "project_mode": report.project_mode,
+                       "min_confidence": report.min_confidence.name.lower(), "hidden": report.hidden,
                        "findings": [f.to_dict() for f in report.findings],
                        "errors": [e.to_dict() for e in report.errors]}, indent=2)
 
@@ -293,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", default="", help="comma-separated rule ids or names to skip")
     p.add_argument("--fail-on", default="high", choices=["low", "medium", "high"],
                    help="exit 1 when a finding at or above this severity exists (default high)")
+    p.add_argument("--min-confidence", default=None, choices=["low", "medium", "high"],
+                   help="show findings at or above this confidence: high = the training is seen, "
+                   "medium = the precision is decided outside the scan, low = no training seen "
+                   "(default: low for one file or a folder of loose scripts, high for a project)")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
     return p
 
@@ -307,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rules = select_rules(args.select.split(","), args.ignore.split(","))
-        report = check_paths(args.paths, rules, context=args.context)
+        minimum = Confidence.parse(args.min_confidence) if args.min_confidence else None
+        report = check_paths(args.paths, rules, context=args.context, min_confidence=minimum)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
     text = FORMATTERS[args.format](report)

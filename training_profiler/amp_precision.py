@@ -1,0 +1,110 @@
+"""Which low precision a module's model trains in, from every place code decides it.
+
+Autocast is one way; real projects also load a model with ``from_pretrained(torch_dtype=
+torch.float16)``, call ``model.half()``, hand a library trainer ``TrainingArguments(fp16=True)``
+or an ``Accelerator(mixed_precision="fp16")``. Rules that judge a number against a precision (a
+-1e9 mask, an optimizer's eps, a long reduction) ask here, and ask the modules that use this one
+too: model code rarely says how it is trained.
+"""
+from __future__ import annotations
+
+import ast
+
+from training_profiler.amp_context import FileContext
+from training_profiler.amp_intent import TRAINING, cast_purpose
+
+FLOAT16 = "float16"
+BFLOAT16 = "bfloat16"
+_STRING_DTYPES = {"float16": FLOAT16, "fp16": FLOAT16, "half": FLOAT16, "bfloat16": BFLOAT16, "bf16": BFLOAT16}
+_LOADERS = ("from_pretrained", "from_config", "from_single_file")
+_TRAINER_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "Trainer", "Seq2SeqTrainer")
+_FREEZERS = ("get_peft_model", "prepare_model_for_kbit_training", "prepare_model_for_int8_training")
+
+
+def _kw(call: ast.Call, name: str) -> ast.AST | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _dtype_value(ctx: FileContext, expr: ast.AST | None) -> str | None:
+    """'float16' / 'bfloat16' for ``torch.float16``, ``"fp16"``, a variable holding one."""
+    if expr is None:
+        return None
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return _STRING_DTYPES.get(expr.value.lower())
+    d = ctx.dtype_of(expr)
+    return d if d in (FLOAT16, BFLOAT16) else None
+
+
+def _callee(ctx: FileContext, call: ast.Call) -> str:
+    return (ctx.call_name(call) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")).rsplit(".", 1)[-1]
+
+
+def loaded_lowp_models(ctx: FileContext) -> list[tuple[ast.Call, str]]:
+    """``from_pretrained(..., torch_dtype=torch.float16)`` calls (``dtype=`` too) and their dtype:
+    the model's parameters themselves are in low precision."""
+    cached = ctx.__dict__.get("_fact_loaded_lowp")
+    if cached is None:
+        cached = []
+        for c in ctx.calls:
+            if _callee(ctx, c) in _LOADERS:
+                d = _dtype_value(ctx, _kw(c, "torch_dtype") or _kw(c, "dtype"))
+                if d:
+                    cached.append((c, d))
+        ctx.__dict__["_fact_loaded_lowp"] = cached
+    return cached
+
+
+def _trainer_flags(ctx: FileContext) -> set[str]:
+    """``TrainingArguments(fp16=True)`` / ``bf16=True`` (literal True) and
+    ``Accelerator(mixed_precision="fp16")`` (a literal string)."""
+    out: set[str] = set()
+    for c in ctx.calls:
+        name = _callee(ctx, c)
+        if name in _TRAINER_ARGS:
+            for flag, d in (("fp16", FLOAT16), ("bf16", BFLOAT16)):
+                v = _kw(c, flag)
+                if isinstance(v, ast.Constant) and v.value is True:
+                    out.add(d)
+        elif name == "Accelerator":
+            d = _dtype_value(ctx, _kw(c, "mixed_precision"))
+            if d:
+                out.add(d)
+    return out
+
+
+def own_precisions(ctx: FileContext) -> set[str]:
+    """The low precisions this module trains in: enabled autocast, a training cast of a model,
+    a model loaded in low precision, a trainer's fp16/bf16 flag."""
+    cached = ctx.__dict__.get("_fact_own_precisions")
+    if cached is not None:
+        return cached
+    out = {s.dtype for s in ctx.autocast_scopes if s.enabled and s.dtype in (FLOAT16, BFLOAT16)}
+    out |= {d for c in ctx.manual_lowp_casts if (d := ctx.lowp_cast_dtype(c))
+            and cast_purpose(ctx, c) == TRAINING}
+    out |= {d for _, d in loaded_lowp_models(ctx)}
+    out |= _trainer_flags(ctx)
+    ctx.__dict__["_fact_own_precisions"] = out
+    return out
+
+
+def trains_in(ctx: FileContext, dtype: str) -> str | None:
+    """Where ``dtype`` training is decided for this module's code: 'here', 'users' (a module
+    that imports this one, or the rest of its package, trains in it), or None."""
+    if dtype in own_precisions(ctx):
+        return "here"
+    if any(dtype in own_precisions(m) for m in ctx.project.users_of(ctx) if m is not ctx):
+        return "users"
+    return None
+
+
+def lowp_parameters(ctx: FileContext) -> str | None:
+    """'float16' when this module trains a model whose parameters are float16 (loaded with
+    torch_dtype=float16, or cast with .half() for training), not an adapter on a frozen base:
+    no float32 master weights, so an optimizer's eps is added in float16."""
+    if any(_callee(ctx, c) in _FREEZERS for c in ctx.calls):
+        return None
+    if any(d == FLOAT16 for _, d in loaded_lowp_models(ctx)):
+        return FLOAT16
+    if any(ctx.lowp_cast_dtype(c) == FLOAT16 and cast_purpose(ctx, c) == TRAINING for c in ctx.manual_lowp_casts):
+        return FLOAT16
+    return None
