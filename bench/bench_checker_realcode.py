@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lowp_common import UserError, atomic_write_json, cli_entry  # noqa: E402
+from training_profiler.amp_rules import Confidence  # noqa: E402
 from training_profiler.static_checker import check_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,7 @@ class Hit:
     line: int
     rule: str
     message: str
+    confidence: str = "high"
 
     @property
     def key(self) -> Key:
@@ -203,17 +205,18 @@ def repo_path(path: str, dest: Path, roots: Sequence[Path]) -> str:
 
 
 def scan(dest: Path, repo: str, folders: Sequence[str], keep: Iterable[str] | None = None,
-         amp_only: bool = True) -> list[Hit]:
-    """Findings of check_paths on the scan folders taken together; only files in ``keep``
-    (repository-relative paths) when given, only AMP rules when ``amp_only``."""
+         amp_only: bool = True, min_confidence: Confidence | None = None) -> list[Hit]:
+    """Findings of check_paths on the scan folders taken together (at the checker's default
+    confidence for them unless ``min_confidence``); only files in ``keep`` (repository-relative
+    paths) when given, only AMP rules when ``amp_only``."""
     roots = scan_roots(dest, folders)
-    report = check_paths(roots)
+    report = check_paths(roots, min_confidence=min_confidence)
     wanted = set(keep) if keep is not None else None
     hits = []
     for f in report.findings:
         rel = repo_path(f.path, dest, roots)
         if (wanted is None or rel in wanted) and (not amp_only or f.rule_id.startswith("AMP")):
-            hits.append(Hit(repo, rel, f.line, f.rule_id, f.message))
+            hits.append(Hit(repo, rel, f.line, f.rule_id, f.message, f.confidence.name.lower()))
     return sorted(hits, key=lambda h: h.key)
 
 
@@ -345,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing-repo", help="time this repository's scan folders (default: the one "
                    "closest to 10,000 lines)")
     p.add_argument("--quiet", action="store_true", help="no per-repository progress lines")
+    p.add_argument("--min-confidence", choices=["low", "medium", "high"], default=None,
+                   help="score findings at or above this confidence (default: what the checker "
+                   "shows for the scan: high for a project, every confidence for loose scripts)")
     return p
 
 
@@ -359,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repos = [r for r in repos if r["repo"] in a.repo]
         labels = [lab for lab in labels if lab["repo"] in a.repo]
     missing: list[str] = []
+    minimum = Confidence.parse(a.min_confidence) if a.min_confidence else None
 
     def tree(repo: str, commit: str, folders: Sequence[str]) -> Path | None:
         gitdir = mirror_dir(a.mirrors, repo)
@@ -381,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if absent:
             raise UserError(f"{a.corpus}: {r['repo']} has no {absent[0]} at {r['commit'][:12]}; fix 'files'")
         t0 = time.perf_counter()
-        got = scan(dest, r["repo"], r["scan"], r["files"])
+        got = scan(dest, r["repo"], r["scan"], r["files"], min_confidence=minimum)
         n_files += len(r["files"])
         n_lines += sum(len((dest / f).read_bytes().splitlines()) for f in r["files"])
         if not a.quiet:
@@ -393,16 +400,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     labelled, unlabelled, stale = match(hits, labels)
     table = precision_table(labelled)
+    table_by_confidence = precision_table(labelled, by="confidence")
     print(f"\ncorpus: {len(dests)} repositories, {n_files} files, {n_lines} lines, {len(hits)} findings "
           f"({len(labelled)} labelled)")
     print_table(table)
+    print()
+    print_table({k: v for k, v in table_by_confidence.items() if not k.startswith("overall")}, head="confidence")
     by_repo = precision_table(labelled, by="repo")
     print()
     print_table({k: v for k, v in by_repo.items() if not k.startswith("overall")}, head="repository")
     if unlabelled:
         print(f"\nunlabelled findings ({len(unlabelled)}):")
         for h in unlabelled:
-            print(f"  {h.repo} {h.path}:{h.line} {h.rule} {h.message}\n      | {source_line(dests[h.repo], h)}")
+            print(f"  {h.repo} {h.path}:{h.line} {h.rule} ({h.confidence}) {h.message}\n"
+                  f"      | {source_line(dests[h.repo], h)}")
     if stale:
         print(f"\nlabels that match no finding now ({len(stale)}):")
         for lab in stale:
@@ -410,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result: dict = {"repositories": len(dests), "files": n_files, "lines": n_lines,
                     "findings": len(hits), "precision": table, "precision_by_repo": by_repo,
+                    "precision_by_confidence": table_by_confidence,
+                    "min_confidence": a.min_confidence or "checker default",
                     "unlabelled": [h.__dict__ for h in unlabelled], "stale_labels": stale}
 
     if a.bugs.exists():
@@ -425,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"bug {b['id']}: {b['path']} is not in its scan folders at {b['parent_commit'][:12]}; "
                       "skipped (fix 'path' or 'scan' in the bugs file)")
                 continue
-            by_bug[b["id"]] = scan(dest, b["repo"], b["scan"], [b["path"]])
+            by_bug[b["id"]] = scan(dest, b["repo"], b["scan"], [b["path"]], min_confidence=minimum)
             if not a.quiet:
                 hit = bug_caught(b, by_bug[b["id"]])
                 print(f"bug {b['id']}: " + (f"caught by {hit.rule} at line {hit.line}" if hit else "missed"),

@@ -36,6 +36,12 @@ def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None) -> tuple[Con
         "no training seen; if this runs under AMP, float16", "no float16 training seen; if this trains in float16")
 
 
+def _callee(ctx: FileContext, call: ast.Call) -> str:
+    """The called name's last part, for a method of any receiver (``x.mean(-1).masked_fill``)."""
+    name = ctx.call_name(call) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
+    return name.rsplit(".", 1)[-1]
+
+
 # ---- AMP010: gradients changed before unscale_ -----------------------------------------------------
 def _grad_change(node: ast.AST) -> bool:
     """``p.grad.add_(noise)``, ``p.grad.data.mul_(c)``, ``p.grad += noise``, ``p.grad = p.grad + n``."""
@@ -122,13 +128,13 @@ class MaskConstantAgainstTraining(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        if _fp16_evidence(ctx):
-            return self.hits  # AMP011 itself judged this module
+        if _fp16_evidence(ctx) or (own_precisions(ctx) and FLOAT16 not in own_precisions(ctx)):
+            return self.hits  # AMP011 itself judged this module, or it trains in bfloat16
         for n in ast.walk(ctx.tree):
             consts: list[ast.AST] = []
-            if isinstance(n, ast.Call) and (ctx.call_name(n) or "").split(".")[-1] in _FILL_CALLS:
+            if isinstance(n, ast.Call) and _callee(ctx, n) in _FILL_CALLS:
                 consts = [*n.args, *(k.value for k in n.keywords)]
-                where = (ctx.call_name(n) or "").split(".")[-1] + "()"
+                where = _callee(ctx, n) + "()"
             elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _mentions_mask(n):
                 consts, where = [n.left, n.right], "an additive mask"
             for a in consts:

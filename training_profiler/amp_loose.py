@@ -17,8 +17,12 @@ import ast
 
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_intent import TRAINING, cast_purpose, float32_result, on_non_amp_branch
+from training_profiler.amp_precision import own_precisions
 from training_profiler.amp_rules import (_BCE, _SOFTMAX, NO_TRAINING_NOTE, Confidence, RuleVisitor, _has_kw,
                                          _is_autograd_function, trains)
+
+
+LOWP = ("float16", "bfloat16")
 
 
 def _note(seen: str, why: str) -> str:
@@ -38,13 +42,14 @@ def cast_dtype_of(ctx: FileContext, expr: ast.AST, names: dict[str, str]) -> str
     """'float16'/'bfloat16' when ``expr`` is low precision because of a cast the code makes:
     the cast itself, a name bound to one, arithmetic, a matmul, a method (transpose, view,
     masked_fill) or a torch function applied to one. A float32 result (``.float()``,
-    ``dtype=torch.float32``) ends it."""
+    ``dtype=torch.float32``) ends it: the answer is then 'float32', and a name bound to one
+    keeps saying so (the code upcast on purpose)."""
     if float32_result(ctx, expr):
-        return None
+        return "float32"
     if isinstance(expr, ast.Name):
         return names.get(expr.id)
     if isinstance(expr, ast.BinOp):
-        return cast_dtype_of(ctx, expr.left, names) or cast_dtype_of(ctx, expr.right, names)
+        return _promoted([cast_dtype_of(ctx, expr.left, names), cast_dtype_of(ctx, expr.right, names)])
     if isinstance(expr, ast.Subscript):
         return cast_dtype_of(ctx, expr.value, names)
     if isinstance(expr, ast.Attribute) and expr.attr in ("T", "mT"):
@@ -56,8 +61,14 @@ def cast_dtype_of(ctx: FileContext, expr: ast.AST, names: dict[str, str]) -> str
     if isinstance(expr.func, ast.Attribute) and not (ctx.qualname(expr.func) or "").startswith("torch."):
         return cast_dtype_of(ctx, expr.func.value, names)
     if (ctx.call_name(expr) or "").startswith("torch."):
-        return next((d for a in expr.args if (d := cast_dtype_of(ctx, a, names))), None)
+        return _promoted([cast_dtype_of(ctx, a, names) for a in expr.args])
     return None
+
+
+def _promoted(dtypes: list[str | None]) -> str | None:
+    """Type promotion of the known operand dtypes: float32 wins over a low precision."""
+    known = [d for d in dtypes if d]
+    return "float32" if "float32" in known else (known[0] if known else None)
 
 
 def cast_names_before(ctx: FileContext, node: ast.AST) -> dict[str, str]:
@@ -146,10 +157,11 @@ class LooseSoftmax(RuleVisitor):
             op = node.func.attr if isinstance(node.func, ast.Attribute) else name.split(".")[-1]
             x = _operand(ctx, node)
             d = cast_dtype_of(ctx, x, cast_names_before(ctx, node)) if x is not None else None
-            if d:
+            if d in LOWP:
                 self.report(node, f"{op} without dtype on a {d} value (`{ast.unparse(x)[:40]}` comes from a cast)",
                             Confidence.HIGH if d == "float16" else Confidence.MEDIUM)
-            elif not (ctx.uses_lowp or ctx.project_uses_amp or ctx.autocast_scopes):
+            elif d is None and not (ctx.uses_lowp or ctx.project_uses_amp or ctx.autocast_scopes
+                                    or own_precisions(ctx)):
                 self.report(node, f"{op} without dtype" + _note(
                     "no low precision seen", "float16 inputs outside autocast overflow exp()"), Confidence.LOW)
         self.generic_visit(node)
@@ -168,7 +180,7 @@ class LooseReduction(RuleVisitor):
                 and not ctx.in_autocast(node):
             x = _operand(ctx, node)
             d = cast_dtype_of(ctx, x, cast_names_before(ctx, node)) if x is not None else None
-            if d:
+            if d in LOWP:
                 op = node.func.attr if isinstance(node.func, ast.Attribute) else name
                 self.report(node, f"{op}() on {d} value `{ast.unparse(x)[:40]}` (from a cast) outside autocast",
                             Confidence.HIGH if d == "float16" else Confidence.MEDIUM)
@@ -201,7 +213,7 @@ class LooseAutogradFunction(RuleVisitor):
         ctx = self.ctx
         if _is_autograd_function(ctx, node):
             under = _applied_under_autocast(ctx, node)
-            if under is None and (ctx.uses_lowp or ctx.project_uses_amp):
+            if under is None and (_amp_seen(ctx) or ctx.project_uses_amp):
                 self.generic_visit(node)
                 return  # AMP006 itself judged it where AMP is seen
             for item in node.body:

@@ -1,0 +1,13 @@
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+
+def finetune(train_set, loader):
+    model = AutoModelForCausalLM.from_pretrained("gpt2", torch_dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)        # no finding: float32 weights
+    for batch in loader:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    args = TrainingArguments("out", learning_rate=1e-5, fp16=True)    # no finding: float32 masters
+    Trainer(model=model, args=args, train_dataset=train_set).train()
