@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from training_profiler import static_checker as sc
-from training_profiler.amp_rules import RULES, Severity
+from training_profiler.amp_catalog import RULES
+from training_profiler.amp_rules import Severity
 
 GOLDEN = Path(__file__).parent / "profiler_golden"
 CASES = sorted(GOLDEN.glob("*.py"))
