@@ -159,8 +159,8 @@ class EpsAgainstParameters(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
         name = (ctx.call_name(node) or "").split(".")[-1]
-        already = any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx))
-        if lowp_parameters(ctx) == FLOAT16 and (name in _OPTIMIZERS or name in _TRAINERS):
+        if (name in _OPTIMIZERS or name in _TRAINERS) and lowp_parameters(ctx) == FLOAT16:
+            already = any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx))
             eps_kw = next((k.value for k in node.keywords if k.arg == "eps"), None)
             if name in _TRAINERS:
                 if not _has_kw(node, "optimizers") and not _trainer_eps_given(ctx):

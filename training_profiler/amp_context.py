@@ -141,8 +141,11 @@ class FileContext:
     @property
     def project_uses_amp(self) -> bool:
         """This module, or a module of the scanned project that imports it (directly or through
-        others), trains with AMP: model code whose precision its training script decides."""
-        return any(m.uses_amp or m.apex_amp for m in self.project.users_of(self))
+        others), trains with AMP: model code whose precision its training script decides.
+        Asked once per call by some rules, so kept (rules run after every module is parsed)."""
+        if "_project_uses_amp" not in self.__dict__:
+            self.__dict__["_project_uses_amp"] = any(m.uses_amp or m.apex_amp for m in self.project.users_of(self))
+        return self.__dict__["_project_uses_amp"]
 
     @property
     def uses_lowp(self) -> bool:

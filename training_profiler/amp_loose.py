@@ -34,7 +34,10 @@ def _amp_seen(ctx: FileContext) -> bool:
 
 
 def _users_use_amp(ctx: FileContext) -> bool:
-    return any(m.uses_amp or m.apex_amp for m in ctx.project.users_of(ctx) if m is not ctx)
+    key = "_fact_users_use_amp"
+    if key not in ctx.__dict__:
+        ctx.__dict__[key] = any(m.uses_amp or m.apex_amp for m in ctx.project.users_of(ctx) if m is not ctx)
+    return ctx.__dict__[key]
 
 
 # ---- low-precision values made by casts -----------------------------------------------------
@@ -113,12 +116,12 @@ class LooseManualCast(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        if trains(ctx):
+        if not ctx.manual_lowp_casts or trains(ctx):
             return self.hits  # AMP001 (under AMP) or AMP008 (pure float16) judged every cast here
-        users = _users_use_amp(ctx)
         for c in ctx.manual_lowp_casts:
             if cast_purpose(ctx, c) != TRAINING or on_non_amp_branch(ctx, c):
                 continue
+            users = _users_use_amp(ctx)
             attr = c.func.attr  # type: ignore[attr-defined]
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({ctx.lowp_cast_dtype(c)})"
             if users:
@@ -189,19 +192,23 @@ class LooseReduction(RuleVisitor):
 
 def _applied_under_autocast(ctx: FileContext, cls: ast.ClassDef) -> tuple[FileContext, ast.Call] | None:
     """A ``Cls.apply(...)`` call (or of a name bound to ``Cls.apply``) under an enabled autocast,
-    in this module or any project module."""
-    for m in ctx.project.modules.values():
-        aliases = {t.id for st in ast.walk(m.tree) if isinstance(st, ast.Assign)
-                   and isinstance(st.value, ast.Attribute) and st.value.attr == "apply"
-                   and isinstance(st.value.value, ast.Name) and st.value.value.id == cls.name
-                   for t in st.targets if isinstance(t, ast.Name)}
-        for c in m.calls:
-            f = c.func
-            direct = isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name) \
-                and f.value.id == cls.name
-            if (direct or (isinstance(f, ast.Name) and f.id in aliases)) and _in_enabled_autocast(m, c):
-                return m, c
-    return None
+    in this module or any project module (indexed once per project, by class name)."""
+    project = ctx.project
+    index = project.__dict__.get("_applied_under_autocast")
+    if index is None:
+        index = {}
+        for m in list(project.modules.values()):
+            aliases = {t.id: st.value.value.id for st in ast.walk(m.tree) if isinstance(st, ast.Assign)
+                       and isinstance(st.value, ast.Attribute) and st.value.attr == "apply"
+                       and isinstance(st.value.value, ast.Name) for t in st.targets if isinstance(t, ast.Name)}
+            for c in m.calls:
+                f = c.func
+                name = f.value.id if (isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name)) \
+                    else aliases.get(f.id) if isinstance(f, ast.Name) else None
+                if name and name not in index and _in_enabled_autocast(m, c):
+                    index[name] = (m, c)
+        project.__dict__["_applied_under_autocast"] = index
+    return index.get(cls.name)
 
 
 class LooseAutogradFunction(RuleVisitor):

@@ -101,6 +101,13 @@ def lowp_parameters(ctx: FileContext) -> str | None:
     """'float16' when this module trains a model whose parameters are float16 (loaded with
     torch_dtype=float16, or cast with .half() for training), not an adapter on a frozen base:
     no float32 master weights, so an optimizer's eps is added in float16."""
+    key = "_fact_lowp_parameters"
+    if key not in ctx.__dict__:
+        ctx.__dict__[key] = _lowp_parameters(ctx)
+    return ctx.__dict__[key]
+
+
+def _lowp_parameters(ctx: FileContext) -> str | None:
     if any(_callee(ctx, c) in _FREEZERS for c in ctx.calls):
         return None
     if any(d == FLOAT16 for _, d in loaded_lowp_models(ctx)):
