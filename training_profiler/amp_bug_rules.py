@@ -19,6 +19,8 @@ from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import is_float32_cast, on_non_amp_branch
 from training_profiler.amp_precision import FLOAT16, lowp_parameters, own_precisions, trains_in
+from training_profiler.amp_intent import no_grad_region
+from training_profiler.amp_rules import LossOutsideAutocast
 from training_profiler.amp_rules import (_FILL_CALLS, _OPTIMIZERS, _SOFTMAX, FP16_MAX, FP16_MIN_SUBNORMAL,
                                          NO_TRAINING_NOTE, Confidence, Rule, RuleVisitor, Severity,
                                          _calls_helper_that, _const_value, _fp16_evidence, _has_kw,
@@ -84,6 +86,24 @@ class GradsChangedBeforeUnscale(RuleVisitor):
                     self.report(n, f"{what} before the GradScaler's unscale_ (it steps at line {last}): "
                                    "the gradients still carry the loss scale")
         return self.hits
+
+
+# ---- AMP003: an evaluation loss after the block ------------------------------------------------
+class EvalLossOutsideAutocast(LossOutsideAutocast):
+    """A validation loss computed after the autocast block (entered through a ``partial`` bound
+    elsewhere, as timm-style ``validate(..., amp_autocast=...)`` does) on its low-precision
+    outputs: not a training signal, but the metric that picks checkpoints and stops early is
+    computed in float16 (MEDIUM)."""
+
+    def _judged(self, call: ast.Call) -> bool:
+        return no_grad_region(self.ctx, call)
+
+    def _say(self, call: ast.Call, name: str) -> None:
+        self.report(call, f"evaluation loss `{name}(...)` computed outside the autocast block, in its "
+                          "low precision", Confidence.MEDIUM)
+
+    def _prepared_model_losses(self) -> None:
+        return None
 
 
 # ---- AMP004: float32 copies made and not used ----------------------------------------------------

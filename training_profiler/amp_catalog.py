@@ -20,6 +20,7 @@ from training_profiler.amp_rules import Rule, RuleVisitor
 EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
     "AMP001": (loose.LooseManualCast,),
     "AMP002": (loose.LooseBce,),
+    "AMP003": (bugs.EvalLossOutsideAutocast,),
     "AMP004": (bugs.UnusedUpcastSoftmax, loose.LooseSoftmax),
     "AMP005": (loose.LooseReduction,),
     "AMP006": (loose.LooseAutogradFunction,),

@@ -304,16 +304,22 @@ class LossOutsideAutocast(RuleVisitor):
                 if not produced:
                     continue
                 for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
-                    if ctx.in_autocast(call) or no_grad_region(ctx, call) or not _is_loss_call(ctx, call):
-                        continue  # under no_grad the loss is a metric, not a training signal
+                    if ctx.in_autocast(call) or not self._judged(call) or not _is_loss_call(ctx, call):
+                        continue
                     used: set[str] = set()
                     for a in [*call.args, *(k.value for k in call.keywords)]:
                         used |= _lowp_names_in(ctx, a, produced)
                     if used:
-                        name = (ctx.call_name(call) or "loss").split(".")[-1]
-                        self.report(call, f"loss `{name}(...)` computed outside the autocast block")
+                        self._say(call, (ctx.call_name(call) or "loss").split(".")[-1])
         self._prepared_model_losses()
         return self.hits
+
+    def _judged(self, call: ast.Call) -> bool:
+        """Under no_grad the loss is a metric, not a training signal (see EvalLossOutsideAutocast)."""
+        return not no_grad_region(self.ctx, call)
+
+    def _say(self, call: ast.Call, name: str) -> None:
+        self.report(call, f"loss `{name}(...)` computed outside the autocast block")
 
     def _prepared_model_losses(self) -> None:
         """Accelerate in mixed precision runs a prepared model's forward under autocast (and
