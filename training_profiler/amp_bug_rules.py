@@ -243,8 +243,9 @@ def _module_saves_scaler(ctx: FileContext) -> bool:
 
 
 class ScalerStateNotCheckpointed(RuleVisitor):
-    """A checkpoint (``torch.save`` of a dict, or a Checkpointer given ``optimizer=``) that holds
-    the optimizer's state and nothing of the GradScaler, in code whose training uses one."""
+    """A function that checkpoints the optimizer's state (``torch.save`` of a dict holding it, a
+    ``save_*`` call given it, a Checkpointer given ``optimizer=``) and nothing of the GradScaler,
+    in code whose training uses one."""
 
     def run(self):
         ctx = self.ctx
@@ -252,16 +253,28 @@ class ScalerStateNotCheckpointed(RuleVisitor):
             return self.hits
         if _module_saves_scaler(ctx):
             return self.hits
+        by_fn: dict[ast.AST, list[ast.Call]] = {}
         for c in ctx.calls:
-            callee = (ctx.call_name(c) or (c.func.attr if isinstance(c.func, ast.Attribute) else "")).split(".")[-1]
-            if callee == "save":
-                parts = _saved_dict(ctx, c)
-                if parts and any(_optimizer_state(ctx, p) for p in parts) and not any(_scalerish(ctx, p) for p in parts):
-                    self.report(c, "checkpoint saves the optimizer's state but not the GradScaler's")
-            elif "Checkpoint" in callee and callee[:1].isupper() and _has_kw(c, "optimizer") and not any(
-                    _scalerish(ctx, a) for a in [*c.args, *(k.value for k in c.keywords)]):
-                self.report(c, f"{callee} is given the optimizer but not the GradScaler")
+            by_fn.setdefault(ctx.enclosing_function(c), []).append(c)
+        for fn, calls in by_fn.items():
+            saves = [c for c in calls if self._saves_optimizer(c)]
+            if saves and not any(_scalerish(ctx, a) for c in saves for a in [*c.args, *(k.value for k in c.keywords)]):
+                c = saves[0]
+                callee = _callee(ctx, c)
+                what = f"{callee} is given the optimizer" if "Checkpoint" in callee else "checkpoint saves the optimizer's state"
+                self.report(c, f"{what} but not the GradScaler's")
         return self.hits
+
+    def _saves_optimizer(self, c: ast.Call) -> bool:
+        ctx = self.ctx
+        callee = _callee(ctx, c)
+        if "Checkpoint" in callee and callee[:1].isupper():
+            return _has_kw(c, "optimizer")
+        if "save" not in callee.lower():
+            return False
+        parts = _saved_dict(ctx, c) if callee == "save" else []
+        parts = parts or [*c.args, *(k.value for k in c.keywords)]
+        return any(_optimizer_state(ctx, p) for p in parts) and not any(_scalerish(ctx, p) for p in parts)
 
 
 # ---- AMP019: linear attention's sums over the sequence ----------------------------------------------
