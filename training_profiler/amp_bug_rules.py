@@ -54,6 +54,12 @@ def _grad_change(node: ast.AST) -> bool:
     return any(isinstance(t, ast.Attribute) and t.attr == "grad" for t in targets)
 
 
+def _helper_changes_grads(ctx: FileContext, call: ast.Call) -> bool:
+    """``call`` goes to a project function that adds to or scales ``.grad`` (gradient noise)."""
+    return any(v.kind == av.FUNCTION and v.node is not None and any(_grad_change(n) for n in ast.walk(v.node))
+               for v in ctx.values.value(call.func))
+
+
 def _scaler_steps(ctx: FileContext, fn: ast.AST) -> list[ast.Call]:
     """``s.step(opt)`` on a GradScaler: by value (followed through the project's callers) or by
     use (the same receiver gets ``.update()`` in this function)."""
@@ -81,8 +87,10 @@ class GradsChangedBeforeUnscale(RuleVisitor):
                 if getattr(n, "lineno", last) >= last or any(u < n.lineno for u in unscale):
                     continue
                 clip = isinstance(n, ast.Call) and _is_torch_clip(ctx, n)
-                if (clip or _grad_change(n)) and not on_non_amp_branch(ctx, n):
-                    what = (ctx.call_name(n) or "clip").split(".")[-1] if clip else "gradients changed"
+                helper = isinstance(n, ast.Call) and _helper_changes_grads(ctx, n)
+                if (clip or helper or _grad_change(n)) and not on_non_amp_branch(ctx, n):
+                    what = (ctx.call_name(n) or "clip").split(".")[-1] if clip else \
+                        f"{_callee(ctx, n)} (it changes gradients)" if helper else "gradients changed"
                     self.report(n, f"{what} before the GradScaler's unscale_ (it steps at line {last}): "
                                    "the gradients still carry the loss scale")
         return self.hits

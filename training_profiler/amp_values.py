@@ -436,10 +436,11 @@ class Evaluator:
         imported = head in ctx.aliases and (hit is None or all(how == "import" for how, _ in hit[1]))
         if imported and q:
             return self._qual_value(q, e)
-        for v in self.value(e.value, depth):
+        out: set[Val] = set()
+        for v in self.value(e.value, depth):  # every class it may be an instance of, not the first a set yields
             if v.kind == INSTANCE and v.ctx is not None:
-                return v.ctx.values._class_attr(v.node, e.attr, depth)  # type: ignore[arg-type]
-        return set()
+                out |= v.ctx.values._class_attr(v.node, e.attr, depth)  # type: ignore[arg-type]
+        return out
 
     def _class_attr(self, cls: ast.ClassDef, attr: str, depth: int) -> set[Val]:
         out: set[Val] = set()
