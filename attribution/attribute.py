@@ -23,7 +23,7 @@ from . import ablations as ab
 from . import stats
 from .runner import RunResult, RunSetup, RunTask, WorkerPool
 
-CALIBRATION_STEPS = 6
+CALIBRATION_STEPS = 10
 
 
 @dataclass

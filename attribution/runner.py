@@ -63,7 +63,7 @@ class RunResult:
     steps: int
     losses: list[float] = field(default_factory=list)
     error: Optional[str] = None
-    step_seconds: float = math.nan      # per training step, the first (warm-up) one left out
+    step_seconds: float = math.nan      # per training step, over the second half of the steps
 
 
 # ---- inside a worker ------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ class _Worker:
         losses: list[float] = []
         t_steps = time.perf_counter()
         for it in range(steps):
-            if it == 1:
+            if it == steps // 2:      # the first steps warm caches up: time the second half
                 t_steps = time.perf_counter()
             optim.set_lr(optimizer, optim.lr_at(it, s.lr, s.min_lr, warmup, s.steps))
             model.zero_grad(set_to_none=True)
@@ -167,7 +167,8 @@ class _Worker:
         tail = losses[-min(s.loss_window, len(losses)):]
         final = sum(tail) / len(tail) if len(losses) == steps else float("nan")
         now = time.perf_counter()
-        per_step = (now - t_steps) / (len(losses) - 1) if len(losses) > 1 else math.nan
+        timed = len(losses) - steps // 2
+        per_step = (now - t_steps) / timed if timed > 0 and len(losses) > 1 else math.nan
         return RunResult(task.key, task.seed, final, now - t0, steps, losses,
                          step_seconds=per_step)
 
@@ -207,6 +208,9 @@ def load_checkpoint_state(directory: str, shape: dict, vocab: int) -> dict:
 
 
 def _worker_main(setup: RunSetup, tasks, results) -> None:
+    # quant's background compile swaps kernels mid-run: a repeated run then drifted from its
+    # first steps on (not bit-identical here), and the compile competes for the worker's core
+    os.environ["QUANT_COMPILE"] = "0"
     try:
         worker = _Worker(setup)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
