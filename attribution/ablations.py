@@ -149,9 +149,14 @@ def splits(atoms: frozenset, shape: ModelShape) -> list[tuple[frozenset, frozens
 
 def name_of(atoms: frozenset, shape: ModelShape) -> str:
     d = Ablation("", atoms).describe(shape)
-    layers = d["layers"] if d["layers"] == "all" else ",".join(map(str, d["layers"])) or "-"
     mods = "all modules" if d["modules"] == "all" else "+".join(d["modules"])
-    return f"{'+'.join(d['roles'])} of {mods}, layers {layers}"
+    if d["layers"] == "all":
+        where = ", all layers"
+    elif d["layers"]:
+        where = f", layer{'s' * (len(d['layers']) > 1)} {','.join(map(str, d['layers']))}"
+    else:
+        where = ""                       # the output layer alone
+    return f"{'+'.join(d['roles'])} of {mods}{where}"
 
 
 def plan_for(atoms: Iterable[Atom], fmt: str, reference: str, shape: ModelShape,

@@ -145,9 +145,15 @@ def figure(res: Attribution, path: Path) -> Optional[Path]:
                     f"error bars: seed std ({len(res.seeds)} seeds)")
     g = res.gap
     axis.set_title(f"Which part of the model costs the loss: {res.fmt} vs {res.reference}\n"
-                   f"gap {g.mean:+.3f} +- {g.std:.3f} nats after {res.steps} steps; green: "
-                   "the plan, gray: within noise, orange: widens it", fontsize=10)
-    axis.legend(loc="lower right", fontsize=8)
+                   f"gap {g.mean:+.3f} +- {g.std:.3f} nats after {res.steps} steps",
+                   fontsize=10)
+    from matplotlib.patches import Patch
+
+    handles, _ = axis.get_legend_handles_labels()
+    handles += [Patch(color=c, label=t) for c, t in (
+        ("tab:green", "the plan"), ("tab:blue", "closes (above noise)"),
+        ("tab:orange", "widens (above noise)"), ("tab:gray", "within noise"))]
+    axis.legend(handles=handles, loc="best", fontsize=8)
     fig.tight_layout()
     from lowp_common import atomic_path
 
