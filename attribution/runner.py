@@ -14,7 +14,7 @@ import math
 import os
 import queue as queue_mod
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from lowp_common import UserError
@@ -285,6 +285,3 @@ class WorkerPool:
             if p.is_alive():
                 p.terminate()
 
-
-def setup_dict(setup: RunSetup) -> dict:
-    return asdict(setup)
