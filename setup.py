@@ -15,7 +15,7 @@ setup(
     description="Capture, emulate and visualize FP8/MXFP/HiFP8 numerics in Megatron-LM training",
     python_requires=">=3.10",
     packages=find_packages(
-        include=["lowp_common", "lowp_common.*", "quant", "quant.*", "quant_tools", "quant_tools.*", "te_integration", "tensor_capture",
+        include=["attribution", "attribution.*", "lowp_common", "lowp_common.*", "quant", "quant.*", "quant_tools", "quant_tools.*", "te_integration", "tensor_capture",
                  "tensor_capture.*", "tensor_viz", "tensor_viz.*", "training_driver", "training_driver.*", "training_profiler",
                  "training_profiler.*"]
     ),
@@ -69,6 +69,7 @@ setup(
             "analyze-tensor=training_profiler.tensor_analyzer:main",
             "precision-diff=training_profiler.layer_diff:main",
             "lowp-te-check=te_integration.check_cli:main",
+            "lowp-attribute=attribution.cli:main",
         ]
     },
 )

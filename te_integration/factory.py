@@ -19,6 +19,15 @@ LOWP_TE_ROLE_FORMATS, rules ``field=value[,field=value]:format`` separated by ``
 match wins (fields of QuantizerRole; format a quant.FORMATS name or ``hp``), e.g.
 ``tensor_type=grad_output:fp8_e5m2_tensor;name=fc2,tensor_type=weight:nvfp4;module_type=dpa:hp``.
 
+A precision plan (CUSTOM_QUANT_PLAN, quant.precision_plan: module regex / layers x GEMM role
+-> format) applies to linear operand slots no LOWP_TE_ROLE_FORMATS rule matched: the role's
+``name`` is the module path, its layer the number after ``layers.`` in it, and each layout of
+the slot gets the format of the GEMM it feeds (``LAYOUT_GEMM``: an input's rowwise layout feeds
+fprop, its columnwise one wgrad, ...). TE names a module only when something assigned the
+name (:func:`module_path`: a name the debug API's infer_and_assign_layer_names gave, which
+numbers layers from 1, is mapped back to the module path); an unnamed role matches only rules
+without ``modules`` / ``layers``.
+
 Transformer Engine is imported on the first call only; a TE older than the custom-recipe
 quantizer roles is one line naming the version needed.
 """
@@ -34,6 +43,11 @@ from lowp_common import UserError
 
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_ROLE_FORMATS = "LOWP_TE_ROLE_FORMATS"
+ENV_PLAN = "CUSTOM_QUANT_PLAN"
+#: (tensor_type, layout) -> the GEMM that layout of the operand feeds (TE's convention)
+LAYOUT_GEMM = {("input", "rowwise"): "fprop", ("input", "columnwise"): "wgrad",
+               ("weight", "rowwise"): "fprop", ("weight", "columnwise"): "dgrad",
+               ("grad_output", "rowwise"): "dgrad", ("grad_output", "columnwise"): "wgrad"}
 #: the dotted path Megatron-LM's --fp8-quantizer-factory takes
 FACTORY_PATH = "te_integration.factory.quantizer_factory"
 #: TE that has CustomRecipe (2.9) and QuantizerRole's module_type / tensor_type / name (2.16)
@@ -103,14 +117,58 @@ def choose_format(role: Any, default: str, rules: tuple[RoleRule, ...] = ()) -> 
     return HP
 
 
+def plan_formats(role: Any, plan: Any, default: str) -> Optional[tuple[str, str]]:
+    """(rowwise, columnwise) formats the precision plan gives a linear operand slot, None for
+    any other slot."""
+    tensor = getattr(role, "tensor_type", "") if role is not None else ""
+    if getattr(role, "module_type", "") not in LINEAR_MODULES or tensor not in OPERAND_TYPES:
+        return None
+    path, layer = module_path(str(getattr(role, "name", "") or ""))
+    return tuple(_check_format(plan.format_for(path, layer, LAYOUT_GEMM[(tensor, lay)],
+                                               default=default), f"{ENV_PLAN} ({plan.source})")
+                 for lay in ("rowwise", "columnwise"))
+
+
+def module_path(name: str) -> tuple[Optional[str], Optional[int]]:
+    """A TE layer name as the module path our plans match and its 0-based layer: a name
+    infer_and_assign_layer_names gave ("model.decoder.layers.4..." with megatron's 1-based
+    layer_number) loses "model." and counts from 0 ("decoder.layers.3...")."""
+    from .names import layer_index
+
+    if not name:
+        return None, None
+    layer = layer_index(name)
+    if name.startswith("model."):
+        name = name[len("model."):]
+        if layer is not None:
+            name = re.sub(r"(^|\.)layers\.\d+(\.|$)", rf"\g<1>layers.{layer}\g<2>", name,
+                          count=1)
+    return name, layer
+
+
+def load_plan_env(env: Optional[Mapping[str, str]] = None) -> Any:
+    """The precision plan CUSTOM_QUANT_PLAN names (None when unset); FactoryError on a bad one."""
+    from quant.precision_plan import PlanError, load_plan
+
+    env = os.environ if env is None else env
+    path = env.get(ENV_PLAN, "").strip()
+    if not path:
+        return None
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        raise FactoryError(str(exc)) from None
+
+
 def default_format(env: Optional[Mapping[str, str]] = None) -> str:
-    """CUSTOM_QUANT_TYPE, checked as capture checks it (FactoryError when unset or unknown)."""
+    """CUSTOM_QUANT_TYPE (or the plan's default), checked as capture checks it (FactoryError
+    when unset or unknown)."""
     from tensor_capture.config import ConfigError, load_config
 
     env = os.environ if env is None else env
     value = env.get(ENV_QUANT, "")
     try:
-        name = load_config(env={ENV_QUANT: value}).quant_type
+        name = load_config(env={ENV_QUANT: value, ENV_PLAN: env.get(ENV_PLAN, "")}).quant_type
     except ConfigError as exc:
         raise FactoryError(str(exc)) from None
     if name is None:
@@ -146,14 +204,21 @@ def installed_te_version() -> str:
     return str(getattr(transformer_engine, "__version__", ""))
 
 
-def make_factory(default: str, rules: tuple[RoleRule, ...] = ()) -> Callable[[Any], Any]:
-    """A qfactory returning our emulating quantizer for each role (TE imported on first call)."""
+def make_factory(default: str, rules: tuple[RoleRule, ...] = (),
+                 plan: Any = None) -> Callable[[Any], Any]:
+    """A qfactory returning our emulating quantizer for each role (TE imported on first call);
+    ``plan`` (quant.precision_plan) decides the linear slots no rule matched, per layout."""
     default = _check_format(default, "default format")
 
     def qfactory(role: Any) -> Any:
         te_quantizer = _te_quantizer_module()
-        fmt = choose_format(role, default, rules)
-        return te_quantizer.EmulatedQuantizer(fmt, getattr(role, "tensor_type", "") or "")
+        tensor = getattr(role, "tensor_type", "") or ""
+        ruled = role is not None and any(r.matches(role) for r in rules)
+        layouts = plan_formats(role, plan, default) if plan is not None and not ruled else None
+        if layouts is not None:
+            return te_quantizer.EmulatedQuantizer(layouts[0], tensor,
+                                                  fmt_columnwise=layouts[1])
+        return te_quantizer.EmulatedQuantizer(choose_format(role, default, rules), tensor)
 
     return qfactory
 
@@ -168,7 +233,8 @@ def _te_quantizer_module():
 
 @lru_cache(maxsize=1)
 def _from_env() -> Callable[[Any], Any]:
-    return make_factory(default_format(), parse_rules(os.environ.get(ENV_ROLE_FORMATS, "")))
+    return make_factory(default_format(), parse_rules(os.environ.get(ENV_ROLE_FORMATS, "")),
+                        load_plan_env())
 
 
 def quantizer_factory(role: Any) -> Any:
@@ -183,10 +249,15 @@ def check_environment(env: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if env is None else env
     fmt = default_format(env)
     rules = parse_rules(env.get(ENV_ROLE_FORMATS, ""))
+    plan = load_plan_env(env)
+    if plan is not None:
+        for f in plan.formats():
+            _check_format(f, f"{ENV_PLAN} ({plan.source})")
     version = installed_te_version()
     check_te_version(version)
     return (f"{FACTORY_PATH}: Transformer Engine {version}, {ENV_QUANT}={fmt}"
-            + (f", {len(rules)} role rule(s)" if rules else ""))
+            + (f", {len(rules)} role rule(s)" if rules else "")
+            + (f", {ENV_PLAN}={plan.source}" if plan is not None else ""))
 
 
 def main(argv: Optional[list] = None) -> int:

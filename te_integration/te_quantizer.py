@@ -99,10 +99,13 @@ class EmulatedQuantizer(Quantizer):
     """TE custom quantizer backed by quant.quantize (``fmt``: a quant.FORMATS name or "hp")."""
 
     def __init__(self, fmt: str, tensor_type: str = "", rowwise: bool = True,
-                 columnwise: bool = True) -> None:
+                 columnwise: bool = True, fmt_columnwise: Optional[str] = None) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.internal = True
         self.fmt = fmt
+        # the transposed layout feeds another GEMM (factory.LAYOUT_GEMM): a precision plan
+        # may give it another format
+        self.fmt_columnwise = fmt_columnwise or fmt
         self.tensor_type = tensor_type
 
     @property
@@ -118,7 +121,7 @@ class EmulatedQuantizer(Quantizer):
 
     def _layouts(self, x2d: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
         return {"data": usage_values(x2d, self.fmt, "rowwise") if self.rowwise_usage else None,
-                "data_t": (usage_values(x2d, self.fmt, "columnwise")
+                "data_t": (usage_values(x2d, self.fmt_columnwise, "columnwise")
                            if self.columnwise_usage else None)}
 
     def _one(self, device) -> torch.Tensor:

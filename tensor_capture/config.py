@@ -20,6 +20,7 @@ ENV_ENABLED = "TENSOR_SAVE_ENABLED"
 ENV_DIR = "TENSOR_SAVE_DIR"
 ENV_ITERATION = "TENSOR_SAVER_ITERATION"
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
+ENV_PLAN = "CUSTOM_QUANT_PLAN"              # a precision plan file (quant.precision_plan)
 ENV_CONFIG = "TENSOR_SAVE_CONFIG"
 ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "none": off
 ENV_TENSORBOARD = "TENSOR_SAVE_TENSORBOARD_DIR"   # what-if numerics as TensorBoard events here
@@ -61,6 +62,7 @@ class CaptureConfig:
     save_dir: str = "./tensor_logs"           # TENSOR_SAVE_DIR
     iteration: int = 0                        # TENSOR_SAVER_ITERATION: the starting iteration
     quant_type: str | None = None             # CUSTOM_QUANT_TYPE (None: no emulation)
+    quant_plan: str | None = None             # CUSTOM_QUANT_PLAN: per module / GEMM role formats
     iter_start: int = 0                       # save iterations start..end (inclusive) every N
     iter_end: int | None = None
     iter_every: int = 1
@@ -95,7 +97,8 @@ class CaptureConfig:
 
     @property
     def emulating(self) -> bool:
-        return self.quant_type is not None and self.quant_type not in NO_QUANT
+        return (self.quant_type is not None and self.quant_type not in NO_QUANT) or bool(
+            self.quant_plan)
 
 
 # YAML may group the iteration schedule: iterations: {start, end, every}
@@ -111,6 +114,7 @@ def env_requests_activity(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return (env.get(ENV_ENABLED, "").strip().lower() not in _FALSE
             or env.get(ENV_QUANT, "").strip().lower() not in NO_QUANT
+            or bool(env.get(ENV_PLAN, "").strip())
             or bool(env.get(ENV_CONFIG, "").strip()))
 
 
@@ -290,6 +294,7 @@ _PARSERS: dict[str, Any] = {
     "probs_heads": lambda k, v: _int(k, v, minimum=0),
     "probs_rows": lambda k, v: _int(k, v, minimum=1),
     "quant_type": lambda k, v: _quant(v),
+    "quant_plan": lambda k, v: str(v).strip() or None if v is not None else None,
     "layers": _int_list, "ranks": _int_list,
     "module_regex": _regex,
     "operations": lambda k, v: _choices(k, v, _OPERATIONS),
@@ -312,10 +317,36 @@ def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> 
         raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(_PARSERS) | set(_NESTED))}")
     # display name: the environment variable when the value came from one
     cfg = {key: _PARSERS[key](display.get(key, key), value) for key, value in raw.items()}
-    out = CaptureConfig(**cfg)
+    out = _with_plan(CaptureConfig(**cfg))
     if out.iter_end is not None and out.iter_end < out.iter_start:
         raise ConfigError(f"iterations end={out.iter_end} is before start={out.iter_start}")
     return out
+
+
+def _with_plan(config: CaptureConfig) -> CaptureConfig:
+    """Check the precision plan and agree it with CUSTOM_QUANT_TYPE: the plan's ``default``
+    stands for CUSTOM_QUANT_TYPE when that is unset; two different names are refused (which
+    one was meant cannot be guessed)."""
+    if not config.quant_plan:
+        return config
+    plan = load_quant_plan(config.quant_plan)
+    quant = config.quant_type if config.quant_type not in NO_QUANT else None
+    if plan.default and quant and plan.default != quant.lower():
+        raise ConfigError(f"{ENV_PLAN}={config.quant_plan} has default {plan.default} but "
+                          f"{ENV_QUANT}={quant}: make them agree or drop one")
+    if quant is None and plan.default and plan.default != "hp":
+        return replace(config, quant_type=plan.default)
+    return config
+
+
+def load_quant_plan(path: str):
+    """The precision plan at ``path`` (quant.precision_plan), ConfigError on any problem."""
+    from quant.precision_plan import PlanError, load_plan
+
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        raise ConfigError(f"{ENV_PLAN}: {exc}") from None
 
 
 def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -349,7 +380,7 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 _ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
-             (ENV_QUANT, "quant_type"), (ENV_WHATIF, "whatif_formats"),
+             (ENV_QUANT, "quant_type"), (ENV_PLAN, "quant_plan"), (ENV_WHATIF, "whatif_formats"),
              (ENV_TENSORBOARD, "tensorboard_dir"))
 
 

@@ -70,13 +70,27 @@ def _delayed_state(iteration: int | None):
     return _D.state
 
 
+_UNQUANTIZED = (None, "hp", "fp32", "none", "")
+
+
+def recipe_name(site: str | None, layer: int | None, role: str) -> str | None:
+    """The recipe ``role`` (fprop / dgrad / wgrad) of the module at ``site`` computes in: the
+    precision plan's rule (CUSTOM_QUANT_PLAN), else CUSTOM_QUANT_TYPE; None: unquantized."""
+    name = STATE.quant_type
+    if STATE.plan is not None:
+        name = STATE.plan.format_for(site, layer, role, default=name)
+    return None if name in _UNQUANTIZED else name
+
+
 def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | None = None,
-                     site: str | None = None, iteration: int | None = None) -> torch.Tensor:
+                     site: str | None = None, iteration: int | None = None,
+                     layer: int | None = None) -> torch.Tensor:
     """Linear GEMM operand ``tensor`` of ``gemm`` (plan names: forward / dgrad / wgrad) as the
-    active recipe quantizes it; same shape and dtype."""
+    active recipe (or the precision plan's rule for this module and GEMM) quantizes it; same
+    shape and dtype."""
     from quant import recipes
 
-    name = STATE.quant_type
+    name = recipe_name(site, layer, recipes.RECIPE_GEMM[gemm])
     if name is None:
         return x
     recipe = recipes.get_recipe(name)
@@ -93,20 +107,26 @@ def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | Non
     return q
 
 
-def _attention_format(fmt: str | None) -> str | None:
-    if fmt is not None or STATE.quant_type is None:
+def _attention_format(fmt: str | None, site: str | None = None,
+                      layer: int | None = None) -> str | None:
+    if fmt is not None:
         return fmt
+    name = recipe_name(site, layer, "fprop")   # Q·Kᵀ and P·V: the attention's fprop role
+    if name is None:
+        return None
     from quant import recipes
 
-    return recipes.get_recipe(STATE.quant_type).attention_format
+    return recipes.get_recipe(name).attention_format
 
 
 def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: str | None = None,
-             site: str | None = None, iteration: int | None = None) -> torch.Tensor:
-    """Fake-quantize ``x`` to ``fmt`` (default: the active CUSTOM_QUANT_TYPE), same shape/dtype."""
+             site: str | None = None, iteration: int | None = None,
+             layer: int | None = None) -> torch.Tensor:
+    """Fake-quantize ``x`` to ``fmt`` (default: the active CUSTOM_QUANT_TYPE, or the precision
+    plan's fprop rule for the attention at ``site``), same shape/dtype."""
     import quant
 
-    name = _attention_format(fmt)
+    name = _attention_format(fmt, site, layer)
     if name is None:
         return x
     q = quant.quantize(x, name, axis=axis)
@@ -119,11 +139,11 @@ def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: s
 
 def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
                  kind: str | None = None, site: str | None = None,
-                 iteration: int | None = None) -> torch.Tensor:
+                 iteration: int | None = None, layer: int | None = None) -> torch.Tensor:
     """As :func:`quantize`, with a straight-through gradient (for autograd-tracked operands)."""
     import quant
 
-    name = _attention_format(fmt)
+    name = _attention_format(fmt, site, layer)
     if name is None:
         return x
     q = quant.quantize_ste(x, name, axis=axis)

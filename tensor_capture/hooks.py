@@ -70,10 +70,12 @@ def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: in
         what = kind.format(gemm=p.gemm, operand=p.operand)
         if layer_type == "linear":      # the recipe's quantizer of this operand role
             out = emulation.quantize_operand(t, p.operand, p.gemm, kind=what,
-                                             site=site.module_path, iteration=it)
+                                             site=site.module_path, iteration=it,
+                                             layer=site.layer_idx)
         else:
             fn = emulation.quantize_ste if ste else emulation.quantize
-            out = fn(t, axis=p.axis, kind=what, site=site.module_path, iteration=it)
+            out = fn(t, axis=p.axis, kind=what, site=site.module_path, iteration=it,
+                     layer=site.layer_idx)
         if keep:
             name = _quantized_name(p)
             op = "forward" if p.gemm in _FORWARD_GEMMS else "backward"
@@ -214,7 +216,7 @@ def linear_backward_post(ctx: Any, grad_input: torch.Tensor | None,
 # -- attention ---------------------------------------------------------------------------------------
 _QKV = (gemm_plan.plan("qk", "query"), gemm_plan.plan("qk", "key"), gemm_plan.plan("pv", "value"))
 _PROBS = gemm_plan.plan("pv", "probs")
-_RUNNING_ATTENTION: list[str | None] = [None]   # module path of the attention now in forward
+_RUNNING_ATTENTION: list[Site] = [UNKNOWN_SITE]   # the attention now in forward
 def _attention_site(module: torch.nn.Module) -> Site:
     site = _SITES.get(module)
     number = getattr(module, "layer_number", None)
@@ -252,7 +254,7 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
     cap = saver.enabled and not STATE.paused
     inspector = STATE.inspector    # the debug API's route (te_integration), hp tensors
     site = (_attention_site(module) if cap or STATE.warn_underflow or inspector is not None
-            else UNKNOWN_SITE)
+            or STATE.plan is not None else UNKNOWN_SITE)
     it, sample = saver.iteration, saver.sample_idx
     if inspector is not None:
         inspector(module, site, it, {"query": query, "key": key, "value": value})
@@ -271,7 +273,7 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
         # forward); straight-through gradients.
         q = _emulator(saver, cap, "attention", site, it, sample, ste=True)
         query, key, value = (q(t, p) for p, t in zip(_QKV, (query, key, value)))
-    _RUNNING_ATTENTION[0] = site.module_path
+    _RUNNING_ATTENTION[0] = site
     context = forward(query, key, value, *args, **kwargs)
     if inspector is not None:
         inspector(module, site, it, {"context": context})
@@ -288,7 +290,8 @@ def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
     """P of P·V, fake-quantized along the plan's axis (the key axis), gradient passed through.
     (What trees patched before probability capture call; :func:`attention_probs` now.)"""
     return emulation.quantize_ste(attention_probs, axis=_PROBS.axis, kind="attention probs",
-                                  site=_RUNNING_ATTENTION[0],
+                                  site=_RUNNING_ATTENTION[0].module_path,
+                                  layer=_RUNNING_ATTENTION[0].layer_idx,
                                   iteration=get_tensor_saver().iteration)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from . import budget, schema, sites, whatif
-from .config import CaptureConfig, ConfigError, load_config
+from .config import CaptureConfig, ConfigError, load_config, load_quant_plan
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
 from .tensorboard import NumericsBoard
@@ -279,12 +279,16 @@ def _reset_session_state() -> None:
 def _refresh_state(saver: TensorSaver) -> None:
     STATE.quant_type = saver.config.quant_type
     STATE.emulate = saver.config.emulating
+    STATE.plan = (load_quant_plan(saver.config.quant_plan) if saver.config.quant_plan
+                  else None)
     # a recipe without an attention format (Transformer Engine's) leaves attention unquantized
+    names = {saver.config.quant_type} | (STATE.plan.formats() if STATE.plan else set())
     STATE.emulate_attention = (STATE.emulate and saver.config.emulate_attention
-                               and _attention_format(saver.config.quant_type) is not None)
+                               and any(_attention_format(n) is not None for n in names))
     STATE.warn_underflow = STATE.emulate and saver.config.underflow_warnings
     STATE.active = saver.enabled or STATE.emulate or STATE.inspector is not None
-    if saver.enabled or STATE.warn_underflow or STATE.inspector is not None:  # module paths
+    if (saver.enabled or STATE.warn_underflow or STATE.inspector is not None
+            or STATE.plan is not None):  # module paths
         sites.install_discovery()
     else:                      # the global module hook costs every module call: remove it
         sites.uninstall_discovery()
@@ -358,6 +362,7 @@ def reset_tensor_saver() -> None:
         STATE.active = STATE.inspector is not None
         STATE.paused = STATE.warn_underflow = False
         STATE.quant_type = None
+        STATE.plan = None
         STATE.current_linear = None
         sites.uninstall_discovery()
 
@@ -365,7 +370,9 @@ def reset_tensor_saver() -> None:
 def _attention_format(recipe: str | None) -> str | None:
     from quant.recipes import get_recipe
 
-    return get_recipe(recipe).attention_format if recipe else None
+    if not recipe or recipe in ("hp", "fp32", "none"):
+        return None
+    return get_recipe(recipe).attention_format
 
 
 def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_type: str | None = None,

@@ -10,7 +10,7 @@ from .config import env_requests_activity  # noqa: F401  (the facade imports it 
 
 
 class _State:
-    __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "current_linear",
+    __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "plan", "current_linear",
                  "paused", "warn_underflow", "inspector")
 
     def __init__(self) -> None:
@@ -18,6 +18,7 @@ class _State:
         self.emulate = False            # CUSTOM_QUANT_TYPE names a format to emulate
         self.emulate_attention = False  # ... and attention GEMMs are emulated too
         self.quant_type: str | None = None
+        self.plan = None                # quant.precision_plan.PrecisionPlan (CUSTOM_QUANT_PLAN)
         self.current_linear = None      # site of the linear module whose forward is running
         self.paused = False             # a forward-only (evaluation) schedule call: capture nothing
         self.warn_underflow = False     # emulating with underflow_warnings on (tensor_capture.underflow)

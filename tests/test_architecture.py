@@ -22,6 +22,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
                                   "megatron"}),
     "training_profiler": frozenset({"lowp_common", "quant", "tensor_capture", "training_driver",
                                     "megatron"}),
+    "attribution": frozenset({"lowp_common", "quant", "tensor_capture", "training_driver",
+                              "megatron"}),
     "megatron/core": frozenset({"tensor_capture"}),       # the facade a patched tree imports
 }
 #: Third-party packages a layer must not import (quant is numerics only; capture never draws).

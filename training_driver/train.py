@@ -271,6 +271,10 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
             overrides["pipeline_dtype"] = params_dtype
         overrides.update(fp8_overrides(cfg.dtype, derived["te_custom_recipe"]))
         model = build_llama_model(shape, params_dtype=params_dtype, use_te=derived["use_te"], **overrides)
+        if pp == 1:   # a plan rule that matches no GEMM of this model: refused, not ignored
+            from .plan_sites import check_plan_covers
+
+            check_plan_covers(model, os.environ.get("CUSTOM_QUANT_PLAN", "").strip())
         if params_dtype != torch.float32:
             model = model.to(params_dtype)   # all of it, norms included, as Megatron's Float16Module
         device = next(model.parameters()).device
