@@ -69,6 +69,7 @@ setup(
             "analyze-tensor=training_profiler.tensor_analyzer:main",
             "precision-diff=training_profiler.layer_diff:main",
             "lowp-te-check=te_integration.check_cli:main",
+            "lowp-diagnose=tensor_viz.diagnose_cli:main",
         ]
     },
 )
