@@ -138,9 +138,15 @@ def first_nonfinite(con: Any, state: IndexState) -> list[Finding]:
     }
     if where == "backward" and forward_finite:
         evidence["note"] = "the forward of this micro-batch was finite: the loss was finite"
-    action = ("Check the operands of this GEMM in the range findings (overflow before the cast); "
-              "rerun with this module in bf16 (a per-module recipe override) to confirm; "
-              "capture this iteration with tensors (stats_only: false) to see the values.")
+    if born.startswith("born"):
+        action = (f"Check {origin['module_path']}'s operands for overflow before the cast (the "
+                  "range findings); rerun with this module in bf16 (a per-module recipe "
+                  "override) to confirm; capture this iteration with tensors (stats_only: "
+                  "false) to see the values.")
+    else:
+        action = ("Look at what runs between the two captured tensors (norm, activation, "
+                  "residual add, communication); capture this iteration with tensors "
+                  "(stats_only: false) to see the values.")
     return [Finding("first_nonfinite", HIGH, summary, _where(origin), evidence,
                     "index.html: Diagnosis; numerics_map (statistic nonfinite)", action,
                     onset=origin["iteration"], position=float(origin["pos"]))]

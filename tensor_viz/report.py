@@ -23,6 +23,7 @@ from tensor_viz.result import Result
 
 TOP = 10
 MAX_PROBLEMS_SHOWN = 50
+MAX_FINDINGS_SHOWN = 20
 TEMPLATE = "report.html.j2"
 
 #: The summary's "worst" tables: (title, ratio key of the range statistics, what it counts).
@@ -117,6 +118,7 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                              "subset": subset_note(len(rows), n_any, f"tensors with any {what}",
                                                    "those with the largest ratios")})
     return _template().render(
+        diagnosis=_diagnosis_view(cat.diagnosis),
         directory=cat.directory, n_tensors=len(ds.entries),
         capture_header=view.header.line() if view is not None else None,
         selected=cat.selected,
@@ -137,6 +139,23 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                                     "the first in reading order; problems.txt lists all"),
         sections=[{"name": s, "description": SECTION_DESCRIPTIONS[s], "figures": fs.in_section(s)}
                   for s in sections])
+
+
+def _diagnosis_view(diagnosis) -> dict | None:
+    """What the page's Diagnosis section shows: the findings (the cause first) and what was
+    checked; None without manifests (lowp-diagnose reads the capture's manifests)."""
+    if diagnosis is None:
+        return None
+    rows = []
+    for f in diagnosis.findings[:MAX_FINDINGS_SHOWN]:
+        d = f.to_dict()
+        where = ", ".join(f"{label} {d[k]}" for k, label in (
+            ("iteration", "iteration"), ("sample_idx", "micro-batch"), ("rank", "rank"))
+            if d.get(k) is not None)
+        rows.append({"severity": f.severity, "kind": f.kind, "summary": f.summary,
+                     "where": where, "figure": f.figure, "action": f.action})
+    return {"rows": rows, "more": max(len(diagnosis.findings) - MAX_FINDINGS_SHOWN, 0),
+            "checked": sorted(diagnosis.checked.items()), "records": diagnosis.records}
 
 
 @functools.lru_cache(maxsize=1)

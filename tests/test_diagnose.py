@@ -227,3 +227,27 @@ def test_a_reference_of_the_same_model_gives_the_first_departure(tmp_path):
     gap = [f for f in fs if f.kind == "reference_gap"]
     assert gap and (gap[0].where["iteration"], gap[0].where["module_path"],
                     gap[0].where["tensor_name"]) == (2, "decoder.layers.1.mlp.linear_fc1", "input")
+
+
+def test_the_report_and_the_one_click_output_open_with_the_diagnosis(tmp_path, capsys):
+    from tensor_viz import cli
+
+    def change(rec):
+        if rec["iteration"] == 1 and rec["tensor_name"] == "output" and rec["layer_idx"] == 1:
+            rec["stats"]["nan_count"] = 2
+        return rec
+
+    cap = write_capture(tmp_path / "cap", iterations=2, micro=1, change=change)
+    out = tmp_path / "draw"
+    # what one-click runs (visualize-tensors), with one section to keep it short
+    assert cli.run(["--tensor_dir", str(cap), "--output_dir", str(out), "--workers", "1",
+                    "--no-progress", "--whatif", ""], prog="visualize-tensors",
+                   sections=("overflow_analysis",), quick=False, report=True,
+                   description="") == 0
+    printed = capsys.readouterr().out
+    assert "1. [HIGH] first_nonfinite: First NaN: iteration 1" in printed
+    page = (out / "index.html").read_text()
+    at = page.index("<h2 id=diagnosis>Diagnosis</h2>")
+    assert at < page.index("<h2 id=summary>") and at < page.index("<figure")
+    assert "first_nonfinite" in page[at:page.index("<h2 id=summary>")]
+    assert "decoder.layers.1.self_attention.linear_qkv forward output" in page
