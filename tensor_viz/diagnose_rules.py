@@ -341,7 +341,7 @@ def format_loss(con: Any, state: IndexState, run_formats: set[str],
         action = (f"Keep {_label(where)} out of {fmt} (a per-module recipe override), or use a "
                   "format with finer scaling for it; the per-layer table ranks the formats.")
         out.append(Finding("format_loss", level, summary, where, evidence,
-                           "index.html: Largest quantization error per layer; whatif_numerics",
+                           "index.html: the per-layer quantization error table; whatif_numerics",
                            action, onset=r["at"]["iteration"]))
     return out
 
