@@ -31,29 +31,35 @@ _LOSS_LINE = re.compile(r"iter(?:ation)?\s*[:=]?\s*(\d+).*?\b(?:lm[ _]loss|loss)
                         r"([-+0-9.eE]+|nan|inf|-inf)", re.IGNORECASE)
 
 
-def _format_loss(con, state):
+def _format_loss(con, state, src, view):
+    if not con.execute(f"SELECT count(*) FROM {src} WHERE has_whatif").fetchone()[0]:
+        return []                 # nothing to judge: no torch import, no baseline
     from quant.format_loss import baseline_sqnr, loss_severity
 
     fmts = {r[0] for r in con.execute(
-        f"SELECT DISTINCT coalesce(emulated_format, quant_type) FROM {rules.source(state)}"
-    ).fetchall() if r[0]}
-    return rules.format_loss(con, state, fmts, baseline_sqnr, loss_severity)
+        f"SELECT DISTINCT coalesce(emulated_format, quant_type) FROM {src}").fetchall() if r[0]}
+    return rules.format_loss(con, state, src, fmts, baseline_sqnr, loss_severity)
+
+
+def _on_narrow(query):
+    return lambda con, state, src, view: query(con, src)
 
 
 #: kind -> (its query, what "checked" says it looked at); the order breaks ranking ties
 KINDS: dict[str, tuple[Callable[..., list[Finding]], str]] = {
-    "first_nonfinite": (rules.first_nonfinite,
+    "first_nonfinite": (_on_narrow(rules.first_nonfinite),
                         "NaN/Inf counts of every record, in execution order across ranks"),
-    "range_drift": (rules.range_drift,
+    "range_drift": (_on_narrow(rules.range_drift),
                     "absmax, flush-to-zero and overflow of each tensor over iterations against "
                     "its format's limits"),
     "format_loss": (_format_loss,
                     "what-if SQNR of each tensor and format against the format's Gaussian "
                     "baseline (quant.format_loss)"),
-    "attention_logit_growth": (rules.attention_logit_growth,
+    "attention_logit_growth": (_on_narrow(rules.attention_logit_growth),
                                "max |q.k|/sqrt(d) per layer over iterations (bound from the "
                                "query / key absmax)"),
-    "rank_outlier": (rules.rank_outlier,
+    "rank_outlier": (lambda con, state, src, view: rules.rank_outlier(con, src, state.records,
+                                                                      view),
                      "each rank against the median of the ranks (tensor_viz.rank_tables)"),
 }
 _KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "reference_gap"])}
@@ -118,28 +124,27 @@ def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
     return con, state
 
 
-def _modules(con, state) -> set[str]:
+def _modules(con, src: str) -> set[str]:
     return {r[0] for r in con.execute(
-        f"SELECT DISTINCT module_path FROM {rules.source(state)}").fetchall() if r[0]}
+        f"SELECT DISTINCT module_path FROM {src}").fetchall() if r[0]}
 
 
-def reference_gap(con, state, ref_con, ref_state, what: str) -> list[Finding]:
+def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Finding]:
     """The first tensor (execution order) whose std differs from the reference capture's by
     more than REF_GAP; refuses a reference of another model (other module paths)."""
-    mine, theirs = _modules(con, state), _modules(ref_con, ref_state)
+    mine, theirs = _modules(con, src), _modules(ref_con, ref_src)
     if mine and theirs and mine != theirs:
         only = sorted(mine ^ theirs)[:2]
         raise UserError(f"--reference {what}: a capture of another model ({len(mine ^ theirs)} "
                         f"module path(s) differ, e.g. {', '.join(only)}); give a capture of the "
                         "same model")
     key = ", ".join(rules.TENSOR_KEY)
-    q = (f"SELECT {key}, iteration, avg(stats.std) AS std FROM {{src}} WHERE "
-         f"coalesce(variant, 'hp') = 'hp' GROUP BY {key}, iteration")
-    ref = {tuple(r[:-1]): r[-1] for r in ref_con.execute(
-        q.format(src=rules.source(ref_state))).fetchall()}
-    pos = rules.positions(con, state)
+    q = (f"SELECT {key}, iteration, avg(std) AS std FROM {{src}} WHERE "
+         f"variant = 'hp' GROUP BY {key}, iteration")
+    ref = {tuple(r[:-1]): r[-1] for r in ref_con.execute(q.format(src=ref_src)).fetchall()}
+    pos = rules.positions(con, src)
     gaps = []
-    for row in con.execute(q.format(src=rules.source(state))).fetchall():
+    for row in con.execute(q.format(src=src)).fetchall():
         other = ref.get(tuple(row[:-1]))
         if other is None or row[-1] is None or not other:
             continue
@@ -224,9 +229,9 @@ def loss_spikes(losses: list[tuple[int, float]], others: list[Finding]) -> list[
 def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: Any = None,
              cache_dir: Any = None, skip_bad_lines: bool = False,
              say: Optional[Callable[[str], None]] = None, con: Any = None,
-             state: Optional[columnar.IndexState] = None) -> Diagnosis:
+             state: Optional[columnar.IndexState] = None, rank_view: Any = None) -> Diagnosis:
     """Every finding of a capture, ranked (module docstring). ``con``/``state``: an index the
-    caller already opened (the report)."""
+    caller already opened, ``rank_view``: its rank_tables.RankView (the report)."""
     if con is None or state is None:
         con, state = open_index(capture_dir, cache_dir, skip_bad_lines, say=say)
     losses = read_losses(loss) if loss is not None else None
@@ -235,11 +240,12 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
         ref = open_index(reference, None, skip_bad_lines, what="--reference", say=say)
     result = Diagnosis(records=state.records, capture=str(capture_dir))
     found: list[Finding] = []
+    src = rules.materialize(con, state)
     for kind, (query, what) in KINDS.items():
-        found += query(con, state)
+        found += query(con, state, src, rank_view)
         result.checked[kind] = what
     if ref is not None:
-        found += reference_gap(con, state, ref[0], ref[1], str(reference))
+        found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
         result.checked["reference_gap"] = f"std of each tensor against {reference}"
     if losses is not None:
         found += loss_spikes(losses, found)

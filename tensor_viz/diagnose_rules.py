@@ -64,8 +64,45 @@ class Finding:
 
 
 def source(state: IndexState) -> str:
+    """The Parquet dataset of the index, as a relation."""
     return (f"read_parquet({sql_string(state.parquet_glob)}, hive_partitioning=true, "
             "union_by_name=true)")
+
+
+#: the narrow table every kind but format_loss and rank_outlier reads: one scan of the dataset
+#: keeps the columns they need (statistics flattened, the run format's range picked), so each
+#: query reads a few flat columns instead of decoding the nested Parquet again
+NARROW = "diag_records"
+
+
+def materialize(con: Any, state: IndexState) -> str:
+    """Create (or replace) :data:`NARROW` on ``con`` from the index; returns its name."""
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE {NARROW} AS SELECT
+        rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase,
+        tensor_name, quant_type, emulated_format, coalesce(variant, 'hp') AS variant,
+        shape[len(shape)] AS last_dim,
+        stats.absmax AS absmax, stats.std AS std, stats.numel AS numel,
+        coalesce(stats.nan_count, 0) AS nan_count, coalesce(stats.inf_count, 0) AS inf_count,
+        stats.range[quant_type].max_normal AS max_normal,
+        stats.range[quant_type].flush_to_zero_ratio AS flush,
+        stats.range[quant_type].overflow_ratio AS overflow,
+        whatif IS NOT NULL AS has_whatif,
+        submodule, struct_pack(absmax := stats.absmax, std := stats.std,
+            nan_count := stats.nan_count, inf_count := stats.inf_count,
+            range := map_from_entries([struct_pack(k := quant_type, v := struct_pack(
+                underflow_ratio := stats.range[quant_type].underflow_ratio,
+                overflow_ratio := stats.range[quant_type].overflow_ratio))])) AS stats
+        FROM {source(state)}""")
+    return NARROW
+
+
+@dataclass
+class NarrowState:
+    """What tensor_viz.rank_tables needs of an index, pointing it at the narrow table (the same
+    column names and the statistics its METRICS read)."""
+
+    relation: str
+    records: int
 
 
 def _rows(con: Any, sql: str, params: list | None = None) -> list[dict[str, Any]]:
@@ -74,9 +111,10 @@ def _rows(con: Any, sql: str, params: list | None = None) -> list[dict[str, Any]
     return [dict(zip(cols, row)) for row in cur.fetchall()]
 
 
-_NONFINITE = "(coalesce(stats.nan_count, 0) + coalesce(stats.inf_count, 0))"
+_NONFINITE = "(nan_count + inf_count)"
+_NONFINITE_NESTED = "(coalesce(stats.nan_count, 0) + coalesce(stats.inf_count, 0))"
 _COLS = ("rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase, "
-         "tensor_name, quant_type, coalesce(variant, 'hp') AS variant")
+         "tensor_name, quant_type, variant")
 
 
 def _where(rec: dict[str, Any]) -> dict[str, Any]:
@@ -89,16 +127,15 @@ def _label(rec: dict[str, Any]) -> str:
 
 
 # -- first_nonfinite -------------------------------------------------------------------------------
-def first_nonfinite(con: Any, state: IndexState) -> list[Finding]:
+def first_nonfinite(con: Any, src: str) -> list[Finding]:
     """The earliest NaN/Inf in execution order (iteration, micro-batch, the capture's own order on
     its rank, then rank) and where it was born."""
-    src = source(state)
     first_it = con.execute(f"SELECT min(iteration) FROM {src} WHERE {_NONFINITE} > 0").fetchone()[0]
     if first_it is None:
         return []
     recs = _rows(con, f"""
-        WITH it AS (SELECT {_COLS}, {_NONFINITE} AS bad, stats.nan_count AS nan,
-                           stats.inf_count AS inf, stats.numel AS numel
+        WITH it AS (SELECT {_COLS}, {_NONFINITE} AS bad, nan_count AS nan,
+                           inf_count AS inf, numel
                     FROM {src} WHERE iteration = ?),
         o AS (SELECT *, counter - min(counter) OVER (PARTITION BY rank, sample_idx) AS pos FROM it)
         SELECT * FROM o ORDER BY sample_idx NULLS FIRST, pos, rank""", [first_it])
@@ -220,23 +257,19 @@ def ratio_trend(metric: str, series: list[tuple[int, float]]) -> Optional[Trend]
                  _severity_of_crossing(left, span, last >= RATIO_LIMIT), RATIO_LIMIT)
 
 
-def _series_rows(con: Any, state: IndexState) -> list[dict[str, Any]]:
+def _series_rows(con: Any, src: str) -> list[dict[str, Any]]:
     key = ", ".join(TENSOR_KEY)
     return _rows(con, f"""
-        SELECT {key}, iteration, max(stats.absmax) AS absmax,
-               max(stats.range[quant_type].max_normal) AS max_normal,
-               max(stats.range[quant_type].flush_to_zero_ratio) AS flush,
-               max(stats.range[quant_type].overflow_ratio) AS overflow,
-               any_value(quant_type) AS quant_type
-        FROM {source(state)}
-        WHERE coalesce(variant, 'hp') = 'hp' AND {_NONFINITE} = 0
+        SELECT {key}, iteration, max(absmax) AS absmax, max(max_normal) AS max_normal,
+               max(flush) AS flush, max(overflow) AS overflow, any_value(quant_type) AS quant_type
+        FROM {src}
+        WHERE variant = 'hp' AND {_NONFINITE} = 0
         GROUP BY {key}, iteration ORDER BY iteration""")
 
 
-def positions(con: Any, state: IndexState) -> dict[tuple, float]:
+def positions(con: Any, src: str) -> dict[tuple, float]:
     """Execution position of each tensor (TENSOR_KEY) in the first iteration of the lowest rank."""
     key = ", ".join(TENSOR_KEY)
-    src = source(state)
     rows = con.execute(f"""
         WITH f AS (SELECT min(rank) AS r, min(iteration) AS i FROM {src})
         SELECT {key}, min(counter) FROM {src}, f WHERE rank = f.r AND iteration = f.i
@@ -244,13 +277,13 @@ def positions(con: Any, state: IndexState) -> dict[tuple, float]:
     return {tuple(r[:-1]): float(r[-1]) for r in rows}
 
 
-def range_drift(con: Any, state: IndexState) -> list[Finding]:
+def range_drift(con: Any, src: str) -> list[Finding]:
     """Tensors whose absmax / flush / overflow rise steadily toward the format's limits; the
     tensors whose rise starts in the same iteration are one finding named by the upstream one."""
     series: dict[tuple, list[dict[str, Any]]] = {}
-    for row in _series_rows(con, state):
+    for row in _series_rows(con, src):
         series.setdefault(tuple(row[k] for k in TENSOR_KEY), []).append(row)
-    pos = positions(con, state)
+    pos = positions(con, src)
     hits = []
     for key, rows in series.items():
         its = [r["iteration"] for r in rows]
@@ -299,17 +332,19 @@ def _trend_dict(t: Trend) -> dict[str, Any]:
 
 
 # -- format_loss ---------------------------------------------------------------------------------
-def format_loss(con: Any, state: IndexState, run_formats: set[str],
+def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
                 baseline: Callable[[str, tuple, int], float],
                 severity: Callable[[float, float], str]) -> list[Finding]:
     """Per what-if format, the tensors whose SQNR falls below the format's Gaussian baseline by
     the margin of quant.format_loss; one finding per format, named by its worst tensor. Only
     the formats the run computes in (``run_formats``) are graded above LOW."""
     key = ", ".join(TENSOR_KEY)
+    if not con.execute(f"SELECT count(*) FROM {src} WHERE has_whatif").fetchone()[0]:
+        return []
     rows = _rows(con, f"""
         WITH w AS (SELECT {key}, iteration, rank, sample_idx, shape, whatif.axis AS axis,
                           unnest(map_entries(whatif.formats)) AS f
-                   FROM {source(state)} WHERE whatif IS NOT NULL AND {_NONFINITE} = 0)
+                   FROM {source(state)} WHERE whatif IS NOT NULL AND {_NONFINITE_NESTED} = 0)
         SELECT {key}, f.key AS format, min(f.value.sqnr_db) AS sqnr_db,
                arg_min(struct_pack(iteration, rank, sample_idx, shape, axis), f.value.sqnr_db) AS at
         FROM w WHERE f.value.sqnr_db IS NOT NULL AND isfinite(f.value.sqnr_db)
@@ -347,40 +382,49 @@ def format_loss(con: Any, state: IndexState, run_formats: set[str],
 
 
 # -- rank_outlier --------------------------------------------------------------------------------
-def rank_outlier(con: Any, state: IndexState) -> list[Finding]:
-    """The report's outlier-rank test (tensor_viz.rank_tables), one finding per rank and metric."""
+def rank_outlier(con: Any, src: str, records: int, view: Any = None) -> list[Finding]:
+    """The report's outlier-rank test (tensor_viz.rank_tables), one finding per rank and metric
+    (``view``: the report's rank_tables.RankView, when it ran the test already)."""
     out = []
-    for metric in rank_tables.METRICS:
-        for r in rank_tables.outlier_ranks(con, state, metric, limit=10):
-            where = {"iteration": r["first_iteration"], "rank": r["rank"],
-                     "layer_idx": r.get("layer_idx"), "operation": r.get("operation"),
-                     "phase": r.get("phase"), "tensor_name": r.get("tensor_name")}
-            sev = HIGH if metric == "nonfinite" else MEDIUM
-            summary = (f"Rank {r['rank']} is an outlier in {metric} from iteration "
-                       f"{r['first_iteration']} ({r['cells']} layer x tensor x iteration cells; "
-                       f"worst z {r['worst_z']:.1f} at L{r.get('layer_idx')} "
-                       f"{r.get('submodule') or ''} {r.get('tensor_name')}).")
-            out.append(Finding("rank_outlier", sev, summary, where,
-                               {"metric": metric, "cells": r["cells"], "worst_z": r["worst_z"],
-                                "value": r.get("v"), "median": r.get("med"),
-                                "submodule": r.get("submodule")},
-                               "index.html: Outlier ranks; rank_analysis",
-                               f"Compare rank {r['rank']}'s data shard and hardware with the "
-                               "others (a bad node or a bad shard shows on one rank only).",
-                               onset=r["first_iteration"]))
+    if view is not None:
+        rows = list(view.outliers) if view.header.ranks >= 3 else []
+    else:
+        if con.execute(f"SELECT count(DISTINCT rank) FROM {src}").fetchone()[0] < 3:
+            return []
+        narrow = NarrowState(src, records)
+        rows = [r for metric in rank_tables.METRICS
+                for r in rank_tables.outlier_ranks(con, narrow, metric, limit=10)]
+    for r in rows:
+        metric = r["metric"]
+        where = {"iteration": r["first_iteration"], "rank": r["rank"],
+                 "layer_idx": r.get("layer_idx"), "operation": r.get("operation"),
+                 "phase": r.get("phase"), "tensor_name": r.get("tensor_name")}
+        sev = HIGH if metric == "nonfinite" else MEDIUM
+        summary = (f"Rank {r['rank']} is an outlier in {metric} from iteration "
+                   f"{r['first_iteration']} ({r['cells']} layer x tensor x iteration cells; "
+                   f"worst z {r['worst_z']:.1f} at L{r.get('layer_idx')} "
+                   f"{r.get('submodule') or ''} {r.get('tensor_name')}).")
+        out.append(Finding("rank_outlier", sev, summary, where,
+                           {"metric": metric, "cells": r["cells"], "worst_z": r["worst_z"],
+                            "value": r.get("v"), "median": r.get("med"),
+                            "submodule": r.get("submodule")},
+                           "index.html: Outlier ranks; rank_analysis",
+                           f"Compare rank {r['rank']}'s data shard and hardware with the "
+                           "others (a bad node or a bad shard shows on one rank only).",
+                           onset=r["first_iteration"]))
     return out
 
 
 # -- attention_logit_growth ----------------------------------------------------------------------
-def attention_logit_growth(con: Any, state: IndexState) -> list[Finding]:
+def attention_logit_growth(con: Any, src: str) -> list[Finding]:
     """max |q.k|/sqrt(d) per layer over iterations, bounded from the captured query and key
     absmax: |q.k|/sqrt(d) <= sqrt(d) * absmax(q) * absmax(k) (d the head dimension)."""
     rows = _rows(con, f"""
         SELECT layer_idx, any_value(module_path) AS module_path, iteration,
-               max(stats.absmax) FILTER (WHERE tensor_name = 'query') AS q,
-               max(stats.absmax) FILTER (WHERE tensor_name = 'key') AS k,
-               max(shape[len(shape)]) FILTER (WHERE tensor_name = 'query') AS d
-        FROM {source(state)}
+               max(absmax) FILTER (WHERE tensor_name = 'query') AS q,
+               max(absmax) FILTER (WHERE tensor_name = 'key') AS k,
+               max(last_dim) FILTER (WHERE tensor_name = 'query') AS d
+        FROM {src}
         WHERE tensor_name IN ('query', 'key') AND operation = 'forward' AND {_NONFINITE} = 0
         GROUP BY layer_idx, iteration ORDER BY iteration""")
     per_layer: dict[Any, list] = {}

@@ -96,7 +96,7 @@ def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
         state = columnar.refresh(root, opts.index_dir, say=_say(opts))
     con = columnar.connect()
     view = rank_tables.rank_view(con, state)
-    diagnosis = _diagnosis(root, con, state)
+    diagnosis = _diagnosis(root, con, state, view)
     if state.records <= opts.max_records:
         catalog = scan(root)
     else:
@@ -116,13 +116,13 @@ def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
     return catalog
 
 
-def _diagnosis(root: Path, con, state):
+def _diagnosis(root: Path, con, state, view):
     """The findings of tensor_viz.diagnose over the same index (None when it has no record)."""
     if not state.records:
         return None
     from tensor_viz.diagnose import diagnose
 
-    return diagnose(root, con=con, state=state)
+    return diagnose(root, con=con, state=state, rank_view=view)
 
 
 def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True,
