@@ -27,7 +27,7 @@ import torch
 from capture_runtime_helpers import CpuScheduleTorch, _set_env, _use_tree
 
 SCENARIOS = ("nan_forward", "nan_backward", "growth", "healthy")
-ITERATIONS = 5
+ITERATIONS = 4
 NAN_ITERATION = 2
 GROWTH = 3.0
 PLANTS = {  # scenario -> (rank, module, iteration, micro-batch)
