@@ -75,24 +75,38 @@ def source(state: IndexState) -> str:
 NARROW = "diag_records"
 
 
-def materialize(con: Any, state: IndexState) -> str:
-    """Create (or replace) :data:`NARROW` on ``con`` from the index; returns its name."""
+#: the few expressions DuckDB and Spark SQL spell differently (everything else is the same SQL)
+DIALECTS = {
+    "duckdb": {"last_dim": "shape[-1]"},
+    "spark": {"last_dim": "element_at(shape, -1)"},
+}
+
+
+def dialect(con: Any) -> dict[str, str]:
+    return DIALECTS[getattr(con, "dialect", "duckdb")]
+
+
+def materialize(con: Any, state: IndexState | None, relation: str | None = None) -> str:
+    """Create (or replace) :data:`NARROW` on ``con`` from the index (or from ``relation``, a
+    table holding the Parquet dataset's columns, e.g. a Spark view); returns its name."""
+    d = dialect(con)
+    ranks_view = "" if getattr(con, "dialect", "duckdb") != "duckdb" else """,
+        submodule, struct_pack(absmax := stats.absmax, std := stats.std,
+            nan_count := stats.nan_count, inf_count := stats.inf_count,
+            range := map_from_entries([struct_pack(k := quant_type, v := struct_pack(
+                underflow_ratio := stats.range[quant_type].underflow_ratio,
+                overflow_ratio := stats.range[quant_type].overflow_ratio))])) AS stats"""
     con.execute(f"""CREATE OR REPLACE TEMP TABLE {NARROW} AS SELECT
         rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase,
         tensor_name, quant_type, emulated_format, coalesce(variant, 'hp') AS variant,
-        shape[len(shape)] AS last_dim,
+        {d['last_dim']} AS last_dim,
         stats.absmax AS absmax, stats.std AS std, stats.numel AS numel,
         coalesce(stats.nan_count, 0) AS nan_count, coalesce(stats.inf_count, 0) AS inf_count,
         stats.range[quant_type].max_normal AS max_normal,
         stats.range[quant_type].flush_to_zero_ratio AS flush,
         stats.range[quant_type].overflow_ratio AS overflow,
-        whatif IS NOT NULL AS has_whatif,
-        submodule, struct_pack(absmax := stats.absmax, std := stats.std,
-            nan_count := stats.nan_count, inf_count := stats.inf_count,
-            range := map_from_entries([struct_pack(k := quant_type, v := struct_pack(
-                underflow_ratio := stats.range[quant_type].underflow_ratio,
-                overflow_ratio := stats.range[quant_type].overflow_ratio))])) AS stats
-        FROM {source(state)}""")
+        whatif IS NOT NULL AS has_whatif{ranks_view}
+        FROM {relation or source(state)}""")
     return NARROW
 
 
