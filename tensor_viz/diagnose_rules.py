@@ -416,7 +416,7 @@ def rank_outlier(con: Any, src: str, records: int, view: Any = None) -> list[Fin
         sev = HIGH if metric == "nonfinite" else MEDIUM
         summary = (f"Rank {r['rank']} is an outlier in {metric} from iteration "
                    f"{r['first_iteration']} ({r['cells']} layer x tensor x iteration cells; "
-                   f"worst z {r['worst_z']:.1f} at L{r.get('layer_idx')} "
+                   f"worst z {r['worst_z']:.3g} at L{r.get('layer_idx')} "
                    f"{r.get('submodule') or ''} {r.get('tensor_name')}).")
         out.append(Finding("rank_outlier", sev, summary, where,
                            {"metric": metric, "cells": r["cells"], "worst_z": r["worst_z"],
