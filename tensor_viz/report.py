@@ -53,13 +53,28 @@ def _sqnr_text(v: float) -> str:
     return "exact" if v == math.inf else f"{v:.1f} dB"
 
 
+def _loss_mark(r: dict) -> str:
+    """' (N dB below Gaussian: HIGH)' when quant.format_loss judges the tensor bad in the format
+    (its SQNR against the format's own on Gaussian data of its shape and axis), else ''."""
+    from quant.format_loss import baseline_sqnr, loss_severity
+
+    shape = tuple(r.get("shape") or ()) or (1,)
+    try:
+        base = baseline_sqnr(r["format"], shape, int(r.get("axis") if r.get("axis") is not None else -1))
+    except (KeyError, ValueError, IndexError):
+        return ""
+    sev = loss_severity(r["sqnr_db"], base)
+    return "" if sev == "none" else f" ({base - r['sqnr_db']:.1f} dB below Gaussian: {sev.upper()})"
+
+
 def _whatif_cell(r: dict | None) -> dict:
     """One format's cell of a layer: its worst SQNR, relative error and where (tensor, iteration);
-    ``short``: that tensor's block axis is shorter than one block (marked, not dropped)."""
+    ``short``: that tensor's block axis is shorter than one block (marked, not dropped); a mark
+    when the one judgment of a format's loss (quant.format_loss) calls it bad."""
     if r is None:
         return {"text": "", "detail": "", "short": False}
     rel = "" if r["rel_error"] is None else f", {100 * r['rel_error']:.3g}%"
-    return {"text": _sqnr_text(r["sqnr_db"]) + rel,
+    return {"text": _sqnr_text(r["sqnr_db"]) + rel + _loss_mark(r),
             "detail": f"{r['operation']} {r['tensor_name']}, iteration {r['iteration']}",
             "short": bool(r.get("short_axis"))}
 

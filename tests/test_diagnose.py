@@ -251,3 +251,14 @@ def test_the_report_and_the_one_click_output_open_with_the_diagnosis(tmp_path, c
     assert at < page.index("<h2 id=summary>") and at < page.index("<figure")
     assert "first_nonfinite" in page[at:page.index("<h2 id=summary>")]
     assert "decoder.layers.1.self_attention.linear_qkv forward output" in page
+
+
+def test_the_report_tables_mark_a_cell_by_the_same_judgment():
+    from quant.format_loss import baseline_sqnr
+    from tensor_viz.report import _loss_mark
+
+    base = baseline_sqnr("hifp8", (16, 64), -1)
+    cell = {"format": "hifp8", "shape": [16, 64], "axis": -1}
+    assert _loss_mark(dict(cell, sqnr_db=base - 1)) == ""
+    assert _loss_mark(dict(cell, sqnr_db=base - 8)).endswith("below Gaussian: MEDIUM)")
+    assert _loss_mark(dict(cell, sqnr_db=base - 20)) == " (20.0 dB below Gaussian: HIGH)"
