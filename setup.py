@@ -46,13 +46,17 @@ setup(
                  # the Triton kernels are tested on the CPU in its interpreter (TRITON_INTERPRET=1)
                  "triton>=3.2",
                  # the Transformer Engine debug features (te extra), tested with a TE stand-in
-                 "nvdlfw-inspect==0.2.2"],
+                 "nvdlfw-inspect==0.2.2",
+                 # lowp-diagnose's queries as Spark SQL (local mode; needs a Java runtime)
+                 "pyspark>=3.5"],
         # Transformer Engine's debug API (pure Python): our features in it (te_integration);
         # Transformer Engine itself (>= 2.16 for the quantizer factory) comes from the gpu extra
         "te": ["nvdlfw-inspect==0.2.2"],
         # GPU-only extras; nothing imports them unconditionally.
         "gpu": ["transformer-engine[pytorch]"],
         "tensorboard": ["tensorboard>=2.10"],
+        # lowp-diagnose over a cluster's Parquet dataset (tensor_viz.diagnose_spark)
+        "spark": ["pyspark>=3.5"],
         "safetensors": ["safetensors>=0.4"],
     },
     entry_points={
@@ -70,6 +74,7 @@ setup(
             "precision-diff=training_profiler.layer_diff:main",
             "lowp-te-check=te_integration.check_cli:main",
             "lowp-attribute=attribution.cli:main",
+            "lowp-diagnose=tensor_viz.diagnose_cli:main",
         ]
     },
 )

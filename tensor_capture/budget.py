@@ -125,6 +125,16 @@ def finished_reason(config: CaptureConfig, saved: set[int] | list[int], next_ite
     return None
 
 
+#: callables adding a clause to the stop line (a module with per-session counts registers one
+#: here instead of this module importing it)
+_STOP_NOTES: list[Callable[[], str | None]] = []
+
+
+def add_stop_note(note: Callable[[], str | None]) -> None:
+    if note not in _STOP_NOTES:
+        _STOP_NOTES.append(note)
+
+
 def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
     saved = saver.saved_iterations
     its = f"{saved[0]}..{saved[-1]}" if len(saved) > 1 else (str(saved[0]) if saved else "none")
@@ -135,7 +145,8 @@ def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
                   f"iteration(s), within whatif_budget={gate.budget:g} of wall time")
     return (f"tensor capture: stopped after iteration {last_iteration} ({reason}): "
             f"{len(saved)} iteration(s) saved ({its}), {human_bytes(saver.bytes_saved)} of files "
-            f"on rank {global_rank()} in {saver.directory}{whatif}")
+            f"on rank {global_rank()} in {saver.directory}{whatif}"
+            + "".join(f"; {n}" for n in (note() for note in _STOP_NOTES) if n))
 
 
 class ByteBudget:

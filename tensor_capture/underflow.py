@@ -1,17 +1,21 @@
-"""The seed's pre-quantization underflow warning, on the way, while emulating.
+"""The pre-quantization warning, on the way, while emulating: a finding, said once.
 
 Why a module of its own: the warning belongs to emulation, not to capture; it must never
 change a result, must not flood the log, and must not make emulation several times slower.
-Emulated GEMM operands are analysed with ``quant.analyze_quantization`` (given the quantized
-tensor, so nothing is quantized twice); the warning is ``QuantAnalysis.warning_message()``
-(flush-to-zero above 0.1 %), printed at most once per operand kind per iteration.
 
-Cost bound: an analysis makes several passes over its operand (several times a quantization),
-so each iteration analyses ONE operand per kind, taking the modules in turn (round robin over
-the modules seen with that kind), so every module is checked once every N iterations for N
-modules. The cost is then about one analysis per kind per iteration, whatever the depth of the
-model and the number of micro-batches. Off (``underflow_warnings: false``, or no emulation): one
-flag check per operand.
+What is "bad" is the one judgment of :mod:`quant.format_loss`: the operand's SQNR in the
+format against the format's own SQNR on Gaussian data of the same shape along the same axis
+(values in a subnormal range count by what they lose, not by where they sit). The overflow /
+underflow / flush-to-zero counts of ``quant.analyze_quantization`` (given the quantized tensor,
+so nothing is quantized twice) are the evidence the line shows.
+
+Said once per (module, operand, format), and again only when its level changes (a line saying
+so when it comes back within the margin); the count goes into the capture's stop line.
+
+Cost bound: an analysis makes several passes over its operand, so each iteration analyses ONE
+operand per kind, taking the modules in turn (round robin over the modules seen with that kind):
+about one analysis per kind per iteration, whatever the depth of the model and the number of
+micro-batches. Off (``underflow_warnings: false``, or no emulation): one flag check per operand.
 """
 from __future__ import annotations
 
@@ -19,30 +23,48 @@ import sys
 
 import torch
 
+from . import budget
 from .saver import on_new_session
+
+_ICON = {"high": "\U0001f534", "medium": "\U0001f7e1", "none": "\U0001f7e2"}
 
 
 class _Turns:
-    __slots__ = ("iteration", "done", "seen", "checked")
+    __slots__ = ("iteration", "done", "seen", "checked", "levels", "said")
 
     def __init__(self) -> None:
         self.iteration: int | None = None
         self.done: set[str] = set()                    # kinds analysed (or warned) this iteration
         self.seen: dict[str, set[str | None]] = {}     # kind -> modules met so far
         self.checked: dict[str, set[str | None]] = {}  # kind -> modules analysed this round
+        self.levels: dict[tuple, str] = {}             # (module, kind, format) -> level last said
+        self.said = 0                                  # warnings printed this session
 
 
 _T = _Turns()
 
 
 def reset() -> None:
-    _T.iteration = None
-    _T.done = set()
-    _T.seen = {}
-    _T.checked = {}
+    global _T
+    _T = _Turns()
 
 
 on_new_session(reset)
+
+
+def warnings_said() -> int:
+    return _T.said
+
+
+def _stop_note() -> str | None:
+    if not _T.said:
+        return None
+    keys = sum(1 for v in _T.levels.values() if v != "none")
+    return (f"{_T.said} pre-quantization warning(s) ({keys} module x operand x format now above "
+            "the margin)")
+
+
+budget.add_stop_note(_stop_note)
 
 
 def _my_turn(kind: str, site: str | None) -> bool:
@@ -56,9 +78,29 @@ def _my_turn(kind: str, site: str | None) -> bool:
     return True
 
 
+def message(kind: str, site: str | None, iteration: int | None, loss, report,
+            previous: str) -> str:
+    """The one line said for a (module, operand, format) whose level changed."""
+    where = f" {site}" if site else ""
+    it = "?" if iteration is None else iteration
+    head = f"tensor capture: iteration {it}, {kind}{where}:"
+    if loss.severity == "none":
+        return (f"{head} {_ICON['none']} back within the margin in {loss.format} (SQNR "
+                f"{loss.sqnr_db:.1f} dB, baseline {loss.baseline_db:.1f} dB; was "
+                f"{previous.upper()})")
+    change = "" if previous == "none" else f", was {previous.upper()}"
+    return (f"{head} {_ICON[loss.severity]} {loss.format} loses {loss.deficit_db:.1f} dB more "
+            f"than on Gaussian data (SQNR {loss.sqnr_db:.1f} vs {loss.baseline_db:.1f} dB): "
+            f"severity {loss.severity.upper()}{change}; underflow {report.underflow_ratio:.2%}, "
+            f"flushed to zero {report.flush_to_zero_ratio:.2%}, overflow "
+            f"{report.overflow_ratio:.2%} (said once per module, operand and format, again when "
+            "the level changes)")
+
+
 def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: str,
           site: str | None, iteration: int | None) -> str | None:
-    """Analyse ``x`` (before quantization to ``fmt``) when it is its turn; print the warning."""
+    """Judge ``x`` (before quantization to ``fmt``) when it is its turn; print a line when the
+    level of (site, kind, fmt) changed."""
     if iteration != _T.iteration:
         _T.iteration = iteration
         _T.done = set()
@@ -69,19 +111,23 @@ def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: s
         return None
     _T.done.add(kind)
     import quant
+    from quant.format_loss import judge
 
     try:
-        report = quant.analyze_quantization(x.detach(), fmt, axis=axis,
-                                            quantized=quantized.detach())
+        q = quantized.detach()
+        report = quant.analyze_quantization(x.detach(), fmt, axis=axis, quantized=q,
+                                            summaries=False)
+        loss = judge(x, fmt, axis, quantized=q)
     except Exception as exc:  # advisory only: never stop training for it
-        print(f"tensor capture: underflow analysis of {kind} skipped ({exc})".splitlines()[0],
+        print(f"tensor capture: pre-quantization analysis of {kind} skipped ({exc})".splitlines()[0],
               file=sys.stderr, flush=True)
         return None
-    msg = report.warning_message()
-    if msg is None:
+    key = (site, kind, loss.format)
+    previous = _T.levels.get(key, "none")
+    if loss.severity == previous:
         return None
-    where = f" {site}" if site else ""
-    it = "?" if iteration is None else iteration
-    text = f"tensor capture: iteration {it}, {kind}{where}:\n{msg}"
+    _T.levels[key] = loss.severity
+    text = message(kind, site, iteration, loss, report, previous)
+    _T.said += 1
     print(text, file=sys.stderr, flush=True)
     return text

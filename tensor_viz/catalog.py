@@ -83,6 +83,7 @@ class Catalog:
     selected: str | None = None        # a large capture: which records the figures draw from
     index: Any = None                  # a large capture: (DuckDB connection, columnar.IndexState)
     index_state: Any = None            # columnar.IndexState of the manifests, when they exist
+    diagnosis: Any = None              # tensor_viz.diagnose.Diagnosis of the manifests, when built
 
     def problem_counts(self) -> dict[str, int]:
         return dict(Counter(p.kind for p in self.problems))

@@ -91,9 +91,14 @@ def _run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bo
         print(f"{prog}: nothing new in {cat.directory} since the report in {args.output_dir} "
               f"({result.reused.get('records', 0):,} records, {result.drawn} figures): it is "
               f"current (delete {args.output_dir}/{STAMP_FILE} to draw it again)")
+        for line in result.reused.get("diagnosis") or []:
+            print(f"{prog}: {line}")
         return result.exit_code
     print(f"{prog}: {len(cat.entries)} tensors in {cat.directory}; read values from {result.files_read} files; "
           f"{result.drawn} figures drawn into {args.output_dir}")
+    if cat.diagnosis is not None:          # the findings, the cause first (tensor_viz.diagnose)
+        for line in cat.diagnosis.lines(limit=10):
+            print(f"{prog}: {line}")
     counts = cat.problem_counts()
     if counts:
         print(f"{prog}: skipped or flagged {sum(counts.values())} inputs ("

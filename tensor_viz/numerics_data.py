@@ -92,7 +92,9 @@ def rows(entries: Iterable[Entry]) -> list[Row]:
         base = {"file": os.path.basename(e.path) if e.path else "",
                 **{k: getattr(e.name, k) for k in NAME_FIELDS},
                 "label": e.label, "layer": e.layer_label, "quant_type": e.name.quant_type,
-                "sampled": bool(w.get(schema.WHATIF_SAMPLED)), "source": w.get("source")}
+                "sampled": bool(w.get(schema.WHATIF_SAMPLED)), "source": w.get("source"),
+                # for the format's Gaussian baseline (quant.format_loss): the same shape and axis
+                "shape": e.meta.get(schema.META_SHAPE), "axis": w.get(schema.WHATIF_AXIS)}
         for fmt, num in w[schema.WHATIF_FORMATS].items():
             num = num if isinstance(num, dict) else {}
             scale = num.get("block_scale") if isinstance(num.get("block_scale"), dict) else {}

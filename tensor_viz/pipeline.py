@@ -96,6 +96,7 @@ def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
         state = columnar.refresh(root, opts.index_dir, say=_say(opts))
     con = columnar.connect()
     view = rank_tables.rank_view(con, state)
+    diagnosis = _diagnosis(root, con, state, view)
     if state.records <= opts.max_records:
         catalog = scan(root)
     else:
@@ -111,7 +112,17 @@ def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
         catalog.index = (con, state)
     catalog.view = view
     catalog.index_state = state
+    catalog.diagnosis = diagnosis
     return catalog
+
+
+def _diagnosis(root: Path, con, state, view):
+    """The findings of tensor_viz.diagnose over the same index (None when it has no record)."""
+    if not state.records:
+        return None
+    from tensor_viz.diagnose import diagnose
+
+    return diagnose(root, con=con, state=state, rank_view=view)
 
 
 def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True,
@@ -334,5 +345,7 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
 
         report_stamp.write(out, stamp, {"tensors": len(catalog.entries), "drawn": result.drawn,
                                         "files_read": nread,
-                                        "records": catalog.index_state.records})
+                                        "records": catalog.index_state.records,
+                                        "diagnosis": (catalog.diagnosis.lines()
+                                                      if catalog.diagnosis else [])})
     return result

@@ -64,6 +64,11 @@ class Header:
 
 
 def _source(state: IndexState) -> str:
+    # a state may name a table holding the same columns (tensor_viz.diagnose_rules' narrow copy
+    # of the index, so the outlier test reads flat columns instead of the nested Parquet)
+    relation = getattr(state, "relation", None)
+    if relation:
+        return relation
     return f"read_parquet({sql_string(state.parquet_glob)}, hive_partitioning=true, union_by_name=true)"
 
 

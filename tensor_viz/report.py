@@ -23,6 +23,7 @@ from tensor_viz.result import Result
 
 TOP = 10
 MAX_PROBLEMS_SHOWN = 50
+MAX_FINDINGS_SHOWN = 20
 TEMPLATE = "report.html.j2"
 
 #: The summary's "worst" tables: (title, ratio key of the range statistics, what it counts).
@@ -52,13 +53,28 @@ def _sqnr_text(v: float) -> str:
     return "exact" if v == math.inf else f"{v:.1f} dB"
 
 
+def _loss_mark(r: dict) -> str:
+    """' (N dB below Gaussian: HIGH)' when quant.format_loss judges the tensor bad in the format
+    (its SQNR against the format's own on Gaussian data of its shape and axis), else ''."""
+    from quant.format_loss import baseline_sqnr, loss_severity
+
+    shape = tuple(r.get("shape") or ()) or (1,)
+    try:
+        base = baseline_sqnr(r["format"], shape, int(r.get("axis") if r.get("axis") is not None else -1))
+    except (KeyError, ValueError, IndexError):
+        return ""
+    sev = loss_severity(r["sqnr_db"], base)
+    return "" if sev == "none" else f" ({base - r['sqnr_db']:.1f} dB below Gaussian: {sev.upper()})"
+
+
 def _whatif_cell(r: dict | None) -> dict:
     """One format's cell of a layer: its worst SQNR, relative error and where (tensor, iteration);
-    ``short``: that tensor's block axis is shorter than one block (marked, not dropped)."""
+    ``short``: that tensor's block axis is shorter than one block (marked, not dropped); a mark
+    when the one judgment of a format's loss (quant.format_loss) calls it bad."""
     if r is None:
         return {"text": "", "detail": "", "short": False}
     rel = "" if r["rel_error"] is None else f", {100 * r['rel_error']:.3g}%"
-    return {"text": _sqnr_text(r["sqnr_db"]) + rel,
+    return {"text": _sqnr_text(r["sqnr_db"]) + rel + _loss_mark(r),
             "detail": f"{r['operation']} {r['tensor_name']}, iteration {r['iteration']}",
             "short": bool(r.get("short_axis"))}
 
@@ -117,6 +133,7 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                              "subset": subset_note(len(rows), n_any, f"tensors with any {what}",
                                                    "those with the largest ratios")})
     return _template().render(
+        diagnosis=_diagnosis_view(cat.diagnosis),
         directory=cat.directory, n_tensors=len(ds.entries),
         capture_header=view.header.line() if view is not None else None,
         selected=cat.selected,
@@ -137,6 +154,23 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                                     "the first in reading order; problems.txt lists all"),
         sections=[{"name": s, "description": SECTION_DESCRIPTIONS[s], "figures": fs.in_section(s)}
                   for s in sections])
+
+
+def _diagnosis_view(diagnosis) -> dict | None:
+    """What the page's Diagnosis section shows: the findings (the cause first) and what was
+    checked; None without manifests (lowp-diagnose reads the capture's manifests)."""
+    if diagnosis is None:
+        return None
+    rows = []
+    for f in diagnosis.findings[:MAX_FINDINGS_SHOWN]:
+        d = f.to_dict()
+        where = ", ".join(f"{label} {d[k]}" for k, label in (
+            ("iteration", "iteration"), ("sample_idx", "micro-batch"), ("rank", "rank"))
+            if d.get(k) is not None)
+        rows.append({"severity": f.severity, "kind": f.kind, "summary": f.summary,
+                     "where": where, "figure": f.figure, "action": f.action})
+    return {"rows": rows, "more": max(len(diagnosis.findings) - MAX_FINDINGS_SHOWN, 0),
+            "checked": sorted(diagnosis.checked.items()), "records": diagnosis.records}
 
 
 @functools.lru_cache(maxsize=1)

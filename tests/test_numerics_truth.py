@@ -83,8 +83,13 @@ def test_every_path_counts_the_same(fmt):
 
     # the tensor analyzer
     risk = format_risks(x, [fmt])[fmt]
-    assert risk == {"overflow_ratio": ref.overflow_ratio, "underflow_ratio": ref.underflow_ratio,
-                    "flush_to_zero_ratio": ref.flush_to_zero_ratio}
+    assert {k: risk[k] for k in ("overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")} == {
+        "overflow_ratio": ref.overflow_ratio, "underflow_ratio": ref.underflow_ratio,
+        "flush_to_zero_ratio": ref.flush_to_zero_ratio}
+    # ... and its verdict's loss is quant.format_loss's, not a copy
+    from quant.format_loss import judge
+
+    assert risk["sqnr_db"] == judge(x.float(), fmt, -1).sqnr_db
 
     # severities are the seed's rule on the matching ratio
     assert ref.overflow_severity == severity(ref.overflow_count / n)

@@ -63,12 +63,20 @@ def block_dynamic_range(x: torch.Tensor, block_size: int = 32,
 
 
 def format_risks(x: torch.Tensor, formats: Sequence[str] = DEFAULT_FORMATS) -> dict[str, dict[str, float]]:
-    """Overflow / underflow / flush-to-zero fractions of x in each format, via quant/."""
+    """Overflow / underflow / flush-to-zero fractions of x in each format and its SQNR against the
+    format's Gaussian baseline (quant.format_loss), via quant/."""
+    from quant.format_loss import judge as format_loss
+
     out = {}
     for name in formats:
-        a = quant.analyze_quantization(x.float(), name)
+        xf = x.float()
+        q = quant.quantize(xf, name)
+        a = quant.analyze_quantization(xf, name, quantized=q, summaries=False)
+        loss = format_loss(xf, name, -1, quantized=q)
         out[name] = {"overflow_ratio": float(a.overflow_ratio), "underflow_ratio": float(a.underflow_ratio),
-                     "flush_to_zero_ratio": float(a.flush_to_zero_ratio)}
+                     "flush_to_zero_ratio": float(a.flush_to_zero_ratio),
+                     "sqnr_db": loss.sqnr_db, "baseline_db": loss.baseline_db,
+                     "deficit_db": loss.deficit_db}
     return out
 
 
@@ -144,10 +152,12 @@ def format_report(r: dict[str, Any], top: int = 8) -> str:
                  + "".join(f", beyond {k[len('fraction_beyond_'):]}: {v:.3g}" for k, v in b.items()
                            if k.startswith("fraction_beyond_")))
     if r["formats"]:
-        lines.append(f"  {'format':>12} {'overflow':>10} {'underflow':>10} {'flushed':>10}")
+        lines.append(f"  {'format':>12} {'overflow':>10} {'underflow':>10} {'flushed':>10} "
+                     f"{'SQNR dB':>8} {'Gaussian':>8}")
         for name, f in r["formats"].items():
             lines.append(f"  {name:>12} {f['overflow_ratio']:>10.3g} {f['underflow_ratio']:>10.3g} "
-                         f"{f['flush_to_zero_ratio']:>10.3g}")
+                         f"{f['flush_to_zero_ratio']:>10.3g} {f['sqnr_db']:>8.1f} "
+                         f"{f['baseline_db']:>8.1f}")
     if r["findings"] and r["safe_formats"]:
         lines.append(f"No rule fired for: {', '.join(r['safe_formats'])}")
     lines.append(f"Suggestion: {r['suggestion']}")

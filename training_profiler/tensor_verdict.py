@@ -1,13 +1,13 @@
 """The verdict of ``analyze_tensor``: one rule table from the numbers of its report to the risk
 level, the reasons, the suggestion and the list of formats where nothing was found.
 
-Why a table: the verdict used to look at NaN/Inf, the channel ratio and bf16/fp16 overflow
-only, so a tensor whose own table showed 99.9 % flushed to zero in fp8 was called "LOW ...
-looks safe". Here every number the report shows beside the verdict (non-finite counts, the
-channel ratio, every format row's overflow / underflow / flush-to-zero ratio, the fraction of
-blocks wider than an MX element) is read by exactly one rule, and the level is the highest any
-rule gives. Overflow, underflow, flush-to-zero and their severity classes are
-``quant.analysis``' definitions (``severity``: above 1 % high, above 0.1 % medium).
+Why a table: each verdict is read by exactly one rule, and the level is the highest any rule
+gives. Whether a format suits the tensor is ONE judgment, ``quant.format_loss``: the tensor's
+SQNR in the format against the format's own SQNR on Gaussian data of the same shape along the
+same axis. A ratio rule (flush above 1 % is high) called every Gaussian HIGH in mxfp4 / nvfp4
+and fp8's subnormal range "underflow" although nothing was lost; values now count by what they
+lose. The overflow / underflow / flush-to-zero ratios (``quant.analysis``' definitions) stay in
+the report as the evidence.
 
 A LOW verdict is a claim that every ratio is below 0.1 %; with fewer nonzero finite values than
 ``1 / MEDIUM_THRESHOLD`` one value alone is above that, so the verdict is CANNOT JUDGE instead
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from quant.analysis import HIGH_THRESHOLD, MEDIUM_THRESHOLD, severity
+from quant.format_loss import MARGIN_HIGH_DB, MARGIN_MEDIUM_DB, loss_severity
 from quant.formats import FORMATS
 
 LOW, MEDIUM, HIGH = "LOW", "MEDIUM", "HIGH"
@@ -50,6 +51,19 @@ class SeverityGrade:
 
     def bound(self, level: str) -> str:
         return {HIGH: f"above {HIGH_THRESHOLD:.0%}", MEDIUM: f"above {MEDIUM_THRESHOLD:.1%}"}[level]
+
+
+@dataclass(frozen=True)
+class LossGrade:
+    """dB below the format's Gaussian baseline, graded by ``quant.format_loss.loss_severity``
+    (the project's one judgment of a format's loss)."""
+
+    def level(self, value: float) -> str:
+        return SEVERITY_LEVEL[loss_severity(-value, 0.0)]
+
+    def bound(self, level: str) -> str:
+        return {HIGH: f"more than {MARGIN_HIGH_DB:g} dB below",
+                MEDIUM: f"more than {MARGIN_MEDIUM_DB:g} dB below"}[level]
 
 
 @dataclass(frozen=True)
@@ -136,36 +150,20 @@ RULES: tuple[RiskRule, ...] = (
              "values overflow to Inf in {subjects}",
              "Values exceed {names}' range and become Inf: scale the tensor down or keep it in "
              "FP32."),
-    RiskRule("overflow", "formats[F].overflow_ratio (scaled and fp8/fp4 formats: saturates)",
-             _format_rows("overflow_ratio", lambda n: not _is_dtype(n)), SeverityGrade(),
-             "values overflow (saturate) in {subjects} ({bound})",
-             "Values saturate in {names}: use a scale that fits the tensor's absmax, or a "
-             "format with a wider exponent."),
-    RiskRule("flush_to_zero", "formats[F].flush_to_zero_ratio",
-             _format_rows("flush_to_zero_ratio"), SeverityGrade(),
-             "nonzero values flush to zero in {subjects} ({bound})",
-             "Values are lost (flushed to zero) in {names}: scale the tensor up before the "
-             "cast (a per-tensor or block-scaled format) or keep it in a format where no rule "
-             "fired."),
-    RiskRule("underflow", "formats[F].underflow_ratio",
-             _format_rows("underflow_ratio"), SeverityGrade(),
-             "values fall below the min normal in {subjects} ({bound}; subnormal: fewer bits, "
-             "or zero)",
-             "Values fall below the min normal of {names}: scale the tensor up, or use a "
-             "format with a wider exponent range."),
-    RiskRule("block_span", "block_dynamic_range.fraction_beyond_F (blocks wider than F's "
-                           "elements)",
-             _block_rows, SeverityGrade(),
-             "blocks of {block_size} span more binades than the elements of {subjects} hold "
-             "({bound})",
-             "Blocks span more binades than {names} elements hold (their smallest values "
-             "underflow): use smaller blocks or a wider element format."),
+    RiskRule("format_loss", "formats[F].deficit_db (SQNR below the format's Gaussian baseline, "
+                            "quant.format_loss)",
+             _format_rows("deficit_db"), LossGrade(),
+             "{subjects} lose more than Gaussian data of this shape does ({bound})",
+             "Quantizing to {names} loses clearly more than these formats lose on "
+             "well-conditioned data (overflow, flush to zero or subnormal precision, see the "
+             "format rows): scale the tensor first (a per-tensor or block-scaled format) or keep "
+             "it in a format where no rule fired.", percent=False),
 )
 
 #: the LOW suggestion: only said when no rule fired and there are enough values
-SAFE_SUGGESTION = ("No rule fired (non-finite values, dimension ratio, overflow, flush to zero, "
-                   "underflow, block span): low-precision casting to {names} looks safe for "
-                   "this tensor.")
+SAFE_SUGGESTION = ("No rule fired (non-finite values, dimension ratio, overflow to Inf, loss "
+                   "against the format's Gaussian baseline): low-precision casting to {names} "
+                   "looks safe for this tensor.")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,259 @@
+"""From a capture to the cause: the findings of ``lowp-diagnose``, the report's "Diagnosis"
+section and the one-click output.
+
+:func:`diagnose` brings the capture's columnar index up to date, runs every kind of
+:data:`KINDS` (each a query over the index, :mod:`tensor_viz.diagnose_rules`) and ranks the
+findings, the cause first: severity, then the iteration where the problem starts, then the kind's
+place in :data:`KINDS` (a non-finite origin before the drift that may explain it only when they
+start in the same iteration), then the execution position. A run with no finding says so and
+lists what was checked. docs/diagnose.md documents the JSON.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from lowp_common import UserError
+from tensor_capture import schema
+from tensor_viz import columnar
+from tensor_viz import diagnose_rules as rules
+from tensor_viz.diagnose_rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
+
+#: loss spike: above mean + LOSS_SIGMAS x std of the previous LOSS_WINDOW iterations (or
+#: non-finite); a finding of another kind that starts at most LOSS_LEAD iterations before the
+#: spike is named as its likely cause
+LOSS_WINDOW, LOSS_SIGMAS, LOSS_LEAD = 100, 6.0, 50
+_LOSS_LINE = re.compile(r"iter(?:ation)?\s*[:=]?\s*(\d+).*?\b(?:lm[ _]loss|loss)\s*[:=]?\s*"
+                        r"([-+0-9.eE]+|nan|inf|-inf)", re.IGNORECASE)
+
+
+def _format_loss(con, state, src, view):
+    if not con.execute(f"SELECT count(*) FROM {src} WHERE has_whatif").fetchone()[0]:
+        return []                 # nothing to judge: no torch import, no baseline
+    from quant.format_loss import baseline_sqnr, loss_severity
+
+    fmts = {r[0] for r in con.execute(
+        f"SELECT DISTINCT coalesce(emulated_format, quant_type) FROM {src}").fetchall() if r[0]}
+    return rules.format_loss(con, state, src, fmts, baseline_sqnr, loss_severity)
+
+
+def _on_narrow(query):
+    return lambda con, state, src, view: query(con, src)
+
+
+#: kind -> (its query, what "checked" says it looked at); the order breaks ranking ties
+KINDS: dict[str, tuple[Callable[..., list[Finding]], str]] = {
+    "first_nonfinite": (_on_narrow(rules.first_nonfinite),
+                        "NaN/Inf counts of every record, in execution order across ranks"),
+    "range_drift": (_on_narrow(rules.range_drift),
+                    "absmax, flush-to-zero and overflow of each tensor over iterations against "
+                    "its format's limits"),
+    "format_loss": (_format_loss,
+                    "what-if SQNR of each tensor and format against the format's Gaussian "
+                    "baseline (quant.format_loss)"),
+    "attention_logit_growth": (_on_narrow(rules.attention_logit_growth),
+                               "max |q.k|/sqrt(d) per layer over iterations (bound from the "
+                               "query / key absmax)"),
+    "rank_outlier": (lambda con, state, src, view: rules.rank_outlier(con, src, state.records,
+                                                                      view),
+                     "each rank against the median of the ranks (tensor_viz.rank_tables)"),
+}
+_KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "reference_gap"])}
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding] = field(default_factory=list)
+    checked: dict[str, str] = field(default_factory=dict)
+    records: int = 0
+    capture: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"findings": [f.to_dict() for f in self.findings], "checked": self.checked,
+                "records": self.records}
+
+    @property
+    def healthy(self) -> bool:
+        return not any(f.severity in (HIGH, MEDIUM) for f in self.findings)
+
+    def lines(self, limit: int = 20) -> list[str]:
+        """The findings as text, the cause first (what the command and one-click print)."""
+        if not self.findings:
+            out = [f"diagnosis of {self.capture}: healthy: no finding in {self.records:,} records."]
+        else:
+            out = [f"diagnosis of {self.capture}: {len(self.findings)} finding(s) in "
+                   f"{self.records:,} records, the cause first:"]
+            for n, f in enumerate(self.findings[:limit], 1):
+                out.append(f"{n:>3}. [{f.severity}] {f.kind}: {f.summary}")
+                out.append(f"     try: {f.action}")
+            if len(self.findings) > limit:
+                out.append(f"     ... {len(self.findings) - limit} more (--json lists all)")
+        out.append("checked: " + "; ".join(f"{k} ({v})" for k, v in self.checked.items()))
+        return out
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (
+        SEVERITY_ORDER[f.severity], f.onset if f.onset is not None else math.inf,
+        _KIND_ORDER.get(f.kind, 99), f.position))
+
+
+def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
+               skip_bad_lines: bool = False, what: str = "CAPTURE_DIR",
+               say: Optional[Callable[[str], None]] = None) -> tuple[Any, columnar.IndexState]:
+    """The index of a capture folder, refusing a folder without manifests and (unless
+    ``skip_bad_lines``) a manifest with a line that is not a record."""
+    root = Path(capture_dir)
+    if not root.is_dir():
+        raise UserError(f"{what} {root}: no such folder")
+    if not any(root.glob(schema.MANIFEST_GLOB)):
+        raise UserError(f"{what} {root}: no {schema.MANIFEST_GLOB} in it; point at the folder "
+                        "the capture wrote (TENSOR_SAVE_DIR)")
+    con = columnar.connect()
+    state = columnar.refresh(root, cache_dir, say=say, con=con)
+    if state.bad_lines and not skip_bad_lines:
+        example = state.bad_examples[0] if state.bad_examples else "a line"
+        raise UserError(f"{what} {root}: {state.bad_lines} torn or foreign manifest line(s), "
+                        f"first {example}; --skip-bad-lines diagnoses the records around them")
+    if state.records == 0:
+        raise UserError(f"{what} {root}: the manifests hold no capture record")
+    return con, state
+
+
+def _modules(con, src: str) -> set[str]:
+    return {r[0] for r in con.execute(
+        f"SELECT DISTINCT module_path FROM {src}").fetchall() if r[0]}
+
+
+def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Finding]:
+    """The first tensor (execution order) whose std differs from the reference capture's by
+    more than REF_GAP; refuses a reference of another model (other module paths)."""
+    mine, theirs = _modules(con, src), _modules(ref_con, ref_src)
+    if mine and theirs and mine != theirs:
+        only = sorted(mine ^ theirs)[:2]
+        raise UserError(f"--reference {what}: a capture of another model ({len(mine ^ theirs)} "
+                        f"module path(s) differ, e.g. {', '.join(only)}); give a capture of the "
+                        "same model")
+    key = ", ".join(rules.TENSOR_KEY)
+    q = (f"SELECT {key}, iteration, avg(std) AS std FROM {{src}} WHERE "
+         f"variant = 'hp' GROUP BY {key}, iteration")
+    ref = {tuple(r[:-1]): r[-1] for r in ref_con.execute(q.format(src=ref_src)).fetchall()}
+    pos = rules.positions(con, src)
+    gaps = []
+    for row in con.execute(q.format(src=src)).fetchall():
+        other = ref.get(tuple(row[:-1]))
+        if other is None or row[-1] is None or not other:
+            continue
+        gap = abs(row[-1] - other) / abs(other)
+        if gap > REF_GAP or math.isnan(gap):
+            gaps.append((row[-2], pos.get(tuple(row[:-2]), math.inf), row, other, gap))
+    if not gaps:
+        return []
+    it, p, row, other, gap = min(gaps, key=lambda g: (g[0], g[1]))
+    where = dict(zip(rules.TENSOR_KEY, row[:-2]), iteration=it)
+    return [Finding("reference_gap", MEDIUM,
+                    f"First departure from the reference: {rules._label(where)} at iteration "
+                    f"{it}, std {row[-1]:.4g} vs {other:.4g} ({100 * gap:.0f}% apart).",
+                    where, {"std": row[-1], "reference_std": other, "relative_gap": gap,
+                            "departing_cells": len(gaps)},
+                    "index.html: numerics_map", "Keep this module in the reference precision "
+                    "and compare again (precision-diff narrows it to one GEMM).",
+                    onset=it, position=p)]
+
+
+REF_GAP = 0.25
+
+
+def read_losses(path: str | os.PathLike[str]) -> list[tuple[int, float]]:
+    """(iteration, loss) from a training log (lines naming an iteration and a loss) or a
+    TensorBoard folder (the first scalar tag with "loss" in its name)."""
+    p = Path(path)
+    if p.is_dir():
+        try:
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        except ImportError:
+            raise UserError(f"--loss {p}: reading TensorBoard needs the tensorboard package; "
+                            "pip install tensorboard, or pass the training log") from None
+        acc = EventAccumulator(str(p), size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = [t for t in acc.Tags().get("scalars", []) if "loss" in t.lower()]
+        if not tags:
+            raise UserError(f"--loss {p}: no scalar with 'loss' in its name in these events")
+        return [(int(e.step), float(e.value)) for e in acc.Scalars(tags[0])]
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as exc:
+        raise UserError(f"--loss {p}: cannot read it ({exc.strerror})") from None
+    out = [(int(m.group(1)), float(m.group(2))) for m in map(_LOSS_LINE.search, text.splitlines())
+           if m]
+    if not out:
+        raise UserError(f"--loss {p}: no line with an iteration and a loss in it")
+    return out
+
+
+def loss_spikes(losses: list[tuple[int, float]], others: list[Finding]) -> list[Finding]:
+    out = []
+    seen: list[float] = []
+    for it, v in sorted(losses):
+        window = seen[-LOSS_WINDOW:]
+        spike = not math.isfinite(v)
+        if not spike and len(window) >= 8:
+            mean = sum(window) / len(window)
+            std = math.sqrt(sum((x - mean) ** 2 for x in window) / len(window))
+            spike = v > mean + LOSS_SIGMAS * max(std, 1e-12)
+        if spike:
+            near = [f for f in others if f.onset is not None and it - LOSS_LEAD <= f.onset <= it]
+            cause = rank(near)[0] if near else None
+            out.append(Finding(
+                "loss_spike", HIGH if not math.isfinite(v) else MEDIUM,
+                f"Loss spike at iteration {it} ({v:.4g})"
+                + (f"; it follows {cause.kind} at iteration {cause.onset} "
+                   f"({rules._label(cause.where)})" if cause else
+                   "; no captured finding precedes it") + ".",
+                {"iteration": it}, {"loss": v, "window": len(window),
+                                    "follows": cause.to_dict() if cause else None},
+                "the training log / TensorBoard", "Start from the finding it follows."
+                if cause else "Capture the iterations before it (stats_only: true).",
+                onset=it))
+            if len(out) >= 10:
+                break
+        if math.isfinite(v):
+            seen.append(v)
+    return out
+
+
+def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: Any = None,
+             cache_dir: Any = None, skip_bad_lines: bool = False,
+             say: Optional[Callable[[str], None]] = None, con: Any = None,
+             state: Optional[columnar.IndexState] = None, rank_view: Any = None) -> Diagnosis:
+    """Every finding of a capture, ranked (module docstring). ``con``/``state``: an index the
+    caller already opened, ``rank_view``: its rank_tables.RankView (the report)."""
+    if con is None or state is None:
+        con, state = open_index(capture_dir, cache_dir, skip_bad_lines, say=say)
+    losses = read_losses(loss) if loss is not None else None
+    ref = None
+    if reference is not None:
+        ref = open_index(reference, None, skip_bad_lines, what="--reference", say=say)
+    result = Diagnosis(records=state.records, capture=str(capture_dir))
+    found: list[Finding] = []
+    src = rules.materialize(con, state)
+    for kind, (query, what) in KINDS.items():
+        found += query(con, state, src, rank_view)
+        result.checked[kind] = what
+    if ref is not None:
+        found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
+        result.checked["reference_gap"] = f"std of each tensor against {reference}"
+    if losses is not None:
+        found += loss_spikes(losses, found)
+        result.checked["loss_spike"] = (f"{len(losses)} loss values, spike above mean + "
+                                        f"{LOSS_SIGMAS:g} std of the last {LOSS_WINDOW}")
+    result.findings = rank(found)
+    return result
+
+
+__all__ = ["Diagnosis", "Finding", "KINDS", "HIGH", "MEDIUM", "LOW", "diagnose", "open_index",
+           "rank", "read_losses"]

@@ -1,0 +1,67 @@
+"""``lowp-diagnose CAPTURE_DIR``: the findings of a capture, the cause first (tensor_viz.diagnose).
+
+Exit 0 when it ran, whatever it found; 2 on a usage error (one line on stderr, nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from lowp_common import UserError, atomic_write_text, cli_entry, json_dumps
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lowp-diagnose",
+        description="Name the cause of a low-precision run's trouble from its capture: the "
+                    "first NaN/Inf and where it was born, tensors drifting toward the format's "
+                    "limits, tensors a format handles worse than Gaussian data, outlier ranks, "
+                    "attention logit growth, loss spikes. Findings ranked, the cause first; "
+                    "docs/diagnose.md has the rules and the JSON schema.")
+    p.add_argument("capture_dir", metavar="CAPTURE_DIR",
+                   help="the folder the capture wrote (TENSOR_SAVE_DIR, with manifest_rank*.jsonl)")
+    p.add_argument("--reference", metavar="DIR", default=None,
+                   help="a capture of the same model in a reference precision: adds the first "
+                        "tensor that departs from it")
+    p.add_argument("--loss", metavar="LOG|TB_DIR", default=None,
+                   help="the run's training log or TensorBoard folder: adds loss spikes and the "
+                        "finding each follows")
+    p.add_argument("--json", metavar="FILE|-", default=None,
+                   help="also write {findings, checked, records} as JSON to FILE ('-': stdout only)")
+    p.add_argument("--index-dir", metavar="DIR", default=None,
+                   help="where the columnar index goes (default: CAPTURE_DIR/.tensor_index)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="diagnose the records around torn or foreign manifest lines instead of "
+                        "refusing")
+    p.add_argument("--limit", type=int, default=20, help="findings printed (default %(default)s)")
+    return p
+
+
+@cli_entry("lowp-diagnose")
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.json not in (None, "-"):
+        target = Path(args.json)
+        if target.is_dir() or not target.parent.is_dir():
+            raise UserError(f"--json {target}: not a file in an existing folder")
+    from tensor_viz.diagnose import diagnose
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr)
+
+    result = diagnose(args.capture_dir, reference=args.reference, loss=args.loss,
+                      cache_dir=args.index_dir, skip_bad_lines=args.skip_bad_lines, say=say)
+    text = json_dumps(result.to_json(), indent=2)
+    if args.json == "-":
+        print(text)
+        return 0
+    print("\n".join(result.lines(args.limit)))
+    if args.json is not None:
+        atomic_write_text(args.json, text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The diagnosis' queries in Spark SQL over the columnar index's Parquet dataset, for a capture
+too large for one machine (a 10,000-rank run on a cluster filesystem).
+
+The kinds that are queries over the narrow table (``first_nonfinite``, ``range_drift``,
+``attention_logit_growth``) run the very SQL of :mod:`tensor_viz.diagnose_rules` through
+:class:`SparkConnection`, which answers the few calls those functions make of a DuckDB
+connection (``execute`` -> ``fetchone`` / ``fetchall`` / ``description``); the expressions the
+two dialects spell differently are ``diagnose_rules.DIALECTS``. ``format_loss`` and
+``rank_outlier`` stay DuckDB-only for now (their SQL uses DuckDB's map unnesting, ``median`` and
+``arg_max`` of structs). pyspark is imported by the caller, never by this package.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tensor_viz import diagnose_rules as rules
+from tensor_viz.diagnose import Diagnosis, rank
+
+#: the kinds run here, and what "checked" says of them
+SPARK_KINDS = {
+    "first_nonfinite": rules.first_nonfinite,
+    "range_drift": rules.range_drift,
+    "attention_logit_growth": rules.attention_logit_growth,
+}
+SOURCE_VIEW = "diag_source"
+_CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS (.*)$", re.S | re.I)
+
+
+class _Result:
+    def __init__(self, rows: list, columns: list[str]) -> None:
+        self._rows, self.description = rows, [(c,) for c in columns]
+
+    def fetchone(self):
+        return tuple(self._rows[0]) if self._rows else None
+
+    def fetchall(self):
+        return [tuple(r) for r in self._rows]
+
+
+def _plain(value: Any) -> Any:
+    """Spark Rows (structs) as dicts, as DuckDB returns structs."""
+    if hasattr(value, "asDict"):
+        return {k: _plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class SparkConnection:
+    """What diagnose_rules asks of a connection, answered by a SparkSession."""
+
+    dialect = "spark"
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def execute(self, sql: str, params: list | None = None) -> _Result:
+        for p in params or []:                     # the rules pass integers only
+            sql = sql.replace("?", str(int(p)), 1)
+        m = _CREATE.match(sql)
+        if m:
+            frame = self.spark.sql(m.group(2))
+            frame.cache().createOrReplaceTempView(m.group(1))
+            return _Result([], [])
+        frame = self.spark.sql(sql)
+        rows = frame.collect()
+        return _Result([[_plain(v) for v in r] for r in rows], frame.columns)
+
+
+def diagnose_parquet(spark: Any, data_dir: str | Path) -> Diagnosis:
+    """The findings of the SPARK_KINDS over a columnar index's dataset (``<index>/data``: the
+    ``rank=<r>`` partitions), ranked as tensor_viz.diagnose ranks them."""
+    spark.read.option("basePath", str(data_dir)).parquet(str(data_dir)).createOrReplaceTempView(
+        SOURCE_VIEW)
+    con = SparkConnection(spark)
+    src = rules.materialize(con, None, relation=SOURCE_VIEW)
+    records = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
+    from tensor_viz.diagnose import KINDS
+
+    result = Diagnosis(records=int(records), capture=str(data_dir))
+    found = []
+    for kind, query in SPARK_KINDS.items():
+        found += query(con, src)
+        result.checked[kind] = KINDS[kind][1]
+    result.findings = rank(found)
+    return result

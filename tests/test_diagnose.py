@@ -1,0 +1,264 @@
+"""lowp-diagnose on hand-built manifests: each kind's rule, the ranking, the JSON schema and bad
+input (the real-capture scenarios are in test_diagnose_runtime.py)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tensor_capture import schema
+from tensor_viz import diagnose_cli
+from tensor_viz.diagnose import diagnose
+from tensor_viz.diagnose_rules import LOCATION_KEYS
+
+#: one micro-batch of a 2-layer model, in the order a capture records it
+_ORDER = [(f"decoder.layers.{layer}.{sub}", layer, op, phase, name)
+          for op, layers in (("forward", (0, 1)), ("backward", (1, 0)))
+          for layer in layers
+          for sub in ("self_attention.linear_qkv", "mlp.linear_fc1")
+          for phase, name in ((("pre", "input"), ("pre", "weight"), ("post", "output"))
+                              if op == "forward" else
+                              (("pre", "grad_output"), ("post", "grad_input")))]
+
+
+def _record(rank, it, sample, counter, path, layer, op, phase, name, absmax=1.0, nan=0,
+            fmt="hifp8", flush=0.0):
+    return {"layer_type": "linear", "operation": op, "tensor_name": name, "quant_type": fmt,
+            "layer_idx": layer, "phase": phase, "component": "linear", "iteration": it,
+            "rank": rank, "sample_idx": sample, "counter": counter, "schema_version": 3,
+            "shape": [16, 64], "module_path": path, "submodule": path.rsplit(".", 1)[-1],
+            "variant": "hp", "emulated_format": fmt, "file": None,
+            "stats": {"numel": 1024, "absmax": absmax, "std": absmax / 3, "nan_count": nan,
+                      "inf_count": 0, "range": {fmt: {"max_normal": 32768.0, "min_normal": 3e-5,
+                                                      "overflow_ratio": 0.0, "underflow_ratio": 0.0,
+                                                      "flush_to_zero_ratio": flush}}}}
+
+
+def write_capture(folder: Path, ranks=1, iterations=5, micro=2, change=None) -> Path:
+    """A capture of ``ranks`` x ``iterations`` x ``micro`` micro-batches; ``change(rec)`` may
+    edit each record (returning it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        lines, counter = [], 0
+        for it in range(iterations):
+            for s in range(micro):
+                for path, layer, op, phase, name in _ORDER:
+                    counter += 1
+                    rec = _record(rank, it, s, counter, path, layer, op, phase, name,
+                                  absmax=1.0 + 0.01 * ((counter * 7) % 5))
+                    lines.append(json.dumps(change(rec) if change else rec))
+        (folder / f"manifest_rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_a_healthy_capture_says_so_and_lists_what_was_checked(tmp_path, capsys):
+    cap = write_capture(tmp_path / "ok")
+    assert diagnose_cli.main([str(cap)]) == 0
+    out = capsys.readouterr().out
+    assert "healthy: no finding in 200 records" in out and "checked: first_nonfinite" in out
+
+
+def test_first_nonfinite_is_the_earliest_in_execution_order_across_ranks(tmp_path):
+    # rank 1's NaN comes earlier in its micro-batch than rank 0's, same iteration and micro-batch
+    def change(rec):
+        if rec["iteration"] == 3 and rec["sample_idx"] == 1:
+            late = rec["rank"] == 0 and rec["module_path"].startswith("decoder.layers.1.")
+            early = rec["rank"] == 1 and (rec["module_path"], rec["tensor_name"]) == (
+                "decoder.layers.0.mlp.linear_fc1", "output")
+            spread = rec["rank"] == 1 and rec["operation"] == "backward"
+            if late or early or spread:
+                rec["stats"]["nan_count"] = 3
+        return rec
+
+    cap = write_capture(tmp_path / "nan", ranks=2, change=change)
+    result = diagnose(cap)
+    f = result.findings[0].to_dict()
+    assert (f["kind"], f["severity"], f["rank"], f["iteration"], f["sample_idx"]) == (
+        "first_nonfinite", "HIGH", 1, 3, 1)
+    assert (f["module_path"], f["operation"], f["tensor_name"]) == (
+        "decoder.layers.0.mlp.linear_fc1", "forward", "output")
+    assert "born in decoder.layers.0.mlp.linear_fc1's forward" in f["summary"]
+    assert f["evidence"]["spread"]["ranks"] == 2
+    assert list(f)[:2] == ["kind", "severity"] and set(LOCATION_KEYS) <= set(f)
+    assert set(LOCATION_KEYS) - {schema.META_MODULE_PATH} <= set(schema.NAME_FIELDS)
+
+
+def test_range_drift_names_the_upstream_tensor_and_projects_the_crossing(tmp_path):
+    def change(rec):
+        if rec["module_path"] == "decoder.layers.1.mlp.linear_fc1" and rec["tensor_name"] in (
+                "weight", "output"):
+            rec["stats"]["absmax"] = 0.5 * 4.0 ** rec["iteration"]     # 2 binades per iteration
+        return rec
+
+    f = diagnose(write_capture(tmp_path / "drift", change=change)).findings[0].to_dict()
+    assert (f["kind"], f["module_path"], f["tensor_name"]) == (
+        "range_drift", "decoder.layers.1.mlp.linear_fc1", "weight")
+    trend = f["evidence"]["trends"][0]
+    # absmax 128 at iteration 4, 2 binades per iteration to 32768 (8 binades): iteration 8
+    assert trend["projected_crossing_iteration"] == pytest.approx(8.0)
+    assert f["evidence"]["moving_tensors"] == 2 and f["severity"] == "HIGH"
+
+
+def test_flush_drift_counts_what_is_lost(tmp_path):
+    def change(rec):
+        if rec["module_path"] == "decoder.layers.0.mlp.linear_fc1" and rec["tensor_name"] == "grad_output":
+            rec["stats"]["range"]["hifp8"]["flush_to_zero_ratio"] = 0.001 * (1 + rec["iteration"])
+        return rec
+
+    fs = diagnose(write_capture(tmp_path / "flush", change=change)).findings
+    assert fs and fs[0].kind == "range_drift"
+    assert fs[0].evidence["trends"][0]["metric"] == "flush_to_zero_ratio"
+    assert fs[0].evidence["trends"][0]["projected_crossing_iteration"] == pytest.approx(9.0)
+
+
+def test_rank_outlier_and_attention_logit_growth(tmp_path):
+    def change(rec):
+        if rec["rank"] == 2 and rec["iteration"] >= 2:
+            rec["stats"]["absmax"] *= 50
+        return rec
+
+    fs = diagnose(write_capture(tmp_path / "ranks", ranks=4, change=change)).findings
+    outliers = [f for f in fs if f.kind == "rank_outlier"]
+    assert outliers and {f.where["rank"] for f in outliers} == {2}
+    assert {f.where["iteration"] for f in outliers} == {2}
+
+    def qk(rec):
+        if rec["tensor_name"] == "output" and rec["module_path"].endswith("linear_qkv"):
+            rec = dict(rec, tensor_name="query", module_path=rec["module_path"].replace(
+                "linear_qkv", "core_attention"), shape=[16, 2, 4, 16])
+            rec["stats"] = dict(rec["stats"], absmax=2.0 * 1.5 ** rec["iteration"])
+        return rec
+
+    def both(rec):
+        rec = qk(rec)
+        if rec["tensor_name"] == "input" and rec["module_path"].endswith("linear_qkv"):
+            rec = dict(rec, tensor_name="key", module_path=rec["module_path"].replace(
+                "linear_qkv", "core_attention"), shape=[16, 2, 4, 16])
+            rec["stats"] = dict(rec["stats"], absmax=2.0 * 1.5 ** rec["iteration"])
+        return rec
+
+    fs = diagnose(write_capture(tmp_path / "logits", change=both)).findings
+    growth = [f for f in fs if f.kind == "attention_logit_growth"]
+    assert {f.where["layer_idx"] for f in growth} == {0, 1}
+    # sqrt(16) * (2 * 1.5^4)^2 at iteration 4
+    assert growth[0].evidence["bound_last"] == pytest.approx(4 * (2 * 1.5 ** 4) ** 2)
+
+
+def test_a_loss_spike_names_the_finding_it_follows(tmp_path):
+    def change(rec):
+        if rec["iteration"] == 3 and rec["tensor_name"] == "grad_input":
+            rec["stats"]["nan_count"] = 1
+        return rec
+
+    cap = write_capture(tmp_path / "spike", change=change)
+    log = tmp_path / "train.log"
+    log.write_text("".join(f" iteration {i:>4}/ 100 | lm loss: {v:.6E} |\n"
+                           for i, v in enumerate([3.0 - 0.01 * i for i in range(3)] + [math.nan])))
+    res = diagnose(cap, loss=log)
+    spikes = [f for f in res.findings if f.kind == "loss_spike"]
+    assert len(spikes) == 1 and spikes[0].where["iteration"] == 3
+    assert spikes[0].evidence["follows"]["kind"] == "first_nonfinite"
+    assert res.findings[0].kind == "first_nonfinite"                   # the cause first
+
+
+def test_json_schema_and_atomic_output(tmp_path, capsys):
+    cap = write_capture(tmp_path / "c")
+    out = tmp_path / "d.json"
+    assert diagnose_cli.main([str(cap), "--json", str(out)]) == 0
+    assert "healthy" in capsys.readouterr().out               # the text too
+    data = json.loads(out.read_text())
+    assert set(data) == {"findings", "checked", "records"} and data["records"] == 200
+    assert diagnose_cli.main([str(cap), "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == data        # '-': the JSON alone on stdout
+
+
+def _one_line_exit_2(capsys, argv, *fragments):
+    with pytest.raises(SystemExit) if argv and argv[0].startswith("--bogus") else _nothing():
+        rc = diagnose_cli.main(argv)
+        assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lowp-diagnose: error: "), err
+    for frag in fragments:
+        assert frag in err[0], err[0]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_exit_2(capsys, [str(empty), "--json", str(out)], "no manifest_rank*.jsonl",
+                     "TENSOR_SAVE_DIR")
+    _one_line_exit_2(capsys, [str(tmp_path / "missing")], "no such folder")
+    torn = write_capture(tmp_path / "torn")
+    text = (torn / "manifest_rank0.jsonl").read_text().splitlines()
+    text[5] = text[5][:40]                                   # a torn line in the middle
+    (torn / "manifest_rank0.jsonl").write_text("\n".join(text) + "\n")
+    _one_line_exit_2(capsys, [str(torn), "--json", str(out)], "manifest_rank0.jsonl:6",
+                     "--skip-bad-lines")
+    assert diagnose_cli.main([str(torn), "--skip-bad-lines"]) == 0
+    capsys.readouterr()
+    other = write_capture(tmp_path / "other", change=lambda r: dict(
+        r, module_path=r["module_path"].replace("decoder.layers", "encoder.blocks")))
+    _one_line_exit_2(capsys, [str(write_capture(tmp_path / "mine")), "--reference", str(other),
+                              "--json", str(out)], "--reference", "another model")
+    _one_line_exit_2(capsys, [str(torn), "--json", str(tmp_path / "no" / "x.json")], "--json")
+    assert not out.exists() and not list(tmp_path.glob(".out.json*"))
+
+
+def test_a_reference_of_the_same_model_gives_the_first_departure(tmp_path):
+    ref = write_capture(tmp_path / "ref")
+
+    def change(rec):
+        if rec["iteration"] >= 2 and rec["module_path"] == "decoder.layers.1.mlp.linear_fc1":
+            rec["stats"]["std"] *= 2
+        return rec
+
+    fs = diagnose(write_capture(tmp_path / "run", change=change), reference=ref).findings
+    gap = [f for f in fs if f.kind == "reference_gap"]
+    assert gap and (gap[0].where["iteration"], gap[0].where["module_path"],
+                    gap[0].where["tensor_name"]) == (2, "decoder.layers.1.mlp.linear_fc1", "input")
+
+
+def test_the_report_and_the_one_click_output_open_with_the_diagnosis(tmp_path, capsys):
+    from tensor_viz import cli
+
+    def change(rec):
+        if rec["iteration"] == 1 and rec["tensor_name"] == "output" and rec["layer_idx"] == 1:
+            rec["stats"]["nan_count"] = 2
+        return rec
+
+    cap = write_capture(tmp_path / "cap", iterations=2, micro=1, change=change)
+    out = tmp_path / "draw"
+    # what one-click runs (visualize-tensors), with one section to keep it short
+    assert cli.run(["--tensor_dir", str(cap), "--output_dir", str(out), "--workers", "1",
+                    "--no-progress", "--whatif", ""], prog="visualize-tensors",
+                   sections=("overflow_analysis",), quick=False, report=True,
+                   description="") == 0
+    printed = capsys.readouterr().out
+    assert "1. [HIGH] first_nonfinite: First NaN: iteration 1" in printed
+    page = (out / "index.html").read_text()
+    at = page.index("<h2 id=diagnosis>Diagnosis</h2>")
+    assert at < page.index("<h2 id=summary>") and at < page.index("<figure")
+    assert "first_nonfinite" in page[at:page.index("<h2 id=summary>")]
+    assert "decoder.layers.1.self_attention.linear_qkv forward output" in page
+
+
+def test_the_report_tables_mark_a_cell_by_the_same_judgment():
+    from quant.format_loss import baseline_sqnr
+    from tensor_viz.report import _loss_mark
+
+    base = baseline_sqnr("hifp8", (16, 64), -1)
+    cell = {"format": "hifp8", "shape": [16, 64], "axis": -1}
+    assert _loss_mark(dict(cell, sqnr_db=base - 1)) == ""
+    assert _loss_mark(dict(cell, sqnr_db=base - 8)).endswith("below Gaussian: MEDIUM)")
+    assert _loss_mark(dict(cell, sqnr_db=base - 20)) == " (20.0 dB below Gaussian: HIGH)"
