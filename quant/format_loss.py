@@ -18,9 +18,9 @@ closer is ``none``. Every verdict that says a tensor suits a format or not
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Sequence, Union
 
 import torch
 
@@ -57,7 +57,7 @@ def baseline_sqnr(fmt: str, shape: tuple[int, ...], axis: int = -1) -> float:
     return metrics.sqnr(x, quantize(x, spec, axis=baxis, backend="torch"))
 
 
-def loss_severity(sqnr_db: Optional[float], baseline_db: float) -> str:
+def loss_severity(sqnr_db: float | None, baseline_db: float) -> str:
     """'high' / 'medium' / 'none' from how far ``sqnr_db`` falls below the baseline."""
     if sqnr_db is None or (isinstance(sqnr_db, float) and math.isnan(sqnr_db)):
         return "none"
@@ -87,8 +87,8 @@ class FormatLoss:
                 "deficit_db": self.deficit_db, "severity": self.severity}
 
 
-def judge(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1,
-          quantized: Optional[torch.Tensor] = None) -> FormatLoss:
+def judge(x: torch.Tensor, fmt: str | FormatSpec, axis: int = -1,
+          quantized: torch.Tensor | None = None) -> FormatLoss:
     """The :class:`FormatLoss` of ``x`` in ``fmt`` (blocks along ``axis``; pass ``quantized``
     when the caller already has it). Non-finite elements are left out of the SQNR (a NaN is
     reported by the NaN counts, not as quantization noise)."""

@@ -93,7 +93,7 @@ class CaptureConfig:
     whatif_budget: float = WHATIF_BUDGET
     tensorboard_dir: str | None = None        # what-if numerics to TensorBoard (None: Megatron's)
     queue_size: int = 64                      # background writer queue (items)
-    underflow_warnings: bool = True           # emulation: warn when flush-to-zero passes 0.1 %
+    underflow_warnings: bool = True           # emulation: warn by quant.format_loss
 
     @property
     def emulating(self) -> bool:

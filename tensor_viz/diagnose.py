@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from lowp_common import UserError
 from tensor_capture import schema
@@ -104,7 +105,7 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
                skip_bad_lines: bool = False, what: str = "CAPTURE_DIR",
-               say: Optional[Callable[[str], None]] = None) -> tuple[Any, columnar.IndexState]:
+               say: Callable[[str], None] | None = None) -> tuple[Any, columnar.IndexState]:
     """The index of a capture folder, refusing a folder without manifests and (unless
     ``skip_bad_lines``) a manifest with a line that is not a record."""
     root = Path(capture_dir)
@@ -174,7 +175,9 @@ def read_losses(path: str | os.PathLike[str]) -> list[tuple[int, float]]:
     p = Path(path)
     if p.is_dir():
         try:
-            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+            from tensorboard.backend.event_processing.event_accumulator import (
+                EventAccumulator,
+            )
         except ImportError:
             raise UserError(f"--loss {p}: reading TensorBoard needs the tensorboard package; "
                             "pip install tensorboard, or pass the training log") from None
@@ -228,8 +231,8 @@ def loss_spikes(losses: list[tuple[int, float]], others: list[Finding]) -> list[
 
 def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: Any = None,
              cache_dir: Any = None, skip_bad_lines: bool = False,
-             say: Optional[Callable[[str], None]] = None, con: Any = None,
-             state: Optional[columnar.IndexState] = None, rank_view: Any = None) -> Diagnosis:
+             say: Callable[[str], None] | None = None, con: Any = None,
+             state: columnar.IndexState | None = None, rank_view: Any = None) -> Diagnosis:
     """Every finding of a capture, ranked (module docstring). ``con``/``state``: an index the
     caller already opened, ``rank_view``: its rank_tables.RankView (the report)."""
     if con is None or state is None:
@@ -255,5 +258,15 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
     return result
 
 
-__all__ = ["Diagnosis", "Finding", "KINDS", "HIGH", "MEDIUM", "LOW", "diagnose", "open_index",
-           "rank", "read_losses"]
+__all__ = [
+    "HIGH",
+    "KINDS",
+    "LOW",
+    "MEDIUM",
+    "Diagnosis",
+    "Finding",
+    "diagnose",
+    "open_index",
+    "rank",
+    "read_losses",
+]

@@ -10,8 +10,9 @@ Parquet files.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from tensor_capture import schema
 from tensor_viz import rank_tables
@@ -52,7 +53,7 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     figure: str = ""
     action: str = ""
-    onset: Optional[int] = None      # iteration the problem starts (ranking)
+    onset: int | None = None      # iteration the problem starts (ranking)
     position: float = math.inf       # execution position in its iteration (ranking)
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,12 +233,12 @@ class Trend:
     r2: float
     first: float
     last: float
-    crossing: Optional[float]       # projected iteration (None: no limit known)
+    crossing: float | None       # projected iteration (None: no limit known)
     severity: str
     limit: float | None
 
 
-def absmax_trend(series: list[tuple[int, float]], max_normal: Optional[float]) -> Optional[Trend]:
+def absmax_trend(series: list[tuple[int, float]], max_normal: float | None) -> Trend | None:
     """A steady rise of log2(absmax) toward the format's largest value (module docstring)."""
     pts = [(i, math.log2(v)) for i, v in series if v and v > 0 and math.isfinite(v)]
     if len(pts) < MIN_TREND_POINTS:
@@ -255,7 +256,7 @@ def absmax_trend(series: list[tuple[int, float]], max_normal: Optional[float]) -
     return Trend("absmax", slope, r2, 2 ** pts[0][1], 2 ** pts[-1][1], crossing, sev, max_normal)
 
 
-def ratio_trend(metric: str, series: list[tuple[int, float]]) -> Optional[Trend]:
+def ratio_trend(metric: str, series: list[tuple[int, float]]) -> Trend | None:
     """A steady rise of a flush / overflow ratio toward RATIO_LIMIT."""
     pts = [(i, v) for i, v in series if v is not None and math.isfinite(v)]
     if len(pts) < MIN_TREND_POINTS:

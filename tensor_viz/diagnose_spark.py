@@ -25,7 +25,7 @@ SPARK_KINDS = {
     "attention_logit_growth": rules.attention_logit_growth,
 }
 SOURCE_VIEW = "diag_source"
-_CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS (.*)$", re.S | re.I)
+_CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS (.*)$", re.DOTALL | re.IGNORECASE)
 
 
 class _Result:

@@ -23,7 +23,6 @@ import os
 from pathlib import Path
 
 import torch
-
 from capture_runtime_helpers import CpuScheduleTorch, _set_env, _use_tree
 
 SCENARIOS = ("nan_forward", "nan_backward", "growth", "healthy")
@@ -136,7 +135,8 @@ def diagnose_worker(rank: int, world: int, patched_dir: str, port: int, out_dir:
     me.init_distributed(rank, world, master_port=port)
     result: dict = {}
     try:
-        import megatron.core.pipeline_parallel.schedules as schedules
+        from megatron.core.pipeline_parallel import schedules
+
         from megatron.core import tensor_saver as ts
 
         schedules.torch = CpuScheduleTorch(torch)
@@ -165,6 +165,7 @@ def diagnose_worker(rank: int, world: int, patched_dir: str, port: int, out_dir:
 
 def run_diagnose_scenarios(patched_dir: str, out_dir: Path, world: int = 2) -> list[dict]:
     import torch.multiprocessing as mp
+
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,14 @@ import json
 import math
 
 import pytest
+from diagnose_helpers import (
+    GROWN,
+    ITERATIONS,
+    NAN_ITERATION,
+    PLANTS,
+    run_diagnose_scenarios,
+)
 
-from diagnose_helpers import GROWN, ITERATIONS, NAN_ITERATION, PLANTS, run_diagnose_scenarios
 from tensor_capture.patcher import prepare_patched_megatron
 from tensor_viz import diagnose_cli
 from tensor_viz.diagnose import diagnose

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from test_diagnose import write_capture
+
 from tensor_viz import diagnose_spark
 from tensor_viz.diagnose import diagnose, open_index
 
