@@ -1,0 +1,197 @@
+"""A CPU stand-in for ``transformer_engine_torch``, TE's compiled extension, and nothing else.
+
+Why: TE's published wheel holds all of ``transformer_engine/pytorch/**`` as Python, but its
+compiled extension (and the CUDA libraries ``transformer_engine.common`` loads) cannot load on
+a CPU. tests/te_real/boot.py puts this module in its place so TE's own Linear /
+LayerNormLinear code runs. Only the calls our tests reach are implemented, in torch, each as
+the C++ behaves for our custom quantizers; every other name is a ``Missing`` placeholder that
+TE may read at import time (enum members, class names) but that raises when called, so a test
+never passes through a path the stub only pretends to run.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+
+class Missing:
+    """A name of the extension this stub does not implement: calling it raises. TE's attention
+    code reads enum members (NVTE_QKV_Layout.*, ...) at import time as ints; each name gets a
+    distinct opaque int (no attention runs here, so no value is ever interpreted)."""
+
+    _known: dict = {}
+
+    def __new__(cls, name: str) -> "Missing":
+        if name not in cls._known:
+            obj = super().__new__(cls)
+            obj._name = name
+            obj._int = 1000 + len(cls._known)
+            cls._known[name] = obj
+        return cls._known[name]
+
+    def __getattr__(self, attr: str) -> "Missing":
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Missing(f"{self._name}.{attr}")
+
+    def __int__(self) -> int:
+        return self._int
+
+    __index__ = __int__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"transformer_engine_torch.{self._name} is not in the CPU test "
+                                  "stub (tests/te_real/tex_stub.py)")
+
+    def __repr__(self) -> str:
+        return f"<stub transformer_engine_torch.{self._name}>"
+
+    def __mro_entries__(self, bases):   # TE subclasses some extension classes at import time
+        return (object,)
+
+
+class DType(enum.IntEnum):
+    """The members the extension exports of transformer_engine::DType (values as in TE's
+    common header)."""
+
+    kByte = 0
+    kInt32 = 2
+    kFloat32 = 4
+    kFloat16 = 5
+    kBFloat16 = 6
+    kFloat8E4M3 = 7
+    kFloat8E5M2 = 8
+    kFloat4E2M1 = 10
+
+
+class FP8FwdTensors(enum.IntEnum):
+    """Forward FP8 meta slots (values as in TE's C++)."""
+
+    GEMM1_INPUT = 0
+    GEMM1_WEIGHT = 1
+    GEMM1_OUTPUT = 2
+    GEMM2_INPUT = 3
+    GEMM2_WEIGHT = 4
+    GEMM2_OUTPUT = 5
+    GEMM3_INPUT = 6
+    GEMM3_WEIGHT = 7
+    GEMM3_OUTPUT = 8
+
+
+class FP8BwdTensors(enum.IntEnum):
+    """Backward FP8 meta slots (values as in TE's C++)."""
+
+    GRAD_OUTPUT1 = 0
+    GRAD_INPUT1 = 1
+    GRAD_OUTPUT2 = 2
+    GRAD_INPUT2 = 3
+    GRAD_OUTPUT3 = 4
+    GRAD_INPUT3 = 5
+
+
+class NVTE_Fused_Attn_Backend(enum.IntEnum):   # noqa: N801 - the extension's name
+    """cuDNN attention sub-backends (values as in TE's C++); attention is never run here."""
+
+    NVTE_No_Backend = -1
+    NVTE_F16_arbitrary_seqlen = 1
+    NVTE_FP8 = 2
+
+
+class CommOverlapType(enum.IntEnum):
+    """Userbuffers overlap kinds (never used here: no tensor-parallel overlap on a CPU)."""
+
+    RS = 0
+    AG = 1
+
+
+def _is_native_quantizer(quantizer: Any) -> bool:
+    """What the C++ ``convert_quantizer`` accepts: TE's own quantizer classes (or None)."""
+    if quantizer is None:
+        return True
+    native = ("Float8Quantizer", "Float8CurrentScalingQuantizer", "MXFP8Quantizer",
+              "Float8BlockQuantizer", "NVFP4Quantizer")
+    return type(quantizer).__name__ in native and type(quantizer).__module__.startswith(
+        "transformer_engine.")
+
+
+def _refuse_foreign(quantizer: Any) -> None:
+    if not _is_native_quantizer(quantizer):
+        # the C++ raises a RuntimeError from its quantizer conversion for any other class
+        raise RuntimeError(f"Unexpected type for quantizer: {type(quantizer).__name__} "
+                           "(transformer_engine_torch accepts only TE's own quantizers)")
+
+
+def bgrad_quantize(grad_output: torch.Tensor, quantizer: Any):
+    """[bias gradient, quantized grad_output]; like the C++, only for TE's own quantizers."""
+    _refuse_foreign(quantizer)
+    raise NotImplementedError("transformer_engine_torch.bgrad_quantize with a native quantizer "
+                              "is not in the CPU test stub")
+
+
+def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any = None):
+    """TE's C++ quantize: like the C++, only TE's own quantizers."""
+    _refuse_foreign(quantizer)
+    raise NotImplementedError("transformer_engine_torch.quantize with a native quantizer "
+                              "is not in the CPU test stub")
+
+
+def generic_gemm(*args: Any, **kwargs: Any):
+    """cuBLAS GEMM: never reached with custom tensors (TE routes them to qgemm)."""
+    raise RuntimeError("transformer_engine_torch.generic_gemm called: a GEMM did not go to the "
+                       "custom quantizer's qgemm")
+
+
+def _grouped(*args: Any, **kwargs: Any):
+    raise RuntimeError("transformer_engine_torch grouped GEMM called with custom tensors: TE's "
+                       "C++ grouped GEMM takes only its own quantized tensors")
+
+
+te_general_grouped_gemm = _grouped
+
+
+def get_cublasLt_version() -> int:
+    return 120000
+
+
+def get_cudnn_version() -> int:
+    return 90000
+
+
+def get_num_cublas_streams() -> int:
+    return 4
+
+
+def layernorm_fwd(inp, weight, bias, eps, ln_out, quantizer, otype, sm_margin,
+                  zero_centered_gamma):
+    """LayerNorm forward in float32: (out, mean, rsigma); quantizing output only natively."""
+    x = inp.float()
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    rsigma = torch.rsqrt(var + eps)
+    gamma = weight.float() + (1 if zero_centered_gamma else 0)
+    y = (x - mu) * rsigma * gamma + (bias.float() if bias is not None else 0)
+    y = y.to(inp.dtype if otype is None or isinstance(otype, DType) else otype)
+    if quantizer is not None:
+        _refuse_foreign(quantizer)
+        raise NotImplementedError("layernorm_fwd with a native quantizer is not in the stub")
+    return y, mu.reshape(-1), rsigma.reshape(-1)
+
+
+def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
+    """LayerNorm backward in float32 via autograd: (dx, dgamma, dbeta)."""
+    with torch.enable_grad():
+        xf = x.detach().float().requires_grad_(True)
+        g = gamma.detach().float().requires_grad_(True)
+        b = torch.zeros_like(g, requires_grad=True)
+        xhat = (xf - mu.reshape(-1, 1).float()) * rsigma.reshape(-1, 1).float()
+        y = xhat * (g + (1 if zero_centered_gamma else 0)) + b
+        dx, dg, db = torch.autograd.grad(y, (xf, g, b), dz.float())
+    return dx.to(x.dtype), dg.to(gamma.dtype), db.to(gamma.dtype)
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return Missing(name)
