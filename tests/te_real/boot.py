@@ -102,17 +102,33 @@ CPU_SHIMS = {
 def _cpu_empty_tensor() -> None:
     """TE frees saved activations by swapping in ``torch.Tensor().cuda()`` (utils._empty_tensor);
     on a CPU the empty tensor is a CPU one. Replaced in every TE module that imported it."""
-    from transformer_engine.pytorch import utils
+    _replace_everywhere("transformer_engine.pytorch.utils", "_empty_tensor", torch.Tensor)
 
-    original = utils._empty_tensor
+
+def _replace_everywhere(module_name: str, attr: str, new: object) -> None:
+    """``module.attr`` := new, in the defining TE module and every TE module that imported it."""
+    original = getattr(importlib.import_module(module_name), attr)
     for name, mod in list(sys.modules.items()):
-        if name.startswith("transformer_engine.") and getattr(mod, "_empty_tensor", None) is original:
-            mod._empty_tensor = torch.Tensor
+        if name.startswith("transformer_engine.") and getattr(mod, attr, None) is original:
+            setattr(mod, attr, new)
+
+
+def _cpu_dummy_wgrad() -> None:
+    """With fuse_wgrad_accumulation TE returns a placeholder weight gradient that it allocates
+    on "cuda" (module.base.get_dummy_wgrad); here a CPU one, cached per shape and dtype."""
+    cache: dict = {}
+
+    def get_dummy_wgrad(shape, dtype, zero=False):
+        t = cache.setdefault((*shape, dtype), torch.empty(shape, dtype=dtype))
+        return (t.fill_(0) if zero else t).detach()
+
+    _replace_everywhere("transformer_engine.pytorch.module.base", "get_dummy_wgrad", get_dummy_wgrad)
 
 
 #: shims of TE's own functions, applied after the import
 TE_CPU_SHIMS = {
     "transformer_engine.pytorch.utils._empty_tensor": _cpu_empty_tensor,
+    "transformer_engine.pytorch.module.base.get_dummy_wgrad": _cpu_dummy_wgrad,
 }
 
 

@@ -163,6 +163,19 @@ def get_num_cublas_streams() -> int:
     return 4
 
 
+#: DType value -> the torch dtype of a high-precision output
+_TORCH_DTYPE = {int(DType.kFloat32): torch.float32, int(DType.kFloat16): torch.float16,
+                int(DType.kBFloat16): torch.bfloat16}
+
+
+def split_quantize(tensor: torch.Tensor, split_sections: Any, quantizers: Any, *args: Any, **kw: Any):
+    """Grouped quantization: like the C++, only TE's own quantizers."""
+    for q in quantizers:
+        _refuse_foreign(q)
+    raise NotImplementedError("transformer_engine_torch.split_quantize with native quantizers "
+                              "is not in the CPU test stub")
+
+
 def layernorm_fwd(inp, weight, bias, eps, ln_out, quantizer, otype, sm_margin,
                   zero_centered_gamma):
     """LayerNorm forward in float32: (out, mean, rsigma); quantizing output only natively."""
@@ -172,7 +185,7 @@ def layernorm_fwd(inp, weight, bias, eps, ln_out, quantizer, otype, sm_margin,
     rsigma = torch.rsqrt(var + eps)
     gamma = weight.float() + (1 if zero_centered_gamma else 0)
     y = (x - mu) * rsigma * gamma + (bias.float() if bias is not None else 0)
-    y = y.to(inp.dtype if otype is None or isinstance(otype, DType) else otype)
+    y = y.to(otype if isinstance(otype, torch.dtype) else _TORCH_DTYPE[int(otype)])
     if quantizer is not None:
         _refuse_foreign(quantizer)
         raise NotImplementedError("layernorm_fwd with a native quantizer is not in the stub")
@@ -189,6 +202,12 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
         y = xhat * (g + (1 if zero_centered_gamma else 0)) + b
         dx, dg, db = torch.autograd.grad(y, (xf, g, b), dz.float())
     return dx.to(x.dtype), dg.to(gamma.dtype), db.to(gamma.dtype)
+
+
+# names TE's Python takes with ``from transformer_engine_torch import *`` (module __getattr__
+# does not feed a star import) and uses at import time; never run here
+rmsnorm_fwd = Missing("rmsnorm_fwd")
+rmsnorm_bwd = Missing("rmsnorm_bwd")
 
 
 def __getattr__(name: str) -> Any:
