@@ -200,6 +200,14 @@ def make_factory(default: str, rules: tuple[RoleRule, ...] = ()) -> Callable[[An
     return qfactory
 
 
+#: the name TE gives a module nobody named (``Layer_<count>``)
+_TE_PLACEHOLDER_NAME = re.compile(r"Layer_\d+")
+
+
+def _unnamed(name: str) -> bool:
+    return not name or _TE_PLACEHOLDER_NAME.fullmatch(name) is not None
+
+
 def check_role(role: Any, rules: tuple[RoleRule, ...] = ()) -> None:
     """FactoryError (one line) for a slot our emulation would get wrong: a grouped linear
     (TE's grouped GEMM takes only its own quantized tensors), or a layer without a name while
@@ -209,11 +217,12 @@ def check_role(role: Any, rules: tuple[RoleRule, ...] = ()) -> None:
     module_type = str(getattr(role, "module_type", "") or "")
     if module_type in UNSUPPORTED_MODULES:
         raise FactoryError(UNSUPPORTED_MODULES[module_type])
-    if not getattr(role, "name", "") and module_type in LINEAR_MODULES and any(
+    if _unnamed(str(getattr(role, "name", "") or "")) and module_type in LINEAR_MODULES and any(
             r.needs_name for r in rules):
         raise FactoryError(
             f"{ENV_ROLE_FORMATS} selects layers by name, but Transformer Engine gave this "
-            f"{module_type} none (Megatron-LM passes none unless the layers are named): run "
+            f"{module_type} none (Megatron-LM passes none, TE then says Layer_N, unless the layers "
+            "are named): run "
             "through python -m te_integration.megatron_lm, which names them, or drop the name rules")
 
 
