@@ -222,8 +222,8 @@ def check_role(role: Any, rules: tuple[RoleRule, ...] = ()) -> None:
         raise FactoryError(
             f"{ENV_ROLE_FORMATS} selects layers by name, but Transformer Engine gave this "
             f"{module_type} none (Megatron-LM passes none, TE then says Layer_N, unless the layers "
-            "are named): run "
-            "through python -m te_integration.megatron_lm, which names them, or drop the name rules")
+            "are named): run pretrain_gpt.py through python -m te_integration.megatron_lm, which "
+            "names them by module path, or drop the name rules")
 
 
 @lru_cache(maxsize=1)
