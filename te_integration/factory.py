@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
@@ -193,11 +194,26 @@ def make_factory(default: str, rules: tuple[RoleRule, ...] = ()) -> Callable[[An
 
     def qfactory(role: Any) -> Any:
         te_quantizer = _te_quantizer_module()
+        check_debug_api_off()
         check_role(role, rules)
         fmt = choose_format(role, default, rules)
         return te_quantizer.EmulatedQuantizer(fmt, getattr(role, "tensor_type", "") or "")
 
     return qfactory
+
+
+DEBUG_API_CONFLICT = (
+    f"{FACTORY_PATH} cannot run while TE's debug API (nvdlfw-inspect) is initialized: TE's "
+    "debug path hands the custom recipe's tensors to its cuBLAS GEMM, which refuses them; run "
+    "our debug features with bf16 or a native FP8 recipe, and the custom recipe without them")
+
+
+def check_debug_api_off() -> None:
+    """FactoryError (one line) while nvdlfw-inspect's debug API is initialized (TE 2.16-2.20
+    send debug-wrapped tensors to the native GEMM, never to our qgemm)."""
+    api = sys.modules.get("nvdlfw_inspect.api")
+    if api is not None and getattr(api, "DEBUG_MANAGER", None) is not None:
+        raise FactoryError(DEBUG_API_CONFLICT)
 
 
 #: the name TE gives a module nobody named (``Layer_<count>``)

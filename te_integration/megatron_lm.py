@@ -121,6 +121,13 @@ def run_script(script: str, args: Sequence[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _custom_recipe(script_args: Sequence[str]) -> bool:
+    """Whether Megatron-LM's arguments ask for TE's custom recipe (fp8 or fp4)."""
+    pairs = list(zip(script_args, list(script_args[1:]) + [""]))
+    return any(a in ("--fp8-recipe", "--fp4-recipe") and v == "custom" for a, v in pairs) or any(
+        a in ("--fp8-recipe=custom", "--fp4-recipe=custom") for a in script_args)
+
+
 @cli_entry("te_integration.megatron_lm")
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
@@ -140,6 +147,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.path.isfile(args.script):
         raise UserError(f"{args.script}: no such file (give Megatron-LM's pretrain_gpt.py)")
     dirs: list[str] = []
+    if args.inspect_config and _custom_recipe(args.script_args):
+        from .factory import DEBUG_API_CONFLICT
+
+        raise UserError(DEBUG_API_CONFLICT)
     if args.inspect_config:
         inspect_support.require()
         check_cli.check(args.inspect_config)

@@ -159,3 +159,30 @@ def test_te_role_rules_match_megatron_layer_names(run):
     assert got["inspect_name"] == {"input": FMT, "weight": FMT, "grad_output": FMT, "other": "hp"}
     err = got["none"].get("error", "")
     assert err.startswith("FactoryError: LOWP_TE_ROLE_FORMATS selects layers by name")
+
+
+def test_our_debug_features_run_in_te_real_debug_namespace(run):
+    """Our what-if feature beside TE's real debug/features folder (TE's namespace routing, not
+    tests/te_standin's), called by TE's real Linear: the logged SQNR of each GEMM operand
+    equals quant.quantize's along the operand's GEMM axis (activation, weight and gradient
+    are fprop / dgrad operands: the last axis)."""
+    import math
+
+    import quant
+
+    c = _case(run, "debug_features")
+    v = c["values"]
+    for tname, t in (("activation", c["x"]), ("weight", c["w"]), ("gradient", c["dy"])):
+        t2 = t.reshape(-1, t.shape[-1])
+        for fmt in ("mxfp8", "nvfp4"):
+            q = quant.quantize(t2, fmt, axis=-1).double()
+            sqnr = 10 * math.log10(float((t2.double() ** 2).sum() / ((t2.double() - q) ** 2).sum()))
+            assert v[f"{drive.DEBUG_LAYER}_{tname}_{fmt}_sqnr_db"] == pytest.approx(sqnr, rel=1e-5)
+    _close(c["dx"], c["dy"] @ c["w"])      # the layer itself still computes in high precision
+
+
+def test_debug_api_with_the_custom_recipe_is_refused_in_one_line(run):
+    """TE's debug path hands debug-wrapped custom tensors to its native cuBLAS GEMM (which
+    refuses them): the factory refuses first, in one line, before any GEMM."""
+    err = run["debug_with_custom_recipe"].get("error", "")
+    assert err.startswith("FactoryError: ") and "debug API" in err and "\n" not in err

@@ -143,6 +143,7 @@ fi
 # checked now (lowp-te-check), run through te_integration.megatron_lm.
 if [[ -n "${TE_INSPECT_CONFIG:-}" ]]; then
     [[ -n "${MEGATRON_LM_DIR:-}" && "$DTYPE" == fp8 ]] || die "TE_INSPECT_CONFIG needs Transformer Engine layers in a Megatron-LM run: set MEGATRON_LM_DIR and DTYPE fp8"
+    [[ ${#TE_RECIPE[@]} -eq 0 ]] || die "TE_INSPECT_CONFIG and CUSTOM_QUANT_TYPE=$QUANT cannot run together with Transformer Engine layers (TE's debug path sends the custom recipe's tensors to its cuBLAS GEMM, which refuses them): unset one of them"
     INSPECT_CHECK=$("$PY" -m te_integration.check_cli "$TE_INSPECT_CONFIG" 2>&1) \
         || die "$(printf '%s\n' "$INSPECT_CHECK" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^lowp-te-check: error: //')"
 fi

@@ -159,6 +159,74 @@ def case_role_formats(te, recipe) -> dict:
     return out
 
 
+#: our what-if feature on one layer, through TE's real debug namespace (its debug/features)
+DEBUG_YAML = """
+fc1:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: .*linear_fc1$
+  transformer_engine:
+    LowpWhatIf:
+      enabled: True
+      tensors: [activation, weight, gradient]
+      formats: [mxfp8, nvfp4]
+"""
+DEBUG_LAYER = "decoder.layers.0.mlp.linear_fc1"
+
+
+def _debug_api(root: Path, tmp: Path):
+    """nvdlfw-inspect initialized with our feature folder and TE's real one; a recording logger."""
+    import nvdlfw_inspect.api as debug_api
+    from nvdlfw_inspect.logging import BaseLogger
+
+    from te_integration.check_cli import FEATURE_DIR
+
+    class Recorder(BaseLogger):
+        def __init__(self):
+            super().__init__()
+            self.values = {}
+
+        def log_scalar(self, name, value, iteration, **kwargs):
+            self.values[name] = float(value)
+
+    logger = Recorder()
+    (tmp / "inspect.yaml").write_text(DEBUG_YAML)
+    debug_api.initialize(config_file=str(tmp / "inspect.yaml"), statistics_logger=logger,
+                         feature_dirs=[str(FEATURE_DIR), str(root / "transformer_engine/debug/features")],
+                         log_dir=str(tmp / "logs"))
+    return debug_api, logger
+
+
+def case_debug_features(te, recipe, root: Path, tmp: Path) -> dict:
+    """A high-precision TE Linear (TE's own GEMM path: the stub's float32 GEMM) with our
+    what-if feature through TE's real debug namespace; the logged numbers."""
+    debug_api, logger = _debug_api(root, tmp)
+    try:
+        lin = te.Linear(IN, OUT, bias=False, device="cpu", params_dtype=torch.float32,
+                        name=DEBUG_LAYER)
+        with torch.no_grad():
+            lin.weight.copy_(_data(1, OUT, IN))
+        x, dy = _x(3), _data(4, *TOKENS, OUT)
+        lin(x).backward(dy)
+        debug_api.step()
+        return {"x": x.detach().clone(), "w": lin.weight.detach().clone(), "dy": dy,
+                "values": dict(logger.values), "dx": x.grad.detach()}
+    finally:
+        debug_api.end_debug()
+
+
+def case_debug_with_custom_recipe(te, recipe, root: Path, tmp: Path) -> dict:
+    """The debug API and the custom recipe together (TE sends debug-wrapped custom tensors to
+    its native GEMM): the factory's one line, before any GEMM."""
+    debug_api, _ = _debug_api(root, tmp)
+    try:
+        lin = _linear(te, recipe, False, name=DEBUG_LAYER)
+        _fwd(te, recipe, lin, _x(3)).sum().backward()
+        return {"ran": True}
+    finally:
+        debug_api.end_debug()
+
+
 CASES: dict[str, Callable] = {
     "linear": lambda te, r: case_linear(te, r, False),
     "linear_bias": lambda te, r: case_linear(te, r, True),
@@ -169,6 +237,11 @@ CASES: dict[str, Callable] = {
     "layernorm_linear": case_layernorm_linear,
     "grouped_linear": case_grouped_linear,
     "role_formats": case_role_formats,
+}
+#: cases that also take the TE root and a scratch folder
+DEBUG_CASES: dict[str, Callable] = {
+    "debug_features": case_debug_features,
+    "debug_with_custom_recipe": case_debug_with_custom_recipe,
 }
 
 
@@ -181,7 +254,10 @@ def main(root: str, out_path: str, only: list[str]) -> None:
 
     recipe = CustomRecipe(qfactory=factory.quantizer_factory)
     results: dict[str, Any] = {"version": transformer_engine.__version__}
-    for name, case in CASES.items():
+    scratch = Path(out_path).parent
+    cases = {**CASES, **{k: (lambda te_, r, f=f: f(te_, r, Path(root), scratch))
+                         for k, f in DEBUG_CASES.items()}}
+    for name, case in cases.items():
         if only and name not in only:
             continue
         try:

@@ -137,10 +137,40 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: Any
                               "is not in the CPU test stub")
 
 
-def generic_gemm(*args: Any, **kwargs: Any):
-    """cuBLAS GEMM: never reached with custom tensors (TE routes them to qgemm)."""
-    raise RuntimeError("transformer_engine_torch.generic_gemm called: a GEMM did not go to the "
-                       "custom quantizer's qgemm")
+def generic_gemm(A, transa, B, transb, out, quantizer, out_dtype, bias, bias_type, gelu, gelu_in,
+                 grad, workspace, workspace_size, accumulate, use_split_accumulator, **kwargs):
+    """cuBLAS GEMM, for high-precision torch tensors only: ``op(B) @ op(A)`` (op: transpose
+    when its flag is set) over the operands flattened to 2-D, + bias; with ``grad`` and a bias,
+    also the bias gradient of B (TE's fused wgrad + bgrad). Quantized operands are refused, a
+    custom tensor as the C++ refuses any class it does not know."""
+    for t in (A, B):
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeError(f"Unexpected tensor type in GEMM: {type(t).__name__} "
+                               "(transformer_engine_torch knows only torch tensors and TE's own "
+                               "quantized storages)")
+        if type(t).__module__.startswith("transformer_engine."):
+            raise NotImplementedError("quantized GEMM operands are not in the CPU test stub")
+    if quantizer is not None or gelu or kwargs.get("comm_overlap") is not None:
+        raise NotImplementedError("generic_gemm with an output quantizer, GELU or overlap is not "
+                                  "in the CPU test stub")
+    a2, b2 = A.reshape(-1, A.shape[-1]).float(), B.reshape(-1, B.shape[-1]).float()
+    d = (b2.t() if transb else b2) @ (a2.t() if transa else a2)
+    bias_grad = None
+    if bias is not None and bias.numel():
+        if grad:
+            bias_grad = b2.sum(0).to(bias.dtype)
+        else:
+            d = d + bias.float()
+    dtype = _TORCH_DTYPE[int(out_dtype)] if out_dtype is not None else A.dtype
+    if not transb and B.dim() > 2:
+        d = d.reshape(*B.shape[:-1], d.shape[-1])
+    if out is None:
+        return d.to(dtype), bias_grad, None, None
+    if accumulate:
+        out.add_(d.reshape(out.shape).to(out.dtype))
+    else:
+        out.copy_(d.reshape(out.shape))
+    return out, bias_grad, None, None
 
 
 def _grouped(*args: Any, **kwargs: Any):
