@@ -19,6 +19,9 @@ import torch
 
 from quant import gemm_plan
 
+for _mod in ("onnxscript", "einops", "nvdlfw_inspect"):   # TE's own imports; the test extra
+    pytest.importorskip(_mod, reason=f"{_mod} (TE's Python imports it; pip install -e .[test])")
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
