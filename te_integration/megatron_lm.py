@@ -68,10 +68,12 @@ def feature_dirs() -> list[str]:
 
 
 def name_te_layers(model: Any) -> int:
-    """Name every Transformer Engine module of ``model`` by its module path (how many)."""
+    """Name every Transformer Engine module of ``model`` by its module path (how many);
+    Megatron's wrappers (megatron.core.extensions.transformer_engine) subclass TE's modules."""
     named = 0
     for path, module in model.named_modules():
-        if type(module).__module__.startswith("transformer_engine.") and hasattr(module, "name"):
+        te_class = any(c.__module__.startswith("transformer_engine.") for c in type(module).__mro__)
+        if te_class and hasattr(module, "name"):
             module.name = path
             named += 1
     return named

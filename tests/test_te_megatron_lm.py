@@ -69,9 +69,11 @@ def test_hooks_initialize_before_the_model_name_layers_after_and_step(tmp_path):
 
 def test_without_a_config_only_te_layers_are_named_by_module_path():
     te_like = type("Linear", (torch.nn.Linear,), {"__module__": "transformer_engine.pytorch.module.linear"})
+    # Megatron's wrapper class lives in megatron.core.extensions.transformer_engine
+    wrapper = type("TERowParallelLinear", (te_like,), {"__module__": "megatron.core.extensions.transformer_engine"})
     model = torch.nn.Module()
     model.decoder = torch.nn.Module()
-    model.decoder.fc2 = te_like(4, 4)
+    model.decoder.fc2 = wrapper(4, 4)
     model.decoder.fc2.name = None
     model.decoder.norm = torch.nn.LayerNorm(4)
     assert megatron_lm.name_te_layers(model) == 1
