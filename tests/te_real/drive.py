@@ -152,11 +152,27 @@ def case_role_formats(te, recipe) -> dict:
         except Exception as exc:  # noqa: BLE001 - recorded per name
             out[key] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
             continue
-        fmts = {}
-        for q in (q for qs in lin.quantizers.values() for q in qs if q is not None):
-            fmts.setdefault(getattr(q, "tensor_type", "") or "other", getattr(q, "fmt", "?"))
-        out[key] = fmts
+        out[key] = _slot_formats(lin)
+    # a model tree whose TE layer TE itself called Layer_N, named by our Megatron-LM entry point
+    from te_integration.megatron_lm import name_te_layers
+
+    tree = torch.nn.Module()
+    tree.decoder = torch.nn.Module()
+    tree.decoder.layers = torch.nn.ModuleList([torch.nn.Module(), torch.nn.Module()])
+    tree.decoder.layers[1].mlp = torch.nn.Module()
+    tree.decoder.layers[1].mlp.linear_fc2 = _linear(te, ruled, False)
+    out["te_default_name"] = tree.decoder.layers[1].mlp.linear_fc2.name
+    name_te_layers(tree)
+    _fwd(te, ruled, tree.decoder.layers[1].mlp.linear_fc2, _x(3)).sum().backward()
+    out["entry_named"] = _slot_formats(tree.decoder.layers[1].mlp.linear_fc2)
     return out
+
+
+def _slot_formats(lin) -> dict:
+    fmts = {}
+    for q in (q for qs in lin.quantizers.values() for q in qs if q is not None):
+        fmts.setdefault(getattr(q, "tensor_type", "") or "other", getattr(q, "fmt", "?"))
+    return fmts
 
 
 #: our what-if feature on one layer, through TE's real debug namespace (its debug/features)
