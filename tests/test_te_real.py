@@ -163,8 +163,9 @@ def test_te_role_rules_match_megatron_layer_names(run):
     err = got["none"].get("error", "")
     assert err.startswith("FactoryError: LOWP_TE_ROLE_FORMATS selects layers by name")
     # TE names an unnamed layer Layer_N; te_integration.megatron_lm renames it by module path
-    assert got["te_default_name"].startswith("Layer_")
-    assert got["entry_named"] == got["path"]
+    named = _case(run, "entry_named")
+    assert named["te_default_name"].startswith("Layer_")
+    assert named["entry_named"] == got["path"]
 
 
 def test_our_debug_features_run_in_te_real_debug_namespace(run):

@@ -153,18 +153,29 @@ def case_role_formats(te, recipe) -> dict:
             out[key] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
             continue
         out[key] = _slot_formats(lin)
-    # a model tree whose TE layer TE itself called Layer_N, named by our Megatron-LM entry point
+    return out
+
+
+def case_entry_named(te, recipe) -> dict:
+    """A model tree whose TE layer TE itself called Layer_N, named by our Megatron-LM entry
+    point, under ROLE_RULES: the formats its slots got."""
+    from transformer_engine.common.recipe import CustomRecipe
+
+    from te_integration import factory
     from te_integration.megatron_lm import name_te_layers
 
+    ruled = CustomRecipe(qfactory=factory.make_factory("mxfp8", factory.parse_rules(ROLE_RULES)))
+    out = {}
     tree = torch.nn.Module()
     tree.decoder = torch.nn.Module()
     tree.decoder.layers = torch.nn.ModuleList([torch.nn.Module(), torch.nn.Module()])
     tree.decoder.layers[1].mlp = torch.nn.Module()
     tree.decoder.layers[1].mlp.linear_fc2 = _linear(te, ruled, False)
-    out["te_default_name"] = tree.decoder.layers[1].mlp.linear_fc2.name
+    fc2 = tree.decoder.layers[1].mlp.linear_fc2
+    out["te_default_name"] = fc2.name
     name_te_layers(tree)
-    _fwd(te, ruled, tree.decoder.layers[1].mlp.linear_fc2, _x(3)).sum().backward()
-    out["entry_named"] = _slot_formats(tree.decoder.layers[1].mlp.linear_fc2)
+    _fwd(te, ruled, fc2, _x(3)).sum().backward()
+    out["entry_named"] = _slot_formats(fc2)
     return out
 
 
@@ -253,6 +264,7 @@ CASES: dict[str, Callable] = {
     "layernorm_linear": case_layernorm_linear,
     "grouped_linear": case_grouped_linear,
     "role_formats": case_role_formats,
+    "entry_named": case_entry_named,
 }
 #: cases that also take the TE root and a scratch folder
 DEBUG_CASES: dict[str, Callable] = {
