@@ -526,6 +526,11 @@ def test_example_script_runs_te_debug_features_without_tensor_inspect_flags(smal
     out = _dry_run_fp8(small_data, tmp_path, checkout, TE_INSPECT_CONFIG=str(bad))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "bogus_option" in one_error_line(out.stderr)
+    # not with the custom recipe: TE's debug path sends its tensors to cuBLAS
+    out = _dry_run_fp8(small_data, tmp_path, checkout, TE_INSPECT_CONFIG=str(cfg),
+                       CUSTOM_QUANT_TYPE="mxfp8")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "cannot run together" in one_error_line(out.stderr)
 
 
 def test_example_script_dry_run_prints_the_driver_command(small_data, tmp_path):
