@@ -45,8 +45,11 @@ setup(
                  "transformers>=4.40",
                  # the Triton kernels are tested on the CPU in its interpreter (TRITON_INTERPRET=1)
                  "triton>=3.2",
-                 # the Transformer Engine debug features (te extra), tested with a TE stand-in
+                 # the Transformer Engine debug features (te extra)
                  "nvdlfw-inspect==0.2.2",
+                 # TE's own Python (its wheel, fetched by tests/test_te_real.py) imports these
+                 # at import time; pure Python (onnx: a small binary wheel), no CUDA, no torch
+                 "onnxscript>=0.5", "einops>=0.8",
                  # lowp-diagnose's queries as Spark SQL (local mode; needs a Java runtime)
                  "pyspark>=3.5"],
         # Transformer Engine's debug API (pure Python): our features in it (te_integration);

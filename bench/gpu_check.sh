@@ -4,7 +4,9 @@
 #   2. bench_quant: achieved bandwidth of every default format, Triton and torch backends;
 #   3. bench_stats: the fused statistics pass vs the torch statistics vs clone;
 #   4. bench_emulation on CUDA: emulated / unemulated step time (tiny Llama and a 4096 linear);
-#   5. the collector: a real captured + mxfp8-emulated training run of the tiny Llama on CUDA.
+#   5. the collector: a real captured + mxfp8-emulated training run of the tiny Llama on CUDA;
+#   6. Transformer Engine (when it imports): Linear / LayerNormLinear under our factory against
+#      our emulation (output, dgrad, bias gradient, fused main_grad), bench/te_gpu_check.py.
 # Usage: bash bench/gpu_check.sh [LOG_DIR]   (megatron-core must be importable)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,4 +44,10 @@ print(len(metas), "metadata/manifest files")
 for f in files[:3]:
     print(" ", os.path.basename(f))
 PY
+step "6. Transformer Engine under our quantizer factory"
+if "$PY" -c 'import transformer_engine.pytorch' >/dev/null 2>&1; then
+  for f in mxfp8 nvfp4; do "$PY" bench/te_gpu_check.py --fmt $f 2>&1 | tee -a "$LOG/te.txt"; done
+else
+  echo "Transformer Engine does not import: skipped" | tee "$LOG/te.txt"
+fi
 step "done"

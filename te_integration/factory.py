@@ -7,17 +7,19 @@ Megatron-LM (megatron-core >= 0.16)::
 
 or plain TE: ``CustomRecipe(qfactory=te_integration.factory.quantizer_factory)``. TE calls the
 factory once per quantizer slot with a ``QuantizerRole`` (module_type linear / grouped_linear /
-dpa, tensor_type input / weight / grad_output / ..., name). Linear and grouped-linear GEMM
-operands get our custom quantizer in the chosen format (te_integration.te_quantizer: values
+dpa, tensor_type input / weight / grad_output / ..., name). Linear GEMM operands get our
+custom quantizer in the chosen format (te_integration.te_quantizer: values
 from quant.quantize along each GEMM's reduction axis, the GEMM in high precision); every other
 slot stays in high precision (our quantizer with "hp"), including DotProductAttention's (TE's
 fused attention takes only TE's own quantizer families, so it cannot run our emulation: our
-attention emulation is on the megatron-core side, tensor_capture).
+attention emulation is on the megatron-core side, tensor_capture). A grouped linear (MoE
+``--moe-grouped-gemm``) is refused in one line: TE's grouped GEMM cannot run a custom quantizer.
 
 Which format: CUSTOM_QUANT_TYPE (any quant.FORMATS name), overridden per role by
 LOWP_TE_ROLE_FORMATS, rules ``field=value[,field=value]:format`` separated by ``;``, first
-match wins (fields of QuantizerRole; format a quant.FORMATS name or ``hp``), e.g.
-``tensor_type=grad_output:fp8_e5m2_tensor;name=fc2,tensor_type=weight:nvfp4;module_type=dpa:hp``.
+match wins (fields of QuantizerRole; ``name=`` also matches a dotted suffix of Megatron's full
+module path, ``field~=regex`` searches; format a quant.FORMATS name or ``hp``), e.g.
+``tensor_type=grad_output:fp8_e5m2_tensor;name=linear_fc2,tensor_type=weight:nvfp4``.
 
 A precision plan (CUSTOM_QUANT_PLAN, quant.precision_plan: module regex / layers x GEMM role
 -> format) applies to linear operand slots no LOWP_TE_ROLE_FORMATS rule matched: the role's
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
@@ -54,7 +57,13 @@ FACTORY_PATH = "te_integration.factory.quantizer_factory"
 MIN_TE_VERSION = (2, 16)
 ROLE_FIELDS = ("module_type", "tensor_type", "name")
 #: the roles our format applies to by default: the three operands of linear GEMMs
-LINEAR_MODULES = ("linear", "grouped_linear")
+LINEAR_MODULES = ("linear",)
+#: module types our emulation cannot run inside, and the one line that says so
+UNSUPPORTED_MODULES = {
+    "grouped_linear": (f"{FACTORY_PATH} cannot emulate Transformer Engine's GroupedLinear (its "
+                       "grouped GEMM takes only TE's own quantized tensors): run the MoE experts "
+                       "without --moe-grouped-gemm, or without the custom recipe"),
+}
 OPERAND_TYPES = ("input", "weight", "grad_output")
 HP = "hp"
 
@@ -65,13 +74,30 @@ class FactoryError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class RoleRule:
-    """``match`` (QuantizerRole field -> value) -> ``fmt`` (a format name or "hp")."""
+    """``match`` (QuantizerRole field, operator, value) -> ``fmt`` (a format name or "hp").
 
-    match: tuple[tuple[str, str], ...]
+    ``field=value`` compares whole values, except for ``name``, where it also matches a
+    dotted suffix: Megatron names a TE layer by its full module path
+    (``decoder.layers.1.mlp.linear_fc2``; nvdlfw-inspect's ``model.`` prefix too), so
+    ``name=linear_fc2`` and ``name=layers.1.mlp.linear_fc2`` both match it. ``field~=regex``
+    searches the value with a Python regular expression (``name~=layers\\.(0|1)\\.``).
+    """
+
+    match: tuple[tuple[str, str, str], ...]
     fmt: str
 
     def matches(self, role: Any) -> bool:
-        return all(str(getattr(role, k, "") or "") == v for k, v in self.match)
+        return all(_field_matches(str(getattr(role, f, "") or ""), op, v) for f, op, v in self.match)
+
+    @property
+    def needs_name(self) -> bool:
+        return any(f == "name" for f, _, _ in self.match)
+
+
+def _field_matches(actual: str, op: str, value: str) -> bool:
+    if op == "~=":
+        return re.search(value, actual) is not None
+    return actual == value or (value != "" and actual.endswith("." + value))
 
 
 def _check_format(name: str, where: str) -> str:
@@ -96,13 +122,29 @@ def parse_rules(text: str, where: str = ENV_ROLE_FORMATS) -> tuple[RoleRule, ...
                                f"(fields: {', '.join(ROLE_FIELDS)})")
         match = []
         for cond in lhs.split(","):
-            field, eq, value = (s.strip() for s in cond.partition("="))
-            if not eq or field not in ROLE_FIELDS or not value:
+            field, op, value = _split_condition(cond)
+            if op is None or field not in ROLE_FIELDS or not value:
                 raise FactoryError(f"{where}: {cond.strip()!r} in rule {part!r} is not "
-                                   f"'field=value' with a field of {', '.join(ROLE_FIELDS)}")
-            match.append((field, value))
+                                   f"'field=value' or 'field~=regex' with a field of "
+                                   f"{', '.join(ROLE_FIELDS)}")
+            if op == "~=":
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    raise FactoryError(f"{where}: {value!r} in rule {part!r} is not a regular "
+                                       f"expression ({exc})") from None
+            match.append((field, op, value))
         rules.append(RoleRule(tuple(match), _check_format(fmt, f"{where} rule {part!r}")))
     return tuple(rules)
+
+
+def _split_condition(cond: str) -> tuple[str, Optional[str], str]:
+    """``field=value`` / ``field~=regex`` -> (field, operator, value); operator None if neither."""
+    for op in ("~=", "="):
+        field, sep, value = cond.partition(op)
+        if sep:
+            return field.strip(), op, value.strip()
+    return cond.strip(), None, ""
 
 
 def choose_format(role: Any, default: str, rules: tuple[RoleRule, ...] = ()) -> str:
@@ -212,6 +254,8 @@ def make_factory(default: str, rules: tuple[RoleRule, ...] = (),
 
     def qfactory(role: Any) -> Any:
         te_quantizer = _te_quantizer_module()
+        check_debug_api_off()
+        check_role(role, rules)
         tensor = getattr(role, "tensor_type", "") or ""
         ruled = role is not None and any(r.matches(role) for r in rules)
         layouts = plan_formats(role, plan, default) if plan is not None and not ruled else None
@@ -223,11 +267,56 @@ def make_factory(default: str, rules: tuple[RoleRule, ...] = (),
     return qfactory
 
 
+DEBUG_API_CONFLICT = (
+    f"{FACTORY_PATH} cannot run while TE's debug API (nvdlfw-inspect) is initialized: TE's "
+    "debug path hands the custom recipe's tensors to its cuBLAS GEMM, which refuses them; run "
+    "our debug features with bf16 or a native FP8 recipe, and the custom recipe without them")
+
+
+def check_debug_api_off() -> None:
+    """FactoryError (one line) while nvdlfw-inspect's debug API is initialized (TE 2.16-2.20
+    send debug-wrapped tensors to the native GEMM, never to our qgemm)."""
+    api = sys.modules.get("nvdlfw_inspect.api")
+    if api is not None and getattr(api, "DEBUG_MANAGER", None) is not None:
+        raise FactoryError(DEBUG_API_CONFLICT)
+
+
+#: the name TE gives a module nobody named (``Layer_<count>``)
+_TE_PLACEHOLDER_NAME = re.compile(r"Layer_\d+")
+
+
+def _unnamed(name: str) -> bool:
+    return not name or _TE_PLACEHOLDER_NAME.fullmatch(name) is not None
+
+
+def check_role(role: Any, rules: tuple[RoleRule, ...] = ()) -> None:
+    """FactoryError (one line) for a slot our emulation would get wrong: a grouped linear
+    (TE's grouped GEMM takes only its own quantized tensors), or a layer without a name while
+    a rule selects layers by name (it would silently never match)."""
+    if role is None:
+        return
+    module_type = str(getattr(role, "module_type", "") or "")
+    if module_type in UNSUPPORTED_MODULES:
+        raise FactoryError(UNSUPPORTED_MODULES[module_type])
+    if _unnamed(str(getattr(role, "name", "") or "")) and module_type in LINEAR_MODULES and any(
+            r.needs_name for r in rules):
+        raise FactoryError(
+            f"{ENV_ROLE_FORMATS} selects layers by name, but Transformer Engine gave this "
+            f"{module_type} none (Megatron-LM passes none, TE then says Layer_N, unless the layers "
+            "are named): run pretrain_gpt.py through python -m te_integration.megatron_lm, which "
+            "names them by module path, or drop the name rules")
+
+
 @lru_cache(maxsize=1)
 def _te_quantizer_module():
     check_te_version(installed_te_version())
-    from . import te_quantizer
+    from . import te_patches, te_quantizer
 
+    lacking = te_patches.missing()
+    if lacking:
+        raise FactoryError(f"Transformer Engine {installed_te_version()} lacks what "
+                           f"{FACTORY_PATH} needs for {'; '.join(lacking)}")
+    te_patches.install()
     return te_quantizer
 
 
@@ -255,6 +344,12 @@ def check_environment(env: Optional[Mapping[str, str]] = None) -> str:
             _check_format(f, f"{ENV_PLAN} ({plan.source})")
     version = installed_te_version()
     check_te_version(version)
+    from . import te_patches
+
+    lacking = te_patches.missing()
+    if lacking:
+        raise FactoryError(f"Transformer Engine {version} lacks what {FACTORY_PATH} needs for "
+                           f"{'; '.join(lacking)}")
     return (f"{FACTORY_PATH}: Transformer Engine {version}, {ENV_QUANT}={fmt}"
             + (f", {len(rules)} role rule(s)" if rules else "")
             + (f", {ENV_PLAN}={plan.source}" if plan is not None else ""))

@@ -36,6 +36,9 @@ class EmulatedTensor(QuantizedTensorStorage):
     original_shape: Optional[tuple] = None
     fmt: str = "hp"
     _quantizer: Optional[Quantizer] = None
+    #: the weight these layouts were quantized from (weights only: a parameter that lives
+    #: anyway), so a layout asked for later can be quantized from it
+    _source: Optional[torch.Tensor] = None
 
     @property
     def custom(self) -> bool:
@@ -43,9 +46,12 @@ class EmulatedTensor(QuantizedTensorStorage):
         return True
 
     def prepare_for_saving(self):
-        saved = [self.data, self.data_t, self.scale, self.scale_t]
-        self.data = self.data_t = self.scale = self.scale_t = None
-        return saved, self
+        """The layouts for autograd's saved tensors; kept here too. TE caches a weight
+        workspace across micro-batches (``is_first_microbatch``) and saves that same object in
+        every forward: emptying it here would leave the next forward (before this one's
+        backward) nothing to multiply (TE's own cached workspaces are torch tensors, which TE
+        saves without this call)."""
+        return [self.data, self.data_t, self.scale, self.scale_t], self
 
     def restore_from_saved(self, tensors):
         self.data, self.data_t, self.scale, self.scale_t = tensors[:4]
@@ -56,18 +62,32 @@ class EmulatedTensor(QuantizedTensorStorage):
 
     def update_usage(self, rowwise_usage: Optional[bool] = None,
                      columnwise_usage: Optional[bool] = None):
-        """Drop a layout no longer needed; a missing one cannot be rebuilt (its blocks run
-        along another axis of the unquantized tensor), so asking for it is an error."""
+        """Drop a layout no longer needed; quantize a missing one again from the weight it
+        came from (a workspace TE built without its columnwise copy, e.g. under no_grad, and
+        reuses for training). A missing layout of an activation cannot be rebuilt (its
+        blocks run along another axis of a tensor no longer held): an error."""
         for want, name in ((rowwise_usage, "data"), (columnwise_usage, "data_t")):
             if want is None:
                 continue
             if want and getattr(self, name) is None:
-                raise RuntimeError(f"{type(self).__name__}: the {name} layout was not quantized "
-                                   "and cannot be rebuilt from the other one (different block "
-                                   "axis); set the quantizer's usage before quantizing")
+                self._rebuild(name)
             if not want:
                 setattr(self, name, None)
                 setattr(self, name.replace("data", "scale"), None)
+
+    def _rebuild(self, name: str) -> None:
+        usage = "rowwise" if name == "data" else "columnwise"
+        if self._source is None:
+            raise RuntimeError(f"{type(self).__name__}: the {usage} layout was not quantized and "
+                               "cannot be rebuilt from the other one (different block axis); "
+                               "set the quantizer's usage before quantizing")
+        fmt = self.fmt
+        if usage == "columnwise" and self._quantizer is not None:
+            # a precision plan may give the transposed layout another format (its GEMM's)
+            fmt = getattr(self._quantizer, "fmt_columnwise", fmt)
+        setattr(self, name, usage_values(as_2d(self._source.detach()), fmt, usage))
+        setattr(self, name.replace("data", "scale"),
+                torch.full((1,), _ONE, dtype=torch.float32, device=self._source.device))
 
     def size(self, *args, **kwargs):
         """[rows, cols] of the operand (from whichever layout is held)."""
@@ -135,7 +155,8 @@ class EmulatedQuantizer(Quantizer):
                               scale=one if layouts["data"] is not None else None,
                               scale_t=one if layouts["data_t"] is not None else None,
                               dtype=x.dtype, device=x.device, original_shape=tuple(x.shape),
-                              fmt=self.fmt, _quantizer=self)
+                              fmt=self.fmt, _quantizer=self,
+                              _source=tensor if self.tensor_type == "weight" else None)
 
     def quantize(self, tensor: torch.Tensor, *, out: Any = None, dtype: Any = None,
                  **kwargs: Any) -> EmulatedTensor:
@@ -148,7 +169,8 @@ class EmulatedQuantizer(Quantizer):
         if noop_flag is not None and float(noop_flag.reshape(-1)[0]) != 0:
             return dst
         fresh = self.quantize_impl(src)
-        for f in ("data", "data_t", "scale", "scale_t", "dtype", "device", "original_shape", "fmt"):
+        for f in ("data", "data_t", "scale", "scale_t", "dtype", "device", "original_shape", "fmt",
+                  "_source"):
             setattr(dst, f, getattr(fresh, f))
         dst._quantizer = self
         return dst

@@ -33,6 +33,8 @@ TIER_MARKERS = {
 SLOW_TIERS = {
     "test_capture_megatron.py": ("megatron",),
     "test_te_integration.py::test_tiny_llama_*": ("megatron",),
+    "test_te_real.py": ("multiprocess",),     # TE's wheel (cached), one process per version
+    "test_te_megatron_lm.py::test_mistakes_are_one_line": ("multiprocess",),
     "test_capture_patch_versions.py::test_release_*": ("megatron",),  # downloads each release
     "test_capture_driver.py": ("megatron", "multiprocess"),     # issue 10's capture runtime
     "test_capture_numerics.py::test_tiny_llama_*": ("megatron", "multiprocess"),

@@ -293,19 +293,42 @@ def test_factory_chooses_formats_per_role():
                                 "name=fc2,tensor_type=weight:nvfp4; module_type=dpa:mxfp8")
     choose = lambda *a: factory.choose_format(Role(*a), "mxfp8", rules)  # noqa: E731
     assert choose("linear", "input", "fc1") == "mxfp8"
-    assert choose("grouped_linear", "weight", "experts") == "mxfp8"
+    assert choose("grouped_linear", "weight", "experts") == "hp"         # refused: check_role
     assert choose("linear", "grad_output", "fc1") == "fp8_e5m2_tensor"   # first rule
     assert choose("linear", "weight", "fc2") == "nvfp4"
     assert choose("dpa", "qkv", "core_attention") == "mxfp8"             # only by a rule
     assert factory.choose_format(Role("dpa", "qkv"), "mxfp8") == "hp"
     assert factory.choose_format(Role("linear", "output"), "mxfp8") == "hp"
     assert factory.choose_format(None, "mxfp8") == "hp"
+    # Megatron's names: a full module path matches a name rule by dotted suffix, or by ~= regex
+    assert choose("linear", "weight", "decoder.layers.1.mlp.fc2") == "nvfp4"
+    assert choose("linear", "weight", "decoder.layers.1.mlp.linear_fc2") == "mxfp8"   # not "fc2"
+    regex = factory.parse_rules(r"name~=layers\.(0|1)\.self_attention:hp")
+    assert factory.choose_format(Role("linear", "input", "model.decoder.layers.1.self_attention."
+                                      "linear_qkv"), "mxfp8", regex) == "hp"
+    assert factory.choose_format(Role("linear", "input", "decoder.layers.11.self_attention."
+                                      "linear_qkv"), "mxfp8", regex) == "mxfp8"
+
+
+def test_factory_refuses_what_it_cannot_emulate_in_one_line():
+    """Grouped linear (TE's grouped GEMM takes only TE's own tensors), and name rules when TE
+    has no layer names (none, or TE's Layer_N placeholder): each one line naming the way out."""
+    named = factory.parse_rules("name=linear_fc2:hp")
+    for role, rules, words in ((Role("grouped_linear", "input", "experts"), (), "--moe-grouped-gemm"),
+                               (Role("linear", "input", ""), named, "te_integration.megatron_lm"),
+                               (Role("linear", "input", "Layer_7"), named, "selects layers by name")):
+        with pytest.raises(factory.FactoryError) as err:
+            factory.check_role(role, rules)
+        assert words in str(err.value) and len(str(err.value).splitlines()) == 1
+    factory.check_role(Role("linear", "input", "Layer_7"))            # no name rule: fine
+    factory.check_role(Role("linear", "input", "decoder.layers.0.mlp.linear_fc2"), named)
 
 
 @pytest.mark.parametrize("text,message", [
     ("tensor_type=weight", "needs 'field=value:format'"),
     ("tensortype=weight:mxfp8", "'tensortype=weight' in rule"),
     ("tensor_type=weight:mxfp9", "'mxfp9' is not a known format; valid: fp8_e4m3"),
+    ("name~=layers.(:hp", "is not a regular expression"),
 ])
 def test_factory_rule_mistakes_name_the_variable(text, message):
     with pytest.raises(factory.FactoryError, match="LOWP_TE_ROLE_FORMATS") as err:
@@ -509,10 +532,16 @@ def test_example_yamls_load(tmp_path, name):
 def test_factory_check_before_a_run(monkeypatch):
     """The launcher's `python -m te_integration.factory --check`: TE version, format, rules."""
     env = {"CUSTOM_QUANT_TYPE": "nvfp4", "LOWP_TE_ROLE_FORMATS": "tensor_type=grad_output:mxfp8"}
+    from te_integration import te_patches
+
     monkeypatch.setattr(factory, "installed_te_version", lambda: "2.20.0")
-    assert factory.check_environment(env) == (
+    monkeypatch.setattr(te_patches, "missing", lambda: [])      # TE's places, checked on TE's
+    assert factory.check_environment(env) == (                   # own code: test_te_real.py
         "te_integration.factory.quantizer_factory: Transformer Engine 2.20.0, "
         "CUSTOM_QUANT_TYPE=nvfp4, 1 role rule(s)")
+    monkeypatch.setattr(te_patches, "missing", lambda: ["a linear bias (pass --disable-bias-linear)"])
+    with pytest.raises(factory.FactoryError, match=r"2\.20\.0 lacks what .* --disable-bias-linear"):
+        factory.check_environment(env)
     monkeypatch.setattr(factory, "installed_te_version", lambda: "2.10.1")
     with pytest.raises(factory.FactoryError, match=r"2\.10\.1 is too old .* >= 2\.16"):
         factory.check_environment(env)

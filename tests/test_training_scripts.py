@@ -292,12 +292,15 @@ def test_example_script_emulates_a_megatron_recipe_without_the_hardware(small_da
     assert w["recipe_specs"]["fprop"]["tile"] == [128, 128]
 
 
-def _standin_checkout(tmp_path: Path, version: tuple[int, int, int] | None = None) -> Path:
+def _standin_checkout(tmp_path: Path, version: tuple[int, int, int] | None = None,
+                      factory_flag: bool = True) -> Path:
     """A stand-in Megatron-LM checkout (real Megatron-LM is not installed here).
 
     It holds the megatron-core files the patch set reads, copied from the installed
-    megatron-core (``version`` rewrites package_info.py), and a pretrain_gpt.py that records its
-    arguments and whether the megatron next to it (first on sys.path) is patched.
+    megatron-core (``version`` rewrites package_info.py), a pretrain_gpt.py that records its
+    arguments and whether the megatron next to it (first on sys.path) is patched, and the line
+    of megatron/training/arguments.py the launcher looks for (``--fp8-quantizer-factory``, as
+    Megatron-LM main declares it; ``factory_flag=False``: an arguments.py without it).
     """
     import shutil
 
@@ -314,6 +317,12 @@ def _standin_checkout(tmp_path: Path, version: tuple[int, int, int] | None = Non
     if version is not None:
         (checkout / "megatron/core/package_info.py").write_text(
             "MAJOR = {}\nMINOR = {}\nPATCH = {}\nPRE_RELEASE = ''\n".format(*version))
+    (checkout / "megatron/training").mkdir(parents=True, exist_ok=True)
+    (checkout / "megatron/training/arguments.py").write_text(
+        "def _add_transformer_engine_args(parser):\n    group = parser.add_argument_group('te')\n"
+        + ("    group.add_argument('--fp8-quantizer-factory', type=str, default=None)\n"
+           if factory_flag else "")
+        + "    return parser\n")
     (checkout / "pretrain_gpt.py").write_text(
         "import json, os, sys\n"
         "layers = os.path.join(sys.path[0], 'megatron/core/tensor_parallel/layers.py')\n"
@@ -452,6 +461,11 @@ def test_example_script_te_linears_with_custom_quant_type_get_the_custom_recipe(
         assert pairs["--fp8-recipe"] == "custom"
         assert pairs["--fp8-quantizer-factory"] == "te_integration.factory.quantizer_factory"
         assert "--fp8-amax-history-len" not in argv
+        # never the custom recipe with fused wgrad accumulation (TE's custom GEMM drops the
+        # add into main_grad), and pretrain_gpt.py runs through the entry point naming TE layers
+        assert "--no-gradient-accumulation-fusion" in argv
+        script = next(i for i, a in enumerate(argv) if a.endswith("megatron-lm/pretrain_gpt.py"))
+        assert argv[script - 2:script] == ["-m", "te_integration.megatron_lm"]
         assert f"CUSTOM_QUANT_TYPE={quant} on Transformer Engine linears" in out.stderr
         # the path resolves to the factory megatron-core will call
         from te_integration import factory
@@ -460,6 +474,63 @@ def test_example_script_te_linears_with_custom_quant_type_get_the_custom_recipe(
     else:
         assert "--fp8-recipe" not in argv and pairs["--fp8-amax-history-len"] == "1024"
     assert not (tmp_path / "probe.json").exists()      # nothing ran
+
+
+def _dry_run_fp8(small_data, tmp_path, checkout, **env):
+    env = dict(MEGATRON_LM_DIR=str(checkout), GPUS_PER_NODE="1", MASTER_PORT=str(free_port()),
+               PROBE_OUT=str(tmp_path / "probe.json"), IGNORE_RESOURCE_CHECK="1", DRY_RUN="1",
+               **env)
+    return run([*EXAMPLE, *_example_args(tmp_path, small_data, "fp8")], cwd=tmp_path,
+               timeout=240, **env)
+
+
+def test_example_script_never_combines_the_custom_recipe_with_fused_wgrad_even_with_apex(
+        small_data, tmp_path):
+    """Problem 1 at the launcher: with apex importable (a stand-in module of that name on
+    PYTHONPATH, for the launcher's import check only) the custom recipe still gets
+    --no-gradient-accumulation-fusion; without CUSTOM_QUANT_TYPE, apex keeps fusion on."""
+    shim = tmp_path / "apex_standin"
+    shim.mkdir()
+    (shim / "fused_weight_gradient_mlp_cuda.py").write_text("# stand-in: import check only\n")
+    path = os.pathsep.join([str(ROOT), str(shim)])
+    checkout = _standin_checkout(tmp_path)
+    custom = _dry_run_argv(_dry_run_fp8(small_data, tmp_path, checkout, CUSTOM_QUANT_TYPE="mxfp8",
+                                        PYTHONPATH=path))
+    native = _dry_run_argv(_dry_run_fp8(small_data, tmp_path, checkout, PYTHONPATH=path))
+    assert "--fp8-quantizer-factory" in custom and "--no-gradient-accumulation-fusion" in custom
+    assert "--fp8-quantizer-factory" not in native
+    assert "--no-gradient-accumulation-fusion" not in native
+
+
+def test_example_script_refuses_a_megatron_lm_without_the_factory_flag(small_data, tmp_path):
+    checkout = _standin_checkout(tmp_path, factory_flag=False)
+    out = _dry_run_fp8(small_data, tmp_path, checkout, CUSTOM_QUANT_TYPE="mxfp8")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    line = one_error_line(out.stderr)
+    assert "this Megatron-LM has no --fp8-quantizer-factory" in line
+
+
+def test_example_script_runs_te_debug_features_without_tensor_inspect_flags(small_data, tmp_path):
+    """Released Megatron-LM has no --tensor-inspect flags (pull request #3811 only): the
+    launcher checks TE_INSPECT_CONFIG and runs pretrain_gpt.py through our entry point."""
+    pytest.importorskip("nvdlfw_inspect", reason="nvdlfw-inspect (the te extra) is not installed")
+    checkout = _standin_checkout(tmp_path)
+    cfg = ROOT / "examples" / "te" / "inspect_megatron_lm.yaml"
+    argv = _dry_run_argv(_dry_run_fp8(small_data, tmp_path, checkout, TE_INSPECT_CONFIG=str(cfg)))
+    assert not any(a.startswith("--tensor-inspect") for a in argv)
+    i = argv.index("te_integration.megatron_lm")
+    assert argv[i + 1:i + 3] == ["--inspect-config", str(cfg)]
+    assert argv[i + 5].endswith("megatron-lm/pretrain_gpt.py")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(cfg.read_text().replace("LowpWhatIf:", "LowpWhatIf:\n      bogus_option: 1", 1))
+    out = _dry_run_fp8(small_data, tmp_path, checkout, TE_INSPECT_CONFIG=str(bad))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "bogus_option" in one_error_line(out.stderr)
+    # not with the custom recipe: TE's debug path sends its tensors to cuBLAS
+    out = _dry_run_fp8(small_data, tmp_path, checkout, TE_INSPECT_CONFIG=str(cfg),
+                       CUSTOM_QUANT_TYPE="mxfp8")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "cannot run together" in one_error_line(out.stderr)
 
 
 def test_example_script_dry_run_prints_the_driver_command(small_data, tmp_path):

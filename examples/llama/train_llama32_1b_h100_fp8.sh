@@ -29,9 +29,17 @@
 #                      Transformer Engine needed to see it)
 #   MEGATRON_LM_DIR    a Megatron-LM checkout: its version must be one the patch set supports
 #                      (megatron-tensor-patch --detect; else exit 2); its pretrain_gpt.py runs
-#                      on a patched copy; without apex (fused_weight_gradient_mlp_cuda) the
-#                      launcher adds --no-gradient-accumulation-fusion; Megatron-LM loads
-#                      TOKENIZER_PATH with transformers (must import, else exit 2).
+#                      on a patched copy; without apex (fused_weight_gradient_mlp_cuda), and
+#                      always under TE's custom recipe, the launcher adds
+#                      --no-gradient-accumulation-fusion; with the custom recipe the checkout
+#                      must take --fp8-quantizer-factory (else exit 2) and pretrain_gpt.py runs
+#                      through te_integration.megatron_lm (names TE layers for name rules);
+#                      Megatron-LM loads TOKENIZER_PATH with transformers (must import, else
+#                      exit 2).
+#   TE_INSPECT_CONFIG  a debug-API YAML of our TE features (docs/te.md; MEGATRON_LM_DIR and
+#                      DTYPE fp8): checked first, then run through te_integration.megatron_lm
+#                      (released Megatron-LM has no --tensor-inspect flags); logs in
+#                      TE_INSPECT_LOG_DIR (default CHECKPOINT_PATH/inspect_logs)
 #                      Unset: run this project's driver (training_driver/train.py)
 #   GPUS_PER_NODE (default: GPUs found, else 1), NNODES (1), NODE_RANK (0),
 #   MASTER_ADDR (localhost), MASTER_PORT (6000)
@@ -122,9 +130,22 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     DETECTED=$("$PY" -m tensor_capture.patcher --detect "$MEGATRON_LM_DIR" 2>&1) \
         || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR: $(printf '%s\n' "$DETECTED" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^megatron-tensor-patch: error: //')"
     MEGATRON_VERSION=$(printf '%s\n' "$DETECTED" | tail -n 1)
+    if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then   # the checkout must take --fp8-quantizer-factory
+        CHECKOUT_CHECK=$("$PY" -m te_integration.megatron_lm --check-checkout "$MEGATRON_LM_DIR" 2>&1) \
+            || die "$(printf '%s\n' "$CHECKOUT_CHECK" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^te_integration.megatron_lm: error: //')"
+    fi
     # --tokenizer-type HuggingFaceTokenizer: Megatron-LM loads TOKENIZER_PATH with transformers.
     "$PY" -c 'import transformers' >/dev/null 2>&1 \
         || die "MEGATRON_LM_DIR: Megatron-LM loads TOKENIZER_PATH with transformers.AutoTokenizer (--tokenizer-type HuggingFaceTokenizer), and transformers does not import here: pip install transformers"
+fi
+
+# Our TE debug features (TE_INSPECT_CONFIG): a Megatron-LM checkout's TE layers, the YAML
+# checked now (lowp-te-check), run through te_integration.megatron_lm.
+if [[ -n "${TE_INSPECT_CONFIG:-}" ]]; then
+    [[ -n "${MEGATRON_LM_DIR:-}" && "$DTYPE" == fp8 ]] || die "TE_INSPECT_CONFIG needs Transformer Engine layers in a Megatron-LM run: set MEGATRON_LM_DIR and DTYPE fp8"
+    [[ ${#TE_RECIPE[@]} -eq 0 ]] || die "TE_INSPECT_CONFIG and CUSTOM_QUANT_TYPE=$QUANT cannot run together with Transformer Engine layers (TE's debug path sends the custom recipe's tensors to its cuBLAS GEMM, which refuses them): unset one of them"
+    INSPECT_CHECK=$("$PY" -m te_integration.check_cli "$TE_INSPECT_CONFIG" 2>&1) \
+        || die "$(printf '%s\n' "$INSPECT_CHECK" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^lowp-te-check: error: //')"
 fi
 
 HAS_CUDA=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
@@ -205,11 +226,27 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     fi
     IMPL=local; [[ "$DTYPE" == fp8 ]] && IMPL=transformer_engine
     # Megatron's default gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda
-    # (with it, the patch set emulates and captures the fused weight-gradient path).
+    # (with it, the patch set emulates and captures the fused weight-gradient path). Under TE's
+    # custom recipe it is always off: Megatron hands the fusion to TE, whose custom GEMM path
+    # (TE 2.16-2.20) drops the add into main_grad; te_integration.te_patches restores it, tested
+    # on TE's Python on a CPU only, so the launcher keeps the plain path (docs/te.md).
     FUSION=()
-    if ! "$PY" -c 'import torch, fused_weight_gradient_mlp_cuda' >/dev/null 2>&1; then
+    if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then
+        FUSION=(--no-gradient-accumulation-fusion)
+        echo "train_llama32_1b_h100_fp8.sh: note: TE's custom recipe runs without gradient-accumulation fusion: passing --no-gradient-accumulation-fusion" >&2
+    elif ! "$PY" -c 'import torch, fused_weight_gradient_mlp_cuda' >/dev/null 2>&1; then
         FUSION=(--no-gradient-accumulation-fusion)
         echo "train_llama32_1b_h100_fp8.sh: note: apex's fused_weight_gradient_mlp_cuda is not importable: passing --no-gradient-accumulation-fusion" >&2
+    fi
+    # The script runs through te_integration.megatron_lm when TE layers need names (the
+    # custom recipe's name rules) or our debug features are on (TE_INSPECT_CONFIG): released
+    # Megatron-LM has no --tensor-inspect flags (pull request #3811 only).
+    ENTRY=()
+    if [[ -n "${TE_INSPECT_CONFIG:-}" ]]; then
+        ENTRY=(-m te_integration.megatron_lm --inspect-config "$TE_INSPECT_CONFIG"
+               --inspect-log-dir "${TE_INSPECT_LOG_DIR:-$CHECKPOINT_PATH/inspect_logs}")
+    elif [[ ${#TE_RECIPE[@]} -gt 0 ]]; then
+        ENTRY=(-m te_integration.megatron_lm)
     fi
     echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
     PRECISION=(--bf16)
@@ -224,7 +261,7 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     elif [[ ${#RECIPE_ARGS[@]} -gt 0 ]]; then
         PRECISION+=("${RECIPE_ARGS[@]}")
     fi
-    launch "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" "$TREE/pretrain_gpt.py" \
+    launch "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" ${ENTRY[@]+"${ENTRY[@]}"} "$TREE/pretrain_gpt.py" \
         --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
         --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
         --max-position-embeddings "$SEQ_LENGTH" --position-embedding-type rope --rotary-base 500000 \

@@ -1,0 +1,123 @@
+"""te_integration.megatron_lm: our TE debug features in a Megatron-LM run without the
+``--tensor-inspect*`` flags (Megatron-LM pull request #3811 only).
+
+Megatron-LM's training loop is not installed here: the hooks are checked on a module holding
+its two function names (``get_model``, ``train_step``: what the entry point wraps in
+``megatron.training.training``) and a real torch model; the debug API is nvdlfw-inspect's, with
+our feature folder and the TE-namespace stand-in (TE's real namespace: test_te_real.py).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("nvdlfw_inspect", reason="nvdlfw-inspect (the te extra) is not installed")
+
+import nvdlfw_inspect.api as debug_api  # noqa: E402
+
+from te_helpers import FEATURE_DIR, ROOT, STANDIN_DIR  # noqa: E402
+from te_integration import megatron_lm  # noqa: E402
+
+YAML = """
+fc1:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: .*fc1$
+  transformer_engine:
+    LowpWhatIf:
+      enabled: True
+      tensors: [activation]
+      formats: [mxfp8]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_debug_api():
+    debug_api.end_debug()
+    yield
+    debug_api.end_debug()
+
+
+def _training_module(calls: list) -> types.SimpleNamespace:
+    def get_model(provider, model_type=None, wrap_with_ddp=True):
+        calls.append(("get_model", debug_api.DEBUG_MANAGER is not None))
+        return [torch.nn.Sequential(torch.nn.Linear(4, 4))]
+
+    def train_step(*args, **kwargs):
+        calls.append(("train_step",))
+        return "loss"
+
+    return types.SimpleNamespace(get_model=get_model, train_step=train_step)
+
+
+def test_hooks_initialize_before_the_model_name_layers_after_and_step(tmp_path):
+    (tmp_path / "inspect.yaml").write_text(YAML)
+    calls: list = []
+    training = _training_module(calls)
+    megatron_lm.install_hooks(str(tmp_path / "inspect.yaml"), str(tmp_path / "logs"),
+                              [str(FEATURE_DIR), str(STANDIN_DIR)], training)
+    model = training.get_model(lambda: None)
+    assert calls == [("get_model", True)]          # initialized before the model was built
+    assert model[0][0].name == "model.0"           # nvdlfw-inspect's name, what the YAML matches
+    assert training.train_step() == "loss" and training.train_step() == "loss"
+    assert debug_api.DEBUG_MANAGER._trainer_iteration_count == 2
+
+
+def test_without_a_config_only_te_layers_are_named_by_module_path():
+    te_like = type("Linear", (torch.nn.Linear,), {"__module__": "transformer_engine.pytorch.module.linear"})
+    # Megatron's wrapper class lives in megatron.core.extensions.transformer_engine
+    wrapper = type("TERowParallelLinear", (te_like,), {"__module__": "megatron.core.extensions.transformer_engine"})
+    model = torch.nn.Module()
+    model.decoder = torch.nn.Module()
+    model.decoder.fc2 = wrapper(4, 4)
+    model.decoder.fc2.name = None
+    model.decoder.norm = torch.nn.LayerNorm(4)
+    assert megatron_lm.name_te_layers(model) == 1
+    assert model.decoder.fc2.name == "decoder.fc2" and not hasattr(model.decoder.norm, "name")
+
+
+def test_the_script_runs_with_its_arguments_and_folder_first(tmp_path, monkeypatch):
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text("import sys, json\nopen(sys.argv[1], 'w').write(json.dumps([sys.argv, sys.path[0]]))\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    out = tmp_path / "out.json"
+    megatron_lm.run_script(str(script), [str(out), "--num-layers", "2"])
+    import json
+
+    argv, first = json.loads(out.read_text())
+    assert argv == [str(script), str(out), "--num-layers", "2"] and first == str(tmp_path)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "te_integration.megatron_lm", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["no-script", "custom-recipe", "bad-yaml", "checkout"])
+def test_mistakes_are_one_line(tmp_path, case):
+    (tmp_path / "inspect.yaml").write_text(YAML)
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    args, words = {
+        "no-script": (["--inspect-config", str(tmp_path / "inspect.yaml"), str(tmp_path / "nope.py")],
+                      "no such file"),
+        "custom-recipe": (["--inspect-config", str(tmp_path / "inspect.yaml"), str(script),
+                           "--fp8-recipe", "custom"], "cannot run while TE's debug API"),
+        "bad-yaml": (["--inspect-config", str(tmp_path / "missing.yaml"), str(script)], "no such file"),
+        "checkout": (["--check-checkout", str(tmp_path)], "has no --fp8-quantizer-factory"),
+    }[case]
+    out = _cli(*args)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert words in out.stderr
+
+
+def test_checkout_with_the_factory_flag_passes(tmp_path):
+    args = tmp_path / "megatron" / "training" / "arguments.py"
+    args.parent.mkdir(parents=True)
+    args.write_text("group.add_argument('--fp8-quantizer-factory', type=str)\n")
+    assert "available" in megatron_lm.check_checkout(str(tmp_path))
