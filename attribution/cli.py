@@ -147,7 +147,7 @@ def main(argv: Optional[list] = None) -> int:
     def say(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
-    from training_driver.capture import prepare_patched_tree
+    from training_driver.capture import PATCHED_DIR_ENV, prepare_patched_tree
 
     from . import report
     from .attribute import Orchestrator, tqdm_bar
@@ -157,7 +157,8 @@ def main(argv: Optional[list] = None) -> int:
     shape = _shape(args, tokenizer)
     out = Path(args.out or f"runs/attribute/{args.format}_vs_{args.against}")
     out.mkdir(parents=True, exist_ok=True)
-    patched = prepare_patched_tree("runs/.patched_megatron")
+    ready = os.environ.get(PATCHED_DIR_ENV)      # a launcher prepared one already
+    patched = Path(ready) if ready else prepare_patched_tree("runs/.patched_megatron")
     if patched is None:
         raise UserError("the capture patch set (tensor_capture) is not installed: emulation "
                         "needs it")

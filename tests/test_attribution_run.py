@@ -18,6 +18,14 @@ import torch
 
 from training_helpers import ROOT, one_error_line, run, small_data  # noqa: F401
 
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> str:
+    """One patched megatron-core copy for every child process of this module."""
+    from training_driver.capture import prepare_patched_tree
+
+    return str(prepare_patched_tree(tmp_path_factory.mktemp("patched")))
+
+
 _SCRIPT = r"""
 import json, sys
 from attribution.runner import RunSetup, RunTask, _Worker
@@ -30,8 +38,7 @@ paths = {}
 for name, raw in plans.items():
     paths[name] = f"{work}/{name}.yaml"
     open(paths[name], "w").write(dump_plan(plan_from_dict(raw)))
-from training_driver.capture import prepare_patched_tree
-w = _Worker(RunSetup(data, tok, steps=4, patched_dir=str(prepare_patched_tree(work + "/pm"))))
+w = _Worker(RunSetup(data, tok, steps=4, patched_dir=sys.argv[4]))
 out = {"bf16": w.run(RunTask("bf16", 1, "bf16")).losses,
        "fp8": w.run(RunTask("fp8", 1, "fp8_e4m3")).losses}
 for name, path in paths.items():
@@ -40,9 +47,10 @@ print(json.dumps(out))
 """
 
 
-def test_plans_set_each_gemm_role_through_custom_quant_plan(small_data, tmp_path):  # noqa: F811
+def test_plans_set_each_gemm_role_through_custom_quant_plan(small_data, tmp_path,  # noqa: F811
+                                                           patched):
     proc = run([sys.executable, "-c", _SCRIPT, small_data["data_path"], small_data["tokenizer"],
-                str(tmp_path)], cwd=tmp_path, timeout=240)
+                str(tmp_path), patched], cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     losses = json.loads(proc.stdout.strip().splitlines()[-1])
     assert losses["all_bf16"] == losses["bf16"]                 # every GEMM of the plan: bf16
@@ -53,13 +61,14 @@ def test_plans_set_each_gemm_role_through_custom_quant_plan(small_data, tmp_path
     assert losses["fwd_bf16"][1:] != losses["bf16"][1:]
 
 
-def test_the_command_writes_the_report_json_plan_and_figure(small_data, tmp_path):  # noqa: F811
+def test_the_command_writes_the_report_json_plan_and_figure(small_data, tmp_path,  # noqa: F811
+                                                            patched):
     out = tmp_path / "out"
     proc = run([sys.executable, "-m", "attribution.cli", "--format", "fp8_e4m3",
                 "--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"],
                 "--steps", "30", "--seeds", "2", "--workers", "2", "--bisect-rounds", "1",
                 "--out", str(out), "--json", str(tmp_path / "r.json")], cwd=tmp_path,
-               timeout=400)
+               timeout=400, MEGATRON_LOWP_PATCHED_DIR=patched)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "estimate:" in proc.stderr and "gap" in proc.stdout
     res = json.loads((tmp_path / "r.json").read_text())
@@ -97,14 +106,16 @@ def test_a_checkpoint_of_another_model_is_one_line(tmp_path):
         load_checkpoint_state(str(tmp_path), {"hidden_size": 64}, 512)
 
 
-def test_bad_format_and_a_plan_matching_no_gemm_exit_2_with_one_line(small_data, tmp_path):  # noqa: F811
+def test_bad_format_and_a_plan_matching_no_gemm_exit_2_with_one_line(small_data, tmp_path,  # noqa: F811
+                                                                     patched):
     proc = run([sys.executable, "-m", "attribution.cli", "--format", "fp9"], cwd=tmp_path)
     assert proc.returncode == 2 and "format 'fp9' is unknown" in one_error_line(proc.stderr)
     plan = tmp_path / "plan.yaml"
     plan.write_text("rules:\n  - modules: linear_fc9\n    format: bf16\n")
     proc = run([sys.executable, "-m", "training_driver.train", "--data-path",
                 small_data["data_path"], "--tokenizer", small_data["tokenizer"],
-                "--train-iters", "1", "--patched-megatron-workdir", str(tmp_path / "pm")],
-               cwd=tmp_path, CUSTOM_QUANT_TYPE="fp8_e4m3", CUSTOM_QUANT_PLAN=str(plan))
+                "--train-iters", "1"],
+               cwd=tmp_path, CUSTOM_QUANT_TYPE="fp8_e4m3", CUSTOM_QUANT_PLAN=str(plan),
+               MEGATRON_LOWP_PATCHED_DIR=patched)
     assert proc.returncode == 2
     assert "matches no GEMM of this model" in one_error_line(proc.stderr)
