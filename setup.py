@@ -39,7 +39,7 @@ setup(
         "duckdb>=1.1",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
+        "test": ["pytest>=7", "ruff==0.17.6", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
                  "safetensors>=0.4", "scipy>=1.10", "tensorboard>=2.10",
                  # the tests load our tokenizer as Megatron-LM does (AutoTokenizer); no torch pulled
                  "transformers>=4.40",

@@ -104,7 +104,6 @@ def _draw_log2(ds: Dataset, fs: FigureSet) -> None:
     for op, (e0, counts) in merged.items():
         ax.step(np.arange(e0, e0 + counts.size), counts, where="post", label=op)
     ax.set_yscale("log")
-    top = ax.get_ylim()[1]
     # The x range follows the data and the limits near it: a limit far outside (bf16's 2^-133)
     # would squeeze every histogram into a few pixels. Such limits are named in the caption.
     lo = min(e0 for e0, _ in merged.values()) - LOG2_REACH

@@ -62,7 +62,7 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, pad)).reshape(-1, block)
 
 
-YAML = f"""
+YAML = """
 fc1_numerics:
   enabled: True
   layers:
