@@ -7,8 +7,7 @@ each seed pattern the AMP-aware rules left alone, at the confidence the evidence
 
 - HIGH: the value is low precision by a cast the code itself makes (a softmax or a sum of
   ``q.half() @ k``), whatever trains it;
-- MEDIUM: training is seen elsewhere in the project (a module that imports this one uses AMP),
-  or an autograd Function is called under autocast but does nothing dtype-sensitive;
+- MEDIUM: an autograd Function is called under autocast but does nothing dtype-sensitive;
 - LOW: no training is seen; the message says so ("no training seen; if this runs under AMP…").
 """
 from __future__ import annotations
@@ -16,7 +15,8 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_intent import TRAINING, cast_purpose, float32_result, on_non_amp_branch
+from training_profiler.amp_intent import (TRAINING, _times_itself, cast_purpose, float32_result, on_non_amp_branch,
+                                          profiling_region)
 from training_profiler.amp_precision import own_precisions
 from training_profiler.amp_rules import (_BCE, _SOFTMAX, NO_TRAINING_NOTE, Confidence, RuleVisitor, _has_kw,
                                          _is_autograd_function, trains)
@@ -119,19 +119,26 @@ class LooseManualCast(RuleVisitor):
         if not ctx.manual_lowp_casts or trains(ctx):
             return self.hits  # AMP001 (under AMP) or AMP008 (pure float16) judged every cast here
         for c in ctx.manual_lowp_casts:
-            if cast_purpose(ctx, c) != TRAINING or on_non_amp_branch(ctx, c):
+            if cast_purpose(ctx, c) != TRAINING or on_non_amp_branch(ctx, c) or _benchmarking(ctx, c):
                 continue
             users = _users_use_amp(ctx)
             attr = c.func.attr  # type: ignore[attr-defined]
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({ctx.lowp_cast_dtype(c)})"
-            if users:
-                self.report(c, f"{what} call detected in code a module using AMP imports",
-                            Confidence.MEDIUM)
+            if users:  # mostly inference paths of a trained package (data, export, predict): low
+                self.report(c, f"{what} call detected (no training seen here; a module that imports this one "
+                               "trains with AMP, and the cast bypasses autocast if it runs there)", Confidence.LOW)
             else:
                 self.report(c, f"{what} call detected" + _note("no training seen",
                                                                 "the cast bypasses autocast's float32 ops"),
                             Confidence.LOW)
         return self.hits
+
+
+def _benchmarking(ctx: FileContext, node: ast.AST) -> bool:
+    """Under a profiler, or in a function that reads clocks to time itself (an op profiler
+    casting a module to its input's dtype is not training code)."""
+    fn = ctx.enclosing_function(node)
+    return profiling_region(ctx, node) or (fn is not ctx.tree and _times_itself(ctx, fn))
 
 
 class LooseBce(RuleVisitor):
