@@ -60,12 +60,19 @@ def cast_dtype_of(ctx: FileContext, expr: ast.AST, names: dict[str, str]) -> str
     if not isinstance(expr, ast.Call):
         return None
     if (d := ctx.lowp_cast_dtype(expr)) is not None:
-        return d
+        return d if _literal_dtype(ctx, expr) else None  # `.to(weight_dtype)`: chosen at run time
     if isinstance(expr.func, ast.Attribute) and not (ctx.qualname(expr.func) or "").startswith("torch."):
         return cast_dtype_of(ctx, expr.func.value, names)
     if (ctx.call_name(expr) or "").startswith("torch."):
         return _promoted([cast_dtype_of(ctx, a, names) for a in expr.args])
     return None
+
+
+def _literal_dtype(ctx: FileContext, cast: ast.Call) -> bool:
+    """``.half()``, ``.to(torch.float16)``: the dtype is written in the code, not a variable
+    that one configuration sets to float16 and another to float32."""
+    args = [*cast.args, *(k.value for k in cast.keywords if k.arg == "dtype")]
+    return all((ctx.qualname(a) or "").startswith("torch.") or isinstance(a, ast.Constant) for a in args)
 
 
 def _promoted(dtypes: list[str | None]) -> str | None:
