@@ -219,24 +219,29 @@ def _applied_under_autocast(ctx: FileContext, cls: ast.ClassDef) -> tuple[FileCo
                 f = c.func
                 name = f.value.id if (isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name)) \
                     else aliases.get(f.id) if isinstance(f, ast.Name) else None
-                if name and name not in index and _in_enabled_autocast(m, c):
-                    index[name] = (m, c)
+                if name and index.get(name) is None:
+                    index[name] = (m, c) if _in_enabled_autocast(m, c) else None
         project.__dict__["_applied_under_autocast"] = index
     return index.get(cls.name)
 
 
+def _applied(ctx: FileContext, cls: ast.ClassDef) -> bool:
+    """``Cls.apply`` is called somewhere in the scan (under autocast or not)."""
+    _applied_under_autocast(ctx, cls)
+    return cls.name in ctx.project.__dict__["_applied_under_autocast"]
+
+
 class LooseAutogradFunction(RuleVisitor):
     """AMP006 for every custom autograd Function without custom_fwd/custom_bwd that the
-    AMP-aware rule passed over: MEDIUM when it is applied under autocast somewhere in the scan
-    (nothing in it mixes dtypes that the checker can see), LOW when no AMP reaches it."""
+    AMP-aware rule passed over (nothing in it mixes dtypes that the checker can see): MEDIUM when
+    it is applied under autocast somewhere in the scan, or applied in a module (or project) that
+    trains under AMP; LOW when no AMP reaches it; nothing for an unused one beside AMP code."""
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
         if _is_autograd_function(ctx, node):
             under = _applied_under_autocast(ctx, node)
-            if under is None and (_amp_seen(ctx) or ctx.project_uses_amp):
-                self.generic_visit(node)
-                return  # AMP006 itself judged it where AMP is seen
+            amp_near = (_amp_seen(ctx) or ctx.project_uses_amp) and _applied(ctx, node)
             for item in node.body:
                 if not (isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward")):
                     continue
@@ -249,7 +254,10 @@ class LooseAutogradFunction(RuleVisitor):
                     m, call = under
                     self.report(item, f"{what} (applied under autocast at {m.path.rsplit('/', 1)[-1]}:{call.lineno})",
                                 Confidence.MEDIUM)
-                else:
+                elif amp_near:  # applied by a model that this code trains under autocast
+                    self.report(item, f"{what} (applied in code that trains under autocast; nothing "
+                                      "dtype-sensitive is seen in it)", Confidence.MEDIUM)
+                elif not (_amp_seen(ctx) or ctx.project_uses_amp):
                     self.report(item, what + _note("no autocast seen", "its inputs may arrive in mixed dtypes"),
                                 Confidence.LOW)
         self.generic_visit(node)
