@@ -208,8 +208,10 @@ def _trainer_eps_given(ctx: FileContext) -> bool:
 
 # ---- AMP018: the GradScaler's state left out of a checkpoint -------------------------------------
 def _scalerish(ctx: FileContext, expr: ast.AST) -> bool:
+    """Something of the loss scaler: a GradScaler (by value or name), apex's ``amp`` state, a key
+    naming one."""
     return any((isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"scaler|loss_scale|amp", n.value))
-               or (isinstance(n, (ast.Name, ast.Attribute)) and (re.search(r"scaler|loss_scale", dotted(n) or "", re.I)
+               or (isinstance(n, (ast.Name, ast.Attribute)) and (re.search(r"scaler|loss_scale|(^|\.)amp$", dotted(n) or "", re.I)
                                                                or av.SCALER in ctx.values.kinds(n)))
                for n in ast.walk(expr))
 
@@ -265,7 +267,7 @@ class ScalerStateNotCheckpointed(RuleVisitor):
         for c in ctx.calls:
             by_fn.setdefault(ctx.enclosing_function(c), []).append(c)
         for fn, calls in by_fn.items():
-            saves = [c for c in calls if self._saves_optimizer(c)]
+            saves = sorted((c for c in calls if self._saves_optimizer(c)), key=lambda c: (c.lineno, c.col_offset))
             if saves and not any(_scalerish(ctx, a) for c in saves for a in [*c.args, *(k.value for k in c.keywords)]):
                 c = saves[0]
                 callee = _callee(ctx, c)
@@ -280,8 +282,7 @@ class ScalerStateNotCheckpointed(RuleVisitor):
             return _has_kw(c, "optimizer")
         if "save" not in callee.lower():
             return False
-        parts = _saved_dict(ctx, c) if callee == "save" else []
-        parts = parts or [*c.args, *(k.value for k in c.keywords)]
+        parts = _saved_dict(ctx, c) or [*c.args, *(k.value for k in c.keywords)]
         return any(_optimizer_state(ctx, p) for p in parts) and not any(_scalerish(ctx, p) for p in parts)
 
 

@@ -7,8 +7,7 @@ each seed pattern the AMP-aware rules left alone, at the confidence the evidence
 
 - HIGH: the value is low precision by a cast the code itself makes (a softmax or a sum of
   ``q.half() @ k``), whatever trains it;
-- MEDIUM: training is seen elsewhere in the project (a module that imports this one uses AMP),
-  or an autograd Function is called under autocast but does nothing dtype-sensitive;
+- MEDIUM: an autograd Function is called under autocast but does nothing dtype-sensitive;
 - LOW: no training is seen; the message says so ("no training seen; if this runs under AMP…").
 """
 from __future__ import annotations
@@ -16,7 +15,8 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_intent import TRAINING, cast_purpose, float32_result, on_non_amp_branch
+from training_profiler.amp_intent import (TRAINING, _times_itself, cast_purpose, float32_result, on_non_amp_branch,
+                                          profiling_region)
 from training_profiler.amp_precision import own_precisions
 from training_profiler.amp_rules import (_BCE, _SOFTMAX, NO_TRAINING_NOTE, Confidence, RuleVisitor, _has_kw,
                                          _is_autograd_function, trains)
@@ -60,12 +60,19 @@ def cast_dtype_of(ctx: FileContext, expr: ast.AST, names: dict[str, str]) -> str
     if not isinstance(expr, ast.Call):
         return None
     if (d := ctx.lowp_cast_dtype(expr)) is not None:
-        return d
+        return d if _literal_dtype(ctx, expr) else None  # `.to(weight_dtype)`: chosen at run time
     if isinstance(expr.func, ast.Attribute) and not (ctx.qualname(expr.func) or "").startswith("torch."):
         return cast_dtype_of(ctx, expr.func.value, names)
     if (ctx.call_name(expr) or "").startswith("torch."):
         return _promoted([cast_dtype_of(ctx, a, names) for a in expr.args])
     return None
+
+
+def _literal_dtype(ctx: FileContext, cast: ast.Call) -> bool:
+    """``.half()``, ``.to(torch.float16)``: the dtype is written in the code, not a variable
+    that one configuration sets to float16 and another to float32."""
+    args = [*cast.args, *(k.value for k in cast.keywords if k.arg == "dtype")]
+    return all((ctx.qualname(a) or "").startswith("torch.") or isinstance(a, ast.Constant) for a in args)
 
 
 def _promoted(dtypes: list[str | None]) -> str | None:
@@ -119,19 +126,26 @@ class LooseManualCast(RuleVisitor):
         if not ctx.manual_lowp_casts or trains(ctx):
             return self.hits  # AMP001 (under AMP) or AMP008 (pure float16) judged every cast here
         for c in ctx.manual_lowp_casts:
-            if cast_purpose(ctx, c) != TRAINING or on_non_amp_branch(ctx, c):
+            if cast_purpose(ctx, c) != TRAINING or on_non_amp_branch(ctx, c) or _benchmarking(ctx, c):
                 continue
             users = _users_use_amp(ctx)
             attr = c.func.attr  # type: ignore[attr-defined]
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({ctx.lowp_cast_dtype(c)})"
-            if users:
-                self.report(c, f"{what} call detected in code a module using AMP imports",
-                            Confidence.MEDIUM)
+            if users:  # mostly inference paths of a trained package (data, export, predict): low
+                self.report(c, f"{what} call detected (no training seen here; a module that imports this one "
+                               "trains with AMP, and the cast bypasses autocast if it runs there)", Confidence.LOW)
             else:
                 self.report(c, f"{what} call detected" + _note("no training seen",
                                                                 "the cast bypasses autocast's float32 ops"),
                             Confidence.LOW)
         return self.hits
+
+
+def _benchmarking(ctx: FileContext, node: ast.AST) -> bool:
+    """Under a profiler, or in a function that reads clocks to time itself (an op profiler
+    casting a module to its input's dtype is not training code)."""
+    fn = ctx.enclosing_function(node)
+    return profiling_region(ctx, node) or (fn is not ctx.tree and _times_itself(ctx, fn))
 
 
 class LooseBce(RuleVisitor):
@@ -205,24 +219,29 @@ def _applied_under_autocast(ctx: FileContext, cls: ast.ClassDef) -> tuple[FileCo
                 f = c.func
                 name = f.value.id if (isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name)) \
                     else aliases.get(f.id) if isinstance(f, ast.Name) else None
-                if name and name not in index and _in_enabled_autocast(m, c):
-                    index[name] = (m, c)
+                if name and index.get(name) is None:
+                    index[name] = (m, c) if _in_enabled_autocast(m, c) else None
         project.__dict__["_applied_under_autocast"] = index
     return index.get(cls.name)
 
 
+def _applied(ctx: FileContext, cls: ast.ClassDef) -> bool:
+    """``Cls.apply`` is called somewhere in the scan (under autocast or not)."""
+    _applied_under_autocast(ctx, cls)
+    return cls.name in ctx.project.__dict__["_applied_under_autocast"]
+
+
 class LooseAutogradFunction(RuleVisitor):
     """AMP006 for every custom autograd Function without custom_fwd/custom_bwd that the
-    AMP-aware rule passed over: MEDIUM when it is applied under autocast somewhere in the scan
-    (nothing in it mixes dtypes that the checker can see), LOW when no AMP reaches it."""
+    AMP-aware rule passed over (nothing in it mixes dtypes that the checker can see): MEDIUM when
+    it is applied under autocast somewhere in the scan, or applied in a module (or project) that
+    trains under AMP; LOW when no AMP reaches it; nothing for an unused one beside AMP code."""
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
         if _is_autograd_function(ctx, node):
             under = _applied_under_autocast(ctx, node)
-            if under is None and (_amp_seen(ctx) or ctx.project_uses_amp):
-                self.generic_visit(node)
-                return  # AMP006 itself judged it where AMP is seen
+            amp_near = (_amp_seen(ctx) or ctx.project_uses_amp) and _applied(ctx, node)
             for item in node.body:
                 if not (isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward")):
                     continue
@@ -235,7 +254,10 @@ class LooseAutogradFunction(RuleVisitor):
                     m, call = under
                     self.report(item, f"{what} (applied under autocast at {m.path.rsplit('/', 1)[-1]}:{call.lineno})",
                                 Confidence.MEDIUM)
-                else:
+                elif amp_near:  # applied by a model that this code trains under autocast
+                    self.report(item, f"{what} (applied in code that trains under autocast; nothing "
+                                      "dtype-sensitive is seen in it)", Confidence.MEDIUM)
+                elif not (_amp_seen(ctx) or ctx.project_uses_amp):
                     self.report(item, what + _note("no autocast seen", "its inputs may arrive in mixed dtypes"),
                                 Confidence.LOW)
         self.generic_visit(node)

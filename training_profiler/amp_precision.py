@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_intent import TRAINING, cast_purpose
+from training_profiler.amp_rules import training_lowp_casts
 
 FLOAT16 = "float16"
 BFLOAT16 = "bfloat16"
@@ -79,8 +79,7 @@ def own_precisions(ctx: FileContext) -> set[str]:
     if cached is not None:
         return cached
     out = {s.dtype for s in ctx.autocast_scopes if s.enabled and s.dtype in (FLOAT16, BFLOAT16)}
-    out |= {d for c in ctx.manual_lowp_casts if (d := ctx.lowp_cast_dtype(c))
-            and cast_purpose(ctx, c) == TRAINING}
+    out |= {d for c in training_lowp_casts(ctx) if (d := ctx.lowp_cast_dtype(c))}
     out |= {d for _, d in loaded_lowp_models(ctx)}
     out |= _trainer_flags(ctx)
     ctx.__dict__["_fact_own_precisions"] = out
@@ -112,6 +111,6 @@ def _lowp_parameters(ctx: FileContext) -> str | None:
         return None
     if any(d == FLOAT16 for _, d in loaded_lowp_models(ctx)):
         return FLOAT16
-    if any(ctx.lowp_cast_dtype(c) == FLOAT16 and cast_purpose(ctx, c) == TRAINING for c in ctx.manual_lowp_casts):
-        return FLOAT16
+    if any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx)):
+        return FLOAT16  # a training cast, in a module that trains (not a profiling helper's)
     return None

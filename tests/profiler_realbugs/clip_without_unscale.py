@@ -1,4 +1,5 @@
-"""clip-without-unscale: the scaler lives on self (bugs unet-clip-before-unscale, supergradients-clip-before-unscale)."""
+"""clip-without-unscale: the scaler lives on self, or reaches an update helper as a parameter two
+calls deep (bugs unet-clip-before-unscale, supergradients-clip-before-unscale, returnn-noise-and-clip-before-unscale)."""
 import torch
 from torch.nn import functional as F
 
@@ -16,3 +17,10 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)  # expect: AMP010
         self.scaler.step(self.optimizer)
         self.scaler.update()
+
+
+def update(optimizer, params, grad_scaler=None):
+    for p in params:
+        p.grad += 1e-3 * torch.randn_like(p.grad)  # expect: AMP010
+    grad_scaler.step(optimizer)
+    grad_scaler.update()
