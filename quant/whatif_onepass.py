@@ -158,7 +158,9 @@ def _cast(v: torch.Tensor, plan: _Plan):
     """quant.elemwise's cast (round_magnitude_ then finish, saturating) of every format's row
     of ``v`` [F, nL, L] at once, with per-format constants; returns (cast values, overflow,
     underflow): overflow = the rounded magnitude is beyond max_normal, underflow = |v| below
-    min_normal (the analysis' definitions, before zeros and poisoned blocks are dropped)."""
+    min_normal (the analysis' definitions, before zeros and poisoned blocks are dropped).
+    What only some formats need (HiF8's tapered mantissa, ties away, one zero) runs on their
+    rows alone."""
     params = [f[5] for f in plan.formats]
     dev = v.device
     a = v.abs()
@@ -166,24 +168,27 @@ def _cast(v: torch.Tensor, plan: _Plan):
     e = float_exponent(a).clamp_(_col([p.grid_emin for p in params], torch.int32, dev),
                                  _col([p.grid_emax for p in params], torch.int32, dev))
     m = _col([p.mbits for p in params], torch.int32, dev)
-    if any(p.tapered for p in params):   # HiF8: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15, 0
-        ae = e.abs()
-        taper = 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (
-            ae >= 16).to(torch.int32)
-        m = torch.where(_col([p.tapered for p in params], torch.bool, dev), taper, m)
+    tapered = [i for i, p in enumerate(params) if p.tapered]
+    if tapered:          # HiF8: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15, 0 beyond
+        m = m.expand(e.shape).clone()
+        for i in tapered:
+            ae = e[i].abs()
+            m[i] = 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (
+                ae >= 16).to(torch.int32)
     a = a * ((127 + m - e) << 23).view(torch.float32)
-    if any(f[6] for f in plan.formats):
-        r = torch.floor(a)
-        a = torch.where(_col([f[6] for f in plan.formats], torch.bool, dev),
-                        r + (a - r >= 0.5).to(r.dtype), torch.round(a))
-    else:
-        a = torch.round(a)
-    a = a * ((e + (127 - m)) << 23).view(torch.float32)
+    r = torch.round(a)
+    for i, f in enumerate(plan.formats):
+        if f[6]:                                   # ties away from zero
+            low = torch.floor(a[i])
+            r[i] = low + (a[i] - low >= 0.5).to(low.dtype)
+    r = r * ((e + (127 - m)) << 23).view(torch.float32)
     max_normal = _col([f[3] for f in plan.formats], torch.float32, dev)
-    r = torch.minimum(a, max_normal).copysign(v)
-    if not all(p.signed_zero for p in params):           # -0 -> +0 (a single zero code)
-        r = torch.where(_col([p.signed_zero for p in params], torch.bool, dev), r, r + 0.0)
-    return r, a > max_normal, under
+    over = r > max_normal
+    r = torch.minimum(r, max_normal).copysign(v)
+    for i, p in enumerate(params):
+        if not p.signed_zero:                      # -0 -> +0 (a single zero code)
+            r[i] = r[i] + 0.0
+    return r, over, under
 
 
 def _round_to_dtype(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
