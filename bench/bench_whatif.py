@@ -1,7 +1,8 @@
 """CPU time of one training step's what-if numerics: the default five formats format by format
-(quant.whatif.whatif each) against all five in one pass (quant.whatif_onepass, eager and
-compiled), interleaved in one process, on the (sampled) tensors one step of bench_capture's
-model hands to the writer (2 layers, hidden 512, 1024 tokens: 81 tensors, shapes below).
+(quant.whatif.whatif each; eager, and with quant.accel's compiled quantizers, QUANT_COMPILE=1)
+against all five in one pass (quant.whatif_onepass), interleaved in one process, on Gaussian
+tensors of the (sampled) shapes one step of bench_capture's model hands to the writer (2 layers,
+hidden 512, 1024 tokens: 81 tensors, shapes below).
 
 Why CPU time of the writer's work rather than step time: on a shared machine the step time
 scatters by more than the what-if share; the thread's CPU seconds are what the what-if numbers
@@ -49,12 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         for x, axis in step:
             whatif_onepass(x, DEFAULT_WHATIF_FORMATS, axis)
 
-    runs = (("per format (before)", "0", per_format), ("one pass, eager", "0", one_pass),
-            ("one pass, compiled", "1", one_pass))
+    runs = (("per format (before)", "0", per_format),
+            ("per format, compiled", "1", per_format), ("one pass", "0", one_pass))
     for _, mode, fn in runs:                       # warm up; QUANT_COMPILE=1 compiles here
         os.environ["QUANT_COMPILE"] = mode
         fn()
-    compiled = accel.compile_error() is None
     times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     for r in range(args.rounds):
         for name, mode, fn in (runs if r % 2 == 0 else runs[::-1]):
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     base, base_min = statistics.median(times[runs[0][0]]), min(times[runs[0][0]])
     print(f"{len(step)} tensors, formats {', '.join(DEFAULT_WHATIF_FORMATS)}; CPU ms per step "
           f"(thread time), {args.rounds} interleaved rounds"
-          + ("" if compiled else f"; torch.compile unavailable: {accel.compile_error()!r}"))
+          + ("" if accel.compile_error() is None else
+             f"; torch.compile unavailable: {accel.compile_error()!r}"))
     print(f"{'path':<22}{'median':>9}{'ratio':>8}{'min':>9}{'ratio':>8}")
     for name, vals in times.items():
         med, low = statistics.median(vals), min(vals)

@@ -6,7 +6,13 @@ of at most ``whatif_max_elements`` elements, where the calls' overhead, not the 
 cost. Here the formats share one block layout (the axis moved last, zero padded to a multiple of
 every block size), the block amax of each block size, the masks of finite / nonzero values and the
 reference sums; their element casts run as ONE cast of the stacked scaled values with per-format
-constants; every float comes back in one host transfer.
+constants; the sums come back in one host transfer. On the 81 sampled tensors of one step of
+bench_capture's model this takes 0.6x the CPU time of the formats one by one
+(bench/bench_whatif.py). Above ``ONEPASS_MAX_ELEMENTS`` elements the formats one by one are
+faster (memory, not calls, is then the cost), so :func:`quant.whatif.whatif_set` uses them.
+Not compiled: torch.compile of the element work (tried through quant.accel, bit-identical) was
+slower than this eager pass at capture's sizes (4.8 vs 3.2 ms of CPU per tensor, guards and a
+kernel that recomputes the cast per output included) and no faster on 1M elements.
 
 The result is :func:`quant.whatif.whatif` of each format, exactly (tests/test_quant_whatif_onepass.py
 compares them on Gaussian, heavy-tailed, all-zero, NaN / Inf, subnormal, odd-shaped and
@@ -18,7 +24,7 @@ the dequantized values restored to the tensor's own order, one contiguous row pe
 
 Supported: formats with element, per-tensor, MX or NVFP4 scaling whose default rounding is
 nearest-even or nearest-away, with an element grid whose powers of two are normal floats (every
-8-bit-or-narrower format; not bf16 / fp16 / fp32). :func:`quant.whatif.whatif_set` computes any
+8-bit-or-narrower format, and fp16; not bf16 or fp32). :func:`quant.whatif.whatif_set` computes any
 other format on its own.
 """
 from __future__ import annotations
@@ -29,7 +35,6 @@ from typing import Any, Iterable, NamedTuple
 
 import torch
 
-from . import accel
 from .dispatch import SUPPORTED_DTYPES
 from .elemwise import ElemParams, float_exponent, pow2_any
 from .formats import (SCALING_MX, SCALING_NONE, SCALING_NVFP4, SCALING_TENSOR, FORMATS,
@@ -39,8 +44,11 @@ from .scaling import (finite_amax, mx_shared_exponent, nvfp4_block_scale, nvfp4_
                       tensor_scale_of_amax)
 from .whatif import block_dict, element_dict, int_histogram
 
-__all__ = ["supports", "whatif_onepass"]
+__all__ = ["ONEPASS_MAX_ELEMENTS", "supports", "whatif_onepass"]
 
+#: above this many elements the formats one by one are faster (the stacked formats no longer
+#: stay in cache; bench/bench_whatif.py): the one pass is for capture's sampled tensors
+ONEPASS_MAX_ELEMENTS = 1 << 16
 #: layout width when no block format is asked for (any width gives the same numbers)
 _ELEMENT_WIDTH = 32
 _SCALINGS = (SCALING_NONE, SCALING_TENSOR, SCALING_MX, SCALING_NVFP4)
@@ -101,7 +109,7 @@ def _layout(x: torch.Tensor, axis: int, width_multiple: int) -> _Layout:
 
 
 class _Plan(NamedTuple):
-    """What the core computes, as constants (hashable: the compile cache key): the block width
+    """What the core computes, as constants: the block width
     ``L`` of the layout, the input dtype the quantizer rounds its result to, and per format
     (scaling, block, emax, max_normal, min_normal, ElemParams, nearest-away?)."""
 
@@ -191,19 +199,6 @@ def _cast(v: torch.Tensor, plan: _Plan):
     return r, over, under
 
 
-def _round_to_dtype(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float32 ``y`` rounded to ``dtype`` and back. bfloat16 from the bits (round to nearest
-    even on the upper 16 bits, NaN kept), because a compiled graph drops a cast round trip;
-    float16 by the cast (the core is not compiled for it)."""
-    if dtype == torch.float32:
-        return y
-    if dtype != torch.bfloat16:
-        return y.to(dtype).float()
-    bits = y.view(torch.int32)
-    up = bits + (0x7FFF + ((bits >> 16) & 1))
-    return torch.where(torch.isnan(y), y, (up & -0x10000).view(torch.float32))
-
-
 def _granule(fmt: tuple, width: int) -> int:
     """Elements per count of a format in the core's output: its block, else the layout width."""
     return fmt[1] or width
@@ -215,7 +210,7 @@ def _core(x2: torch.Tensor, plan: _Plan) -> torch.Tensor:
     order), then per format its overflow, underflow and flush-to-zero counts per block (per
     layout row for formats without blocks) by the analysis' definitions: Inf inputs overflow;
     a block holding NaN / Inf is NaN in the output and neither overflows nor underflows; zeros
-    (the padding among them) never count. A function of constants: it compiles to one loop."""
+    (the padding among them) never count."""
     absm = x2.abs()
     v, deqs, bads = _scaled(x2, absm, plan)
     r, over, under = _cast(v, plan)
@@ -230,7 +225,8 @@ def _core(x2: torch.Tensor, plan: _Plan) -> torch.Tensor:
         ys.append(y.reshape(n_l, width))
         oks.append((~bad).expand(-1, -1, width // deq.shape[1]).reshape(n_l, width))
     y, ok = torch.stack(ys), torch.stack(oks)
-    y = _round_to_dtype(y, plan.dtype)     # the quantizer returns the input's dtype
+    if plan.dtype != torch.float32:        # the quantizer returns the input's dtype
+        y = y.to(plan.dtype).float()
     nonzero = (absm > 0) & (absm < math.inf)        # finite and nonzero; NaN compares False
     masks = torch.stack([torch.isinf(x2) | (torch.isfinite(x2) & over & ok),
                          nonzero & under & ok, nonzero & (y == 0)], dim=1).float()
@@ -256,38 +252,12 @@ def _unpack(out: torch.Tensor, plan: _Plan, lay: _Layout):
     return sq, ab, counts
 
 
-def _run_core(x2: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    """_core, compiled as quant.accel compiles its kernels (QUANT_COMPILE; auto: once hot, in
-    the background, checked bit for bit against the eager core before it takes over; any
-    failure leaves the eager core), else eager. Always on the CPU in auto mode: the what-if
-    numbers are computed from host copies, where eager call overhead is the cost."""
-    mode = accel._mode()
-    if (mode == "off" or accel.compile_error() is not None or min(x2.shape) < 2
-            or plan.dtype == torch.float16 or (mode == "auto" and x2.device.type != "cpu")):
-        return _core(x2, plan)
-    static = (plan,)
-    key = (_core, static, x2.dtype, "whatif_onepass", x2.device.type)
-    kernel = accel._CACHE.get(key)
-    if kernel is None and mode == "sync":
-        accel._build(key, _core, static, x2)
-        kernel = accel._CACHE.get(key)
-    elif kernel is None:
-        accel._enqueue(key, _core, static, x2)
-    if kernel is not None:
-        try:
-            with accel._Unguarded():
-                return kernel(x2)
-        except Exception as exc:  # noqa: BLE001 - a guard failed to recompile, ...: stay correct
-            accel._disable(exc)
-    return _core(x2, plan)
-
-
 def _onepass(x: torch.Tensor, specs: list[FormatSpec], axis: int) -> dict[str, Any]:
     sizes = [s.block_size for s in specs if s.block_size]
     width = math.lcm(*sizes) if sizes else _ELEMENT_WIDTH
     lay = _layout(x, axis, width)
     plan = _plan(specs, width, x.dtype)
-    sq, ab, counts = _unpack(_run_core(lay.xm.reshape(-1, width), plan), plan, lay)
+    sq, ab, counts = _unpack(_core(lay.xm.reshape(-1, width), plan), plan, lay)
     totals = torch.stack([c.reshape(3, -1).sum(-1, dtype=torch.float64) for c in counts])
     ref = lay.x32.reshape(-1)
     sq, ab = lay.restore(sq), lay.restore(ab)
@@ -331,15 +301,16 @@ def _block_numbers(lay: _Layout, spec: FormatSpec, counts: torch.Tensor,
                       counts[0][:, :nb], counts[2][:, :nb])
 
 
-def whatif_onepass(x: torch.Tensor, formats: Iterable[str], axis: int = -1) -> dict[str, Any]:
+def whatif_onepass(x: torch.Tensor, formats: Iterable[str], axis: int = -1,
+                   max_elements: int = ONEPASS_MAX_ELEMENTS) -> dict[str, Any]:
     """``{format: quant.whatif.whatif(x, format, axis)}`` for the formats of ``formats`` this
     module supports (module docstring), computed together; the others are left out, as is
-    everything when ``x`` is not a non-empty tensor of a quantizable dtype (the caller computes
-    those one by one, errors included)."""
+    everything when ``x`` is not a non-empty tensor of a quantizable dtype or has more than
+    ``max_elements`` elements (the caller computes those one by one, errors included)."""
     specs = [FORMATS[f] for f in dict.fromkeys(formats)
              if isinstance(f, str) and f in FORMATS and supports(FORMATS[f])]
     if (not specs or not isinstance(x, torch.Tensor) or x.dtype not in SUPPORTED_DTYPES
-            or x.numel() == 0):
+            or x.numel() == 0 or x.numel() > max_elements):
         return {}
     with torch.no_grad():
         return _onepass(x, specs, axis)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from quant import accel
 from quant.formats import FORMATS
 from quant.whatif import DEFAULT_WHATIF_FORMATS, whatif, whatif_set
 from quant.whatif_onepass import supports, whatif_onepass
@@ -108,30 +107,12 @@ def test_whatif_set_mixes_one_pass_and_per_format_results():
     assert "error" in ints["mxfp8"]
 
 
-def test_bfloat16_rounding_from_the_bits_is_the_cast():
-    """The core rounds to bfloat16 from the bits (a compiled graph drops a cast round trip)."""
-    from quant.whatif_onepass import _round_to_dtype
-
-    y = _random_bits()
-    got, ref = _round_to_dtype(y, torch.bfloat16), y.to(torch.bfloat16).float()
-    assert torch.equal(got.isnan(), ref.isnan())
-    keep = ~ref.isnan()
-    assert torch.equal(got[keep].view(torch.int32), ref[keep].view(torch.int32))
-
-
-def test_compiled_core_gives_the_same_numbers(monkeypatch):
-    """QUANT_COMPILE=1: the core compiles (one graph for every shape of a format set and
-    dtype; quant.accel checks it bit for bit against the eager core at run time, for every
-    dtype) and the numbers stay those of the per-format path. One compile: about 20 s."""
-    dtype = torch.float32
-    monkeypatch.setenv("QUANT_COMPILE", "1")
-    inputs = [_random_bits().to(dtype), _nonfinite().to(dtype),
-              torch.randn(3, 45, 5, generator=_gen(11)).to(dtype)]
-    got = [whatif_onepass(x, DEFAULT_WHATIF_FORMATS, 1) for x in inputs]
-    if accel.compile_error() is not None:
-        pytest.skip(f"torch.compile unavailable here: {accel.compile_error()!r}")
-    assert any(k[3] == "whatif_onepass" and k[1][0].dtype == dtype for k in accel._CACHE
-               if len(k) == 5)
-    monkeypatch.setenv("QUANT_COMPILE", "0")
-    for x, numbers in zip(inputs, got):
-        assert _text(numbers) == _text(_reference(x, DEFAULT_WHATIF_FORMATS, 1))
+def test_large_tensors_are_left_to_the_per_format_path():
+    """Above max_elements the one pass declines (the formats one by one are faster there);
+    whatif_set's numbers are the per-format ones either way."""
+    x = torch.randn(20, 64, generator=_gen(12))
+    assert whatif_onepass(x, DEFAULT_WHATIF_FORMATS, -1, max_elements=1000) == {}
+    assert whatif_onepass(x, DEFAULT_WHATIF_FORMATS, -1, max_elements=1280) != {}
+    big = torch.randn(300, 256, generator=_gen(13))                 # above the default
+    assert whatif_onepass(big, ["mxfp8"], -1) == {}
+    assert _text(whatif_set(big, ["mxfp8"], -1)) == _text(_reference(big, ["mxfp8"], -1))
