@@ -204,13 +204,13 @@ def _granule(fmt: tuple, width: int) -> int:
     return fmt[1] or width
 
 
-def _core(x2: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    """Everything the numbers need from the elements, as one float32 vector: per format the
-    squared and the absolute errors [F, nL, L] (the error metrics sum them, in the caller's
-    order), then per format its overflow, underflow and flush-to-zero counts per block (per
-    layout row for formats without blocks) by the analysis' definitions: Inf inputs overflow;
-    a block holding NaN / Inf is NaN in the output and neither overflows nor underflows; zeros
-    (the padding among them) never count."""
+def _core(x2: torch.Tensor, plan: _Plan):
+    """Everything the numbers need from the elements: per format the squared and the absolute
+    errors [F, nL, L] (the error metrics sum them, in the caller's order), and per format its
+    overflow, underflow and flush-to-zero counts [3, nL, L // granule] per block (per layout row
+    for formats without blocks) by the analysis' definitions: Inf inputs overflow; a block
+    holding NaN / Inf is NaN in the output and neither overflows nor underflows; zeros (the
+    padding among them) never count."""
     absm = x2.abs()
     v, deqs, bads = _scaled(x2, absm, plan)
     r, over, under = _cast(v, plan)
@@ -229,27 +229,13 @@ def _core(x2: torch.Tensor, plan: _Plan) -> torch.Tensor:
         y = y.to(plan.dtype).float()
     nonzero = (absm > 0) & (absm < math.inf)        # finite and nonzero; NaN compares False
     masks = torch.stack([torch.isinf(x2) | (torch.isfinite(x2) & over & ok),
-                         nonzero & under & ok, nonzero & (y == 0)], dim=1).float()
-    diff = x2 - y
-    parts = [(diff ** 2).reshape(-1), diff.abs().reshape(-1)]
+                         nonzero & under & ok, nonzero & (y == 0)], dim=1)
+    counts = []
     for i, fmt in enumerate(plan.formats):
         g = _granule(fmt, width)
-        parts.append(masks[i].reshape(3, n_l, width // g, g).sum(-1).reshape(-1))
-    return torch.cat(parts)
-
-
-def _unpack(out: torch.Tensor, plan: _Plan, lay: _Layout):
-    """_core's vector -> (squared errors, absolute errors [F, rows, width], per format its
-    counts [3, rows, width // granule])."""
-    f, size = len(plan.formats), lay.rows * lay.width
-    sq = out[:f * size].reshape(f, lay.rows, lay.width)
-    ab = out[f * size:2 * f * size].reshape(f, lay.rows, lay.width)
-    counts, at = [], 2 * f * size
-    for fmt in plan.formats:
-        n = 3 * size // _granule(fmt, plan.width)
-        counts.append(out[at:at + n].reshape(3, lay.rows, -1))
-        at += n
-    return sq, ab, counts
+        counts.append(masks[i].reshape(3, n_l, width // g, g).sum(-1, dtype=torch.int32))
+    diff = x2 - y
+    return diff ** 2, diff.abs(), counts
 
 
 def _onepass(x: torch.Tensor, specs: list[FormatSpec], axis: int) -> dict[str, Any]:
@@ -257,8 +243,10 @@ def _onepass(x: torch.Tensor, specs: list[FormatSpec], axis: int) -> dict[str, A
     width = math.lcm(*sizes) if sizes else _ELEMENT_WIDTH
     lay = _layout(x, axis, width)
     plan = _plan(specs, width, x.dtype)
-    sq, ab, counts = _unpack(_core(lay.xm.reshape(-1, width), plan), plan, lay)
-    totals = torch.stack([c.reshape(3, -1).sum(-1, dtype=torch.float64) for c in counts])
+    sq, ab, counts = _core(lay.xm.reshape(-1, width), plan)
+    sq, ab = (t.reshape(len(specs), lay.rows, lay.width) for t in (sq, ab))
+    counts = [c.reshape(3, lay.rows, -1) for c in counts]
+    totals = torch.stack([c.reshape(3, -1).sum(-1, dtype=torch.int64) for c in counts])
     ref = lay.x32.reshape(-1)
     sq, ab = lay.restore(sq), lay.restore(ab)
     f = len(specs)
