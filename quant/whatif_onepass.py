@@ -229,11 +229,11 @@ def _core(x2: torch.Tensor, plan: _Plan):
         y = y.to(plan.dtype).float()
     nonzero = (absm > 0) & (absm < math.inf)        # finite and nonzero; NaN compares False
     masks = torch.stack([torch.isinf(x2) | (torch.isfinite(x2) & over & ok),
-                         nonzero & under & ok, nonzero & (y == 0)], dim=1)
+                         nonzero & under & ok, nonzero & (y == 0)], dim=1).float()
     counts = []
     for i, fmt in enumerate(plan.formats):
         g = _granule(fmt, width)
-        counts.append(masks[i].reshape(3, n_l, width // g, g).sum(-1, dtype=torch.int32))
+        counts.append(masks[i].reshape(3, n_l, width // g, g).sum(-1))
     diff = x2 - y
     return diff ** 2, diff.abs(), counts
 
