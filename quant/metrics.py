@@ -11,7 +11,8 @@ import math
 import torch
 
 __all__ = ["mse", "rmse", "mae", "max_abs_error", "relative_error", "cosine_similarity", "psnr",
-           "sqnr", "all_metrics", "from_sums"]
+           "sqnr", "all_metrics", "from_sums", "sqnr_of_sums",
+           "relative_error_of_sums"]
 
 
 def _pair(ref, test, name: str):
@@ -53,11 +54,14 @@ def relative_error(ref: torch.Tensor, test: torch.Tensor) -> float:
     """||ref - test||_1 / ||ref||_1 (a fraction; x100 for percent). 0 when both are all zero,
     inf when only ref is."""
     a, b = _pair(ref, test, "relative_error")
-    num = float((a - b).abs().sum())
-    den = float(a.abs().sum())
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return num / den
+    return relative_error_of_sums(float((a - b).abs().sum()), float(a.abs().sum()))
+
+
+def relative_error_of_sums(abs_error_sum: float, abs_ref_sum: float) -> float:
+    """relative_error from its two float32 sums (callers that compute many at once)."""
+    if abs_ref_sum == 0.0:
+        return 0.0 if abs_error_sum == 0.0 else math.inf
+    return abs_error_sum / abs_ref_sum
 
 
 def cosine_similarity(ref: torch.Tensor, test: torch.Tensor) -> float:
@@ -88,8 +92,11 @@ def psnr(ref: torch.Tensor, test: torch.Tensor) -> float:
 def sqnr(ref: torch.Tensor, test: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio in dB: 10 log10(sum ref^2 / sum (ref - test)^2)."""
     a, b = _pair(ref, test, "sqnr")
-    noise = float(torch.sum((a - b) ** 2))
-    signal = float(torch.sum(a * a))
+    return sqnr_of_sums(float(torch.sum(a * a)), float(torch.sum((a - b) ** 2)))
+
+
+def sqnr_of_sums(signal: float, noise: float) -> float:
+    """sqnr from sum ref^2 and sum (ref - test)^2 (callers that compute many at once)."""
     if noise == 0.0:
         return math.inf
     if signal == 0.0:

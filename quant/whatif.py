@@ -38,7 +38,7 @@ from .formats import SCALING_MX, SCALING_NVFP4, WHATIF_FORMATS, FormatSpec, get_
 from .scaling import mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale
 
 __all__ = ["DEFAULT_WHATIF_FORMATS", "SCALE_KIND_MX", "SCALE_KIND_NVFP4", "whatif",
-           "whatif_set", "int_histogram", "is_block_format"]
+           "whatif_set", "int_histogram", "is_block_format", "block_dict", "element_dict"]
 
 #: the what-if set capture uses unless configured otherwise (defined in quant.formats)
 DEFAULT_WHATIF_FORMATS = WHATIF_FORMATS
@@ -76,25 +76,44 @@ def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
     live = torch.isfinite(amax) & (amax > 0)
     if spec.scaling == SCALING_MX:
         scale = mx_shared_exponent(amax, spec.emax, spec.max_normal, "floor")[live]
-        kind, binned = SCALE_KIND_MX, scale
     else:
-        s_b = nvfp4_block_scale(amax, nvfp4_tensor_scale(x32))[live]
-        kind, scale, binned = SCALE_KIND_NVFP4, s_b, float_exponent(s_b)
-    lo, hi, std = _summary(scale)
+        scale = nvfp4_block_scale(amax, nvfp4_tensor_scale(x32))[live]
     inf = torch.tensor(math.inf, dtype=a.dtype)
     mnz = torch.where(torch.isfinite(a) & (a > 0), a, inf).amin(dim=-1)
     dyn = float_exponent(amax[live]) - float_exponent(mnz[live])
     n = x32.shape[axis] if x32.dim() else 1
+    return block_dict(spec, block, n, int(amax.numel()), scale, int_histogram(dyn),
+                      per_block["overflow"], per_block["flush_to_zero"])
+
+
+def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int,
+               live_scales: torch.Tensor, dynamic_range_hist: dict[str, Any],
+               clipped: torch.Tensor, flushed: torch.Tensor) -> dict[str, Any]:
+    """The block numbers of the module docstring from the per-block arrays: the scales of the
+    live blocks (MX: E8M0 exponents; NVFP4: E4M3 scale values), the dynamic-range histogram,
+    and per block the count of clipped and of flushed elements."""
+    if spec.scaling == SCALING_MX:
+        kind, binned = SCALE_KIND_MX, live_scales
+    else:
+        kind, binned = SCALE_KIND_NVFP4, float_exponent(live_scales)
+    lo, hi, std = _summary(live_scales)
     return {
-        "block_size": block, "axis_length": int(n), "blocks": int(amax.numel()),
-        "short_axis": bool(n < block),
+        "block_size": block, "axis_length": int(axis_length), "blocks": int(blocks),
+        "short_axis": bool(axis_length < block),
         "block_scale": {"kind": kind, "min": lo, "max": hi, "std": std,
                         "hist": int_histogram(binned)},
-        "block_clipped_hist": torch.bincount(per_block["overflow"].reshape(-1).long()).tolist(),
-        "block_flushed_hist": torch.bincount(
-            per_block["flush_to_zero"].reshape(-1).long()).tolist(),
-        "block_dynamic_range_hist": int_histogram(dyn),
+        "block_clipped_hist": torch.bincount(clipped.reshape(-1).long()).tolist(),
+        "block_flushed_hist": torch.bincount(flushed.reshape(-1).long()).tolist(),
+        "block_dynamic_range_hist": dynamic_range_hist,
     }
+
+
+def element_dict(axis: int, sqnr_db: float, rel_error: float, overflow: int, underflow: int,
+                 flushed: int, total: int) -> dict[str, Any]:
+    """The numbers every format has (module docstring), from the error metrics and counts."""
+    return {"axis": axis, "sqnr_db": sqnr_db, "rel_error": rel_error,
+            "overflow_ratio": overflow / total, "underflow_ratio": underflow / total,
+            "flush_ratio": flushed / total}
 
 
 def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict[str, Any]:
@@ -113,11 +132,9 @@ def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict
         axis = axis % x.dim()
         q = quantize(x, spec.name, axis=axis)
         an = analyze_quantization(x, spec.name, axis=axis, quantized=q, summaries=False)
-        out: dict[str, Any] = {
-            "axis": axis, "sqnr_db": metrics.sqnr(x, q), "rel_error": metrics.relative_error(x, q),
-            "overflow_ratio": an.overflow_ratio, "underflow_ratio": an.underflow_ratio,
-            "flush_ratio": an.flush_to_zero_ratio,
-        }
+        out = element_dict(axis, metrics.sqnr(x, q), metrics.relative_error(x, q),
+                           an.overflow_count, an.underflow_count, an.flush_to_zero_count,
+                           an.total)
         if an.per_block is not None and is_block_format(spec):
             out.update(_block_numbers(x.float(), spec, axis, an.block_size, an.per_block))
         return out
@@ -125,9 +142,19 @@ def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict
 
 def whatif_set(x: torch.Tensor, formats: Iterable[str], axis: int = -1) -> dict[str, Any]:
     """:func:`whatif` of each format: ``{format: numbers}``; a format that fails gives
-    ``{"error": first line}`` (advisory numbers must never stop a capture)."""
+    ``{"error": first line}`` (advisory numbers must never stop a capture).
+
+    The formats :mod:`quant.whatif_onepass` supports (the default set among them) are computed
+    together in one pass, with the same numbers; the others one by one."""
+    from .whatif_onepass import whatif_onepass
+
+    formats = list(formats)
+    together = whatif_onepass(x, formats, axis)
     out: dict[str, Any] = {}
     for name in formats:
+        if name in together:
+            out[name] = together[name]
+            continue
         try:
             out[name] = whatif(x, name, axis)
         except Exception as exc:  # noqa: BLE001 - recorded, not raised
