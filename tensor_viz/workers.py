@@ -180,7 +180,10 @@ class Pool:
     def __init__(self, workers: int, initializer: Callable | None = None, initargs: tuple = (),
                  threads: int | None = None):
         self.size = max(1, workers)
-        self.ctx = context()
+        try:
+            self.ctx = context()
+        except ValueError as exc:             # a platform without the forkserver
+            raise WorkersUnavailable(f"no {START_METHOD} start method here ({exc})") from exc
         self.args = (os.getpid(), threads or default_threads(self.size), initializer, initargs)
         self.workers: list[_Worker] = []
 
