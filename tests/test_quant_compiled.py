@@ -105,7 +105,7 @@ def test_exit_during_a_background_compile_is_clean(tmp_path):
     assert "done" in out.stdout
 
 
-def _run_script(code: str, tmp_path, **env) -> "subprocess.CompletedProcess":
+def _run_script(code: str, tmp_path, **env):
     import os
     import subprocess
     import sys
