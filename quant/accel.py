@@ -118,12 +118,14 @@ def _root_cause(exc: BaseException) -> BaseException:
 
 
 def _write_details(exc: BaseException) -> str | None:
-    """The whole traceback in a file of its own (the path, or None when nothing could be written)."""
-    from lowp_common import atomic_write_text
-
+    """The whole traceback in a file of its own (the path, or None when nothing could be
+    written); a temporary name, then a rename (quant imports no other package of ours)."""
     path = os.path.join(tempfile.gettempdir(), f"quant_compile_error_{os.getpid()}.txt")
+    tmp = f"{path}.tmp"
     try:
-        atomic_write_text(path, "".join(traceback.format_exception(exc)))
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("".join(traceback.format_exception(exc)))
+        os.replace(tmp, path)
     except OSError:
         return None
     return path
