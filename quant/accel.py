@@ -8,21 +8,27 @@ compile costs seconds to tens of seconds per kernel, so no caller ever waits for
   (default 2^14) are quantized eagerly; once a kernel is hot (QUANT_COMPILE_AFTER calls,
   default 8: a training loop, not a one-off command) ONE background thread compiles it (dynamic
   shapes: one compile serves every shape of that dtype); the compiled kernel is checked bit for
-  bit against the eager one on the tensor that asked for it, then takes over. At exit a compile
-  under way is finished first (a process torn down mid-compile can abort).
+  bit against the eager one on the tensor that asked for it, then takes over. At exit the
+  queued compiles are dropped and one under way is cut short, quietly (it would only fail on
+  the interpreter's shutdown: Inductor can no longer start its compile pool); the exit waits
+  for that thread to leave torch (a process torn down mid-compile can abort).
 - QUANT_COMPILE=1: compile synchronously on first use, any device (tests, benchmarks).
 - QUANT_COMPILE=0: never compile.
 
-Any compile failure or mismatch disables compilation for good (one line on stderr); results
-never change, only their speed. CUDA tensors use the Triton backend (quant.backends) instead.
+Any real compile failure or mismatch disables compilation for good: one line on stderr names
+the kernel and the root error, and points to a file with the whole traceback; results never
+change, only their speed. CUDA tensors use the Triton backend (quant.backends) instead.
 """
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import queue
 import sys
+import tempfile
 import threading
+import traceback
 import types
 from typing import Callable, Optional
 
@@ -34,6 +40,7 @@ _BROKEN: list = []     # holds the first compile error; non-empty disables compi
 _JOBS: "queue.Queue" = queue.Queue()
 _WORKER: list = []
 _CALLS: dict = {}      # key -> eager calls so far (a kernel is compiled once it is hot)
+_EXITING = threading.Event()   # the interpreter is shutting down: compiles are dropped
 DEFAULT_MIN_NUMEL = 1 << 14
 DEFAULT_HOT_AFTER = 8
 
@@ -88,12 +95,54 @@ def compiled(fn: Callable, static: tuple) -> Callable:
     return torch.compile(_in_float32(fn, static), fullgraph=True, dynamic=True)
 
 
-def _disable(exc: BaseException) -> None:
-    if not _BROKEN:
-        _BROKEN.append(exc)
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        print(f"quant: torch.compile unavailable ({type(exc).__name__}: {first}); using eager "
-              "kernels", file=sys.stderr)
+class _Cancelled(Exception):
+    """Raised in the compile thread at interpreter exit to cut its compile short."""
+
+
+def _exiting() -> bool:
+    """Whether the interpreter is shutting down (its main thread has returned)."""
+    return (_EXITING.is_set() or sys.is_finalizing() or not threading.main_thread().is_alive()
+            or bool(getattr(threading, "_SHUTTING_DOWN", False)))
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost error: Dynamo wraps the backend's own (BackendCompilerFailed's first line
+    is only "backend='inductor' raised:")."""
+    seen = {id(exc)}
+    while True:
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
+
+
+def _write_details(exc: BaseException) -> str | None:
+    """The whole traceback in a file of its own (the path, or None when nothing could be
+    written); a temporary name, then a rename (quant imports no other package of ours)."""
+    path = os.path.join(tempfile.gettempdir(), f"quant_compile_error_{os.getpid()}.txt")
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("".join(traceback.format_exception(exc)))
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
+
+
+def _disable(exc: BaseException, what: str = "a kernel") -> None:
+    """Compile no more; say so once, with what failed and where the details are."""
+    if _BROKEN:
+        return
+    _BROKEN.append(exc)
+    root = _root_cause(exc)
+    first = str(root).strip().splitlines()[0][:200] if str(root).strip() else ""
+    details = _write_details(exc)
+    where = f"traceback in {details}" if details else "set TORCHDYNAMO_VERBOSE=1 for the traceback"
+    print(f"quant: torch.compile of {what} failed ({type(root).__name__}: {first}); quantizing "
+          f"with the eager kernels from now on (same results, slower); {where}; "
+          "QUANT_COMPILE=0 turns compiling off", file=sys.stderr, flush=True)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -139,38 +188,61 @@ def _build(key, fn: Callable, static: tuple, sample: torch.Tensor) -> None:
             raise RuntimeError(f"compiled {fn.__name__} differs from the eager kernel")
         _CACHE[key] = kernel
     except Exception as exc:  # compiler missing, unsupported op, mismatch: stay eager
-        _disable(exc)
+        if not _exiting():    # a compile cut short by the exit is no failure: drop it
+            _disable(exc, f"the {fn.__name__} kernel")
 
 
 def _worker() -> None:
-    while True:
-        job = _JOBS.get()
-        if job is None:                     # shutdown
+    try:
+        while True:
+            job = _JOBS.get()
+            if job is None:                     # shutdown
+                _JOBS.task_done()
+                return
+            key, fn, static, sample = job
+            if not _BROKEN and not _EXITING.is_set():
+                _build(key, fn, static, sample)
             _JOBS.task_done()
-            return
-        key, fn, static, sample = job
-        if not _BROKEN:
-            _build(key, fn, static, sample)
-        _JOBS.task_done()
-
-
-def _shutdown() -> None:
-    """At exit: drop queued jobs and let a compile under way finish (a process that exits in
-    the middle of an Inductor compile can abort in C++ teardown)."""
-    if not _WORKER:
+    except _Cancelled:                          # arrived between two jobs
         return
+
+
+def _drain() -> None:
     while True:
         try:
             _JOBS.get_nowait()
             _JOBS.task_done()
         except queue.Empty:
-            break
+            return
+
+
+def _shutdown() -> None:
+    """At exit (first thing in the interpreter's shutdown): drop the queued compiles, cut the
+    one under way short, and wait until its thread has left torch (a process torn down in the
+    middle of an Inductor compile can abort in C++ teardown). Quiet: nothing failed."""
+    _EXITING.set()
+    if not _WORKER or not _WORKER[0].is_alive():
+        return
+    _drain()
     _JOBS.put(None)
-    _WORKER[0].join(timeout=1)
-    if _WORKER[0].is_alive():
-        print("quant: finishing a background kernel compile before exit "
-              "(QUANT_COMPILE=0 turns compiling off)", file=sys.stderr, flush=True)
-        _WORKER[0].join()
+    thread = _WORKER[0]
+    if thread.ident is not None:   # an exception raised in that thread at its next bytecode
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(_Cancelled))
+    thread.join()
+
+
+def _on_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the main thread has finished, before threading's other exit hooks
+    registered earlier (concurrent.futures': after them Inductor cannot compile) and before
+    atexit; atexit where this Python has no such hook."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError
+        register(hook)
+    except RuntimeError:
+        atexit.register(hook)
 
 
 def _hot_after() -> int:
@@ -190,9 +262,9 @@ def _enqueue(key, fn: Callable, static: tuple, x: torch.Tensor) -> None:
     _QUEUED.add(key)
     if not _WORKER:
         thread = threading.Thread(target=_worker, name="quant-compile", daemon=True)
-        thread.start()
         _WORKER.append(thread)
-        atexit.register(_shutdown)
+        _on_exit(_shutdown)
+        thread.start()
     _JOBS.put((key, fn, static, x.detach().clone()))
 
 
@@ -234,7 +306,7 @@ def run(fn: Callable, x: torch.Tensor, static: tuple,
                 with _Unguarded():
                     return kernel(flat).reshape(x.shape)
             except Exception as exc:  # a guard failed to recompile, ...: stay correct
-                _disable(exc)
+                _disable(exc, "a compiled kernel's call")
     return _in_float32(fn, static)(x, noise)
 
 

@@ -28,7 +28,11 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--max-files", type=int, default=256,
                    help="files read for value plots when statistics are stored (others: stats only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the reproducible value sampling")
-    p.add_argument("--workers", type=int, default=2, help="processes reading files")
+    p.add_argument("--workers", type=int, default=2, help="processes reading files and drawing sections")
+    p.add_argument("--worker-timeout", type=float, default=defaults.Options.worker_timeout,
+                   metavar="SECONDS",
+                   help="a worker still on one file or one section after this long is stopped; "
+                        "that file or section is reported missing and the report goes on")
     p.add_argument("--whatif", default=",".join(defaults.DEFAULT_WHATIF),
                    help="formats for what-if quantization error (comma list, or 'none')")
     p.add_argument("--whatif-files", type=int, default=defaults.Options.whatif_files,
@@ -50,6 +54,8 @@ def options(args: argparse.Namespace) -> defaults.Options:
     for name in ("sample_size", "max_files", "workers", "whatif_files", "max_records"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if not args.worker_timeout > 0:
+        raise UserError(f"--worker-timeout {args.worker_timeout}: must be a positive number of seconds")
     stats = _formats(args.map_stat)
     bad = [s for s in stats if s not in defaults.MAP_STAT_NAMES]
     if bad:
@@ -66,7 +72,7 @@ def options(args: argparse.Namespace) -> defaults.Options:
     return defaults.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
                             workers=args.workers, whatif=whatif, whatif_files=args.whatif_files, map_stats=stats,
                             progress=not args.no_progress, index_dir=args.index_dir,
-                            max_records=args.max_records)
+                            max_records=args.max_records, worker_timeout=args.worker_timeout)
 
 
 def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,

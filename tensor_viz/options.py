@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quant.formats import SURVEY_FORMATS  # the format table; loads no torch
+from tensor_viz.workers import DEFAULT_TIMEOUT_S  # standard library only
 
 DEFAULT_WHATIF = SURVEY_FORMATS
 MAP_STAT_NAMES = ("absmax", "std", "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")
@@ -58,6 +59,9 @@ class Options:
     max_value_files: int = 256       # files read for value plots when stats are stored
     seed: int = 0
     workers: int = 2
+    #: seconds one worker may spend on one file or one section before it is stopped (the
+    #: file or section is then reported missing; the report goes on)
+    worker_timeout: float = DEFAULT_TIMEOUT_S
     whatif: tuple[str, ...] = DEFAULT_WHATIF
     whatif_files: int = 256          # tensors given what-if errors (one file each)
     whatif_elems: int = 8192

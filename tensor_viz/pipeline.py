@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +24,8 @@ from tensor_viz.options import (DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS
 
 __all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
            "Result", "build", "load", "draw"]
-from tensor_viz.values import FileTask, PairTask, can_fork, progress_bar, run_tasks
+from tensor_viz import workers as worker_pool
+from tensor_viz.values import FileTask, PairTask, progress_bar, run_tasks
 
 
 def _drawer(ref: str) -> Callable[[Dataset, FigureSet], None]:
@@ -157,7 +159,8 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
     tasks += [PairTask(hp.path, q.path) for hp, q in pairs]
     dropped: set[int] = set()
     whatif_failures: dict[tuple[str, str], int] = {}
-    results = run_tasks(tasks, workers=opts.workers, progress=opts.progress)
+    results = run_tasks(tasks, workers=opts.workers, progress=opts.progress,
+                        timeout=opts.worker_timeout)
     for i, res in enumerate(results):
         if i < len(chosen):
             e = chosen[i]
@@ -224,7 +227,7 @@ def _set_draw_state(ds: Dataset, out_dir, opts: Options) -> None:
 
 
 def _draw_section(name: str) -> list:
-    """Draw one section into a fresh FigureSet (runs in a forked worker or inline)."""
+    """Draw one section into a fresh FigureSet (runs in a worker process or inline)."""
     ds, out_dir, opts = _DRAW_STATE["args"]
     fs = FigureSet(Path(out_dir), dpi=opts.dpi)
     fs.start_section(name)
@@ -238,15 +241,22 @@ def _draw_section(name: str) -> list:
     return fs.figures
 
 
-def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Options) -> FigureSet:
-    """Every section's figures; sections are drawn in ``opts.workers`` forked processes (inline
-    when 1, when other threads run, or when the pool breaks)."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
+def _not_drawn(name: str, reason: str, out_dir, opts: Options, bar) -> list:
+    """One line naming the section, and a placeholder in the report saying what is missing."""
+    line = (f"section {name} not drawn: {reason} (--worker-timeout sets the limit); "
+            "the other sections are in the report")
+    bar.write(f"visualize-tensors: {line}", file=sys.stderr)
     fs = FigureSet(Path(out_dir), dpi=opts.dpi)
-    parallel = opts.workers > 1 and len(sections) > 1 and can_fork()
+    fs.placeholder(name, f"this section was not drawn: {reason}")
+    return fs.figures
+
+
+def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Options) -> FigureSet:
+    """Every section's figures; sections are drawn in ``opts.workers`` worker processes
+    (tensor_viz.workers: at most ``opts.worker_timeout`` seconds each), inline when 1 or
+    where no worker starts."""
+    fs = FigureSet(Path(out_dir), dpi=opts.dpi)
+    parallel = opts.workers > 1 and len(sections) > 1
     bar = progress_bar(total=len(sections), desc="drawing", unit="section",
                        disable=not opts.progress or not sections)   # no bar for no work
     done: dict[str, list] = {}
@@ -255,13 +265,15 @@ def draw(ds: Dataset, out_dir: str | Path, sections: tuple[str, ...], opts: Opti
             # Heaviest sections first so the workers finish together.
             order = sorted(sections, key=lambda s: s not in _HEAVY)
             try:
-                with ProcessPoolExecutor(max_workers=opts.workers, mp_context=mp.get_context("fork"),
-                                         initializer=_set_draw_state, initargs=(ds, out_dir, opts)) as pool:
-                    for s, figs in zip(order, pool.map(_draw_section, order)):
-                        done[s] = figs
-                        bar.update()
-            except BrokenProcessPool:
-                bar.write("worker processes failed to start; drawing the remaining sections in this process")
+                for i, figs in worker_pool.run_bounded(_draw_section, order, opts.workers,
+                                                       opts.worker_timeout, _set_draw_state,
+                                                       (ds, out_dir, opts)):
+                    if isinstance(figs, worker_pool.Failed):
+                        figs = _not_drawn(order[i], figs.reason, out_dir, opts, bar)
+                    done[order[i]] = figs
+                    bar.update()
+            except worker_pool.WorkersUnavailable as exc:
+                bar.write(f"{exc}; drawing the remaining sections in this process", file=sys.stderr)
         _set_draw_state(ds, out_dir, opts)
         for s in sections:
             if s not in done:
@@ -316,6 +328,8 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--output_dir {out}: cannot create it ({exc.strerror})") from None
+    if opts.workers > 1:
+        worker_pool.warm_up()        # the workers' imports run while the capture is cataloged
     stamp, reused, state = _stamp(tensor_dir, out, opts, sections, quick, report)
     if reused is not None:                       # nothing new: the report there is current
         return reused

@@ -6,10 +6,9 @@ quantization errors from ``quant``. The full tensor never leaves the worker.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
+import sys
 import zlib
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from tensor_capture import schema
+from tensor_viz import workers as worker_pool
 
 # Tensor names whose values are attention score / probability maps (drawn as maps).
 SCORE_NAMES = ("scores", "attention_scores", "attn_scores", "attention_probs", "attn_probs", "probs")
@@ -178,21 +178,6 @@ def _run(task: FileTask | PairTask) -> dict[str, Any]:
         return {"error": ("unreadable", f"{path}: {type(exc).__name__}: {str(exc)[:160]}")}
 
 
-def can_fork() -> bool:
-    """Worker processes are forked only when no other thread runs here (a fork could copy a
-    lock some thread holds). Otherwise the work runs in this process: slower, always safe."""
-    import threading
-
-    # tqdm's monitor thread only sleeps and touches tqdm's own lock, which workers never use.
-    others = [t for t in threading.enumerate()
-              if t is not threading.main_thread() and type(t).__name__ != "TMonitor"]
-    return not others and "fork" in mp.get_all_start_methods()
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)
-
-
 def progress_bar(**kw):
     """A tqdm bar without tqdm's monitor thread (a running thread would rule out forking)."""
     from tqdm import tqdm
@@ -203,28 +188,36 @@ def progress_bar(**kw):
     return _Bar(**kw)
 
 
-def run_tasks(tasks: list[FileTask | PairTask], workers: int = 2, desc: str = "reading tensors",
-              progress: bool = True) -> Iterator[dict[str, Any]]:
-    """Results in task order; ``workers`` forked processes (inline when 1, few tasks, other
-    threads running, or the pool breaks)."""
-    from concurrent.futures.process import BrokenProcessPool
+def _failed(task: FileTask | PairTask, failure: worker_pool.Failed) -> dict[str, Any]:
+    path = task.q_path if isinstance(task, PairTask) else task.path
+    return {"error": ("worker", f"{path}: not read: {failure.reason}")}
 
-    parallel = workers > 1 and len(tasks) >= 4 and can_fork()
+
+def run_tasks(tasks: list[FileTask | PairTask], workers: int = 2, desc: str = "reading tensors",
+              progress: bool = True, timeout: float | None = worker_pool.DEFAULT_TIMEOUT_S
+              ) -> Iterator[dict[str, Any]]:
+    """Results in task order; ``workers`` worker processes (tensor_viz.workers: at most
+    ``timeout`` seconds per file), inline when 1, for few tasks, or where no worker starts."""
+    parallel = workers > 1 and len(tasks) >= 4
     bar = progress_bar(total=len(tasks), desc=desc, unit="file", disable=not progress or not tasks)
-    done = 0
+    results: dict[int, dict[str, Any]] = {}
+    first = 0                                  # tasks before this one were yielded
     try:
         if parallel:
             try:
-                ctx = mp.get_context("fork")
-                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker) as pool:
-                    for result in pool.map(_run, tasks, chunksize=4):
-                        yield result
-                        done += 1
-                        bar.update()
-            except BrokenProcessPool:
-                bar.write("worker processes failed to start; reading the remaining files in this process")
-        for task in tasks[done:]:
-            yield _run(task)
-            bar.update()
+                for i, res in worker_pool.run_bounded(_run, tasks, workers, timeout):
+                    results[i] = _failed(tasks[i], res) if isinstance(res, worker_pool.Failed) else res
+                    bar.update()
+                    while first in results:
+                        yield results.pop(first)
+                        first += 1
+            except worker_pool.WorkersUnavailable as exc:
+                bar.write(f"{exc}; reading the remaining files in this process", file=sys.stderr)
+        for i in range(first, len(tasks)):
+            if i in results:
+                yield results.pop(i)
+            else:
+                yield _run(tasks[i])
+                bar.update()
     finally:
         bar.close()

@@ -60,9 +60,11 @@ SLOW_TIERS = {
     "test_viz_numerics.py::test_interactive_view_in_headless_chromium_*": ("browser",),
     "test_viz_numerics.py::test_tiny_llama_*": ("megatron", "multiprocess", "browser"),
     "test_viz_badinput.py::test_scripts_run_from_repo_root": ("multiprocess",),
+    "test_viz_badinput.py::test_workers_when_threads_run": ("multiprocess",),
     "test_scaling_cli.py::test_runs_as_a_file_*": ("multiprocess",),
     "test_attribution_run.py": ("megatron", "multiprocess"),
     "test_quant_compiled.py::test_exit_during_*": ("multiprocess",),
+    "test_viz_workers.py": ("multiprocess",),     # worker pools, report commands, signals
 }
 
 

@@ -103,3 +103,55 @@ def test_exit_during_a_background_compile_is_clean(tmp_path):
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "done" in out.stdout
+
+
+def _run_script(code: str, tmp_path, **env):
+    import os
+    import subprocess
+    import sys
+    full = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TMPDIR=str(tmp_path),
+                **env)
+    full.pop("QUANT_COMPILE_AFTER", None)
+    full.pop("QUANT_COMPILE_MIN_NUMEL", None)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_exit_after_many_quantize_calls_says_nothing(tmp_path):
+    """A script whose kernel got hot (more than QUANT_COMPILE_AFTER calls) ends while its
+    background compile runs: the compile is dropped, nothing on stderr, exit 0."""
+    code = ("import torch, quant\n"
+            "x = torch.randn(64, 1024)\n"
+            "for _ in range(12):\n"
+            "    quant.quantize(x, 'fp8_e4m3')\n"
+            "print('done', flush=True)\n")
+    out = _run_script(code, tmp_path, QUANT_COMPILE="auto")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "done"
+    assert out.stderr == ""
+
+
+def test_a_real_compile_failure_is_one_line_and_results_stay_exact(tmp_path):
+    """A compile that truly fails (no C++ compiler for Inductor) says once what failed and
+    where the traceback is; every result stays bit-identical to the eager kernels."""
+    code = ("import os, torch, quant\n"
+            "from quant import accel\n"
+            "x = torch.randn(64, 1024) * 3\n"
+            "names = ('fp8_e4m3', 'hifp8', 'mxfp8')\n"
+            "os.environ['QUANT_COMPILE'] = '0'\n"
+            "eager = [quant.quantize(x, n) for n in names]\n"
+            "os.environ['QUANT_COMPILE'] = '1'\n"
+            "tried = [quant.quantize(x, n) for n in names for _ in range(2)]\n"
+            "assert accel.compile_error() is not None, 'the compile did not fail'\n"
+            "for e, t in zip([e for e in eager for _ in range(2)], tried):\n"
+            "    assert torch.equal(e.view(torch.int32), t.view(torch.int32))\n"
+            "print('exact', flush=True)\n")
+    out = _run_script(code, tmp_path, CXX=str(tmp_path / "no-such-c++"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "exact"
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("quant: torch.compile of the ") and "eager kernels" in lines[0]
+    assert "backend='inductor' raised" not in lines[0]      # the root error, not Dynamo's wrapper
+    log = lines[0].split("traceback in ", 1)[1].split(";", 1)[0]
+    assert log.startswith(str(tmp_path)) and "Traceback" in open(log).read()

@@ -12,14 +12,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import figure_checks  # noqa: E402
 from viz_helpers import browser_check, make_capture  # noqa: E402
 
 from tensor_capture import schema  # noqa: E402
-from tensor_viz import figures, pipeline, values  # noqa: E402
+from tensor_viz import pipeline, values  # noqa: E402
 from tensor_viz.plots_quant import numerics_matrix  # noqa: E402
 
-from matplotlib.category import StrCategoryFormatter  # noqa: E402
-from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter  # noqa: E402
 
 WHATIF = ("fp8_e4m3", "mxfp8", "mxfp4", "bf16")
 
@@ -31,37 +30,15 @@ def built(tmp_path_factory):
     cap, out = root / "cap", root / "out"
     make_capture(cap, ranks=(0, 1))
     violations = root / "violations.txt"
-    original = figures.FigureSet.save
-
-    def checked_save(self, fig, section, name, title, caption, subset=None):
-        bad = []
-        if not title or not caption:
-            bad.append("no title/caption")
-        for ax in fig.axes:
-            if not ax.axison or ax.get_label() == "<colorbar>":
-                continue
-            if ax.name != "polar" and ax.get_xlabel() == "" and ax.get_ylabel() == "" and not ax.patches[:0]:
-                if not any(isinstance(c, type(ax.pie)) for c in ax.get_children()):
-                    bad.append(f"axes '{ax.get_title()}' without labels")
-            for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
-                fmt, loc = axis.get_major_formatter(), axis.get_major_locator()
-                categorical = isinstance(fmt, (FixedFormatter, StrCategoryFormatter)) or (
-                    isinstance(loc, FixedLocator) and isinstance(fmt, FuncFormatter))  # named ticks
-                if label and "(" not in label and not categorical:
-                    bad.append(f"numeric axis label without unit: {label!r}")
-        with open(root / "checked.txt", "a") as fh:
-            fh.write(f"{section}/{name}\n")
-        if bad:
-            with open(violations, "a") as fh:
-                fh.write(f"{section}/{name}: {bad}\n")
-        return original(self, fig, section, name, title, caption, subset)
-
-    figures.FigureSet.save = checked_save
+    figure_checks.install(root)
+    real_init = pipeline._set_draw_state
+    pipeline._set_draw_state = figure_checks.init_worker_with_checks    # the workers check too
     try:
         opts = pipeline.Options(workers=2, whatif=WHATIF, progress=False, sample_size=2048)
         result = pipeline.build(cap, out, pipeline.FULL_SECTIONS, opts, quick=True)
     finally:
-        figures.FigureSet.save = original
+        pipeline._set_draw_state = real_init
+        figure_checks.uninstall()
     return cap, out, result, violations
 
 
