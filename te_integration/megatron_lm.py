@@ -9,7 +9,8 @@ around an unmodified ``pretrain_gpt.py``:
         PRETRAIN_SCRIPT [Megatron-LM arguments...]
 
 (under torchrun: ``torchrun ... -m te_integration.megatron_lm ...``). Before Megatron builds the
-model (``megatron.training.training.get_model``) it calls ``debug_api.initialize`` with our
+model (``megatron.training.training.setup_model_and_optimizer``, which both its get_model path
+and main's config-container builder path pass through) it calls ``debug_api.initialize`` with our
 feature folder and TE's; after, ``infer_and_assign_layer_names`` names every layer by its module
 path (which the YAML's layer patterns and LOWP_TE_ROLE_FORMATS ``name`` rules match); after each
 ``train_step`` it advances the debug API's iteration. The YAML is checked before anything runs.
@@ -79,32 +80,53 @@ def name_te_layers(model: Any) -> int:
     return named
 
 
+#: the Megatron-LM function every model build passes through. Megatron-LM main's
+#: pretrain_gpt.py hands pretrain() a config container, and setup_model_and_optimizer then
+#: builds the model through the container's builder without calling get_model, so get_model
+#: is not a hook point (checked on Megatron-LM main d98e8a6, training.py).
+SETUP_FUNCTION = "setup_model_and_optimizer"
+
+
+def _chunks(model: Any) -> list:
+    return list(model) if isinstance(model, (list, tuple)) else [model]
+
+
 def install_hooks(config: Optional[str], log_dir: str, dirs: Sequence[str],
                   training: Any) -> None:
-    """Wrap Megatron-LM's get_model and train_step in ``training`` (megatron.training.training):
-    with a debug-API ``config``, initialize before the model is built, name its layers after
-    (nvdlfw-inspect's names) and advance the debug iteration after each step; without one, only
-    name the TE layers by module path."""
-    get_model: Callable = training.get_model
+    """Wrap Megatron-LM's setup_model_and_optimizer and train_step in ``training``
+    (megatron.training.training): with a debug-API ``config``, initialize before the model is
+    built, name its layers after (nvdlfw-inspect's names) and advance the debug iteration after
+    each step; without one, only name the TE layers by module path. A step before any model
+    was named is refused: the names are what role rules, plans and the YAML match, and a run
+    without them would train with other formats than asked, without a word."""
+    setup: Callable = getattr(training, SETUP_FUNCTION)
     train_step: Callable = training.train_step
+    named: list = []
 
-    @functools.wraps(get_model)
-    def named_get_model(*args: Any, **kwargs: Any):
-        if config is None:
-            model = get_model(*args, **kwargs)
-            for chunk in model if isinstance(model, (list, tuple)) else [model]:
+    @functools.wraps(setup)
+    def named_setup(*args: Any, **kwargs: Any):
+        if config is not None:
+            import nvdlfw_inspect.api as debug_api
+
+            debug_api.initialize(config_file=config, feature_dirs=list(dirs), log_dir=log_dir)
+        out = setup(*args, **kwargs)
+        model = out[0] if isinstance(out, tuple) else out
+        for chunk in _chunks(model):
+            if config is not None:
+                debug_api.infer_and_assign_layer_names(chunk)
+            else:
                 name_te_layers(chunk)
-            return model
-        import nvdlfw_inspect.api as debug_api
-
-        debug_api.initialize(config_file=config, feature_dirs=list(dirs), log_dir=log_dir)
-        model = get_model(*args, **kwargs)
-        for chunk in model if isinstance(model, (list, tuple)) else [model]:
-            debug_api.infer_and_assign_layer_names(chunk)
-        return model
+        named.append(True)
+        return out
 
     @functools.wraps(train_step)
     def stepping_train_step(*args: Any, **kwargs: Any):
+        if not named:
+            raise UserError(f"{PROG}: a training step ran before {TRAINING_MODULE}."
+                            f"{SETUP_FUNCTION} built a model, so no layer was named: this "
+                            "Megatron-LM builds its model another way; run without "
+                            "LOWP_TE_ROLE_FORMATS name rules, CUSTOM_QUANT_PLAN and the "
+                            "inspect config, or report the Megatron-LM commit")
         out = train_step(*args, **kwargs)
         if config is not None:
             import nvdlfw_inspect.api as debug_api
@@ -112,7 +134,7 @@ def install_hooks(config: Optional[str], log_dir: str, dirs: Sequence[str],
             debug_api.step()
         return out
 
-    training.get_model = named_get_model
+    setattr(training, SETUP_FUNCTION, named_setup)
     training.train_step = stepping_train_step
 
 

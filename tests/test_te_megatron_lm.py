@@ -2,8 +2,10 @@
 ``--tensor-inspect*`` flags (Megatron-LM pull request #3811 only).
 
 Megatron-LM's training loop is not installed here: the hooks are checked on a module holding
-its two function names (``get_model``, ``train_step``: what the entry point wraps in
-``megatron.training.training``) and a real torch model; the debug API is nvdlfw-inspect's, with
+the two function names the entry point wraps in ``megatron.training.training``
+(``setup_model_and_optimizer``, ``train_step``), shaped as Megatron-LM main d98e8a6 has them
+(pretrain_gpt.py passes a config container, and the model is built by its builder without
+get_model), and a real torch model; the debug API is nvdlfw-inspect's, with
 our feature folder and the TE-namespace stand-in (TE's real namespace: test_te_real.py).
 """
 from __future__ import annotations
@@ -44,27 +46,46 @@ def _clean_debug_api():
 
 def _training_module(calls: list) -> types.SimpleNamespace:
     def get_model(provider, model_type=None, wrap_with_ddp=True):
-        calls.append(("get_model", debug_api.DEBUG_MANAGER is not None))
+        calls.append(("get_model",))
         return [torch.nn.Sequential(torch.nn.Linear(4, 4))]
+
+    def setup_model_and_optimizer(model_type, model_provider_func=None, *, cfg_container=None):
+        # Megatron-LM main: with a config container the builder makes the model, no get_model
+        calls.append(("setup", debug_api.DEBUG_MANAGER is not None))
+        if cfg_container is None:
+            model = get_model(model_provider_func, model_type)
+        else:
+            model = [torch.nn.Sequential(torch.nn.Linear(4, 4))]
+        return model, "optimizer", "scheduler"
 
     def train_step(*args, **kwargs):
         calls.append(("train_step",))
         return "loss"
 
-    return types.SimpleNamespace(get_model=get_model, train_step=train_step)
+    return types.SimpleNamespace(get_model=get_model, train_step=train_step,
+                                 setup_model_and_optimizer=setup_model_and_optimizer)
 
 
-def test_hooks_initialize_before_the_model_name_layers_after_and_step(tmp_path):
+@pytest.mark.parametrize("container", [True, False], ids=["config_container", "get_model"])
+def test_hooks_initialize_before_the_model_name_layers_after_and_step(tmp_path, container):
     (tmp_path / "inspect.yaml").write_text(YAML)
     calls: list = []
     training = _training_module(calls)
     megatron_lm.install_hooks(str(tmp_path / "inspect.yaml"), str(tmp_path / "logs"),
                               [str(FEATURE_DIR), str(STANDIN_DIR)], training)
-    model = training.get_model(lambda: None)
-    assert calls == [("get_model", True)]          # initialized before the model was built
+    model, _, _ = training.setup_model_and_optimizer(
+        "encoder_or_decoder", lambda: None, cfg_container=object() if container else None)
+    assert calls[0] == ("setup", True)             # initialized before the model was built
     assert model[0][0].name == "model.0"           # nvdlfw-inspect's name, what the YAML matches
     assert training.train_step() == "loss" and training.train_step() == "loss"
     assert debug_api.DEBUG_MANAGER._trainer_iteration_count == 2
+
+
+def test_a_step_with_no_named_model_is_refused_in_one_line(tmp_path):
+    training = _training_module([])
+    megatron_lm.install_hooks(None, str(tmp_path / "logs"), [], training)
+    with pytest.raises(megatron_lm.UserError, match="no layer was named"):
+        training.train_step()
 
 
 def test_without_a_config_only_te_layers_are_named_by_module_path():
