@@ -175,6 +175,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .factory import DEBUG_API_CONFLICT
 
         raise UserError(DEBUG_API_CONFLICT)
+    if _custom_recipe(args.script_args) and "--moe-grouped-gemm" in args.script_args:
+        from .factory import UNSUPPORTED_MODULES
+
+        raise UserError(UNSUPPORTED_MODULES["grouped_linear"])
     if args.inspect_config:
         inspect_support.require()
         check_cli.check(args.inspect_config)

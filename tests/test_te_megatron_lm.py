@@ -119,7 +119,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("case", ["no-script", "custom-recipe", "bad-yaml", "checkout"])
+@pytest.mark.parametrize("case", ["no-script", "custom-recipe", "bad-yaml", "checkout",
+                                  "grouped-gemm"])
 def test_mistakes_are_one_line(tmp_path, case):
     (tmp_path / "inspect.yaml").write_text(YAML)
     script = tmp_path / "pretrain_gpt.py"
@@ -131,6 +132,9 @@ def test_mistakes_are_one_line(tmp_path, case):
                            "--fp8-recipe", "custom"], "cannot run while TE's debug API"),
         "bad-yaml": (["--inspect-config", str(tmp_path / "missing.yaml"), str(script)], "no such file"),
         "checkout": (["--check-checkout", str(tmp_path)], "has no --fp8-quantizer-factory"),
+        # before any step: the factory itself would refuse only at the first forward
+        "grouped-gemm": ([str(script), "--fp8-recipe", "custom", "--num-experts", "4",
+                          "--moe-grouped-gemm"], "cannot emulate Transformer Engine's GroupedLinear"),
     }[case]
     out = _cli(*args)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
