@@ -167,6 +167,8 @@ PACKAGES = ("lowp_common", "quant", "quant_tools", "tensor_capture", "tensor_viz
 #: os.replace that is not a copy of atomic_path: "file": reason.
 OTHER_RENAMES = {
     "tensor_capture/patcher.py": "swaps a whole patched megatron/core directory into place",
+    "quant/accel.py": "a compile failure's traceback file; quant is the numerics layer and "
+                      "imports nothing of the project, lowp_common included",
 }
 
 

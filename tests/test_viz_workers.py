@@ -67,6 +67,7 @@ def _env() -> dict[str, str]:
 def test_a_stuck_task_is_stopped_and_the_others_finish():
     """One task never returns: it comes back as Failed after the timeout, its worker is killed,
     the other tasks still run (on a fresh worker)."""
+    before = _descendants(os.getpid())     # other tests' children (a Spark JVM, say) stay
     start = time.monotonic()
     with workers.Pool(2) as pool:
         got = dict(pool.imap(time.sleep, [0.0, 3600.0, 0.0, 0.0, 0.0], timeout=3.0))
@@ -74,7 +75,7 @@ def test_a_stuck_task_is_stopped_and_the_others_finish():
     assert isinstance(got.pop(1), workers.Failed)
     assert got == {0: None, 2: None, 3: None, 4: None}
     assert elapsed < 60
-    assert not _descendants(os.getpid()) - _forkservers(), "a worker outlived the pool"
+    assert not _descendants(os.getpid()) - _forkservers() - before, "a worker outlived the pool"
 
 
 def _forkservers() -> set[int]:
@@ -107,6 +108,7 @@ def test_a_stuck_section_is_one_line_and_the_report_completes(tmp_path, capsys, 
     monkeypatch.setattr(pipeline, "_draw_section", stuck_section.draw_or_hang)
     opts = pipeline.Options(workers=2, progress=False, whatif=(), worker_timeout=20.0)
     sections = ("statistics", stuck_section.STUCK, "distributions")
+    before = _descendants(os.getpid())
     start = time.monotonic()
     result = pipeline.build(tmp_path / "cap", tmp_path / "out", sections, opts)
     assert time.monotonic() - start < 120
@@ -115,7 +117,7 @@ def test_a_stuck_section_is_one_line_and_the_report_completes(tmp_path, capsys, 
     drawn = {f.section for f in result.figures.figures if not f.placeholder}
     assert {"statistics", "distributions"} <= drawn and stuck_section.STUCK not in drawn
     assert "this section was not drawn" in (tmp_path / "out" / "index.html").read_text()
-    assert not _descendants(os.getpid()) - _forkservers()
+    assert not _descendants(os.getpid()) - _forkservers() - before
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
