@@ -250,11 +250,19 @@ class _Evaluating:
     is partial, and so is every value computed with it inside the cycle: remembering them would
     make what a later question gets depend on which question came first, so on the order in
     which sets of names happen to be walked (PYTHONHASHSEED). Only values whose computation cut
-    nothing above themselves are remembered; the cycle's head itself is whole once it returns."""
+    nothing above themselves are remembered; the cycle's head itself is whole once it returns.
+    Values cut short are reused only within the question that made them."""
 
     def __init__(self) -> None:
         self.on_stack: dict[int, int] = {}  # expression id -> its level on the stack
         self._lowest_cut: list[int] = []    # per level: the lowest level a cut under it reached
+        # values cut short, reused within the question that made them (else the same subtree is
+        # walked again and again) and forgotten when it is answered
+        self.partial: dict[int, frozenset] = {}
+
+    def remember_partial(self, key: int, out: frozenset) -> None:
+        if self._lowest_cut:
+            self.partial[key] = out
 
     def push(self, key: int) -> int:
         level = len(self._lowest_cut)
@@ -271,6 +279,8 @@ class _Evaluating:
         """Leave ``key``'s frame; True when its value is whole (safe to remember)."""
         lowest = self._lowest_cut.pop()
         del self.on_stack[key]
+        if not self._lowest_cut:
+            self.partial.clear()
         if self._lowest_cut:
             self._lowest_cut[-1] = min(self._lowest_cut[-1], lowest)
         return lowest >= level and lowest >= 0
@@ -318,6 +328,9 @@ class Evaluator:
         key = id(expr)
         if key in self._memo:
             return self._memo[key]
+        if key in EVALUATING.partial:
+            EVALUATING.cut_at(-1)
+            return EVALUATING.partial[key]
         if key in EVALUATING.on_stack:
             EVALUATING.cut_at(EVALUATING.on_stack[key])
             return frozenset()
@@ -328,6 +341,8 @@ class Evaluator:
             complete = EVALUATING.pop(key, level)
         if complete:
             self._memo[key] = out
+        else:
+            EVALUATING.remember_partial(key, out)
         return out
 
     def _value(self, e: ast.AST, depth: int) -> set[Val]:
