@@ -24,7 +24,7 @@ from training_profiler.amp_rules import LossOutsideAutocast
 from training_profiler.amp_rules import (_FILL_CALLS, _OPTIMIZERS, _SOFTMAX, FP16_MAX, FP16_MIN_SUBNORMAL,
                                          NO_TRAINING_NOTE, Confidence, Rule, RuleVisitor, Severity,
                                          _calls_helper_that, _const_value, _fp16_evidence, _has_kw,
-                                         _is_torch_clip, _is_unscale, training_lowp_casts)
+                                         _is_torch_clip, _is_unscale, _scaler_steps, training_lowp_casts)
 
 
 def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None) -> tuple[Confidence, str]:
@@ -58,15 +58,6 @@ def _helper_changes_grads(ctx: FileContext, call: ast.Call) -> bool:
     """``call`` goes to a project function that adds to or scales ``.grad`` (gradient noise)."""
     return any(v.kind == av.FUNCTION and v.node is not None and any(_grad_change(n) for n in ast.walk(v.node))
                for v in ctx.values.value(call.func))
-
-
-def _scaler_steps(ctx: FileContext, fn: ast.AST) -> list[ast.Call]:
-    """``s.step(opt)`` on a GradScaler: by value (followed through the project's callers) or by
-    use (the same receiver gets ``.update()`` in this function)."""
-    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    updated = {dotted(c.func.value) for c in calls if c.func.attr == "update" and not c.args}  # type: ignore[attr-defined]
-    return [c for c in calls if c.func.attr == "step" and c.args  # type: ignore[attr-defined]
-            and (dotted(c.func.value) in updated or av.SCALER in ctx.values.kinds(c.func.value))]  # type: ignore[attr-defined]
 
 
 class GradsChangedBeforeUnscale(RuleVisitor):

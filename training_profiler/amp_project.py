@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from training_profiler.amp_values import FUNCTION, ModuleView as FileContext, Val
+from training_profiler.amp_values import EVALUATING, FUNCTION, ModuleView as FileContext, Val
 
 
 def module_name(path: Path) -> str:
@@ -66,6 +66,7 @@ class Project:
         cycles between packages end in "nothing known")."""
         key = (qual, importer.module_name)
         if key in self._resolving or len(self._resolving) > 40:
+            EVALUATING.cut_at(-1)  # what depends on this answer is partial: not remembered
             return set()
         self._resolving.add(key)
         try:
@@ -123,7 +124,7 @@ class Project:
         if "." in ctx.module_name:  # a package is one program: its trainer decides for its heads
             top = ctx.module_name.split(".", 1)[0] + "."
             seen |= {n for n in self.modules if n.startswith(top)}
-        return [self.modules[n] for n in seen if n in self.modules]
+        return [self.modules[n] for n in sorted(seen) if n in self.modules]  # a set's order varies per run
 
     def is_one_program(self, scanned: list[FileContext]) -> bool:
         """The scanned files are a project, not loose scripts: one of them sits in a package or

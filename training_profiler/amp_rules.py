@@ -714,12 +714,25 @@ def _is_unscale(ctx: FileContext, call: ast.Call) -> bool:
     return isinstance(call.func, ast.Attribute) and call.func.attr == "unscale_"
 
 
+def _scaler_steps(ctx: FileContext, fn: ast.AST) -> list[ast.Call]:
+    """``s.step(opt)`` on a GradScaler: by value (followed through the project's callers) or by
+    use (the same receiver gets ``.update()`` in this function)."""
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    updated = {dotted(c.func.value) for c in calls if c.func.attr == "update" and not c.args}  # type: ignore[attr-defined]
+    return [c for c in calls if c.func.attr == "step" and c.args  # type: ignore[attr-defined]
+            and (dotted(c.func.value) in updated or av.SCALER in ctx.values.kinds(c.func.value))]  # type: ignore[attr-defined]
+
+
 def _clips_unscaled(ctx: FileContext, call: ast.Call) -> bool:
     """A torch clip with no ``unscale_`` before it in its own function (a helper that unscales
-    and then clips, as SpeechBrain's ``optimizers_step`` does, is fine)."""
+    and then clips, as SpeechBrain's ``optimizers_step`` does, is fine). A helper that steps the
+    GradScaler itself owns the unscale: GradsChangedBeforeUnscale judges it in its own body, so
+    its call site is not reported a second time."""
     if not _is_torch_clip(ctx, call):
         return False
     fn = ctx.enclosing_function(call)
+    if _scaler_steps(ctx, fn):
+        return False
     return not any(isinstance(n, ast.Call) and _is_unscale(ctx, n) and n.lineno < call.lineno
                    for n in ast.walk(fn))
 

@@ -241,6 +241,54 @@ class ScopeBuilder(ast.NodeVisitor):
         self._class.pop()
 
 
+class _Evaluating:
+    """The expressions being evaluated right now, across every module of the project, and the
+    cuts made under them.
+
+    A value asked for while it is being computed (a cycle: ``x = f(x)``, two modules importing each
+    other) or past the depth limit is answered "nothing known" to end the recursion. That answer
+    is partial, and so is every value computed with it inside the cycle: remembering them would
+    make what a later question gets depend on which question came first, so on the order in
+    which sets of names happen to be walked (PYTHONHASHSEED). Only values whose computation cut
+    nothing above themselves are remembered; the cycle's head itself is whole once it returns.
+    Values cut short are reused only within the question that made them."""
+
+    def __init__(self) -> None:
+        self.on_stack: dict[int, int] = {}  # expression id -> its level on the stack
+        self._lowest_cut: list[int] = []    # per level: the lowest level a cut under it reached
+        # values cut short, reused within the question that made them (else the same subtree is
+        # walked again and again) and forgotten when it is answered
+        self.partial: dict[int, frozenset] = {}
+
+    def remember_partial(self, key: int, out: frozenset) -> None:
+        if self._lowest_cut:
+            self.partial[key] = out
+
+    def push(self, key: int) -> int:
+        level = len(self._lowest_cut)
+        self.on_stack[key] = level
+        self._lowest_cut.append(level + 1)  # nothing cut yet
+        return level
+
+    def cut_at(self, level: int) -> None:
+        """A cut below the current frame that reached back to ``level`` (-1: everything above)."""
+        if self._lowest_cut:
+            self._lowest_cut[-1] = min(self._lowest_cut[-1], level)
+
+    def pop(self, key: int, level: int) -> bool:
+        """Leave ``key``'s frame; True when its value is whole (safe to remember)."""
+        lowest = self._lowest_cut.pop()
+        del self.on_stack[key]
+        if not self._lowest_cut:
+            self.partial.clear()
+        if self._lowest_cut:
+            self._lowest_cut[-1] = min(self._lowest_cut[-1], lowest)
+        return lowest >= level and lowest >= 0
+
+
+EVALUATING = _Evaluating()
+
+
 class Evaluator:
     """Abstract values of expressions in one module, reaching into the project for the rest."""
 
@@ -250,7 +298,6 @@ class Evaluator:
         self.scopes = sb.of
         self.class_attrs = sb.class_attrs
         self._memo: dict[int, frozenset[Val]] = {}
-        self._busy: set[int] = set()
 
     # ---- scopes ------------------------------------------------------------------------------
     def bindings_at(self, node: ast.AST) -> Bindings:
@@ -273,19 +320,29 @@ class Evaluator:
     # ---- values ------------------------------------------------------------------------------
     def value(self, expr: ast.AST | None, depth: int = 0) -> frozenset[Val]:
         """The abstract values ``expr`` may hold (empty when nothing is known)."""
-        if expr is None or depth > _MAX_DEPTH:
+        if expr is None:
+            return frozenset()
+        if depth > _MAX_DEPTH:
+            EVALUATING.cut_at(-1)
             return frozenset()
         key = id(expr)
         if key in self._memo:
             return self._memo[key]
-        if key in self._busy:
+        if key in EVALUATING.partial:
+            EVALUATING.cut_at(-1)
+            return EVALUATING.partial[key]
+        if key in EVALUATING.on_stack:
+            EVALUATING.cut_at(EVALUATING.on_stack[key])
             return frozenset()
-        self._busy.add(key)
+        level = EVALUATING.push(key)
         try:
             out = frozenset(self._value(expr, depth + 1))
         finally:
-            self._busy.discard(key)
-        self._memo[key] = out
+            complete = EVALUATING.pop(key, level)
+        if complete:
+            self._memo[key] = out
+        else:
+            EVALUATING.remember_partial(key, out)
         return out
 
     def _value(self, e: ast.AST, depth: int) -> set[Val]:
