@@ -25,7 +25,7 @@ Keys of the returned dict (``WHATIF_*`` below; JSON-ready):
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Union
 
 import torch
 
@@ -36,36 +36,19 @@ from .elemwise import float_exponent
 from .fakequant import quantize
 from .formats import SCALING_MX, SCALING_NVFP4, WHATIF_FORMATS, FormatSpec, get_format
 from .scaling import mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale
+from .whatif_record import (SCALE_KIND_MX, SCALE_KIND_NVFP4, block_dict, element_dict,
+                            int_histogram)
 
 __all__ = ["DEFAULT_WHATIF_FORMATS", "SCALE_KIND_MX", "SCALE_KIND_NVFP4", "whatif",
            "whatif_set", "int_histogram", "is_block_format", "block_dict", "element_dict"]
 
 #: the what-if set capture uses unless configured otherwise (defined in quant.formats)
 DEFAULT_WHATIF_FORMATS = WHATIF_FORMATS
-SCALE_KIND_MX = "e8m0_exponent"
-SCALE_KIND_NVFP4 = "e4m3_scale"
 
 
 def is_block_format(fmt: Union[str, FormatSpec]) -> bool:
     """Does ``fmt`` scale blocks (MX, NVFP4), so it has block-scale numbers?"""
     return get_format(fmt).scaling in (SCALING_MX, SCALING_NVFP4)
-
-
-def int_histogram(values: torch.Tensor) -> dict[str, Any]:
-    """``{"min_bin", "counts"}`` of integer-valued ``values`` (empty: min_bin None, no counts)."""
-    v = values.reshape(-1).to(torch.int64)
-    if v.numel() == 0:
-        return {"min_bin": None, "counts": []}
-    lo = int(v.min())
-    return {"min_bin": lo, "counts": torch.bincount(v - lo).tolist()}
-
-
-def _summary(values: torch.Tensor) -> tuple[Optional[float], Optional[float], Optional[float]]:
-    if values.numel() == 0:
-        return None, None, None
-    v = values.double()
-    std = float(v.std(unbiased=False)) if v.numel() > 1 else 0.0
-    return float(v.min()), float(v.max()), std
 
 
 def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
@@ -84,36 +67,6 @@ def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
     n = x32.shape[axis] if x32.dim() else 1
     return block_dict(spec, block, n, int(amax.numel()), scale, int_histogram(dyn),
                       per_block["overflow"], per_block["flush_to_zero"])
-
-
-def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int,
-               live_scales: torch.Tensor, dynamic_range_hist: dict[str, Any],
-               clipped: torch.Tensor, flushed: torch.Tensor) -> dict[str, Any]:
-    """The block numbers of the module docstring from the per-block arrays: the scales of the
-    live blocks (MX: E8M0 exponents; NVFP4: E4M3 scale values), the dynamic-range histogram,
-    and per block the count of clipped and of flushed elements."""
-    if spec.scaling == SCALING_MX:
-        kind, binned = SCALE_KIND_MX, live_scales
-    else:
-        kind, binned = SCALE_KIND_NVFP4, float_exponent(live_scales)
-    lo, hi, std = _summary(live_scales)
-    return {
-        "block_size": block, "axis_length": int(axis_length), "blocks": int(blocks),
-        "short_axis": bool(axis_length < block),
-        "block_scale": {"kind": kind, "min": lo, "max": hi, "std": std,
-                        "hist": int_histogram(binned)},
-        "block_clipped_hist": torch.bincount(clipped.reshape(-1).long()).tolist(),
-        "block_flushed_hist": torch.bincount(flushed.reshape(-1).long()).tolist(),
-        "block_dynamic_range_hist": dynamic_range_hist,
-    }
-
-
-def element_dict(axis: int, sqnr_db: float, rel_error: float, overflow: int, underflow: int,
-                 flushed: int, total: int) -> dict[str, Any]:
-    """The numbers every format has (module docstring), from the error metrics and counts."""
-    return {"axis": axis, "sqnr_db": sqnr_db, "rel_error": rel_error,
-            "overflow_ratio": overflow / total, "underflow_ratio": underflow / total,
-            "flush_ratio": flushed / total}
 
 
 def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict[str, Any]:

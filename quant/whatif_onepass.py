@@ -42,7 +42,7 @@ from .formats import (SCALING_MX, SCALING_NONE, SCALING_NVFP4, SCALING_TENSOR, F
 from .metrics import relative_error_of_sums, sqnr_of_sums
 from .scaling import (finite_amax, mx_shared_exponent, nvfp4_block_scale, nvfp4_scale_of_amax,
                       tensor_scale_of_amax)
-from .whatif import block_dict, element_dict, int_histogram
+from .whatif_record import block_dict, element_dict, int_histogram
 
 __all__ = ["ONEPASS_MAX_ELEMENTS", "supports", "whatif_onepass"]
 
