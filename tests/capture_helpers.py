@@ -27,12 +27,17 @@ def _fwd_bwd(model, tokens):
     return loss.detach().clone(), grads
 
 
+def tiny_shape(me):
+    """The tiny Llama of the runtime capture tests: 2 layers, hidden 64, 4 heads in 2 GQA
+    groups, sequence 32; ``me``: the training_driver.megatron_env module of the worker's
+    (patched) tree."""
+    return me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160, num_attention_heads=4,
+                         num_query_groups=2, vocab_size=128, seq_length=32)
+
+
 def tiny_model_and_tokens(me):
-    """The tiny Llama of the runtime capture tests (2 layers, hidden 64, 4 heads in 2 GQA
-    groups, sequence 32) and its batch of 2 sequences of seeded tokens; ``me``: the
-    training_driver.megatron_env module of the worker's (patched) tree."""
-    shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160, num_attention_heads=4,
-                          num_query_groups=2, vocab_size=128, seq_length=32)
+    """The tiny Llama (:func:`tiny_shape`) and its batch of 2 sequences of seeded tokens."""
+    shape = tiny_shape(me)
     tokens = torch.randint(0, shape.vocab_size, (2, shape.seq_length),
                            generator=torch.Generator().manual_seed(7))
     return me.build_llama_model(shape), tokens

@@ -24,6 +24,7 @@ import types
 from pathlib import Path
 
 import torch
+from capture_helpers import tiny_shape
 
 CAPTURE_ENV = ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG",
                "TENSOR_SAVER_ITERATION", "TENSOR_SAVE_DIR")
@@ -86,9 +87,7 @@ def _schedule_setup(patched_dir: str, port: int):
     import megatron.core.pipeline_parallel.schedules as schedules
 
     schedules.torch = CpuScheduleTorch(torch)
-    shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160,
-                          num_attention_heads=4, num_query_groups=2, vocab_size=128,
-                          seq_length=32)
+    shape = tiny_shape(me)
     return me, shape
 
 
@@ -327,9 +326,7 @@ def pipeline_worker(rank: int, world: int, patched_dir: str, port: int, out_dir:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         schedules.torch = CpuScheduleTorch(torch)
-        shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160,
-                              num_attention_heads=4, num_query_groups=2, vocab_size=128,
-                              seq_length=32)
+        shape = tiny_shape(me)
         # isend/irecv pairs (gloo has no batched p2p)
         model = me.build_llama_model(shape, pipeline_dtype=torch.float32, batch_p2p_comm=False,
                                      pipeline_model_parallel_size=world)

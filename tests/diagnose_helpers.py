@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 import torch
+from capture_helpers import tiny_shape
 from capture_runtime_helpers import CpuScheduleTorch, _set_env, _use_tree
 
 SCENARIOS = ("nan_forward", "nan_backward", "growth", "healthy")
@@ -140,9 +141,7 @@ def diagnose_worker(rank: int, world: int, patched_dir: str, port: int, out_dir:
         from megatron.core import tensor_saver as ts
 
         schedules.torch = CpuScheduleTorch(torch)
-        shape = me.LlamaShape(num_layers=2, hidden_size=64, ffn_hidden_size=160,
-                              num_attention_heads=4, num_query_groups=2, vocab_size=128,
-                              seq_length=32)
+        shape = tiny_shape(me)
         model = me.build_llama_model(shape)
         init = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
         for i, scen in enumerate(SCENARIOS):
