@@ -28,20 +28,25 @@ FP16_MIN_SUBNORMAL = float(_FP16.smallest_subnormal)
 FP16_MIN_NORMAL = float(_FP16.smallest_normal)
 
 
-class Severity(IntEnum):
+class _Level(IntEnum):
+    """A three-level scale read from a command line (low / medium / high)."""
+
+    @classmethod
+    def parse(cls, text: str):
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown {cls.__name__.lower()} {text!r}; "
+                             "use low, medium or high") from None
+
+
+class Severity(_Level):
     LOW = 1
     MEDIUM = 2
     HIGH = 3
 
-    @classmethod
-    def parse(cls, text: str) -> "Severity":
-        try:
-            return cls[text.upper()]
-        except KeyError:
-            raise ValueError(f"unknown severity {text!r}; use low, medium or high") from None
 
-
-class Confidence(IntEnum):
+class Confidence(_Level):
     """How sure the checker is that a finding's pattern is live in mixed-precision training:
     HIGH, the training (autocast, a scaler, a low-precision model that an optimizer steps) is
     seen; MEDIUM, the precision is decided outside the scan (a library, a launcher's config);
@@ -49,13 +54,6 @@ class Confidence(IntEnum):
     LOW = 1
     MEDIUM = 2
     HIGH = 3
-
-    @classmethod
-    def parse(cls, text: str) -> "Confidence":
-        try:
-            return cls[text.upper()]
-        except KeyError:
-            raise ValueError(f"unknown confidence {text!r}; use low, medium or high") from None
 
 
 NO_TRAINING_NOTE = " (no training seen; if this runs under AMP, {why})"
