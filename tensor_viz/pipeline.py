@@ -142,9 +142,37 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
     ds.whatif_formats = tuple(whatif)
     if opts.whatif and not quant_ok:
         ds.notes["quantization_analysis"] = "the quant package (quantize, metrics) is not available"
+    tasks = _file_tasks(chosen, whatif, opts)
+    pairs = _pairs(ds.entries, opts) if quant_ok else []
+    tasks += [PairTask(hp.path, q.path) for hp, q in pairs]
+    results = list(run_tasks(tasks, workers=opts.workers, progress=opts.progress,
+                             timeout=opts.worker_timeout))
+    dropped: set[int] = set()
+    whatif_failures: dict[tuple[str, str], int] = {}
+    for e, res in zip(chosen, results):
+        _apply_file_result(e, res, catalog, dropped, whatif_failures)
+    for (hp, q), res in zip(pairs, results[len(chosen):]):
+        if "error" in res:
+            kind, reason = res["error"]
+            catalog.problems.append(Problem(q.path or "", kind, reason))
+        elif id(hp) not in dropped and id(q) not in dropped:
+            ds.pairs.append(PairError(hp, q, res["errors"]))
+    for (fmt, msg), n in sorted(whatif_failures.items()):
+        catalog.problems.append(Problem(f"(what-if format {fmt})", "whatif", f"failed on {n} tensors: {msg}"))
+    ds.entries = [e for e in ds.entries if id(e) not in dropped]
+    catalog.entries = ds.entries
+    from tensor_viz import numerics_data
+
+    ds.numerics = numerics_data.rows(ds.entries)
+    return catalog, ds, len(chosen)
+
+
+def _file_tasks(chosen: list[Entry], whatif, opts: Options) -> list[FileTask]:
+    """One read per chosen file; the what-if numbers for the first file of each (label, format)
+    only, and heat maps for the first 24 labels, so that a large capture stays quick to draw."""
     whatif_done: set = set()
-    tasks: list[FileTask | PairTask] = []
     heat_done: set = set()
+    tasks = []
     for e in chosen:
         wants_whatif = bool(whatif) and e.variant != schema.VARIANT_QUANTIZED and len(whatif_done) < opts.whatif_files \
             and (e.label, e.name.quant_type) not in whatif_done
@@ -155,45 +183,28 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
         tasks.append(FileTask(path=e.path, sample_size=opts.sample_size, seed=opts.seed,
                               need_stats=e.stats is None, range_formats=(e.name.quant_type,), heat=heat,
                               whatif=tuple(whatif) if wants_whatif else (), whatif_elems=opts.whatif_elems))
-    pairs = _pairs(ds.entries, opts) if quant_ok else []
-    tasks += [PairTask(hp.path, q.path) for hp, q in pairs]
-    dropped: set[int] = set()
-    whatif_failures: dict[tuple[str, str], int] = {}
-    results = run_tasks(tasks, workers=opts.workers, progress=opts.progress,
-                        timeout=opts.worker_timeout)
-    for i, res in enumerate(results):
-        if i < len(chosen):
-            e = chosen[i]
-            if "error" in res:
-                kind, reason = res["error"]
-                catalog.problems.append(Problem(e.path or "", kind, reason))
-                if e.stats is None:
-                    dropped.add(id(e))
-                continue
-            for k, v in res.get("meta", {}).items():
-                e.meta.setdefault(k, v)
-            if e.stats is None:
-                e.stats = res.get("stats")
-            e.sample, e.heat = res.get("sample"), res.get("heat")
-            e.whatif = {f: m for f, m in (res.get("whatif") or {}).items() if "error" not in m}
-            for f, m in (res.get("whatif") or {}).items():
-                if "error" in m:
-                    whatif_failures[(f, m["error"])] = whatif_failures.get((f, m["error"]), 0) + 1
-        else:
-            hp, q = pairs[i - len(chosen)]
-            if "error" in res:
-                kind, reason = res["error"]
-                catalog.problems.append(Problem(q.path or "", kind, reason))
-            elif id(hp) not in dropped and id(q) not in dropped:
-                ds.pairs.append(PairError(hp, q, res["errors"]))
-    for (fmt, msg), n in sorted(whatif_failures.items()):
-        catalog.problems.append(Problem(f"(what-if format {fmt})", "whatif", f"failed on {n} tensors: {msg}"))
-    ds.entries = [e for e in ds.entries if id(e) not in dropped]
-    catalog.entries = ds.entries
-    from tensor_viz import numerics_data
+    return tasks
 
-    ds.numerics = numerics_data.rows(ds.entries)
-    return catalog, ds, len(chosen)
+
+def _apply_file_result(e: Entry, res: dict, catalog: Catalog, dropped: set[int],
+                       whatif_failures: dict[tuple[str, str], int]) -> None:
+    """Fold one file's read into its entry; an unreadable file becomes a problem, and is dropped
+    when nothing about it was known before."""
+    if "error" in res:
+        kind, reason = res["error"]
+        catalog.problems.append(Problem(e.path or "", kind, reason))
+        if e.stats is None:
+            dropped.add(id(e))
+        return
+    for k, v in res.get("meta", {}).items():
+        e.meta.setdefault(k, v)
+    if e.stats is None:
+        e.stats = res.get("stats")
+    e.sample, e.heat = res.get("sample"), res.get("heat")
+    e.whatif = {f: m for f, m in (res.get("whatif") or {}).items() if "error" not in m}
+    for f, m in (res.get("whatif") or {}).items():
+        if "error" in m:
+            whatif_failures[(f, m["error"])] = whatif_failures.get((f, m["error"]), 0) + 1
 
 
 def _pairs(entries: list[Entry], opts: Options) -> list[tuple[Entry, Entry]]:
