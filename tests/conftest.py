@@ -36,7 +36,7 @@ SLOW_TIERS = {
     "test_te_real.py": ("multiprocess",),     # TE's wheel (cached), one process per version
     "test_te_megatron_lm.py::test_mistakes_are_one_line": ("multiprocess",),
     "test_capture_patch_versions.py::test_release_*": ("megatron",),  # downloads each release
-    "test_capture_driver.py": ("megatron", "multiprocess"),     # issue 10's capture runtime
+    "test_capture_driver.py": ("megatron", "multiprocess"),     # the capture runtime
     "test_capture_numerics.py::test_tiny_llama_*": ("megatron", "multiprocess"),
     "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
     "test_capture_schedule.py::sched": ("megatron", "multiprocess"),

@@ -35,9 +35,9 @@ MUST_NOT_IMPORT: dict[str, frozenset[str]] = {
 }
 #: file -> why it may break its package's row (each says when it goes away).
 EXCEPTIONS: dict[str, str] = {
-    # issue 11 item 1 (wt-numerics): these move to quant_tools/; the seed path stays a shim
+    # the command-line tools live in quant_tools/; the original script path stays a shim
     # that runs quant_tools' command, so it keeps importing it.
-    "quant/mxfp_scaling_test.py": "the seed's script path: a shim that runs the sweep command",
+    "quant/mxfp_scaling_test.py": "the original script path: a shim that runs the sweep command",
 }
 PROJECT = {p.split("/")[0] for p in MAY_IMPORT} | {"quant_tools"}
 #: te_integration modules that may import Transformer Engine at module level (the rest import it
@@ -92,7 +92,7 @@ def _module_level_imports(path: Path) -> set[str]:
 
 
 def test_transformer_engine_is_imported_at_module_level_only_where_it_must_be() -> None:
-    """Issue 20: the factory, the features and their folder load without TE installed."""
+    """The factory, the features and their folder load without TE installed."""
     bad = [p.relative_to(REPO).as_posix() for p in _files("te_integration")
            if "transformer_engine" in _module_level_imports(p)
            and p.relative_to(REPO).as_posix() not in TE_AT_IMPORT]

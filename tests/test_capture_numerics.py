@@ -1,4 +1,4 @@
-"""What-if numerics at capture (issue 12, item 1) and the report's numerics.csv (item 4's table).
+"""What-if numerics at capture and the report's numerics.csv.
 
 Fast tests feed plain tensors to quant.whatif and to a TensorSaver and re-derive the numbers
 independently (block amax by reshaping, floor(log2) by math.frexp, SQNR by its formula in

@@ -1,4 +1,4 @@
-"""What-if numerics to TensorBoard (issue 12, item 5): read the event files back.
+"""What-if numerics to TensorBoard: read the event files back.
 
 The driver run (Megatron's path, --tensorboard-dir) is checked in
 tests/test_capture_numerics.py's 3-iteration tiny-Llama test; here the saver alone, its tags,

@@ -74,7 +74,7 @@ def test_process_exit_status_and_no_traceback(tmp_path):
 
 @pytest.mark.parametrize("inherited", ["ignored", "blocked"])
 def test_ctrl_c_is_honoured_when_inherited_ignored_or_blocked(tmp_path, inherited):
-    """Issue 15: a command started in the background of a script inherits SIGINT ignored, and
+    """A command started in the background of a script inherits SIGINT ignored, and
     Python then never raises KeyboardInterrupt: Ctrl-C was lost. cli_entry turns it back on
     (and unblocks it) for the command's run; the caller's setting is back afterwards."""
     import signal

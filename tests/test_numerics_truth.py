@@ -91,7 +91,7 @@ def test_every_path_counts_the_same(fmt):
 
     assert risk["sqnr_db"] == judge(x.float(), fmt, -1).sqnr_db
 
-    # severities are the seed's rule on the matching ratio
+    # severities are quant.analysis's rule on the matching ratio
     assert ref.overflow_severity == severity(ref.overflow_count / n)
     assert ref.underflow_severity == severity(ref.underflow_count / n)
     assert ref.flush_to_zero_severity == severity(ref.flush_to_zero_count / n)

@@ -1,4 +1,4 @@
-"""Format lists, metadata names and "is capture on?" each have one definition (issue 11)."""
+"""Format lists, metadata names and "is capture on?" each have one definition."""
 from __future__ import annotations
 
 import pytest

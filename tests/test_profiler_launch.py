@@ -1,4 +1,4 @@
-"""Launch hazards (issue 18 item 5): a launch script of our own with each hazard, caught line by
+"""Launch hazards: a launch script of our own with each hazard, caught line by
 line; the clean twin has none; bad files are one line each and the scan goes on."""
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def _cli(*args: str):
     (["--mode", "mxfp8", "--num-layers", "0"], "--num-layers >= 1"),
 ])
 def test_cli_mistake_is_one_line_before_megatron(args, message) -> None:
-    """Issue 15: a bad --mode printed 14 lines of megatron-core warnings first. Now the
+    """A bad --mode printed 14 lines of megatron-core warnings first. Now the
     arguments are checked before megatron is imported: one line, exit 2."""
     out = _cli(*args)
     assert out.returncode == 2, out.stderr

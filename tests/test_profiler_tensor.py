@@ -55,7 +55,7 @@ def test_the_issue_example_a_gaussian_is_not_high_and_a_planted_imbalance_is() -
 
 
 def test_small_gradients_are_not_called_safe() -> None:
-    """Issue 15, finding 1: gradient-sized values (normal * 1e-6) flush in fp8 and hifp8 and
+    """Gradient-sized values (normal * 1e-6) flush in fp8 and hifp8 and
     underflow fp16; the verdict said LOW / looks safe."""
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(512, 256, generator=g) * 1e-6).to(torch.bfloat16)

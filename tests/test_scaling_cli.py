@@ -188,7 +188,7 @@ def test_runs_as_a_file_from_the_repo_root_and_as_console_script(inputs, tmp_pat
 
 
 def test_failed_sweeps_leave_nothing_behind(inputs, tmp_path):
-    """Issue 15, finding 4: a failed sweep left draw/scaling_analysis/<name>/ holding only a
+    """A failed sweep left draw/scaling_analysis/<name>/ holding only a
     log. Now its outputs are staged and dropped: no folder, no log, no partial file."""
     names = ["ints.pt", "garbage.pt", "notensor.pt", "nan.pt"]
     code, out, _ = _run([*(inputs / n for n in names), "--num-levels", "3",

@@ -327,7 +327,7 @@ def test_no_recommendation_where_the_levels_cannot_carry_one(case):
 
 
 def test_degenerate_alignment_is_widened_by_the_stated_rule():
-    """Issue 15, finding 2: max and min alignment both -16 swept '1 levels from -16 to -16'
+    """Max and min alignment both -16 swept '1 levels from -16 to -16'
     and still said 'stable' and 'balanced'. Now the range is -16 +- ceil(span / 2)."""
     for fmt in FORMATS:
         grid = ss.get_element_grid(fmt)

@@ -1,4 +1,4 @@
-"""Issue 20: our numerics in Transformer Engine's debug API and our formats inside TE linears.
+"""Our numerics in Transformer Engine's debug API and our formats inside TE linears.
 
 The debug features run through ``nvdlfw_inspect.api.initialize(config_file=..., feature_dirs=
 [our folder, the TE-namespace stand-in])`` and a TE 2.20 linear's calls

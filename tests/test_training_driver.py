@@ -184,7 +184,7 @@ def test_stop_file_ends_the_run_cleanly_with_a_checkpoint(small_data, tmp_path):
 @pytest.mark.parametrize("kw", [dict(dtype="fp8"), dict(transformer_impl="te")])
 def test_emulation_on_te_linears_runs_the_custom_recipe(small_data, monkeypatch, kw):
     """CUSTOM_QUANT_TYPE never silently does nothing on Transformer Engine linears: it selects
-    TE's custom recipe with our quantizer factory (issue 20), and a TE too old for it is one
+    TE's custom recipe with our quantizer factory, and a TE too old for it is one
     line naming the version needed.
 
     TE needs CUDA, so its presence and version are stubbed (what this CPU cannot provide)."""

@@ -131,7 +131,7 @@ def _ctrl_c(proc: subprocess.Popen, to: str = "group") -> tuple[str, str, float]
                                        ("ignored", "collector")])
 def test_ctrl_c_leaves_saved_tensors_intact(small_data, tmp_path, sigint, to):
     """Ctrl-C once training runs (the collector's ready file, not a file count): collector and
-    training stop within seconds, exit 130, the saved files are whole. "ignored" is issue 15's
+    training stop within seconds, exit 130, the saved files are whole. "ignored" was a real
     failure: launched with SIGINT ignored, both ran all 400 iterations and exited 0.
     "collector": SIGINT to the collector only; it stops training itself."""
     proc = _start_collector(small_data, tmp_path, sigint)
@@ -176,7 +176,7 @@ def test_ctrl_c_while_training_starts(small_data, tmp_path):
     (0, 0, None),
 ])
 def test_torchrun_wrapper_never_adds_a_traceback(tmp_path, rank_code, code, extra):
-    """Issue 15: torchrun printed ~30 lines of ChildFailedError traceback after a rank's own
+    """Torchrun printed ~30 lines of ChildFailedError traceback after a rank's own
     one-line message and exited 1. The launchers' training_driver.torchrun keeps the rank's
     status (2 stays 2) and adds at most one line."""
     script = tmp_path / "rank.py"
@@ -442,7 +442,7 @@ def _dry_run_argv(out: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.parametrize("quant", ["mxfp8", "nvfp4", ""])
 def test_example_script_te_linears_with_custom_quant_type_get_the_custom_recipe(
         small_data, tmp_path, quant):
-    """Issue 20: DTYPE fp8 selects Transformer Engine linears; with CUSTOM_QUANT_TYPE set the
+    """DTYPE fp8 selects Transformer Engine linears; with CUSTOM_QUANT_TYPE set the
     launcher passes Megatron-LM's custom recipe with our quantizer factory (read here from
     the command DRY_RUN=1 prints; no GPU needed to see it), without it TE's hybrid FP8."""
     checkout = _standin_checkout(tmp_path)
@@ -546,7 +546,7 @@ def test_example_script_dry_run_prints_the_driver_command(small_data, tmp_path):
 
 @pytest.mark.parametrize("model,writes", [("tiny", "~2.1 MB"), ("llama32_1b", "")])
 def test_example_script_refuses_a_run_the_machine_cannot_hold(small_data, tmp_path, model, writes):
-    """Issue 15: the 1B model on a CPU used 16 GB and wrote 2.3 GB of captures before iteration 1
+    """The 1B model on a CPU used 16 GB and wrote 2.3 GB of captures before iteration 1
     finished, after only a "very slow" note. The launcher estimates before anything starts;
     here one captured iteration (~2.1 MB for the tiny model in bf16; GBs for the 1B) exceeds a
     1 MB byte budget: one line with the numbers and the override (no note before it), exit 2,

@@ -1,4 +1,4 @@
-"""The columnar index of the manifests (issue 17): every record counted, bad lines counted and
+"""The columnar index of the manifests: every record counted, bad lines counted and
 named, incremental refresh, rebuilds, a second reader, outlier ranks, numerics.csv by DuckDB.
 
 The captures are written by the real TensorSaver (stats-only, what-if numerics on) as several

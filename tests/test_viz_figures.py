@@ -1,6 +1,6 @@
 """Figure layout and honest subsets: figures.layout_problems catches what a reader stumbles on
 (it can fail: built-to-fail figures below), save_png's tidying fixes it, and a report on a
-one-iteration, no-overflow, gradient-heavy capture draws the layouts issue 15 asked for."""
+one-iteration, no-overflow, gradient-heavy capture draws readable layouts."""
 from __future__ import annotations
 
 import sys

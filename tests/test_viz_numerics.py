@@ -1,4 +1,4 @@
-"""The report's what-if numerics (issue 12, item 4): the whatif_numerics/ figures, the per-layer
+"""The report's what-if numerics: the whatif_numerics/ figures, the per-layer
 summary table, numerics.csv's short-axis mark and the interactive view in index.html.
 
 A capture of 3 iterations x 2 layers x 2 ranks is written by the real saver with the default

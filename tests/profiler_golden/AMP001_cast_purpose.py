@@ -1,4 +1,4 @@
-"""Casts with a purpose other than training are not manual casts in training (issue 18)."""
+"""Casts with a purpose other than training are not manual casts in training."""
 import copy
 
 import torch

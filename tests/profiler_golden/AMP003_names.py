@@ -1,4 +1,4 @@
-"""AMP003 judges what a call does, not what it is called (issue 18)."""
+"""AMP003 judges what a call does, not what it is called."""
 import torch.nn.functional as F
 from torch import nn
 from torch.amp import autocast

@@ -1,4 +1,4 @@
-"""Deprecated names are reported only where they run (issue 18)."""
+"""Deprecated names are reported only where they run."""
 from typing import Optional
 
 import torch

@@ -1,4 +1,4 @@
-"""A GradScaler passed in, or held by a wrapper, is still a GradScaler (issue 18)."""
+"""A GradScaler passed in, or held by a wrapper, is still a GradScaler."""
 import time
 
 import torch

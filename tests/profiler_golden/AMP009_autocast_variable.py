@@ -1,4 +1,4 @@
-"""The non-AMP branch is not the AMP path; an unscaled float16 path still is found (issue 18)."""
+"""The non-AMP branch is not the AMP path; an unscaled float16 path still is found."""
 from contextlib import nullcontext
 from functools import partial
 

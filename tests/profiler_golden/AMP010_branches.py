@@ -1,4 +1,4 @@
-"""Clipping on the non-AMP branch, or after an unscale done by a helper, is fine (issue 18)."""
+"""Clipping on the non-AMP branch, or after an unscale done by a helper, is fine."""
 import torch
 
 
