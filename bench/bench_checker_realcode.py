@@ -1,5 +1,5 @@
 """amp-static-check on public training code: precision on hand-labelled findings, recall on real
-AMP bugs, and the time to scan a real ~10,000-line tree (issue 18 item 4).
+AMP bugs, and the time to scan a real ~10,000-line tree.
 
     python bench/bench_checker_realcode.py [--corpus bench/realcode/corpus.json]
         [--bugs bench/realcode/bugs.json] [--mirrors /work/.mirror] [--cache /tmp/realcode_cache]

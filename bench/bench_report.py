@@ -1,11 +1,11 @@
-"""Full visualization report of a large capture vs the seeds' way (load every value).
+"""Full visualization report of a large capture vs the naive way (load every value).
 
 Generates N tensor files (default 2,000, >= 1 GiB in all) through the real TensorSaver in a
 temporary directory, then times two child processes on the same directory:
 
 - ours: ``python -m tensor_viz.full`` (stats from the manifest; values read only from a
   seeded sample of files, one file at a time, in 2 worker processes; every figure + index.html);
-- baseline (the seeds' way): load every tensor fully into memory, compute per-file statistics
+- baseline (the naive way): load every tensor fully into memory, compute per-file statistics
   from the values, concatenate everything, draw the quick view and per-group histograms from
   all values. It draws fewer figures than ours, so the ratio understates the difference.
 

@@ -13,6 +13,9 @@ from .formats import SCALING_MX, FormatSpec
 
 SCALE_KIND_MX = "e8m0_exponent"
 SCALE_KIND_NVFP4 = "e4m3_scale"
+#: the scalar numbers every format's record has (:func:`element_dict`); TensorBoard, the report's
+#: numerics table and TE's debug feature all read this list, so a new number reaches all three
+WHATIF_SCALARS = ("sqnr_db", "rel_error", "overflow_ratio", "underflow_ratio", "flush_ratio")
 
 
 def int_histogram(values: torch.Tensor) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from quant.whatif_record import WHATIF_SCALARS
+
 from . import inspect_support, names, options
 
 inspect_support.require()
@@ -30,7 +32,6 @@ from nvdlfw_inspect.logging import MetricLogger  # noqa: E402
 from nvdlfw_inspect.registry import api_method  # noqa: E402
 
 #: the numbers of quant.whatif logged per format (keys of its result)
-WHATIF_SCALARS = ("sqnr_db", "rel_error", "overflow_ratio", "underflow_ratio", "flush_ratio")
 
 
 def stat_name(layer_name: str, tensor_name: str, fmt: str, number: str) -> str:

@@ -24,10 +24,12 @@ import sys
 import threading
 from typing import Any, Callable
 
+from quant.whatif_record import WHATIF_SCALARS
+
 from . import schema
 
 #: what-if metrics written as scalars (quant.whatif's keys)
-SCALARS = ("sqnr_db", "rel_error", "overflow_ratio", "underflow_ratio", "flush_ratio")
+SCALARS = WHATIF_SCALARS
 #: the events file's suffix, so ours are told from Megatron's in the same folder
 FILE_SUFFIX = ".tensor_numerics"
 

@@ -17,6 +17,7 @@ import os
 from collections import defaultdict
 from typing import Any, Iterable
 
+from quant.whatif_record import WHATIF_SCALARS
 from tensor_capture import schema
 from tensor_viz.catalog import Entry
 
@@ -24,10 +25,10 @@ from tensor_viz.catalog import Entry
 NAME_FIELDS = ("layer_type", "layer_idx", "operation", "phase", "component", "tensor_name",
                "iteration", "rank")
 #: quant.whatif's numbers, over all elements
-NUMBER_FIELDS = ("sqnr_db", "rel_error", "overflow_ratio", "underflow_ratio", "flush_ratio")
+NUMBER_FIELDS = WHATIF_SCALARS
 FALLBACK_MAX_FILES = 200
 SOURCE_CAPTURE, SOURCE_RECOMPUTED = "capture", "recomputed"
-#: the seed's grouping of captured tensors (tensor_naming_rules.md): phase x component
+#: how users group captured tensors: phase (pre/post) x component (attention / linear)
 GROUP_ORDER = (("pre", "FA"), ("post", "FA"), ("pre", "linear"), ("post", "linear"))
 
 Row = dict[str, Any]
@@ -171,7 +172,7 @@ def scale_kind(table: list[Row], fmt: str) -> str | None:
 
 def by_phase_component(table: list[Row], fmt: str, value: str = "sqnr_db"
                        ) -> dict[tuple[str, str], list[float]]:
-    """{(phase, component): finite values of ``fmt``}, the seed's four groups first."""
+    """{(phase, component): finite values of ``fmt``}, the four known groups first."""
     out: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in table:
         if r["format"] == fmt and _finite(r.get(value)):

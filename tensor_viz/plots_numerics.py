@@ -2,9 +2,9 @@
 (tensor_viz.numerics_data's rows; numerics.csv holds them all).
 
 Three figures: the SQNR timeline (one panel per what-if format, one line per layer x tensor,
-coloured by the seed's phase x component group), the block-scale histograms (MX E8M0 exponent,
+coloured by phase x component group), the block-scale histograms (MX E8M0 exponent,
 NVFP4 E4M3 block scale, summed over tensors, forward and backward apart) and SQNR grouped by
-phase (pre/post) and component (FA/linear), the seed's grouping (tensor_naming_rules.md).
+phase (pre/post) and component (FA/linear): the grouping users read captures by.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ BLOCKS_AXIS = "blocks (count, log)"
 #: block-scale kind -> x-axis label of its histogram
 SCALE_AXIS = {SCALE_KIND_MX: "E8M0 shared exponent (power of 2)",
               SCALE_KIND_NVFP4: "E4M3 block scale (log2 binade)"}
-#: the seed's groups -> colour; other groups (unknown phase/component) are grey
+#: the phase x component groups -> colour; other groups (unknown phase/component) are grey
 GROUP_COLOURS = dict(zip(nd.GROUP_ORDER, ("tab:blue", "tab:cyan", "tab:red", "tab:orange")))
 OTHER_COLOUR = "tab:gray"
 

@@ -60,3 +60,19 @@ def test_capture_on_is_read_from_the_environment_in_one_place(env, on):
 
     assert state.env_requests_activity is env_requests_activity
     assert env_requests_activity(env) is on and capture_requested(env) is on
+
+
+def test_whatif_scalars_are_the_keys_every_whatif_record_has():
+    """TensorBoard, the report's numerics table and TE's debug feature read one list; a number
+    the record gains or loses must show in that list, or a consumer would silently miss it."""
+    import torch
+
+    from quant.whatif import whatif
+    from quant.whatif_record import WHATIF_SCALARS
+    from tensor_capture import tensorboard
+    from tensor_viz import numerics_data
+
+    record = whatif(torch.randn(64, 64), "mxfp8")
+    scalar_keys = {k for k, v in record.items() if isinstance(v, float) and k != "axis"}
+    assert scalar_keys == set(WHATIF_SCALARS)
+    assert tensorboard.SCALARS is numerics_data.NUMBER_FIELDS is WHATIF_SCALARS

@@ -1,6 +1,6 @@
 """P2: ``analyze_tensor`` — why would this tensor suffer in low precision?
 
-Case 1 of the seed: one channel of a tensor lives at 1e3, another at 1e0; in a bf16 reduction the
+The classic case: one channel of a tensor lives at 1e3, another at 1e0; in a bf16 reduction the
 small one is below half an ulp of the big one and vanishes ("big numbers eat small ones"). The
 report measures exactly that (per-channel statistics and the ratio between channels), plus the
 two things that decide whether a block-scaled format can hold the tensor: the dynamic range
@@ -86,7 +86,7 @@ def analyze_tensor(tensor: torch.Tensor, name: str = "tensor", *, channel_axis: 
     plus per-channel absmax, block-wise dynamic range and per-format overflow/flush fractions.
 
     "Dimension" means an index along ``channel_axis`` (the last axis by default: the features
-    of a [tokens, features] activation, the columns of the seed's [1000, 2] bbox tensor).
+    of a [tokens, features] activation, the columns of a [N, 2] box-coordinate tensor).
     """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         raise ValueError(f"{name}: analyze_tensor needs a floating-point tensor, got "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Enhanced analysis (the seed's twelve draw/ folders, numerics map, index.html) of a captured-tensor directory.
+"""Enhanced analysis (the twelve draw/ folders, numerics map, index.html) of a captured-tensor directory.
 
 Thin wrapper over ``tensor_viz.enhanced_visualizer`` so it runs from a checkout without installing:
 ``python script/visualization/enhanced_tensor_visualizer.py --tensor_dir ./tensor_logs --output_dir ./draw`` (see --help).
