@@ -11,22 +11,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from training_profiler import amp_bug_rules as bugs
 from training_profiler import amp_loose as loose
+from training_profiler.amp_rules import BUG_KIND_RULES
 from training_profiler.amp_rules import RULES as BASE_RULES
-from training_profiler.amp_rules import Rule, RuleVisitor
+from training_profiler.amp_rules import (EvalLossOutsideAutocast, EpsAgainstParameters, GradsChangedBeforeUnscale,
+                                         MaskConstantAgainstTraining, Rule, RuleVisitor, UnusedUpcastSoftmax)
 
 # rule id -> visitors run after the rule's own one
 EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
     "AMP001": (loose.LooseManualCast,),
     "AMP002": (loose.LooseBce,),
-    "AMP003": (bugs.EvalLossOutsideAutocast,),
-    "AMP004": (bugs.UnusedUpcastSoftmax, loose.LooseSoftmax),
+    "AMP003": (EvalLossOutsideAutocast,),
+    "AMP004": (UnusedUpcastSoftmax, loose.LooseSoftmax),
     "AMP005": (loose.LooseReduction,),
     "AMP006": (loose.LooseAutogradFunction,),
-    "AMP010": (bugs.GradsChangedBeforeUnscale,),
-    "AMP011": (bugs.MaskConstantAgainstTraining,),
-    "AMP012": (bugs.EpsAgainstParameters,),
+    "AMP010": (GradsChangedBeforeUnscale,),
+    "AMP011": (MaskConstantAgainstTraining,),
+    "AMP012": (EpsAgainstParameters,),
 }
 
 
@@ -42,6 +43,6 @@ def _chained(first: type[RuleVisitor], more: tuple[type[RuleVisitor], ...]) -> t
 
 RULES: tuple[Rule, ...] = tuple(
     replace(r, visitor=_chained(r.visitor, EXTENSIONS[r.id])) if r.id in EXTENSIONS else r
-    for r in BASE_RULES) + bugs.NEW_RULES
+    for r in BASE_RULES) + BUG_KIND_RULES
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}
