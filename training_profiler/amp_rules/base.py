@@ -37,7 +37,8 @@ class Confidence(_Level):
     """How sure the checker is that a finding's pattern is live in mixed-precision training:
     HIGH, the training (autocast, a scaler, a low-precision model that an optimizer steps) is
     seen; MEDIUM, the precision is decided outside the scan (a library, a launcher's config);
-    LOW, no training is seen at all: the seed's pattern only, reported in case it runs under AMP."""
+    LOW, no training is seen at all: the documented pattern only, reported in case it runs
+    under AMP."""
     LOW = 1
     MEDIUM = 2
     HIGH = 3
