@@ -1,32 +1,35 @@
 """Every AMP rule the checker runs, in one table.
 
-The original rules (``amp_rules``) judge a pattern where mixed-precision training is seen. Two
-families extend them without growing that module: ``amp_loose`` reports the seed's patterns where
-no training is seen (at LOW confidence, saying why), and ``amp_bug_rules`` covers bug kinds that
-public projects fixed (values judged against the precision a model trains in, checkpoints without
-the loss scale, long reductions of attention products). An extension that belongs to an existing
-rule runs after that rule's own visitor under the same id; the first hit at a position wins.
+The rules of ``training_profiler.amp_rules`` (one module per family, each rule declared on its
+visitor) judge a pattern where mixed-precision training is seen. Extension visitors reach further
+under the same id: ``amp_loose`` reports the documented patterns where no training is seen (at LOW
+confidence, saying why), and visitors in the rule's own family module cover bug kinds public
+projects fixed (values judged against the precision a model trains in, evaluation losses, unused
+float32 copies). ``EXTENSIONS`` names them; each runs after the rule's own visitor, and the first
+hit at a position wins. The bug-kind rules (``amp_rules.BUG_KIND_RULES``: checkpoints without the
+loss scale, long reductions of attention products) follow the documented ones.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from training_profiler import amp_bug_rules as bugs
 from training_profiler import amp_loose as loose
+from training_profiler.amp_rules import BUG_KIND_RULES
 from training_profiler.amp_rules import RULES as BASE_RULES
-from training_profiler.amp_rules import Rule, RuleVisitor
+from training_profiler.amp_rules import (EvalLossOutsideAutocast, EpsAgainstParameters, GradsChangedBeforeUnscale,
+                                         MaskConstantAgainstTraining, Rule, RuleVisitor, UnusedUpcastSoftmax)
 
 # rule id -> visitors run after the rule's own one
 EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
     "AMP001": (loose.LooseManualCast,),
     "AMP002": (loose.LooseBce,),
-    "AMP003": (bugs.EvalLossOutsideAutocast,),
-    "AMP004": (bugs.UnusedUpcastSoftmax, loose.LooseSoftmax),
+    "AMP003": (EvalLossOutsideAutocast,),
+    "AMP004": (UnusedUpcastSoftmax, loose.LooseSoftmax),
     "AMP005": (loose.LooseReduction,),
     "AMP006": (loose.LooseAutogradFunction,),
-    "AMP010": (bugs.GradsChangedBeforeUnscale,),
-    "AMP011": (bugs.MaskConstantAgainstTraining,),
-    "AMP012": (bugs.EpsAgainstParameters,),
+    "AMP010": (GradsChangedBeforeUnscale,),
+    "AMP011": (MaskConstantAgainstTraining,),
+    "AMP012": (EpsAgainstParameters,),
 }
 
 
@@ -42,6 +45,6 @@ def _chained(first: type[RuleVisitor], more: tuple[type[RuleVisitor], ...]) -> t
 
 RULES: tuple[Rule, ...] = tuple(
     replace(r, visitor=_chained(r.visitor, EXTENSIONS[r.id])) if r.id in EXTENSIONS else r
-    for r in BASE_RULES) + bugs.NEW_RULES
+    for r in BASE_RULES) + BUG_KIND_RULES
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}

@@ -9,6 +9,7 @@ the code does (calls, context managers, ``requires_grad_``), not from how things
 from __future__ import annotations
 
 import ast
+import functools
 
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler import amp_values as av
@@ -280,3 +281,31 @@ def on_non_amp_branch(ctx: FileContext, node: ast.AST) -> bool:
                 return True
         child = a
     return False
+
+
+# ---- casts the training makes ------------------------------------------------------------
+def _per_module(fn):
+    """Cache a module-wide fact on the module's context: the rules ask it once per node."""
+    key = "_fact_" + fn.__name__
+
+    @functools.wraps(fn)
+    def cached(ctx: FileContext):
+        if key not in ctx.__dict__:
+            ctx.__dict__[key] = fn(ctx)
+        return ctx.__dict__[key]
+    return cached
+
+
+def trains(ctx: FileContext) -> bool:
+    """The module runs a training step (a backward that updates parameters, or loss scaling);
+    an inference pipeline or an export script does not, so its casts are not training casts."""
+    return bool(training_backward_calls(ctx) or ctx.scaler_calls)
+
+
+@_per_module
+def training_lowp_casts(ctx: FileContext) -> list[ast.Call]:
+    """Manual low-precision casts whose purpose is training (not a checkpoint copy, an
+    evaluation model, a round trip or a frozen module) in a module that trains, off any
+    non-AMP branch."""
+    return [c for c in ctx.manual_lowp_casts if trains(ctx)
+            and cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_rules import training_lowp_casts
+from training_profiler.amp_intent import training_lowp_casts
 
 FLOAT16 = "float16"
 BFLOAT16 = "bfloat16"

@@ -1,0 +1,80 @@
+"""Where the AMP checker's rules live: each rule's words (id, name, severity, explanation,
+suggestion) are declared on its visitor class, in the visitor's own family module, and the tables
+the checker runs are assembled from the family modules in rule-id order. A rule whose text drifted
+into a table elsewhere, a declared visitor its family forgot to list, or a family module the
+package forgot would each fail here."""
+from __future__ import annotations
+
+import ast
+import inspect
+import pkgutil
+import sys
+from pathlib import Path
+
+import training_profiler.amp_rules as amp_rules
+from training_profiler.amp_catalog import RULES as CHECKED_RULES
+from training_profiler.amp_rules.base import Rule
+
+PACKAGE = Path(amp_rules.__file__).parent
+DECLARED_RULES = amp_rules.RULES + amp_rules.BUG_KIND_RULES
+
+
+def _decorator_call(visitor: type) -> ast.Call:
+    """The ``@declare_rule(...)`` call above ``visitor``'s class statement in its own module."""
+    tree = ast.parse(Path(inspect.getsourcefile(visitor)).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == visitor.__name__)
+    calls = [d for d in cls.decorator_list if isinstance(d, ast.Call)
+             and isinstance(d.func, ast.Name) and d.func.id == "declare_rule"]
+    assert len(calls) == 1, f"{visitor.__name__} is not declared by one @declare_rule on its class"
+    return calls[0]
+
+
+def _constant(node: ast.AST) -> object:
+    assert isinstance(node, ast.Constant), ast.unparse(node)
+    return node.value
+
+
+def test_every_rule_text_is_declared_on_its_visitor_in_the_visitors_module() -> None:
+    assert DECLARED_RULES
+    for rule in DECLARED_RULES:
+        visitor = rule.visitor
+        assert visitor.__module__.startswith("training_profiler.amp_rules."), rule.id
+        assert visitor.rule is rule, rule.id
+        call = _decorator_call(visitor)
+        rule_id, name, severity = call.args
+        kw = {k.arg: k.value for k in call.keywords}
+        assert (_constant(rule_id), _constant(name), ast.unparse(severity)) == \
+            (rule.id, rule.name, f"Severity.{rule.severity.name}"), rule.id
+        assert _constant(kw["explanation"]) == rule.explanation, rule.id
+        assert _constant(kw["suggestion"]) == rule.suggestion, rule.id
+        assert rule.explanation.strip() and rule.suggestion.strip(), rule.id
+
+
+def test_each_family_lists_exactly_the_rules_it_declares() -> None:
+    for family in amp_rules.FAMILIES + amp_rules.BUG_KIND_FAMILIES:
+        declared = {obj.rule for obj in vars(family).values() if inspect.isclass(obj)
+                    and obj.__module__ == family.__name__ and isinstance(vars(obj).get("rule"), Rule)}
+        assert declared and set(family.RULES) == declared, family.__name__
+        assert [r.id for r in family.RULES] == sorted(r.id for r in family.RULES), family.__name__
+
+
+def test_every_family_module_is_assembled_once() -> None:
+    """A module holding a declared rule must be one of the package's families, or its rules
+    would never run."""
+    families = amp_rules.FAMILIES + amp_rules.BUG_KIND_FAMILIES
+    assert len(set(families)) == len(families)
+    for info in pkgutil.iter_modules([str(PACKAGE)]):
+        module = sys.modules[f"{amp_rules.__name__}.{info.name}"]
+        has_rules = any(inspect.isclass(o) and o.__module__ == module.__name__ and "rule" in vars(o)
+                        for o in vars(module).values())
+        assert has_rules == (module in families), info.name
+
+
+def test_tables_are_in_rule_id_order_with_unique_ids_and_names() -> None:
+    for table in (amp_rules.RULES, amp_rules.BUG_KIND_RULES, CHECKED_RULES):
+        ids = [r.id for r in table]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        assert len({r.name for r in table}) == len(table)
+    assert [r.id for r in CHECKED_RULES] == [r.id for r in DECLARED_RULES]
+    assert amp_rules.RULES[-1].id < amp_rules.BUG_KIND_RULES[0].id
+    assert set(amp_rules.RULES_BY_ID) == {r.id for r in amp_rules.RULES}

@@ -1,0 +1,158 @@
+"""Custom ``torch.autograd.Function``s and the compiled kernels they call: no custom_fwd /
+custom_bwd where operands can differ in dtype (AMP006), a kernel buffer fixed to float32
+(AMP017)."""
+from __future__ import annotations
+
+import ast
+
+from training_profiler import amp_values as av
+from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
+
+
+_DTYPE_SENSITIVE = {"mm", "bmm", "matmul", "einsum", "linear", "conv1d", "conv2d", "conv3d",
+                    "addmm", "baddbmm", "addbmm", "conv_transpose2d", "scaled_dot_product_attention"}
+
+
+def _dtype_sensitive(ctx: FileContext, fn: ast.AST) -> str | None:
+    """'kernel' when the body calls compiled code (a module imported from outside torch, or
+    ``torch.ops``: such kernels read every operand as one scalar type), 'matmul' for a matmul or
+    convolution, None for a pass-through or an elementwise rescale."""
+    found = None
+    for n in ast.walk(fn):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
+            found = found or "matmul"
+        if isinstance(n, ast.Call):
+            if _call_is_kernel(ctx, n):
+                return "kernel"
+            q = ctx.call_name(n) or ""
+            if q.startswith("torch.") and q.rsplit(".", 1)[-1] in _DTYPE_SENSITIVE:
+                found = found or "matmul"
+    return found
+
+
+def _is_extension_module(ctx: FileContext, name: str) -> bool:
+    """A compiled extension: a module imported from outside torch/numpy/the standard helpers,
+    or a module-level name bound to a loader call (``ext_loader.load_ext(...)``,
+    ``torch.utils.cpp_extension.load(...)``, ``importlib.import_module(...)``)."""
+    if name in ctx.aliases:
+        return not ctx.aliases[name].startswith(("torch", "math", "numpy", "typing", "functools",
+                                                 "warnings", "logging"))
+    for how, expr in ctx.values.scopes[ctx.tree].names.get(name, []):
+        if how == "assign" and isinstance(expr, ast.Call):
+            callee = (ctx.call_name(expr) or "").rsplit(".", 1)[-1]
+            if "load" in callee or callee == "import_module":
+                return True
+    return False
+
+
+_NOT_FLOAT_OPERAND = ("mask", "index", "indices", "idx", "scale", "stride", "padding", "size", "shape")
+
+
+def _float_operands_to_kernel(ctx: FileContext, forward: ast.FunctionDef) -> int:
+    """How many of forward's tensor inputs reach a compiled kernel call: two float operands can
+    come in different dtypes under autocast, one cannot mix with anything. Masks, indices and
+    sizes (by their conventional names) are not float operands."""
+    params = {a.arg for a in forward.args.args[1:]}
+    params = {p for p in params if not any(w in p.lower() for w in _NOT_FLOAT_OPERAND)}
+    used: set[str] = set()
+    for n in ast.walk(forward):
+        if isinstance(n, ast.Call) and _call_is_kernel(ctx, n):
+            for a in [*n.args, *(k.value for k in n.keywords)]:
+                root = a
+                while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
+                    root = root.func.value  # x.contiguous(), x.float()
+                if isinstance(root, ast.Name) and root.id in params:
+                    used.add(root.id)
+    return len(used)
+
+
+def _call_is_kernel(ctx: FileContext, n: ast.Call) -> bool:
+    """A call into compiled code: ``torch.ops.*``, or a method of an extension module given
+    tensors (names, attributes, call results) and not resolved to anything in the project."""
+    if (ctx.call_name(n) or "").startswith("torch.ops."):
+        return True
+    head = (dotted(n.func) or "").split(".")[0]
+    return (isinstance(n.func, ast.Attribute) and _is_extension_module(ctx, head)
+            and any(isinstance(a, (ast.Name, ast.Attribute, ast.Call)) for a in n.args)
+            and not (ctx.values.kinds(n.func) - {av.EXTERNAL}))
+
+
+def _is_autograd_function(ctx: FileContext, cls: ast.ClassDef) -> bool:
+    return any((ctx.qualname(b) or "") in ("torch.autograd.Function", "torch.autograd.function.Function")
+               for b in cls.bases)
+
+
+@declare_rule(
+    "AMP006", "autograd-function-no-custom-fwd", Severity.MEDIUM,
+    explanation=(
+        "A custom torch.autograd.Function in AMP code receives whatever dtypes autocast produced; "
+        "without custom_fwd/custom_bwd its backward may run with different dtypes than forward."),
+    suggestion=(
+        "Decorate forward with @torch.amp.custom_fwd(device_type=...) and backward with "
+        "@torch.amp.custom_bwd(device_type=...)."))
+class AutogradFunctionNoCustomFwd(RuleVisitor):
+    """A custom Function whose result depends on its operands agreeing in dtype, without
+    custom_fwd/custom_bwd: in AMP code (this module or the project), or, for compiled kernels,
+    in library code whose callers decide whether it runs under autocast (then the finding says
+    so rather than guessing)."""
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        ctx = self.ctx
+        if _is_autograd_function(ctx, node):
+            amp_here = ctx.uses_lowp or ctx.project_uses_amp
+            forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
+            mixes = forward is not None and (_float_operands_to_kernel(ctx, forward) >= 2
+                                             or _dtype_sensitive(ctx, forward) == "matmul")
+            for item in node.body:
+                if not (isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward")):
+                    continue
+                kind = _dtype_sensitive(ctx, item)
+                if kind == "kernel" and not mixes:
+                    kind = None  # a single float operand (plus masks/indices): nothing can mix
+                if kind is None or (not amp_here and kind != "kernel"):
+                    continue
+                want = "custom_fwd" if item.name == "forward" else "custom_bwd"
+                decs = [(ctx.qualname(d.func if isinstance(d, ast.Call) else d) or "")
+                        for d in item.decorator_list]
+                if not any(d.split(".")[-1] == want for d in decs):
+                    note = "" if amp_here else " (autocast is decided by its callers, outside the scan: unknown)"
+                    self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}")
+        self.generic_visit(node)
+
+
+_FLOAT_TENSOR_TYPES = {"torch.cuda.FloatTensor", "torch.FloatTensor"}
+_FACTORIES = {"zeros", "empty", "ones", "full", "rand", "randn"}
+
+
+@declare_rule(
+    "AMP017", "float32-buffer-for-kernel", Severity.MEDIUM,
+    explanation=(
+        "A compiled kernel reads all its operands as one scalar type; a buffer allocated as "
+        "float32 next to float16 inputs (autocast, a half model) is misread or rejected."),
+    suggestion="Allocate from the input: x.new_empty(...), torch.zeros_like(x), or dtype=x.dtype.")
+class Float32BufferForKernel(RuleVisitor):
+    """A custom Function that hands a compiled kernel a buffer fixed to float32
+    (``torch.cuda.FloatTensor(...)``, ``torch.zeros(..., dtype=torch.float32)``) beside its
+    inputs: under autocast or a half model the inputs are float16 and the kernel reads both as
+    one type (mmcv's three_interpolate)."""
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        ctx = self.ctx
+        if _is_autograd_function(ctx, node):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward") \
+                        and _dtype_sensitive(ctx, item) == "kernel":
+                    for c in (n for n in ast.walk(item) if isinstance(n, ast.Call)):
+                        q = ctx.call_name(c) or ""
+                        fixed = q in _FLOAT_TENSOR_TYPES or (
+                            q.startswith("torch.") and q.rsplit(".", 1)[-1] in _FACTORIES
+                            and any(k.arg == "dtype" and ctx.dtype_of(k.value) == "float32" for k in c.keywords))
+                        if fixed:
+                            self.report(c, f"{q.rsplit('.', 1)[-1]}(...) fixes a kernel buffer to float32 "
+                                           f"whatever the inputs' dtype")
+        self.generic_visit(node)
+
+
+# the rules this family declares (the package puts every family's rules in id order)
+RULES: tuple[Rule, ...] = (AutogradFunctionNoCustomFwd.rule, Float32BufferForKernel.rule,)

@@ -1,0 +1,107 @@
+"""What every AMP rule is made of: its levels, its finding, its visitor base and its declaration.
+
+A rule is a ``RuleVisitor`` subclass with its words (id, name, severity, explanation,
+suggestion) declared on the class by ``@declare_rule``, so what a rule says sits beside what it
+looks for. Each visitor only reports; filtering (suppression comments, rule selection) happens in
+``static_checker``.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Callable, ClassVar
+
+from training_profiler.amp_context import FileContext
+
+
+class _Level(IntEnum):
+    """A three-level scale read from a command line (low / medium / high)."""
+
+    @classmethod
+    def parse(cls, text: str):
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown {cls.__name__.lower()} {text!r}; "
+                             "use low, medium or high") from None
+
+
+class Severity(_Level):
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+
+
+class Confidence(_Level):
+    """How sure the checker is that a finding's pattern is live in mixed-precision training:
+    HIGH, the training (autocast, a scaler, a low-precision model that an optimizer steps) is
+    seen; MEDIUM, the precision is decided outside the scan (a library, a launcher's config);
+    LOW, no training is seen at all: the documented pattern only, reported in case it runs
+    under AMP."""
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+
+
+NO_TRAINING_NOTE = " (no training seen; if this runs under AMP, {why})"
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule_id: str
+    severity: Severity
+    path: str
+    line: int
+    col: int
+    message: str
+    explanation: str
+    suggestion: str
+    confidence: Confidence = Confidence.HIGH
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "line": self.line, "col": self.col, "rule": self.rule_id,
+                "severity": self.severity.name, "confidence": self.confidence.name.lower(),
+                "message": self.message, "explanation": self.explanation, "suggestion": self.suggestion}
+
+
+class RuleVisitor(ast.NodeVisitor):
+    """Base visitor: walks the tree and collects (node, message) pairs for its rule."""
+
+    rule: ClassVar[Rule]  # set by @declare_rule on the class that owns a rule
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.ctx = ctx
+        self.hits: list[tuple[ast.AST, str, Confidence]] = []
+
+    def report(self, node: ast.AST, message: str, confidence: Confidence | None = None) -> None:
+        """A hit; its confidence defaults to HIGH, or MEDIUM when the message says the
+        precision is decided outside the scan ("unknown")."""
+        if confidence is None:
+            confidence = Confidence.MEDIUM if message.endswith("unknown)") else Confidence.HIGH
+        self.hits.append((node, message, confidence))
+
+    def run(self) -> list[tuple[ast.AST, str, Confidence]]:
+        self.visit(self.ctx.tree)
+        return self.hits
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    severity: Severity
+    explanation: str
+    suggestion: str
+    visitor: type[RuleVisitor]
+
+
+def declare_rule(rule_id: str, name: str, severity: Severity, *, explanation: str,
+                 suggestion: str) -> Callable[[type[RuleVisitor]], type[RuleVisitor]]:
+    """Class decorator: the rule this visitor checks, written on the visitor so that what the
+    rule says (id, name, severity, explanation, suggestion) and what it looks for are read
+    together. The class gets it as ``cls.rule``; its family module lists it in ``RULES``."""
+    def attach(visitor: type[RuleVisitor]) -> type[RuleVisitor]:
+        visitor.rule = Rule(rule_id, name, severity, explanation, suggestion, visitor)
+        return visitor
+    return attach

@@ -1,0 +1,142 @@
+"""Questions several rule families ask: is this call a loss, which number is this, does this
+branch pick bfloat16, does this module train in float16, did Accelerate set up autocast."""
+from __future__ import annotations
+
+import ast
+import re
+
+import numpy as np
+
+from training_profiler import amp_values as av
+from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import _per_module, training_lowp_casts
+from training_profiler.amp_precision import FLOAT16, own_precisions, trains_in
+from training_profiler.amp_rules.base import NO_TRAINING_NOTE, Confidence
+
+
+_FP16 = np.finfo(np.float16)
+FP16_MAX = float(_FP16.max)
+FP16_MIN_SUBNORMAL = float(_FP16.smallest_subnormal)
+FP16_MIN_NORMAL = float(_FP16.smallest_normal)
+
+
+_LOSS_NAME = re.compile(r"(loss|crit|cross_entropy|nll|mse|bce|kl_div|huber)", re.I)
+_NOT_A_LOSS = {av.SCALER, av.SCALER_FACTORY, av.OPTIMIZER, av.AUTOCAST, av.AUTOCAST_FACTORY,
+               av.CLASS, av.FUNCTION, av.NULL_CONTEXT}
+
+
+def _is_loss_call(ctx: FileContext, call: ast.Call) -> bool:
+    """A call that computes a loss: a torch loss function, an ``nn.*Loss`` module (however it
+    reached this name), or a project function that returns one. Only a callee nothing is known
+    of (a parameter, a library object) falls back to its name, and then not when it is given
+    an optimizer or a GradScaler (``loss_scaler(loss, optimizer)`` applies a loss, it does not
+    compute one)."""
+    if any(v.kind == av.LOSS for v in ctx.values.value(call)):
+        return True
+    if ctx.values.kinds(call.func) & _NOT_A_LOSS:
+        return False
+    name = (ctx.call_name(call) or "").split(".")[-1]
+    if not _LOSS_NAME.search(name) or "scal" in name.lower():
+        return False
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return not any(ctx.values.kinds(a) & {av.OPTIMIZER, av.SCALER} for a in args)
+
+
+def _has_kw(call: ast.Call, name: str) -> bool:
+    return any(k.arg == name for k in call.keywords)
+
+
+def _mixed_precision_accelerator(ctx: FileContext, call: ast.AST) -> bool:
+    """``accelerate.Accelerator(mixed_precision=...)`` with a value other than the literal "no"
+    (``mixed_precision=args.mixed_precision`` is a run-time choice: it may be fp16)."""
+    q = (ctx.call_name(call) or "") if isinstance(call, ast.Call) else ""
+    if not (q.startswith("accelerate") and q.endswith("Accelerator")):
+        return False
+    mp = next((k.value for k in call.keywords if k.arg == "mixed_precision"), None)  # type: ignore[attr-defined]
+    return mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None))
+
+
+def _accelerate_autocast(ctx: FileContext) -> bool:
+    """An Accelerator in mixed precision is built here: the models it prepares run under its
+    autocast."""
+    return any(_mixed_precision_accelerator(ctx, c) for c in ctx.calls)
+
+
+def _is_accelerator(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` names an Accelerator built here in mixed precision."""
+    hit = ctx.values.bindings_at(expr).lookup(expr.id) if isinstance(expr, ast.Name) else None
+    return any(how == "assign" and _mixed_precision_accelerator(ctx, value) for how, value in (hit[1] if hit else []))
+
+
+_BF16_WORDS = ("bf16", "bfloat16")
+
+
+def _selects_bf16(ctx: FileContext, test: ast.AST) -> bool:
+    """An ``if`` test that holds when bfloat16 was chosen (``mode == "bf16"``, ``dtype is
+    torch.bfloat16``, ``dtype in (torch.float16, torch.bfloat16)``), judged per comparison: the
+    one naming bfloat16 must not be negated (``!=``, ``not in``, ``not ...``)."""
+    def names_bf16(n: ast.AST) -> bool:
+        return any((isinstance(x, ast.Constant) and isinstance(x.value, str) and x.value.lower() in _BF16_WORDS)
+                   or (isinstance(x, (ast.Attribute, ast.Name)) and ctx.qualname(x) == "torch.bfloat16")
+                   for x in ast.walk(n))
+
+    def positive(n: ast.AST) -> bool:
+        if isinstance(n, ast.BoolOp):
+            return any(positive(v) for v in n.values)
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return False
+        if isinstance(n, ast.Compare):
+            return names_bf16(n) and not any(isinstance(o, (ast.NotEq, ast.IsNot, ast.NotIn)) for o in n.ops)
+        return isinstance(n, (ast.Attribute, ast.Name)) and ctx.qualname(n) == "torch.bfloat16"
+
+    return positive(test)
+
+
+_FINFO_FLOAT32 = {"min": -float(np.finfo(np.float32).max), "max": float(np.finfo(np.float32).max)}
+
+
+def _const_value(node: ast.AST) -> float | None:
+    """A literal number, or ``torch.finfo(torch.float32).min/max`` (float32's extremes, which a
+    float16 tensor cannot hold)."""
+    if (isinstance(node, ast.Attribute) and node.attr in _FINFO_FLOAT32 and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "finfo"
+            and node.value.args and dotted(node.value.args[0]) in ("torch.float32", "torch.float")):
+        return _FINFO_FLOAT32[node.attr]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _const_value(node.operand)
+        return -v if v is not None else None
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+            and not isinstance(node.value, bool):
+        return float(node.value)
+    return None
+
+
+@_per_module
+def _fp16_evidence(ctx: FileContext) -> bool:
+    """This module trains in float16 (autocast's float16, or a float16 training cast), or,
+    when it says nothing itself, a project module that imports it does (model code whose
+    precision the training script decides)."""
+    def own(c: FileContext) -> bool:
+        return bool(c.fp16_autocast) or any(c.lowp_cast_dtype(x) == "float16" for x in training_lowp_casts(c))
+    if own(ctx):
+        return True
+    if ctx.autocast_scopes or ctx.manual_lowp_casts:
+        return False  # this module decides its own precision, and it is not float16
+    return any(own(m) for m in ctx.project.users_of(ctx) if m is not ctx)
+
+
+def _callee(ctx: FileContext, call: ast.Call) -> str:
+    """The called name's last part, for a method of any receiver (``x.mean(-1).masked_fill``)."""
+    name = ctx.call_name(call) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
+    return name.rsplit(".", 1)[-1]
+
+
+def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None) -> tuple[Confidence, str]:
+    """How sure we are that this module's code runs in float16, and a note when not sure."""
+    scope = ctx.scope_of(node) if node is not None else None
+    if (scope is not None and scope.enabled and scope.dtype == FLOAT16) or trains_in(ctx, FLOAT16):
+        return Confidence.HIGH, ""
+    if any(FLOAT16 in own_precisions(m) for m in ctx.project.modules.values()):
+        return Confidence.MEDIUM, " (float16 training elsewhere in the project)"
+    return Confidence.LOW, NO_TRAINING_NOTE.format(why="float16").replace(
+        "no training seen; if this runs under AMP, float16", "no float16 training seen; if this trains in float16")
