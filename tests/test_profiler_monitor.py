@@ -242,6 +242,7 @@ def test_setting_groups_equal_the_keywords() -> None:
     assert mon.threshold_settings == MonitorThresholds(warmup_steps=7, alert_window=40,
                                                        sigma=5.0, cooldown=3)
     assert mon.th_loss.sigma == 5.0 and mon.th_loss.warmup_steps == 7
+    assert (mon.sigma, mon.cooldown, mon.sample_size) == (5.0, 3, 4096)   # read as before
     with pytest.raises(AttributeError):
         th.sigma = 1.0                       # frozen: one run's settings cannot drift
 

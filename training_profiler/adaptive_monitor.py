@@ -100,6 +100,15 @@ class TrainingMonitor:
         if model is not None:
             self.attach(model)
 
+    def __getattr__(self, name: str) -> Any:
+        """A setting read as an attribute (``monitor.sigma``, ``monitor.sample_size``), as
+        before the settings were grouped."""
+        groups = [self.__dict__.get(g) for g in ("threshold_settings", "cadence")]
+        for group in groups:
+            if group is not None and name in group.__dataclass_fields__:
+                return getattr(group, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def th_gnorm(self) -> AdaptiveThreshold:
         return self.thresholds["grad_norm"]
