@@ -154,14 +154,15 @@ class TrainingMonitor:
         if grad_norm is not None:
             self._take_grad_norm(slot, grad_norm)
         measured = grad_norm is not None
-        if st.model is not None and (self._collect or (
+        has_model = st.model is not None
+        if has_model and (self._collect or (
                 not measured and (self.step + 1) % self.grad_norm_every == 0)):
             st.grad_norms(slot, per_layer=self._collect, keep_global=measured)
             measured = True
         st.slot_gnorm[slot] = measured
-        if self._collect and st.model is not None:
+        if self._collect and has_model:
             st.finish_stats(slot)
-        st.slot_has_stats[slot] = self._collect and st.model is not None
+        st.slot_has_stats[slot] = self._collect and has_model
         st.slot_iteration[slot] = int(iteration) if iteration is not None else capture_iteration()
         self.step += 1
         self._pending += 1
@@ -171,7 +172,7 @@ class TrainingMonitor:
         # non-finite loss was seen (to name the layer where it starts); they are installed only
         # then, so other steps run the model at full speed.
         self._collect = (self.step + 1) % self.layer_stats_every == 0 or self._nonfinite_seen
-        if st.model is not None and self._collect:
+        if has_model and self._collect:
             st.hooks_on()
         elif st.hooked:
             st.hooks_off()
@@ -193,11 +194,12 @@ class TrainingMonitor:
             return
         first_step = self.step - n + 1
         has_norm = self.state.model is not None or self._grad_norm_given
+        th = self.thresholds
         for r, row in enumerate(self.state.host_rows(n, has_norm)):
             step = first_step + r
             rec, alerts, nonfinite = judge_step(self, step, row)
             self._nonfinite_seen |= nonfinite
-            self.output.publish(step, rec["loss"], rec, alerts, self.th_loss, self.th_gnorm)
+            self.output.publish(step, rec["loss"], rec, alerts, self.th_loss, th["grad_norm"])
         self.output.flush()
 
     def close(self) -> None:

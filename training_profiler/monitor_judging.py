@@ -39,12 +39,14 @@ class _StepView:
         # or no gradients
         self.gnorm: float | None = None
         self.layer_norms: np.ndarray | None = None
-        self.has_layers = monitor.model is not None   # per-layer data possible
+        state = monitor.state
+        self.has_layers = state.model is not None   # per-layer data possible
         g = row.get("gnorm")
         if g is not None:
             self.gnorm = float(g[0])
-            norms = g[1:1 + len(monitor.layers)]
-            if self.has_layers and len(norms) == len(monitor.layers) > 0 and (norms >= 0).all():
+            n_layers = len(state.layers)
+            norms = g[1:1 + n_layers]
+            if self.has_layers and len(norms) == n_layers > 0 and (norms >= 0).all():
                 self.layer_norms = norms
 
     def stats(self, monitor: TrainingMonitor, kind: str) -> np.ndarray | None:
