@@ -127,7 +127,7 @@ class _Worker:
         from training_driver.data import BatchPlan
         from training_driver.megatron_env import LlamaShape, build_llama_model, causal_inputs
         from training_driver.plan_sites import check_plan_covers
-        from training_driver.train import _simple_step
+        from training_driver.steps import simple_step
 
         t0 = time.perf_counter()
         s = self.setup
@@ -155,8 +155,8 @@ class _Worker:
                 t_steps = time.perf_counter()
             optim.set_lr(optimizer, optim.lr_at(it, s.lr, s.min_lr, warmup, s.steps))
             model.zero_grad(set_to_none=True)
-            loss = _simple_step(model, dataset, plan, it, torch.device("cpu"), saver,
-                                causal_inputs, self.shape)
+            loss = simple_step(model, dataset, plan, it, torch.device("cpu"), saver,
+                               causal_inputs, self.shape)
             if not math.isfinite(loss):
                 losses.append(float("nan"))
                 break

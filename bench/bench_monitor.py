@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         return wrapper
 
     mon.attach(watched_model)
-    mon._record = timed(mon._record)  # type: ignore[method-assign]
+    mon.state.record = timed(mon.state.record)  # type: ignore[method-assign]
     mon.step_end = timed(mon.step_end)  # type: ignore[method-assign]
     n = max(a.block, (a.steps // a.block) * a.block // 2)
     for i in range(n):

@@ -213,6 +213,38 @@ def test_bad_arguments_are_clear() -> None:
         TrainingMonitor(sinks=["nope"])
     with pytest.raises(ValueError, match="warmup_steps=1"):
         AdaptiveThreshold(warmup_steps=1)
+    with pytest.raises(ValueError, match="sync_every, log_every"):
+        TrainingMonitor(sync_every=0)
+    with pytest.raises(TypeError, match="warmup_step\\b"):
+        TrainingMonitor(warmup_step=5)       # a misspelt setting is refused, not ignored
+    with pytest.raises(TypeError):
+        TrainingMonitor(5)                   # settings are keywords: no silent positional meaning
+
+
+def _alerts_and_history(step) -> tuple[list, list]:
+    for i in range(120):
+        step("grad_spike" if i == 90 else "nan" if i == 105 else None)
+    step.monitor.close()
+    return step.monitor.alerts, step.monitor.history
+
+
+def test_setting_groups_equal_the_keywords() -> None:
+    """The frozen groups and the flat keywords are one setting: the same run judged either way
+    gives the same alerts and history; a keyword overrides its group's field."""
+    from training_profiler.adaptive_monitor import MonitorCadence, MonitorThresholds
+
+    flat = _alerts_and_history(_mlp_step(layer_stats_every=2, sigma=6.0)[0])
+    th = MonitorThresholds(warmup_steps=7, alert_window=40, sigma=6.0, cooldown=3)
+    grouped = _alerts_and_history(_mlp_step(thresholds=th, cadence=MonitorCadence(
+        sync_every=3, layer_stats_every=2))[0])    # _mlp_step's sync_every and warmup win
+    assert grouped[0] and json.dumps(flat, default=repr) == json.dumps(grouped, default=repr)
+    mon = TrainingMonitor(sinks=[], thresholds=th, sigma=5.0)
+    assert mon.threshold_settings == MonitorThresholds(warmup_steps=7, alert_window=40,
+                                                       sigma=5.0, cooldown=3)
+    assert mon.th_loss.sigma == 5.0 and mon.th_loss.warmup_steps == 7
+    assert (mon.sigma, mon.cooldown, mon.sample_size) == (5.0, 3, 4096)   # read as before
+    with pytest.raises(AttributeError):
+        th.sigma = 1.0                       # frozen: one run's settings cannot drift
 
 
 def test_missing_gradients_are_not_alarms() -> None:

@@ -189,9 +189,9 @@ def test_emulation_on_te_linears_runs_the_custom_recipe(small_data, monkeypatch,
 
     TE needs CUDA, so its presence and version are stubbed (what this CPU cannot provide)."""
     from te_integration import factory
-    from training_driver import train as train_mod
+    from training_driver import train as train_mod, train_config
 
-    monkeypatch.setattr(train_mod, "_te_available", lambda: True)
+    monkeypatch.setattr(train_config, "_te_available", lambda: True)   # where check_config reads it
     monkeypatch.delenv("CUSTOM_QUANT_TYPE", raising=False)
     plain = check_config(_cfg(small_data, **kw), 1, cuda=True, capture=False)
     assert plain["use_te"] and not plain["te_custom_recipe"]

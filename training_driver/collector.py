@@ -2,7 +2,7 @@
 
 It sets the TENSOR_SAVE_* variables, launches llama-train, watches the tensor directory with a
 progress bar, and stops once at least one full iteration is saved (at least ``--min-files``
-tensor files and a finished iteration; seed item 7) or after ``--timeout`` seconds. Then it prints
+tensor files and a finished iteration) or after ``--timeout`` seconds. Then it prints
 a summary (files, bytes, by layer type / operation / quant type) and, with ``--visualize``, runs
 ``script/one_click_visualize.sh``.
 
@@ -20,14 +20,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-from lowp_common import atomic_write_text, human_bytes
+from lowp_common import atomic_write_text
 
 from .errors import UserError, cli_entry
+from .tensor_summary import TensorSummary, format_summary, summarize, tensor_files
+
+__all__ = ["TensorSummary", "format_summary", "summarize", "tensor_files"]   # also read here
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VISUALIZE_SCRIPT = PROJECT_ROOT / "script" / "one_click_visualize.sh"
@@ -39,79 +41,6 @@ def say(message: str, error: bool = False) -> None:
     """A collector line with the seconds since start, so a person sees where time goes."""
     print(f"collector [{time.monotonic() - _T0:5.0f} s]: {message}",
           file=sys.stderr if error else sys.stdout)
-
-
-# ---------------------------------------------------------------------------------------------
-# Summary of a tensor directory
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class TensorSummary:
-    files: int = 0
-    bytes: int = 0
-    by_layer_type: Counter = field(default_factory=Counter)
-    by_operation: Counter = field(default_factory=Counter)
-    by_quant_type: Counter = field(default_factory=Counter)
-    iterations: Counter = field(default_factory=Counter)
-    unparsed: int = 0
-
-
-def tensor_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Captured tensor files under ``directory`` (any depth), by name via tensor_capture.schema."""
-    from tensor_capture.schema import TENSOR_SUFFIX, is_tensor_filename
-
-    root = Path(directory)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.rglob(f"*{TENSOR_SUFFIX}")
-                  if p.is_file() and is_tensor_filename(p.name))
-
-
-def summarize(directory: str | os.PathLike[str], only: set[Path] | None = None) -> TensorSummary:
-    """Count files, bytes, and files per layer type / operation / quant type / iteration."""
-    from tensor_capture.schema import parse_filename
-
-    s = TensorSummary()
-    for path in tensor_files(directory):
-        if only is not None and path not in only:
-            continue
-        try:
-            name = parse_filename(path.name)
-            size = path.stat().st_size
-        except (ValueError, OSError):
-            s.unparsed += 1
-            continue
-        s.files += 1
-        s.bytes += size
-        s.by_layer_type[name.layer_type] += 1
-        s.by_operation[name.operation] += 1
-        s.by_quant_type[name.quant_type] += 1
-        s.iterations["NA" if name.iteration is None else name.iteration] += 1
-    return s
-
-
-def format_summary(s: TensorSummary, directory: str | os.PathLike[str],
-                   finished_iterations: int | None = None) -> str:
-    """Readable summary; with ``finished_iterations`` (iterations training completed), captured
-    iterations at or past it are marked partial (training stopped inside them)."""
-    def table(title: str, counts: Counter) -> list[str]:
-        lines = [f"  by {title}:"]
-        for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], str(kv[0]))):
-            lines.append(f"    {str(key):<16} {n:>6}  ({100.0 * n / max(1, s.files):5.1f}%)")
-        return lines
-
-    out = [f"tensor summary for {directory}: {s.files} files, {human_bytes(s.bytes)}"]
-    if s.files:
-        out += table("layer type", s.by_layer_type)
-        out += table("operation", s.by_operation)
-        out += table("quant type", s.by_quant_type)
-        iters = sorted(k for k in s.iterations if k != "NA")
-        if iters:
-            shown = [f"{i} (partial: training stopped inside it)"
-                     if finished_iterations is not None and i >= finished_iterations else str(i)
-                     for i in iters[:20]]
-            out.append(f"  iterations captured: {len(iters)} (iteration {', '.join(shown)}"
-                       + (" ...)" if len(iters) > 20 else ")"))
-    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,47 +337,141 @@ def embedded_capture_yaml() -> str:
             + "".join(f"{k}: {v}\n" for k, v in EMBEDDED_CAPTURE.items()))
 
 
-@cli_entry("run_wikipedia_tensor_collection.sh")
-def main(argv: list[str] | None = None) -> int:
-    own, passthrough = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(own)
-    from .megatron_env import quiet_megatron_warnings
+@dataclass
+class CollectRequest:
+    """What a collection run is asked for: the command line's options (same names, same
+    defaults but for the environment-dependent ones) and the arguments for llama-train."""
 
-    quiet_megatron_warnings()
-    if args.nproc < 1 or args.min_files < 1 or args.timeout <= 0:
-        raise UserError("--nproc and --min-files must be at least 1 and --timeout positive")
-    tensor_dir = Path(args.tensor_dir)
-    if args.ready_file:
-        Path(args.ready_file).unlink(missing_ok=True)    # a stale one would mean nothing
-    env = dict(os.environ)
-    env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(tensor_dir),
-               CUSTOM_QUANT_TYPE=args.quant_type)
-    if args.saver_iteration is not None:
-        env["TENSOR_SAVER_ITERATION"] = str(args.saver_iteration)
+    data_path: str | None = None
+    tokenizer: str | None = None
+    tensor_dir: str = "./enhanced_tensor_logs"
+    quant_type: str = "hifp8"
+    saver_iteration: str | None = None
+    min_files: int = 10
+    timeout: float = 300.0
+    keep_training: bool = False
+    model: str = "tiny"
+    train_iters: int = 20
+    micro_batch_size: int = 4
+    seq_length: int | None = None
+    nproc: int = 1
+    workdir: str = str(DEFAULT_WORKDIR)
+    rebuild_data: bool = False
+    default_corpus_chars: int | None = None
+    visualize: bool | None = None
+    draw_dir: str = "./draw"
+    ignore_resource_check: bool = False
+    ready_file: str | None = None
+    passthrough: tuple[str, ...] = ()
+
+
+@dataclass
+class Collection:
+    """A collection run checked and ready to launch: its environment, the training command and
+    the files it is watched through."""
+
+    request: CollectRequest
+    env: dict[str, str]
+    cmd: list[str]
+    tensor_dir: Path
+    progress_file: Path
+    stop_file: Path
+    embedded: bool
+    visualize: bool
+
+
+@dataclass
+class CollectionResult:
+    """How a collection run ended: ``outcome`` is 'collected', 'finished', 'failed', 'timeout'
+    or 'interrupted'; ``summary`` counts this run's new tensor files only."""
+
+    outcome: str
+    returncode: int | None
+    finished_iterations: int | None
+    before: set[Path]
+    summary: TensorSummary
+
+
+def request_from_args(args: argparse.Namespace, passthrough: list[str]) -> CollectRequest:
+    names = {f.name for f in fields(CollectRequest)} - {"passthrough"}
+    return CollectRequest(**{k: v for k, v in vars(args).items() if k in names},
+                          passthrough=tuple(passthrough))
+
+
+def capture_env(req: CollectRequest, base: Mapping[str, str]) -> dict[str, str]:
+    """The training environment: ``base`` with capture on into the request's folder and format."""
+    env = dict(base)
+    env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(Path(req.tensor_dir)),
+               CUSTOM_QUANT_TYPE=req.quant_type)
+    if req.saver_iteration is not None:
+        env["TENSOR_SAVER_ITERATION"] = str(req.saver_iteration)
     # a collection run lasts a few iterations: background kernel compiles would not pay off
     # (and would hold the trainer's exit until done); an explicit QUANT_COMPILE still wins
     env.setdefault("QUANT_COMPILE", "0")
-    from .capture import PATCHED_DIR_ENV, check_capture_config, prepare_patched_tree
+    return env
 
-    check_capture_config(env)
-    workdir = Path(args.workdir)
-    embedded = args.data_path is None
-    if embedded:
-        if args.tokenizer:
+
+def training_data(req: CollectRequest, env: dict[str, str]) -> dict[str, str]:
+    """The dataset and tokenizer to train on: the request's (checked as the launcher checks
+    them) or the embedded default, built or reused under the work folder."""
+    if req.data_path is None:
+        if req.tokenizer:
             raise UserError("--tokenizer without --data-path: give both, or neither for the "
                             "embedded default")
         say("no --data-path given: running the embedded default (tiny Llama on "
             "CPU, corpus built from Python's documentation, nothing downloaded)")
-        paths = prepare_default_data(workdir, max_chars=args.default_corpus_chars,
-                                     rebuild=args.rebuild_data)
-    else:
-        if not args.tokenizer:
-            raise UserError("--data-path needs --tokenizer (the directory preprocess-corpus wrote)")
-        from .preflight import check_inputs
+        return prepare_default_data(Path(req.workdir), max_chars=req.default_corpus_chars,
+                                    rebuild=req.rebuild_data)
+    if not req.tokenizer:
+        raise UserError("--data-path needs --tokenizer (the directory preprocess-corpus wrote)")
+    from .preflight import check_inputs
 
-        check_inputs(args.tokenizer, args.data_path, env)   # the launcher's checks, too
-        paths = {"data_path": args.data_path, "tokenizer": args.tokenizer}
-    visualize = embedded if args.visualize is None else args.visualize
+    check_inputs(req.tokenizer, req.data_path, env)   # the launcher's checks, too
+    return {"data_path": req.data_path, "tokenizer": req.tokenizer}
+
+
+def training_args(req: CollectRequest, paths: dict[str, str], progress_file: Path,
+                  stop_file: Path) -> list[str]:
+    """llama-train's arguments: data, shape, the watch files, then the passthrough."""
+    args = ["--data-path", paths["data_path"], "--tokenizer", paths["tokenizer"],
+            "--model", req.model, "--train-iters", str(req.train_iters),
+            "--micro-batch-size", str(req.micro_batch_size),
+            "--progress-file", str(progress_file), "--stop-file", str(stop_file)]
+    if req.seq_length:
+        args += ["--seq-length", str(req.seq_length)]
+    return args + list(req.passthrough)
+
+
+def _use_patched_tree(env: dict[str, str], workdir: Path) -> None:
+    """Put the patched megatron-core copy first on the training's PYTHONPATH (built once)."""
+    from .capture import PATCHED_DIR_ENV, prepare_patched_tree
+
+    if env.get(PATCHED_DIR_ENV):
+        return
+    patched = prepare_patched_tree(workdir / "patched_megatron")
+    if patched is None:
+        say("the tensor-capture patch set is not installed; training runs on "
+            "unpatched megatron-core and no tensors will be saved")
+        return
+    env[PATCHED_DIR_ENV] = str(patched)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def plan_collection(req: CollectRequest, base_env: Mapping[str, str] | None = None) -> Collection:
+    """Everything before launch, in order: settings, capture configuration, data, the embedded
+    run's capture YAML, the rendezvous port, the resource check, the patched megatron-core.
+    UserError on a mistake, before any training process exists."""
+    if req.nproc < 1 or req.min_files < 1 or req.timeout <= 0:
+        raise UserError("--nproc and --min-files must be at least 1 and --timeout positive")
+    if req.ready_file:
+        Path(req.ready_file).unlink(missing_ok=True)    # a stale one would mean nothing
+    env = capture_env(req, os.environ if base_env is None else base_env)
+    from .capture import check_capture_config
+
+    check_capture_config(env)
+    workdir, embedded = Path(req.workdir), req.data_path is None
+    paths = training_data(req, env)
     if embedded and not env.get("TENSOR_SAVE_CONFIG"):
         # One captured iteration is what the default run is for; it keeps the report quick.
         # The quantized operands (the report's "measured" error) and the what-if numerics
@@ -457,96 +480,109 @@ def main(argv: list[str] | None = None) -> int:
         capture_yaml.write_text(embedded_capture_yaml())
         env["TENSOR_SAVE_CONFIG"] = str(capture_yaml)
         check_capture_config(env)
-    master_port = _check_master_port(args.nproc)
-
+    master_port = _check_master_port(req.nproc)
     progress_file = workdir / f"progress_{os.getpid()}.json"
     stop_file = workdir / f"stop_{os.getpid()}"
-    train_args = ["--data-path", paths["data_path"], "--tokenizer", paths["tokenizer"],
-                  "--model", args.model, "--train-iters", str(args.train_iters),
-                  "--micro-batch-size", str(args.micro_batch_size),
-                  "--progress-file", str(progress_file), "--stop-file", str(stop_file)]
-    if args.seq_length:
-        train_args += ["--seq-length", str(args.seq_length)]
-    train_args += passthrough
-    if master_port is not None and args.nproc == 1:
+    train_args = training_args(req, paths, progress_file, stop_file)
+    if master_port is not None and req.nproc == 1:
         env["MASTER_PORT"] = str(master_port)
     from .preflight import CHECKED_ENV
     from .preflight_cli import check_training_args
 
-    if not args.ignore_resource_check:   # before training starts: memory and capture size
-        check_training_args(train_args, args.nproc, env=env, say=say)
+    if not req.ignore_resource_check:   # before training starts: memory and capture size
+        check_training_args(train_args, req.nproc, env=env, say=say)
     env[CHECKED_ENV] = "1"               # checked (or waived) once, for every rank
+    tensor_dir = Path(req.tensor_dir)
     tensor_dir.mkdir(parents=True, exist_ok=True)
-    if not env.get(PATCHED_DIR_ENV):
-        patched = prepare_patched_tree(workdir / "patched_megatron")
-        if patched is None:
-            say("the tensor-capture patch set is not installed; training runs on "
-                "unpatched megatron-core and no tensors will be saved")
-        else:
-            env[PATCHED_DIR_ENV] = str(patched)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(patched)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    cmd = training_command(args.nproc, train_args, master_port if args.nproc > 1 else None)
-    before = set(tensor_files(tensor_dir))
-    say(f"TENSOR_SAVE_DIR={tensor_dir} CUSTOM_QUANT_TYPE={args.quant_type} "
-        f"TENSOR_SAVER_ITERATION={args.saver_iteration or '<from the run>'}")
-    say("launching " + " ".join(cmd))
+    _use_patched_tree(env, workdir)
+    cmd = training_command(req.nproc, train_args, master_port if req.nproc > 1 else None)
+    return Collection(req, env, cmd, tensor_dir, progress_file, stop_file, embedded,
+                      embedded if req.visualize is None else req.visualize)
+
+
+def run_collection(c: Collection) -> CollectionResult:
+    """Launch training, watch it, stop it (cleanly once collected or timed out, at once on
+    Ctrl-C), remove the watch files and count this run's tensor files."""
+    req = c.request
+    before = set(tensor_files(c.tensor_dir))
+    say(f"TENSOR_SAVE_DIR={c.tensor_dir} CUSTOM_QUANT_TYPE={req.quant_type} "
+        f"TENSOR_SAVER_ITERATION={req.saver_iteration or '<from the run>'}")
+    say("launching " + " ".join(c.cmd))
     proc = None
-    interrupted = False
     try:
         with _sigint_held():
-            proc = subprocess.Popen(cmd, env=env, preexec_fn=_ignore_sigint)
-        outcome = watch(proc, tensor_dir, progress_file, before, args.min_files, args.timeout,
-                        stop_when_collected=not args.keep_training,
-                        ready_file=Path(args.ready_file) if args.ready_file else None)
+            proc = subprocess.Popen(c.cmd, env=c.env, preexec_fn=_ignore_sigint)
+        outcome = watch(proc, c.tensor_dir, c.progress_file, before, req.min_files, req.timeout,
+                        stop_when_collected=not req.keep_training,
+                        ready_file=Path(req.ready_file) if req.ready_file else None)
     except KeyboardInterrupt:
-        interrupted = True
         outcome = "interrupted"
         if proc is None:        # Ctrl-C before training started: nothing to stop
             raise
     if outcome in ("collected", "timeout", "interrupted"):
-        if outcome == "collected":
-            say("one full iteration is saved; stopping training")
-        elif outcome == "timeout":
-            say(f"timeout after {args.timeout:.0f} s; stopping training")
-        try:
-            if outcome == "interrupted":
-                _interrupt(proc)
-            else:
-                _stop(proc, stop_file)
-        except KeyboardInterrupt:
-            proc.kill()
-            proc.wait()
-    rc = proc.returncode
-    finished = _read_progress(progress_file).get("iteration")
-    for leftover in (progress_file, stop_file):
+        _end_training(proc, outcome, c.stop_file, req.timeout)
+    finished = _read_progress(c.progress_file).get("iteration")
+    for leftover in (c.progress_file, c.stop_file):
         try:
             leftover.unlink()
         except OSError:
             pass
-    new = set(tensor_files(tensor_dir)) - before
-    summary = summarize(tensor_dir, only=new)
-    print(format_summary(summary, tensor_dir, finished), flush=True)
-    if interrupted:
-        say(f"interrupted; the {summary.files} tensor files saved so far are intact "
+    new = set(tensor_files(c.tensor_dir)) - before
+    return CollectionResult(outcome, proc.returncode, finished, before,
+                            summarize(c.tensor_dir, only=new))
+
+
+def _end_training(proc: subprocess.Popen, outcome: str, stop_file: Path, timeout: float) -> None:
+    if outcome == "collected":
+        say("one full iteration is saved; stopping training")
+    elif outcome == "timeout":
+        say(f"timeout after {timeout:.0f} s; stopping training")
+    try:
+        if outcome == "interrupted":
+            _interrupt(proc)
+        else:
+            _stop(proc, stop_file)
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+
+
+def report_collection(c: Collection, result: CollectionResult) -> int:
+    """Print the summary and what went wrong if anything; visualize when asked. The exit code."""
+    s, tensor_dir = result.summary, c.tensor_dir
+    print(format_summary(s, tensor_dir, result.finished_iterations), flush=True)
+    if result.outcome == "interrupted":
+        say(f"interrupted; the {s.files} tensor files saved so far are intact "
             f"in {tensor_dir}", error=True)
         return 130
-    if outcome == "failed":
-        say(f"training exited with status {rc} (see its message above)", error=True)
-        return rc or 1
-    if summary.files < args.min_files:
-        say(f"only {summary.files} tensor files were saved (wanted "
-            f"{args.min_files}); is the patch set installed and TENSOR_SAVE_ENABLED honored?", error=True)
+    if result.outcome == "failed":
+        say(f"training exited with status {result.returncode} (see its message above)", error=True)
+        return result.returncode or 1
+    if s.files < c.request.min_files:
+        say(f"only {s.files} tensor files were saved (wanted {c.request.min_files}); is the "
+            "patch set installed and TENSOR_SAVE_ENABLED honored?", error=True)
         return 1
-    if before:
-        say(f"note: {tensor_dir} already held {len(before)} tensor files from earlier runs; the "
-            "summary counts this run's only" + (", the visualization shows all" if visualize else ""))
-    if visualize:
-        if run_visualization(tensor_dir, Path(args.draw_dir)) != 0:
-            return 1
+    if result.before:
+        say(f"note: {tensor_dir} already held {len(result.before)} tensor files from earlier "
+            "runs; the summary counts this run's only"
+            + (", the visualization shows all" if c.visualize else ""))
+    draw_dir = c.request.draw_dir
+    if c.visualize and run_visualization(tensor_dir, Path(draw_dir)) != 0:
+        return 1
     say(f"done; tensors in {tensor_dir}"
-        + (f", plots in {args.draw_dir}" if visualize and VISUALIZE_SCRIPT.is_file() else ""))
+        + (f", plots in {draw_dir}" if c.visualize and VISUALIZE_SCRIPT.is_file() else ""))
     return 0
+
+
+@cli_entry("run_wikipedia_tensor_collection.sh")
+def main(argv: list[str] | None = None) -> int:
+    own, passthrough = _split_passthrough(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(own)
+    from .megatron_env import quiet_megatron_warnings
+
+    quiet_megatron_warnings()
+    collection = plan_collection(request_from_args(args, passthrough))
+    return report_collection(collection, run_collection(collection))
 
 
 if __name__ == "__main__":

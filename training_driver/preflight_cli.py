@@ -59,7 +59,7 @@ def _gpu() -> tuple[tuple[int, int] | None, bool]:
     """(compute capability of GPU 0 or None, whether Transformer Engine imports)."""
     import torch
 
-    from .train import _te_available
+    from .train_config import _te_available
 
     if not torch.cuda.is_available():
         return None, False

@@ -10,9 +10,13 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lowp_common import json_dumps
+
+if TYPE_CHECKING:
+    from training_profiler.monitor_thresholds import AdaptiveThreshold
 
 
 class Sink(Protocol):
@@ -115,3 +119,79 @@ def make_sink(spec: "str | Sink") -> Sink:
     if kind == "tensorboard" and arg:
         return TensorBoardSink(arg)
     raise ValueError(f"unknown monitor sink {spec!r}; use 'stdout', 'logging', 'jsonl:PATH' or 'tensorboard:DIR'")
+
+
+def fmt_number(x: float) -> str:
+    """A number as the monitor's lines show it: 4 significant digits, NaN/inf spelled out."""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def _status_part(name: str, value: float, th: AdaptiveThreshold) -> str:
+    if th.ready:
+        mean, std = th.reference()
+        return (f"{name}: {fmt_number(value)} "
+                f"(baseline: {fmt_number(float(mean[0]))}±{fmt_number(float(std[0]))})")
+    return f"{name}: {fmt_number(value)}"
+
+
+class MonitorOutput:
+    """What a judged step leaves behind: the history, the alerts (a repeat of the same metric
+    and layer within ``cooldown`` steps is kept but not printed), the baseline notice and the
+    status lines, sent to every sink and to ``on_alert``."""
+
+    def __init__(self, sinks: Iterable[str | Sink], on_alert: Callable[[dict[str, Any]], None] | None,
+                 cooldown: int, log_every: int, warmup_steps: int) -> None:
+        self.sinks: list[Sink] = [make_sink(s) for s in sinks]
+        self.on_alert = on_alert
+        self.cooldown, self.log_every, self.warmup_steps = cooldown, log_every, warmup_steps
+        self._last_emitted: dict[tuple[str, str | None], int] = {}
+        self.suppressed_alerts = 0
+        self.alerts: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # per-step scalars (numbers only)
+
+    def publish(self, step: int, loss: float, rec: dict[str, Any], alerts: list[dict[str, Any]],
+                th_loss: AdaptiveThreshold, th_gnorm: AdaptiveThreshold) -> None:
+        """History, sinks, the baseline notice, alerts (with their cool-down) and the status line."""
+        self.history.append({k: v for k, v in rec.items() if k != "kind"})
+        self.emit(rec)
+        if step == self.warmup_steps and th_loss.ready:
+            mean, std = th_loss.reference()
+            self.emit({"kind": "info", "step": step, "message":
+                       f"[Monitor] Baseline established at step {step}: loss "
+                       f"{fmt_number(mean[0])}±{fmt_number(std[0])}"
+                       + (f", grad_norm {fmt_number(th_gnorm.reference()[0][0])}±"
+                          f"{fmt_number(th_gnorm.reference()[1][0])}" if th_gnorm.ready else "")})
+        for a in alerts:
+            self._alert(step, a)
+        if step % self.log_every == 0:
+            parts = [f"[Monitor] Step {step}", _status_part("loss", loss, th_loss)]
+            if "grad_norm" in rec:
+                parts.append(_status_part("grad_norm", rec["grad_norm"], th_gnorm))
+            parts.append("Status: " + ("ALERT" if alerts else ("WARMUP" if not th_loss.ready else "OK")))
+            self.emit({"kind": "status", "step": step, "message": " | ".join(parts)})
+
+    def _alert(self, step: int, a: dict[str, Any]) -> None:
+        self.alerts.append(a)
+        key = (a["metric"], a["layer"])
+        last = self._last_emitted.get(key)
+        self._last_emitted[key] = step
+        if last is not None and step - last <= self.cooldown:
+            self.suppressed_alerts += 1   # the same problem again within the cool-down
+            return
+        self.emit(a)
+        if self.on_alert:
+            self.on_alert(a)
+
+    def emit(self, rec: dict[str, Any]) -> None:
+        for s in self.sinks:
+            s.emit(rec)
+
+    def flush(self) -> None:
+        for s in self.sinks:
+            s.flush()
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
