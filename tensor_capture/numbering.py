@@ -33,12 +33,13 @@ from .state import STATE
 class _Numbering:
     """This session's count (a STATE session part: a new session, configure() or
     reset_tensor_saver(), starts it afresh)."""
-    __slots__ = ("next_iteration", "resume", "running")
+    __slots__ = ("next_iteration", "resume", "running", "budget_agreed")
 
     def __init__(self) -> None:
         self.next_iteration: int | None = None   # None until the first training call
         self.resume: int | None = None
         self.running = False
+        self.budget_agreed = False   # the ranks have agreed on the byte-budget stop
 
 
 def _n() -> _Numbering:
@@ -133,12 +134,38 @@ def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def stop_if_over_budget(saver: Any, iteration: int) -> None:
+    """A byte budget that could not hold this iteration on any rank stops every rank here,
+    with the line the rank that ran out printed and status 2 (SystemExit: an exit of the
+    training loop, at a step boundary; the writer drains first so files stay whole).
+
+    The ranks agree once per session, after the first iteration the capture window selects
+    (budget.agreement_due: all ranks reach that call together); a later, rank-local
+    overflow, which a budget that held one iteration cannot raise, would stop its rank alone.
+    """
+    over = None
+    if saver.enabled:
+        try:
+            saver.budget.check()
+        except budget.CaptureBudgetError as exc:
+            over = exc
+    n = _n()
+    stop = over is not None
+    if not n.budget_agreed and budget.agreement_due(saver.config, iteration):
+        n.budget_agreed = True
+        stop = budget.any_rank(stop)
+    if stop:
+        saver.flush()
+        raise SystemExit(budget.CaptureBudgetError.code) from over
+
+
 def end_iteration(saver: Any, iteration: int) -> None:
-    """After a training iteration: a budget that could not hold it ends the run; when no later
-    iteration can be captured, say so once and stop capturing (emulation goes on)."""
+    """After a training iteration: a budget that could not hold it ends the run on every rank;
+    when no later iteration can be captured, say so once and stop capturing (emulation goes
+    on)."""
+    stop_if_over_budget(saver, iteration)
     if not saver.enabled:
         return
-    saver.budget.check()
     reason = budget.finished_reason(saver.config, saver.saved_iterations, iteration + 1)
     if reason is None:
         return
