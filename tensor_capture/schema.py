@@ -333,6 +333,9 @@ AXIS_FROM_GEMM, AXIS_LAST = "gemm", "last"
 # file describe the sample (META_SHAPE is the sample's shape).
 ATTENTION_PROBS = "attention_probs"
 META_PROBS_SAMPLE = "probs_sample"
+# A tensor captured through Transformer Engine's debug API (te_integration.features):
+# {"namespace": the debug-API namespace, "tensor": the debug API's own name of the tensor}.
+META_DEBUG_API = "debug_api"
 
 #: Every metadata key the saver may write beside the naming fields (tensor_capture.record), in
 #: the order it writes them; a manifest record is NAME_FIELDS + these + MANIFEST_FILE. Readers
@@ -341,7 +344,7 @@ META_KEYS = (
     META_SHAPE, META_DTYPE, META_MODULE_PATH, META_SUBMODULE, META_VARIANT, META_SAMPLED_ROWS,
     META_SAMPLED_ROW_STRIDE, META_EMULATED_FORMAT, *META_PARALLEL, META_MCORE_VERSION,
     META_RECIPE, META_RECIPE_SPECS, META_QUANT_ANALYSIS, META_STATS, META_WHATIF,
-    META_PROBS_SAMPLE,
+    META_PROBS_SAMPLE, META_DEBUG_API,
 )
 RECORD_KEYS = NAME_FIELDS + META_KEYS + (MANIFEST_FILE,)
 

@@ -70,8 +70,9 @@ def _name_type(annotation: Any) -> str:
 
 
 #: metadata keys kept in the JSON manifest only, each for a reason: the per-operand recipe specs
-#: ({gemm: spec summary}) are a few repeated strings per operand that no report aggregates
-JSON_ONLY = (schema.META_RECIPE_SPECS,)
+#: ({gemm: spec summary}) are a few repeated strings per operand that no report aggregates; the
+#: debug API's own names of a tensor repeat what the naming fields say in our vocabulary
+JSON_ONLY = (schema.META_RECIPE_SPECS, schema.META_DEBUG_API)
 
 #: the typed shape of one manifest record (DuckDB types): every key of schema.RECORD_KEYS but
 #: JSON_ONLY (the naming fields from schema.TensorName, the statistics from schema.STAT_KEYS),

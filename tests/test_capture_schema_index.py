@@ -21,7 +21,8 @@ from tensor_viz import columnar  # noqa: E402
 def _full_record(directory) -> dict:
     """One real record holding every key the saver can write: an emulated linear operand
     (recipe, recipe specs, quantization analysis along its GEMM axis), what-if numerics, a
-    metadata extra (the attention-probabilities sample description) and the statistics."""
+    metadata extra (the attention-probabilities sample description, the debug API's names) and
+    the statistics."""
     saver = TensorSaver(enabled=True, save_dir=str(directory), quant_type="mxfp8",
                         whatif_formats="mxfp8", whatif_budget="unlimited")
     saver.set_iteration(2)
@@ -32,7 +33,9 @@ def _full_record(directory) -> dict:
     probs = {"heads": [0, 2], "head_count": 4, "row_stride": 2, "shape": [8, 16, 16]}
     assert saver.capture(torch.randn(16, 64, generator=torch.Generator().manual_seed(0)), site,
                          sample_idx=0, quant_axis=-1,
-                         metadata={schema.META_PROBS_SAMPLE: probs})
+                         metadata={schema.META_PROBS_SAMPLE: probs,
+                                   schema.META_DEBUG_API: {"namespace": "lowp",
+                                                           "tensor": "activation"}})
     saver.close()
     (record,) = schema.read_manifest(directory)
     return record
