@@ -14,6 +14,7 @@ and micro-batch of its call.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -44,9 +45,12 @@ class _LinearCall:
 _COMPONENT = {"linear": "linear", "attention": "FA"}
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _at(where: Site, layer_type: str, operation: str, phase: str, tensor_name: str,
         variant: str = schema.VARIANT_HP) -> CaptureSite:
-    """The capture site of ``tensor_name`` in the module at ``where``."""
+    """The capture site of ``tensor_name`` in the module at ``where``. Cached: the same few
+    hundred sites recur every step, and a lookup costs a tenth of building a frozen record
+    (every candidate tensor pays it, captured or filtered out)."""
     return CaptureSite(layer_type=layer_type, operation=operation, phase=phase,
                        tensor_name=tensor_name, component=_COMPONENT[layer_type],
                        layer_idx=where.layer_idx, module_path=where.module_path,

@@ -164,8 +164,9 @@ class TensorSaver:
                     quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
         """Capture one tensor: the seeds' signature (the site's fields positionally, the
         run-time ones after them) over :meth:`capture`."""
-        if not self.enabled or not isinstance(tensor, torch.Tensor):
-            return None
+        if not self.enabled or not isinstance(tensor, torch.Tensor) or not self.should_capture(
+                layer_type, operation, phase, tensor_name, layer_idx, module_path, iteration):
+            return None             # before building the site: most calls end here
         site = CaptureSite(layer_type=layer_type, operation=operation, phase=phase,
                            tensor_name=tensor_name, component=component, layer_idx=layer_idx,
                            module_path=module_path, submodule=submodule, quant_type=quant_type,
