@@ -22,6 +22,8 @@ from typing import Any, Mapping, Optional
 import torch
 
 from quant.whatif_record import WHATIF_SCALARS
+from tensor_capture import schema
+from tensor_capture.schema import CaptureSite
 
 from . import inspect_support, names, options
 
@@ -252,12 +254,13 @@ class LowpCapture(_LowpFeature):
                            options.option(config, "stats_only", name),
                            tuple(options.option(config, "whatif_formats", name)),
                            options.option(config, "max_rows", name))
-        saver.save_tensor(
-            x, slot.layer_type, slot.operation, None, slot.tensor_name,
-            names.layer_index(layer_name), slot.phase, slot.component, None, None, iteration,
-            module_path=layer_name, submodule=layer_name.rsplit(".", 1)[-1],
-            whatif_axis=slot.axis, metadata={"debug_api": {"namespace": namespace,
-                                                          "tensor": tensor_name}})
+        site = CaptureSite(layer_type=slot.layer_type, operation=slot.operation,
+                           phase=slot.phase, tensor_name=slot.tensor_name,
+                           component=slot.component, layer_idx=names.layer_index(layer_name),
+                           module_path=layer_name, submodule=layer_name.rsplit(".", 1)[-1])
+        saver.capture(x, site, iteration=iteration, whatif_axis=slot.axis,
+                      metadata={schema.META_DEBUG_API: {"namespace": namespace,
+                                                        "tensor": tensor_name}})
 
 
 FEATURES = (LowpWhatIf, LowpBlockScaleStats, LowpCapture)

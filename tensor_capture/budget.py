@@ -12,7 +12,10 @@ user left unset:
 
 ``unlimited`` lifts either bound. A budget that cannot hold one whole iteration is a setup
 mistake: the first iteration stops writing files when it runs out, and at its end the run exits
-with one line (:class:`CaptureBudgetError`, status 2).
+with one line and status 2. The rank that ran out raises :class:`CaptureBudgetError` (an
+ordinary exception) from :meth:`ByteBudget.check`; the schedule wrapper
+(tensor_capture.numbering) has every rank agree (:func:`any_rank`) and stop at that step
+boundary, so no rank is left waiting in a collective for one that exited.
 """
 from __future__ import annotations
 
@@ -32,12 +35,45 @@ from .ranks import global_rank
 DISK_FRACTION = 0.5          # of the free disk at start, per node
 
 
-class CaptureBudgetError(SystemExit):
-    """The byte budget cannot hold one iteration (exits with status 2; the line is printed)."""
+class CaptureBudgetError(Exception):
+    """The byte budget cannot hold one iteration (its line is printed where it is raised).
+
+    An ordinary exception, so it never unwinds Megatron's schedule as an exit: the schedule
+    wrapper turns it into a stop of every rank with status ``code``."""
+
+    code = 2
 
     def __init__(self, message: str) -> None:
-        super().__init__(2)
+        super().__init__(message)
         self.message = message
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank: an all-reduce over the default process group when
+    torch.distributed runs more than one rank (every rank must call it at the same point),
+    else ``flag`` itself."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flag
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def agreement_due(config: CaptureConfig, iteration: int) -> bool:
+    """Whether the ranks must agree on a budget stop after ``iteration``: the first iteration
+    the capture window selects (only there can a budget prove too small for one iteration).
+    Decided from the configuration alone, which every rank shares, never from what one rank
+    saved; the caller asks once per session."""
+    c = config
+    if not c.enabled or c.stats_only or c.byte_budget == math.inf:
+        return False
+    return (iteration >= c.iter_start and (c.iter_end is None or iteration <= c.iter_end)
+            and (iteration - c.iter_start) % c.iter_every == 0)
 
 
 def free_bytes(directory: str | os.PathLike[str]) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from .saver import on_new_session
 from .state import STATE
 
 
@@ -27,6 +26,7 @@ STOCHASTIC_SEED = 0x5EED
 
 
 class _RunState:
+    """This session's delayed-scaling state and generators (a STATE session part)."""
     __slots__ = ("state", "iteration", "generators")
 
     def __init__(self) -> None:
@@ -35,26 +35,20 @@ class _RunState:
         self.generators: dict[torch.device, torch.Generator] = {}
 
 
-_D = _RunState()
-
-
 def reset() -> None:
-    _D.state = None
-    _D.iteration = None
-    _D.generators = {}
+    """Forget the delayed-scaling histories and the generators."""
+    STATE.forget(_RunState)
 
 
 def _generator(device: torch.device) -> torch.Generator:
-    g = _D.generators.get(device)
+    generators = STATE.session(_RunState).generators
+    g = generators.get(device)
     if g is None:
         rank = torch.distributed.get_rank() if (torch.distributed.is_available()
                                                 and torch.distributed.is_initialized()) else 0
-        g = _D.generators[device] = torch.Generator(device=device)
+        g = generators[device] = torch.Generator(device=device)
         g.manual_seed(STOCHASTIC_SEED + rank)
     return g
-
-
-on_new_session(reset)
 
 
 def _delayed_state(iteration: int | None):
@@ -62,12 +56,13 @@ def _delayed_state(iteration: int | None):
     after every autocast region: the same when one micro-batch makes a step)."""
     from quant.recipes import DelayedScalingState
 
-    if _D.state is None:
-        _D.state = DelayedScalingState()
-    elif iteration != _D.iteration:
-        _D.state.update()
-    _D.iteration = iteration
-    return _D.state
+    run = STATE.session(_RunState)
+    if run.state is None:
+        run.state = DelayedScalingState()
+    elif iteration != run.iteration:
+        run.state.update()
+    run.iteration = iteration
+    return run.state
 
 
 _UNQUANTIZED = (None, "hp", "fp32", "none", "")

@@ -8,10 +8,13 @@ Each computes exactly what the unpatched code computes (same ops, same order) un
 format is being emulated, and captures through the process-wide saver.
 
 Where each call sits in the model (module path, 0-based layer index) comes from
-:mod:`tensor_capture.sites`.
+:mod:`tensor_capture.sites`; each tensor goes to the saver as a ``schema.CaptureSite`` (that
+place plus layer type, operation, phase, tensor name, component, variant) with the iteration
+and micro-batch of its call.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,33 +26,47 @@ from quant.gemm_plan import OperandPlan
 
 from . import emulation, schema
 from .saver import get_tensor_saver
-from .sites import _SITES, UNKNOWN_SITE, Site
+from .schema import CaptureSite
+from .sites import UNKNOWN_SITE, Site
 from .state import STATE
 
 # -- linear ------------------------------------------------------------------------------------------
 @dataclass
 class _LinearCall:
+    """What the backward of one linear call needs from its forward; it rides on the autograd
+    ctx because other forwards (micro-batches, pipeline stages) run before this backward."""
     site: Site
     iteration: int
     sample_idx: int | None
     capture_bwd: bool
 
 
-def _save(saver, t, layer_type, op, phase, name, site, it, sample, component, variant=schema.VARIANT_HP,
-          axis=None, whatif_axis=None):
-    saver.save_tensor(t, layer_type, op, None, name, site.layer_idx, phase, component, None, sample,
-                      it, module_path=site.module_path, submodule=site.submodule, variant=variant,
-                      quant_axis=axis, whatif_axis=whatif_axis)
+#: layer type -> the component its captures are named with
+_COMPONENT = {"linear": "linear", "attention": "FA"}
 
 
-def _wanted(saver, layer_type, op, phase, name, site, it) -> bool:
-    return saver.should_capture(layer_type, op, phase, name, site.layer_idx, site.module_path, it)
+@functools.lru_cache(maxsize=1 << 14)
+def _at(where: Site, layer_type: str, operation: str, phase: str, tensor_name: str,
+        variant: str = schema.VARIANT_HP) -> CaptureSite:
+    """The capture site of ``tensor_name`` in the module at ``where``. Cached: the same few
+    hundred sites recur every step, and a lookup costs a tenth of building a frozen record
+    (every candidate tensor pays it, captured or filtered out)."""
+    return CaptureSite(layer_type=layer_type, operation=operation, phase=phase,
+                       tensor_name=tensor_name, component=_COMPONENT[layer_type],
+                       layer_idx=where.layer_idx, module_path=where.module_path,
+                       submodule=where.submodule, variant=variant)
+
+
+def _save(saver, t: torch.Tensor, site: CaptureSite, it: int, sample: int | None,
+          axis: int | None = None, whatif_axis: int | None = None,
+          metadata: dict[str, Any] | None = None) -> None:
+    saver.capture(t, site, iteration=it, sample_idx=sample, quant_axis=axis,
+                  whatif_axis=whatif_axis, metadata=metadata)
 
 
 # -- emulation: each GEMM operand quantized along quant.gemm_plan's axis ----------------------------
 #: layer type -> the underflow warning's operand kind (tensor_capture.underflow)
 _KIND = {"linear": "linear {gemm} {operand}", "attention": "attention {operand}"}
-_COMPONENT = {"linear": "linear", "attention": "FA"}
 _FORWARD_GEMMS = frozenset({"forward", "qk", "pv"})
 
 
@@ -64,7 +81,7 @@ def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: in
     recipe's spec of the operand role; attention: its format) along the plan's axis,
     with the underflow warning, capturing each quantized operand when save_quantized."""
     keep = cap and saver.config.save_quantized
-    kind, component = _KIND[layer_type], _COMPONENT[layer_type]
+    kind = _KIND[layer_type]
 
     def q(t: torch.Tensor, p: OperandPlan) -> torch.Tensor:
         what = kind.format(gemm=p.gemm, operand=p.operand)
@@ -77,11 +94,10 @@ def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: in
             out = fn(t, axis=p.axis, kind=what, site=site.module_path, iteration=it,
                      layer=site.layer_idx)
         if keep:
-            name = _quantized_name(p)
             op = "forward" if p.gemm in _FORWARD_GEMMS else "backward"
-            if _wanted(saver, layer_type, op, "pre", name, site, it):
-                _save(saver, out, layer_type, op, "pre", name, site, it, sample, component,
-                      schema.VARIANT_QUANTIZED)
+            at = _at(site, layer_type, op, "pre", _quantized_name(p), schema.VARIANT_QUANTIZED)
+            if saver.captures(at, it):
+                _save(saver, out, at, it, sample)
         return out
 
     return q
@@ -97,13 +113,15 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     ctx._tc = _LinearCall(site, it, sample, cap)
     if cap:
         for p, t in zip(gemm_plan.GEMM_OPERANDS["forward"], (total_input, weight)):
-            if _wanted(saver, "linear", "forward", "pre", p.operand, site, it):
-                _save(saver, t, "linear", "forward", "pre", p.operand, site, it, sample, "linear",
-                      axis=p.axis)
+            at = _at(site, "linear", "forward", "pre", p.operand)
+            if saver.captures(at, it):
+                _save(saver, t, at, it, sample, axis=p.axis)
     q = _emulator(saver, cap, "linear", site, it, sample) if STATE.emulate else None
     output = gemm_plan.linear_forward(total_input, weight, bias, q)
-    if cap and _wanted(saver, "linear", "forward", "post", "output", site, it):
-        _save(saver, output, "linear", "forward", "post", "output", site, it, sample, "linear")
+    if cap:
+        at = _at(site, "linear", "forward", "post", "output")
+        if saver.captures(at, it):
+            _save(saver, output, at, it, sample)
     return output
 
 
@@ -124,9 +142,9 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
     site, it, sample = call.site, call.iteration, call.sample_idx
     if cap:
         for p, t in zip(gemm_plan.GEMM_OPERANDS["dgrad"], (grad_output, weight)):
-            if _wanted(saver, "linear", "backward", "pre", p.operand, site, it):
-                _save(saver, t, "linear", "backward", "pre", p.operand, site, it, sample, "linear",
-                      axis=p.axis)
+            at = _at(site, "linear", "backward", "pre", p.operand)
+            if saver.captures(at, it):
+                _save(saver, t, at, it, sample, axis=p.axis)
     q = _emulator(saver, cap, "linear", site, it, sample) if STATE.emulate else None
     return gemm_plan.linear_dgrad(grad_output, weight, q)
 
@@ -187,10 +205,10 @@ def linear_wgrad_fused(ctx: Any, grad_output: torch.Tensor, total_input: torch.T
     call = _call(ctx)
     if call.capture_bwd:
         saver = get_tensor_saver()
-        if saver.enabled and _wanted(saver, "linear", "backward", "post", "grad_weight",
-                                     call.site, call.iteration):
-            _save(saver, _micro_batch_wgrad(g, a, main_grad), "linear", "backward", "post",
-                  "grad_weight", call.site, call.iteration, call.sample_idx, "linear")
+        at = _at(call.site, "linear", "backward", "post", "grad_weight")
+        if saver.enabled and saver.captures(at, call.iteration):
+            _save(saver, _micro_batch_wgrad(g, a, main_grad), at, call.iteration,
+                  call.sample_idx)
 
 
 def linear_backward_post(ctx: Any, grad_input: torch.Tensor | None,
@@ -207,18 +225,20 @@ def linear_backward_post(ctx: Any, grad_input: torch.Tensor | None,
     if getattr(ctx, "gradient_accumulation_fusion", False):
         grad_weight = None
     for name, t in (("grad_input", grad_input), ("grad_weight", grad_weight)):
-        if t is not None and _wanted(saver, "linear", "backward", "post", name, call.site,
-                                     call.iteration):
-            _save(saver, t, "linear", "backward", "post", name, call.site, call.iteration,
-                  call.sample_idx, "linear")
+        if t is None:
+            continue
+        at = _at(call.site, "linear", "backward", "post", name)
+        if saver.captures(at, call.iteration):
+            _save(saver, t, at, call.iteration, call.sample_idx)
 
 
 # -- attention ---------------------------------------------------------------------------------------
 _QKV = (gemm_plan.plan("qk", "query"), gemm_plan.plan("qk", "key"), gemm_plan.plan("pv", "value"))
 _PROBS = gemm_plan.plan("pv", "probs")
-_RUNNING_ATTENTION: list[Site] = [UNKNOWN_SITE]   # the attention now in forward
+
+
 def _attention_site(module: torch.nn.Module) -> Site:
-    site = _SITES.get(module)
+    site = STATE.sites.get(module)
     number = getattr(module, "layer_number", None)
     idx = number - 1 if isinstance(number, int) else None
     if site is None:
@@ -228,10 +248,10 @@ def _attention_site(module: torch.nn.Module) -> Site:
     return site
 
 
-def _grad_hook(saver, name: str, phase: str, site: Site, it: int, sample: int | None):
+def _grad_hook(saver, at: CaptureSite, it: int, sample: int | None):
     def hook(grad: torch.Tensor) -> None:
         if saver.enabled:
-            _save(saver, grad, "attention", "backward", phase, name, site, it, sample, "FA")
+            _save(saver, grad, at, it, sample)
     return hook
 
 
@@ -260,38 +280,39 @@ def _attention(module, forward, query, key, value, emulate, args, kwargs):
         inspector(module, site, it, {"query": query, "key": key, "value": value})
     if cap:
         for p, t in zip(_QKV, (query, key, value)):
-            name = p.operand
-            if _wanted(saver, "attention", "forward", "pre", name, site, it):
-                _save(saver, t, "attention", "forward", "pre", name, site, it, sample, "FA",
+            at = _at(site, "attention", "forward", "pre", p.operand)
+            if saver.captures(at, it):
+                _save(saver, t, at, it, sample,
                       axis=p.axis if emulate and STATE.emulate_attention else None,
                       whatif_axis=p.axis)   # its Q·Kᵀ / P·V reduction axis, emulated or not
-            if t.requires_grad and _wanted(saver, "attention", "backward", "post", "grad_" + name,
-                                           site, it):
-                t.register_hook(_grad_hook(saver, "grad_" + name, "post", site, it, sample))
+            grad_at = _at(site, "attention", "backward", "post", "grad_" + p.operand)
+            if t.requires_grad and saver.captures(grad_at, it):
+                t.register_hook(_grad_hook(saver, grad_at, it, sample))
     if emulate and STATE.emulate_attention:
         # Q·Kᵀ and P·V operands along quant.gemm_plan's axes (P: quantize_probs, in the
         # forward); straight-through gradients.
         q = _emulator(saver, cap, "attention", site, it, sample, ste=True)
         query, key, value = (q(t, p) for p, t in zip(_QKV, (query, key, value)))
-    _RUNNING_ATTENTION[0] = site
+    STATE.running_attention = site
     context = forward(query, key, value, *args, **kwargs)
     if inspector is not None:
         inspector(module, site, it, {"context": context})
     if cap:
-        if _wanted(saver, "attention", "forward", "post", "context", site, it):
-            _save(saver, context, "attention", "forward", "post", "context", site, it, sample, "FA")
-        if context.requires_grad and _wanted(saver, "attention", "backward", "pre", "grad_context",
-                                             site, it):
-            context.register_hook(_grad_hook(saver, "grad_context", "pre", site, it, sample))
+        at = _at(site, "attention", "forward", "post", "context")
+        if saver.captures(at, it):
+            _save(saver, context, at, it, sample)
+        grad_at = _at(site, "attention", "backward", "pre", "grad_context")
+        if context.requires_grad and saver.captures(grad_at, it):
+            context.register_hook(_grad_hook(saver, grad_at, it, sample))
     return context
 
 
 def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
     """P of P·V, fake-quantized along the plan's axis (the key axis), gradient passed through.
     (What trees patched before probability capture call; :func:`attention_probs` now.)"""
+    running = STATE.running_attention or UNKNOWN_SITE
     return emulation.quantize_ste(attention_probs, axis=_PROBS.axis, kind="attention probs",
-                                  site=_RUNNING_ATTENTION[0].module_path,
-                                  layer=_RUNNING_ATTENTION[0].layer_idx,
+                                  site=running.module_path, layer=running.layer_idx,
                                   iteration=get_tensor_saver().iteration)
 
 
@@ -329,10 +350,9 @@ def attention_probs(module: torch.nn.Module, probs: torch.Tensor) -> torch.Tenso
     if out is not probs and cfg.save_quantized:
         todo.append((out, schema.quantized_name(schema.ATTENTION_PROBS), schema.VARIANT_QUANTIZED))
     for t, name, variant in todo:
-        if _wanted(saver, "attention", "forward", "pre", name, site, it):
+        at = _at(site, "attention", "forward", "pre", name, variant)
+        if saver.captures(at, it):
             part, info = probs_sample(t, heads, cfg.probs_heads, cfg.probs_rows)
-            saver.save_tensor(part, "attention", "forward", None, name, site.layer_idx, "pre",
-                              "FA", None, sample, it, module_path=site.module_path,
-                              submodule=site.submodule, variant=variant,
-                              metadata={schema.META_PROBS_SAMPLE: info}, whatif_axis=_PROBS.axis)
+            _save(saver, part, at, it, sample, whatif_axis=_PROBS.axis,
+                  metadata={schema.META_PROBS_SAMPLE: info})
     return out

@@ -26,36 +26,35 @@ from typing import Any, Callable
 
 from . import budget
 from .config import ENV_ITERATION
-from .saver import get_tensor_saver, on_new_session, stop_capture
+from .saver import get_tensor_saver, stop_capture
 from .state import STATE
 
 
 class _Numbering:
-    __slots__ = ("next_iteration", "resume", "running")
+    """This session's count (a STATE session part: a new session, configure() or
+    reset_tensor_saver(), starts it afresh)."""
+    __slots__ = ("next_iteration", "resume", "running", "budget_agreed")
 
     def __init__(self) -> None:
         self.next_iteration: int | None = None   # None until the first training call
         self.resume: int | None = None
         self.running = False
+        self.budget_agreed = False   # the ranks have agreed on the byte-budget stop
 
 
-_N = _Numbering()
+def _n() -> _Numbering:
+    return STATE.session(_Numbering)
 
 
 def reset() -> None:
-    """Forget the count (a new capture session: configure() / reset_tensor_saver())."""
-    _N.next_iteration = None
-    _N.resume = None
-    _N.running = False
-
-
-on_new_session(reset)
+    """Forget the count."""
+    STATE.forget(_Numbering)
 
 
 def resume_at(iteration: int) -> None:
     """The first training call is ``iteration`` (completed iterations of a resumed run), unless
     TENSOR_SAVER_ITERATION overrides. Call before the first training iteration."""
-    _N.resume = int(iteration)
+    _n().resume = int(iteration)
 
 
 def megatron_args_iteration() -> int | None:
@@ -69,15 +68,16 @@ def megatron_args_iteration() -> int | None:
 def first_iteration(saver: Any, env: Any = os.environ) -> int:
     if env.get(ENV_ITERATION, "").strip():
         return saver.config.iteration          # validated by the config
-    if _N.resume is not None:
-        return _N.resume
+    resume = _n().resume
+    if resume is not None:
+        return resume
     from_args = megatron_args_iteration()
     return from_args if from_args is not None else saver.iteration
 
 
 def current_iteration() -> int | None:
     """The iteration the running (or next) training call has."""
-    return _N.next_iteration
+    return _n().next_iteration
 
 
 def _model_of(args: tuple, kwargs: dict) -> Any:
@@ -117,28 +117,55 @@ def _run_eval(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
 def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     saver = get_tensor_saver()
-    if _N.next_iteration is None:
-        _N.next_iteration = first_iteration(saver)
-    it = _N.next_iteration
+    n = _n()
+    if n.next_iteration is None:
+        n.next_iteration = first_iteration(saver)
+    it = n.next_iteration
     saver.set_iteration(it)
     args, kwargs = _replace_step(args, kwargs, lambda f: _counting(f, saver))
-    _N.running = True
+    n.running = True
     try:
         out = func(*args, **kwargs)
     finally:
-        _N.running = False
-        _N.next_iteration = it + 1
+        n.running = False
+        n.next_iteration = it + 1
         saver.set_sample_idx(None)
     end_iteration(saver, it)
     return out
 
 
+def stop_if_over_budget(saver: Any, iteration: int) -> None:
+    """A byte budget that could not hold this iteration on any rank stops every rank here,
+    with the line the rank that ran out printed and status 2 (SystemExit: an exit of the
+    training loop, at a step boundary; the writer drains first so files stay whole).
+
+    The ranks agree once per session, after the first iteration the capture window selects
+    (budget.agreement_due: all ranks reach that call together); a later, rank-local
+    overflow, which a budget that held one iteration cannot raise, would stop its rank alone.
+    """
+    over = None
+    if saver.enabled:
+        try:
+            saver.budget.check()
+        except budget.CaptureBudgetError as exc:
+            over = exc
+    n = _n()
+    stop = over is not None
+    if not n.budget_agreed and budget.agreement_due(saver.config, iteration):
+        n.budget_agreed = True
+        stop = budget.any_rank(stop)
+    if stop:
+        saver.flush()
+        raise SystemExit(budget.CaptureBudgetError.code) from over
+
+
 def end_iteration(saver: Any, iteration: int) -> None:
-    """After a training iteration: a budget that could not hold it ends the run; when no later
-    iteration can be captured, say so once and stop capturing (emulation goes on)."""
+    """After a training iteration: a budget that could not hold it ends the run on every rank;
+    when no later iteration can be captured, say so once and stop capturing (emulation goes
+    on)."""
+    stop_if_over_budget(saver, iteration)
     if not saver.enabled:
         return
-    saver.budget.check()
     reason = budget.finished_reason(saver.config, saver.saved_iterations, iteration + 1)
     if reason is None:
         return
@@ -157,7 +184,7 @@ def wrap_schedule(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def schedule(*args: Any, **kwargs: Any) -> Any:
-        if not STATE.active or _N.running:
+        if not STATE.active or _n().running:
             return func(*args, **kwargs)
         if kwargs.get("forward_only", False):
             return _run_eval(func, args, kwargs)

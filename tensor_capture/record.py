@@ -132,15 +132,16 @@ class RecordBuilder:
             self._ts = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
         return self._ts
 
-    def metadata(self, name: schema.TensorName, tensor: torch.Tensor, info: dict[str, Any],
-                 module_path: str | None, submodule: str | None, variant: str,
-                 sampled_rows: int | None, row_stride: int | None, quant_axis: int | None,
-                 extra: dict[str, Any] | None) -> dict[str, Any]:
-        """The record's metadata: the name fields, shape/dtype/module, ranks, analyses, extras."""
+    def metadata(self, name: schema.TensorName, site: schema.CaptureSite, tensor: torch.Tensor,
+                 info: dict[str, Any], *, sampled_rows: int | None, row_stride: int | None,
+                 quant_axis: int | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+        """The record's metadata: the name fields (``name``: the site's plus the event's),
+        shape/dtype, the site's module and variant, ranks, analyses, extras."""
+        variant = site.variant
         meta = {f: getattr(name, f) for f in schema.NAME_FIELDS}   # asdict() is slow here
         meta.update({
             schema.META_SHAPE: list(tensor.shape), schema.META_DTYPE: str(tensor.dtype),
-            schema.META_MODULE_PATH: module_path, schema.META_SUBMODULE: submodule,
+            schema.META_MODULE_PATH: site.module_path, schema.META_SUBMODULE: site.submodule,
             schema.META_VARIANT: variant, schema.META_SAMPLED_ROWS: sampled_rows,
             schema.META_SAMPLED_ROW_STRIDE: row_stride, schema.META_EMULATED_FORMAT: (
                 self.config.quant_type if self.config.emulating else None),

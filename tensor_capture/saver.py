@@ -5,12 +5,17 @@ Usable on its own (no Megatron needed)::
     from tensor_capture.saver import TensorSaver
     saver = TensorSaver(enabled=True, save_dir="/tmp/caps", quant_type="mxfp8")
     saver.set_iteration(0)
-    saver.save_tensor(x, "linear", "forward", tensor_name="input", layer_idx=0,
-                      phase="pre", component="linear", module_path="decoder.layers.0.mlp.linear_fc1")
+    saver.capture(x, CaptureSite(layer_type="linear", operation="forward", phase="pre",
+                                 tensor_name="input", component="linear", layer_idx=0,
+                                 module_path="decoder.layers.0.mlp.linear_fc1"))
     saver.close()
 
+(``save_tensor`` takes the same fields positionally, as the seed API did.)
+
 Inside a patched Megatron tree the process-wide instance comes from :func:`get_tensor_saver`
-(configured from TENSOR_SAVE_* / CUSTOM_QUANT_TYPE / TENSOR_SAVE_CONFIG).
+(configured from TENSOR_SAVE_* / CUSTOM_QUANT_TYPE / TENSOR_SAVE_CONFIG). This module owns the
+process state (tensor_capture.state.STATE): it sets the hot-path flags from the saver's config,
+and a new session (:func:`configure`, :func:`reset_tensor_saver`) resets it in one call.
 """
 from __future__ import annotations
 
@@ -26,14 +31,15 @@ from . import budget, schema, sites, whatif
 from .config import CaptureConfig, ConfigError, load_config, load_quant_plan
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
+from .schema import CaptureSite
 from .tensorboard import NumericsBoard
 from .sink import CaptureSink
 from .state import STATE
 
 log = logging.getLogger("tensor_capture")
 
-__all__ = ["TensorSaver", "get_tensor_saver", "configure", "save_tensor", "save_attention_tensors",
-           "save_linear_tensors", "ConfigError"]
+__all__ = ["TensorSaver", "CaptureSite", "get_tensor_saver", "configure", "save_tensor",
+           "save_attention_tensors", "save_linear_tensors", "ConfigError"]
 
 
 class TensorSaver:
@@ -139,6 +145,14 @@ class TensorSaver:
                 and p.wants(layer_type, operation, phase, tensor_name, layer_idx, module_path)
                 and p.rank_selected())
 
+    def captures(self, site: CaptureSite, iteration: int) -> bool:
+        """Whether a tensor taken at ``site`` in ``iteration`` would be captured now."""
+        p = self.policy
+        return (self.enabled and p.iteration_selected(iteration)
+                and p.wants(site.layer_type, site.operation, site.phase, site.tensor_name,
+                            site.layer_idx, site.module_path)
+                and p.rank_selected())
+
     # -- saving ----------------------------------------------------------------------------------
     def save_tensor(self, tensor: torch.Tensor, layer_type: str, operation: str,
                     quant_type: str | None = None, tensor_name: str = "tensor",
@@ -148,8 +162,27 @@ class TensorSaver:
                     module_path: str | None = None, submodule: str | None = None,
                     variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
                     quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
-        """Capture one tensor (the seeds' signature plus keyword extras).
+        """Capture one tensor: the seeds' signature (the site's fields positionally, the
+        run-time ones after them) over :meth:`capture`."""
+        if not self.enabled or not isinstance(tensor, torch.Tensor) or not self.should_capture(
+                layer_type, operation, phase, tensor_name, layer_idx, module_path, iteration):
+            return None             # before building the site: most calls end here
+        site = CaptureSite(layer_type=layer_type, operation=operation, phase=phase,
+                           tensor_name=tensor_name, component=component, layer_idx=layer_idx,
+                           module_path=module_path, submodule=submodule, quant_type=quant_type,
+                           variant=variant)
+        return self.capture(tensor, site, iteration=iteration, rank=rank, sample_idx=sample_idx,
+                            metadata=metadata, quant_axis=quant_axis, whatif_axis=whatif_axis)
 
+    def capture(self, tensor: torch.Tensor, site: CaptureSite, *, iteration: int | None = None,
+                rank: int | None = None, sample_idx: int | None = None,
+                metadata: dict[str, Any] | None = None, quant_axis: int | None = None,
+                whatif_axis: int | None = None) -> str | None:
+        """Capture one tensor taken at ``site``.
+
+        ``iteration`` / ``rank`` / ``sample_idx``: the event's run-time fields; None takes the
+        saver's iteration and micro-batch (set by the schedule) and this process's rank.
+        ``metadata``: extra keys for the record (schema.META_*).
         ``quant_axis``: for a GEMM operand, its reduction axis; then each scaled format in
         play (the emulated one, scaled ``range_formats``) is analysed along it with
         quant.analyze_quantization into metadata["quant_analysis"]; and each what-if format
@@ -164,26 +197,25 @@ class TensorSaver:
         if not self.enabled or not isinstance(tensor, torch.Tensor):
             return None
         it = self.iteration if iteration is None else int(iteration)
-        if not self.should_capture(layer_type, operation, phase, tensor_name, layer_idx,
-                                   module_path, it):
+        if not self.captures(site, it):
             return None
         try:
-            return self._capture(tensor, layer_type, operation, quant_type, tensor_name, layer_idx,
-                                 phase, component, rank, sample_idx, it, module_path, submodule,
-                                 variant, metadata, quant_axis,
-                                 quant_axis if whatif_axis is None else whatif_axis)
+            return self._capture(tensor, site, iteration=it, rank=rank, sample_idx=sample_idx,
+                                 metadata=metadata, quant_axis=quant_axis,
+                                 whatif_axis=quant_axis if whatif_axis is None else whatif_axis)
         except ValueError as exc:   # a bad naming field from a caller: say so, keep training
             self._warnings.once(f"bad:{exc}", f"tensor capture: skipped a tensor: {exc}")
             return None
 
-    def _capture(self, tensor, layer_type, operation, quant_type, tensor_name, layer_idx, phase,
-                 component, rank, sample_idx, it, module_path, submodule, variant, metadata,
-                 quant_axis=None, whatif_axis=None):
+    def _capture(self, tensor: torch.Tensor, site: CaptureSite, *, iteration: int,
+                 rank: int | None, sample_idx: int | None, metadata: dict[str, Any] | None,
+                 quant_axis: int | None, whatif_axis: int | None) -> str | None:
         policy, records = self.policy, self.records
+        it = iteration
         info = policy.rank_info()
         rank = info["rank"] if rank is None else rank
         sample_idx = self.sample_idx if sample_idx is None else sample_idx
-        quant_label = quant_type or self.config.quant_type or short_dtype(tensor.dtype)
+        quant_label = site.quant_type or self.config.quant_type or short_dtype(tensor.dtype)
         ranges = records.ranges(tensor.dtype)
         full = tensor.detach()
         is_param = tensor.is_leaf and tensor.requires_grad
@@ -194,19 +226,19 @@ class TensorSaver:
         keep_file, kept, sampled_rows, row_stride, nbytes = policy.file_plan(full, it)
         counter = policy.book(it, nbytes)
         name = schema.TensorName(
-            layer_type=layer_type, operation=operation, tensor_name=tensor_name,
-            quant_type=quant_label, layer_idx=layer_idx, phase=phase, component=component,
-            iteration=it, rank=rank, sample_idx=sample_idx, timestamp=records.timestamp(),
-            counter=counter,
+            layer_type=site.layer_type, operation=site.operation, tensor_name=site.tensor_name,
+            quant_type=quant_label, layer_idx=site.layer_idx, phase=site.phase,
+            component=site.component, iteration=it, rank=rank, sample_idx=sample_idx,
+            timestamp=records.timestamp(), counter=counter,
         )
         filename = schema.build_filename(name) if keep_file else None
-        meta = records.metadata(name, tensor, info, module_path, submodule, variant, sampled_rows,
-                                row_stride, quant_axis, metadata)
+        meta = records.metadata(name, site, tensor, info, sampled_rows=sampled_rows,
+                                row_stride=row_stride, quant_axis=quant_axis, extra=metadata)
         cfg = self.config
-        due = (cfg.whatif_formats and variant == schema.VARIANT_HP
+        due = (cfg.whatif_formats and site.variant == schema.VARIANT_HP
                and ((it - cfg.iter_start) // cfg.iter_every) % cfg.whatif_every == 0  # N-th
                and self.whatif_gate.open(it))                  # within whatif_budget
-        wplan = whatif.plan(cfg.whatif_formats if due else (), full, variant, whatif_axis,
+        wplan = whatif.plan(cfg.whatif_formats if due else (), full, site.variant, whatif_axis,
                             cfg.whatif_max_elements)
         # the writer computes it: from its host copy of the whole tensor when it has one, else
         # from the (sampled) tensor staged beside the other copies
@@ -246,8 +278,8 @@ class TensorSaver:
 
     def _on_failure(self) -> None:
         """The sink turned saving off: the hot-path flag must follow for the global saver."""
-        if self is _GLOBAL.get("saver"):
-            _refresh_state(self)
+        if self is STATE.saver:
+            _set_flags(self)
 
 
 def _config_dict(config: CaptureConfig) -> dict[str, Any]:
@@ -256,27 +288,12 @@ def _config_dict(config: CaptureConfig) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in fields(config)}
 
 
-# -- the process-wide saver ------------------------------------------------------------------------
-_GLOBAL: dict[str, TensorSaver] = {}
-_GLOBAL_LOCK = threading.Lock()
-#: Forget-your-state callbacks of modules that keep per-session state (iteration numbering,
-#: the underflow warning's once-per-iteration memory); they register themselves on import, so
-#: the saver never imports them (they import the saver).
-_SESSION_RESETS: list[Callable[[], None]] = []
+# -- the process-wide saver (in STATE.saver) ---------------------------------------------------------
+_LOCK = threading.Lock()
 
 
-def on_new_session(reset: Callable[[], None]) -> None:
-    """Call ``reset`` whenever the process-wide saver is replaced or reset."""
-    if reset not in _SESSION_RESETS:
-        _SESSION_RESETS.append(reset)
-
-
-def _reset_session_state() -> None:
-    for reset in _SESSION_RESETS:
-        reset()
-
-
-def _refresh_state(saver: TensorSaver) -> None:
+def _set_flags(saver: TensorSaver) -> None:
+    """The hot-path flags of STATE from ``saver``'s config (and the module-path hook with them)."""
     STATE.quant_type = saver.config.quant_type
     STATE.emulate = saver.config.emulating
     STATE.plan = (load_quant_plan(saver.config.quant_plan) if saver.config.quant_plan
@@ -294,77 +311,80 @@ def _refresh_state(saver: TensorSaver) -> None:
         sites.uninstall_discovery()
 
 
+def _new_session(saver: TensorSaver | None, notes: dict[str, str] | None = None) -> None:
+    """The one reset: close the previous saver, forget everything, install ``saver``."""
+    old, STATE.saver = STATE.saver, None
+    if old is not None:
+        old.close()
+    STATE.reset()
+    sites.uninstall_discovery()
+    if saver is not None:
+        _install(saver, notes or {})
+
+
+def _install(saver: TensorSaver, notes: dict[str, str]) -> None:
+    STATE.saver = saver
+    _set_flags(saver)
+    if saver.enabled:
+        budget.announce_start(saver.config, notes)
+
+
 def set_inspector(inspector: Callable[..., None] | None) -> None:
     """Also hand attention tensors to ``inspector(module, site, iteration, {name: tensor})``
     (te_integration's debug-API route; None: stop). Keeps the hot-path flag in step."""
     STATE.inspector = inspector
-    _refresh_state(get_tensor_saver())
+    _set_flags(get_tensor_saver())
+
+
+def _bounded_saver(config: CaptureConfig) -> tuple[TensorSaver, dict[str, str]]:
+    """A saver with the default bounds (tensor_capture.budget) and a note per bound applied."""
+    config, notes = budget.bounded(config)
+    return TensorSaver(config), notes
 
 
 def get_tensor_saver() -> TensorSaver:
     """The process-wide saver, configured from the environment on first use."""
-    saver = _GLOBAL.get("saver")
+    saver = STATE.saver
     if saver is None:
-        with _GLOBAL_LOCK:
-            saver = _GLOBAL.get("saver")
+        with _LOCK:
+            saver = STATE.saver
             if saver is None:
-                config, notes = budget.bounded(load_config())
-                saver = TensorSaver(config)
-                _GLOBAL["saver"] = saver
-                _refresh_state(saver)
-                if saver.enabled:
-                    budget.announce_start(saver.config, notes)
+                # the first saver of the process: what was set up before it (resume_at) stays
+                saver, notes = _bounded_saver(load_config())
+                _install(saver, notes)
     return saver
 
 
 def current_saver() -> TensorSaver | None:
     """The process-wide saver if one was built, else None; never builds one (a reader such as
     the training monitor must not start a capture from the environment)."""
-    return _GLOBAL.get("saver")
+    return STATE.saver
 
 
 def configure(config: CaptureConfig | str | os.PathLike[str] | None = None,
               **overrides: Any) -> TensorSaver:
     """Replace the process-wide saver (a config object, a YAML path, or keyword settings)."""
-    with _GLOBAL_LOCK:
-        old = _GLOBAL.get("saver")
+    with _LOCK:
         if not isinstance(config, CaptureConfig):
             config = load_config(config, **overrides)
         elif overrides:
             config = load_config(env={}, **{**_config_dict(config), **overrides})
-        config, notes = budget.bounded(config)
-        saver = TensorSaver(config)
-        if old is not None:
-            old.close()
-        _GLOBAL["saver"] = saver
-        _reset_session_state()
-        _refresh_state(saver)
-        if saver.enabled:
-            budget.announce_start(saver.config, notes)
+        saver, notes = _bounded_saver(config)
+        _new_session(saver, notes)
     return saver
 
 
 def stop_capture(saver: TensorSaver) -> None:
     """Finish capturing (files flushed, hooks off); emulation, if any, goes on."""
     saver.close()
-    if saver is _GLOBAL.get("saver"):
-        _refresh_state(saver)
+    if saver is STATE.saver:
+        _set_flags(saver)
 
 
 def reset_tensor_saver() -> None:
     """Close and forget the process-wide saver (tests; a new one is built on next use)."""
-    with _GLOBAL_LOCK:
-        old = _GLOBAL.pop("saver", None)
-        if old is not None:
-            old.close()
-        _reset_session_state()
-        STATE.emulate = STATE.emulate_attention = False
-        STATE.active = STATE.inspector is not None
-        STATE.paused = STATE.warn_underflow = False
-        STATE.quant_type = None
-        STATE.plan = None
-        STATE.current_linear = None
-        sites.uninstall_discovery()
+    with _LOCK:
+        _new_session(None)
 
 
 def _attention_format(recipe: str | None) -> str | None:

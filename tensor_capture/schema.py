@@ -264,11 +264,44 @@ def hp_twin_name(tensor_name: str) -> str:
             return tensor_name[: -len(suffix)]
     return tensor_name
 
+
+@dataclass(frozen=True, slots=True)
+class CaptureSite:
+    """What a capture call site knows about a tensor: where in the model and in the step it is
+    taken. Hooks build one per tensor and pass it by keyword through the saver to the record.
+
+    Why these fields and not the others of :class:`TensorName`: a site is fixed by the code and
+    the model (the same linear input, in the same module, in every iteration), while
+    ``iteration``, ``rank`` and ``sample_idx`` are run-time facts of one event that the saver
+    reads from the schedule (tensor_capture.numbering) and the process when the call leaves them
+    out, and ``timestamp`` / ``counter`` are assigned by the saver as it books the record.
+    ``quant_type`` None lets the saver label the tensor (the emulated format, else its dtype).
+    ``module_path`` / ``submodule`` / ``variant`` are metadata keys (META_MODULE_PATH,
+    META_SUBMODULE, META_VARIANT), not file-name fields.
+    """
+
+    layer_type: str
+    operation: str
+    phase: str = "unknown"
+    tensor_name: str = "tensor"
+    component: str = "unknown"
+    layer_idx: int | None = None
+    module_path: str | None = None
+    submodule: str | None = None
+    quant_type: str | None = None
+    variant: str = VARIANT_HP
+
+
+SITE_FIELDS = tuple(f.name for f in fields(CaptureSite))
+
+
 # Statistics computed on the whole tensor before any copy or sampling.
 STAT_KEYS = (
     "numel", "min", "max", "mean", "std", "absmax", "min_nonzero_abs",
     "zero_count", "nan_count", "inf_count",
 )
+# ... of which these are integer counts (the others are floats, None when undefined)
+STAT_COUNT_KEYS = ("numel", "zero_count", "nan_count", "inf_count")
 # Overflow/underflow against a dtype or quant format, stored under stats["range"][name]:
 # {"upper_overflow_count", "lower_overflow_count", "overflow_count", "underflow_count",
 #  "flush_to_zero_count", and "*_ratio" for each}, with quant.analysis' definitions (upper:
@@ -300,6 +333,20 @@ AXIS_FROM_GEMM, AXIS_LAST = "gemm", "last"
 # file describe the sample (META_SHAPE is the sample's shape).
 ATTENTION_PROBS = "attention_probs"
 META_PROBS_SAMPLE = "probs_sample"
+# A tensor captured through Transformer Engine's debug API (te_integration.features):
+# {"namespace": the debug-API namespace, "tensor": the debug API's own name of the tensor}.
+META_DEBUG_API = "debug_api"
+
+#: Every metadata key the saver may write beside the naming fields (tensor_capture.record), in
+#: the order it writes them; a manifest record is NAME_FIELDS + these + MANIFEST_FILE. Readers
+#: that index records (tensor_viz.columnar) check themselves against RECORD_KEYS.
+META_KEYS = (
+    META_SHAPE, META_DTYPE, META_MODULE_PATH, META_SUBMODULE, META_VARIANT, META_SAMPLED_ROWS,
+    META_SAMPLED_ROW_STRIDE, META_EMULATED_FORMAT, *META_PARALLEL, META_MCORE_VERSION,
+    META_RECIPE, META_RECIPE_SPECS, META_QUANT_ANALYSIS, META_STATS, META_WHATIF,
+    META_PROBS_SAMPLE, META_DEBUG_API,
+)
+RECORD_KEYS = NAME_FIELDS + META_KEYS + (MANIFEST_FILE,)
 
 
 def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:

@@ -6,11 +6,11 @@ Function which linear module is running. ``layer_idx`` is 0-based: the owning
 TransformerLayer's ``layer_number - 1``, i.e. the ``decoder.layers.{i}`` index when there is
 no pipeline parallelism. Its own module because the process-wide saver switches the hook on
 and off while the hooks (tensor_capture.hooks) read the sites: neither imports the other.
+The map itself is ``STATE.sites`` (tensor_capture.state), with the rest of the process state.
 """
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,6 @@ class Site:
 
 
 UNKNOWN_SITE = Site(None, None, None)
-_SITES: "weakref.WeakKeyDictionary[torch.nn.Module, Site]" = weakref.WeakKeyDictionary()
-_HOOK: list[Any] = []
 
 
 def _strip(path: str) -> str:
@@ -57,27 +55,28 @@ def register_model(root: torch.nn.Module, prefix: str = "") -> None:
             idx = int(m.group(1)) if m else None
         layer_of[path] = idx
         leaf = path.rsplit(".", 1)[-1] if path else type(mod).__name__
-        _SITES[mod] = Site(path or None, leaf, idx)
+        STATE.sites[mod] = Site(path or None, leaf, idx)
 
 
 def site_of(module: torch.nn.Module) -> Site:
-    return _SITES.get(module, UNKNOWN_SITE)
+    """Where ``module`` sits (UNKNOWN_SITE for a module never registered)."""
+    return STATE.sites.get(module, UNKNOWN_SITE)
 
 
 def _discover(module: torch.nn.Module, args: Any) -> None:
-    site = _SITES.get(module)
+    site = STATE.sites.get(module)
     if site is None:                 # first call of an unseen root: map its whole tree
         register_model(module)
-        site = _SITES.get(module, UNKNOWN_SITE)
+        site = STATE.sites.get(module, UNKNOWN_SITE)
     if type(module).__name__ in LINEAR_CLASSES:
         STATE.current_linear = site
 
 
 def install_discovery() -> None:
-    if not _HOOK:
-        _HOOK.append(torch.nn.modules.module.register_module_forward_pre_hook(_discover))
+    if not STATE.discovery:
+        STATE.discovery.append(torch.nn.modules.module.register_module_forward_pre_hook(_discover))
 
 
 def uninstall_discovery() -> None:
-    while _HOOK:
-        _HOOK.pop().remove()
+    while STATE.discovery:
+        STATE.discovery.pop().remove()

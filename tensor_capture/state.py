@@ -1,31 +1,69 @@
-"""The one flag the patched Megatron hot path reads.
+"""Everything tensor capture keeps per process, in one object with one reset.
 
-Why a separate object: the patched files check ``STATE.active`` (one attribute lookup) on
-every GEMM; everything else is imported only when it is true. Set from the environment at
-import (cheap, no validation) and refreshed whenever a saver is configured.
+Why one object: the patched Megatron hot path checks ``STATE.active`` (one attribute lookup) on
+every GEMM, and everything else is imported only when it is true; and a new capture session
+(``configure()``, ``reset_tensor_saver()``) must forget the previous one completely, which is
+:meth:`CaptureState.reset` and nothing else. The process-wide saver (tensor_capture.saver) owns
+it: it sets the flags from its config and calls the reset; other modules read the flags and keep
+their per-session books as :meth:`CaptureState.session` parts (iteration numbering, emulation's
+delayed-scaling state, the underflow warning's turns), so the saver never imports them.
+
+What is deliberately not here: the call a linear layer's backward needs (site, iteration,
+micro-batch of its forward) travels on the autograd ``ctx`` (tensor_capture.hooks), because
+several forwards (micro-batches, pipeline stages) run before their backwards.
 """
 from __future__ import annotations
 
+import weakref
+from typing import Any, TypeVar
+
 from .config import env_requests_activity  # noqa: F401  (the facade imports it from here)
 
+_Part = TypeVar("_Part")
 
-class _State:
+
+class CaptureState:
+    """Hot-path flags, the process-wide saver, model sites and per-session parts."""
+
     __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "plan", "current_linear",
-                 "paused", "warn_underflow", "inspector")
+                 "paused", "warn_underflow", "inspector", "saver", "running_attention", "sites",
+                 "discovery", "_session")
 
     def __init__(self) -> None:
-        self.active = False             # capture enabled or emulation on
+        # inspector(module, site, iteration, {name: tensor}) for attention tensors: the debug
+        # API route of te_integration (saver.set_inspector); None: off. Process-wide, set
+        # outside any capture session, so a reset keeps it.
+        self.inspector: Any = None
+        # module -> tensor_capture.sites.Site: describes the model, which outlives a capture
+        # session (a reset keeps it; weak keys let a dropped model go)
+        self.sites: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+        self.discovery: list[Any] = []     # handle of the global module pre-hook (tensor_capture.sites)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the capture session: flags off, no saver, every session part dropped."""
+        self.active = self.inspector is not None   # capture enabled, emulation on, or an inspector
         self.emulate = False            # CUSTOM_QUANT_TYPE names a format to emulate
         self.emulate_attention = False  # ... and attention GEMMs are emulated too
         self.quant_type: str | None = None
-        self.plan = None                # quant.precision_plan.PrecisionPlan (CUSTOM_QUANT_PLAN)
-        self.current_linear = None      # site of the linear module whose forward is running
+        self.plan: Any = None           # quant.precision_plan.PrecisionPlan (CUSTOM_QUANT_PLAN)
+        self.current_linear: Any = None     # site of the linear module whose forward is running
+        self.running_attention: Any = None  # site of the attention module now in forward
         self.paused = False             # a forward-only (evaluation) schedule call: capture nothing
         self.warn_underflow = False     # emulating with underflow_warnings on (tensor_capture.underflow)
-        # inspector(module, site, iteration, {name: tensor}) for attention tensors: the debug
-        # API route of te_integration (saver.set_inspector); None: off
-        self.inspector = None
+        self.saver: Any = None          # the process-wide TensorSaver (tensor_capture.saver)
+        self._session: dict[type, Any] = {}
+
+    def session(self, kind: type[_Part]) -> _Part:
+        """This session's ``kind()`` (made on first use; a reset drops it)."""
+        part = self._session.get(kind)
+        if part is None:
+            part = self._session[kind] = kind()
+        return part
+
+    def forget(self, kind: type) -> None:
+        """Drop this session's ``kind`` part alone (its next use starts afresh)."""
+        self._session.pop(kind, None)
 
 
-STATE = _State()
-
+STATE = CaptureState()

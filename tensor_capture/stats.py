@@ -326,7 +326,7 @@ def decode(vec: torch.Tensor | Sequence[float], ranges: Sequence[RangeSpec] = ()
             lo, hi = s["min"], s["max"]
             out[key] = max(abs(lo), abs(hi)) if not (math.isnan(lo) or math.isinf(lo)) else (
                 float("nan") if s["numel"] == 0 or math.isnan(lo) else 0.0)
-        elif key in ("numel", "zero_count", "nan_count", "inf_count"):
+        elif key in schema.STAT_COUNT_KEYS:
             out[key] = int(s[key])
         else:
             out[key] = s[key]

@@ -16,6 +16,7 @@ import torch
 from quant.formats import FORMATS
 
 from .saver import TensorSaver
+from .schema import CaptureSite
 
 _LINEARS = (("self_attention.linear_qkv", 1.0), ("self_attention.linear_proj", 0.5),
             ("mlp.linear_fc1", 1.0), ("mlp.linear_fc2", 0.3))
@@ -64,9 +65,10 @@ def write_synthetic_run(directory: str | Path, *, quant_types: Sequence[str] = (
                                 import quant
 
                                 t = quant.quantize(t, qt)
-                            saver.save_tensor(t.to(torch.bfloat16), "linear", op, None, tname, layer,
-                                              phase, "linear", rank, None, it, module_path=path,
-                                              submodule=name)
+                            site = CaptureSite(layer_type="linear", operation=op, phase=phase,
+                                               tensor_name=tname, component="linear",
+                                               layer_idx=layer, module_path=path, submodule=name)
+                            saver.capture(t.to(torch.bfloat16), site, rank=rank, iteration=it)
                     path = f"decoder.layers.{layer}.self_attention.core_attention"
                     q = randn(seq, batch, heads, head_dim, scale=depth)
                     for op, phase, tname, t in (
@@ -75,8 +77,9 @@ def write_synthetic_run(directory: str | Path, *, quant_types: Sequence[str] = (
                             ("forward", "post", "context", randn(seq, batch, hidden, scale=0.5)),
                             ("backward", "pre", "grad_context", randn(seq, batch, hidden, scale=1e-3)),
                             ("backward", "post", "grad_query", randn(*q.shape, scale=1e-4))):
-                        saver.save_tensor(t.to(torch.bfloat16), "attention", op, None, tname, layer,
-                                          phase, "FA", rank, None, it, module_path=path,
-                                          submodule="core_attention")
+                        site = CaptureSite(layer_type="attention", operation=op, phase=phase,
+                                           tensor_name=tname, component="FA", layer_idx=layer,
+                                           module_path=path, submodule="core_attention")
+                        saver.capture(t.to(torch.bfloat16), site, rank=rank, iteration=it)
             saver.close()
     return out

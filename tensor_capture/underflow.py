@@ -24,12 +24,13 @@ import sys
 import torch
 
 from . import budget
-from .saver import on_new_session
+from .state import STATE
 
 _ICON = {"high": "\U0001f534", "medium": "\U0001f7e1", "none": "\U0001f7e2"}
 
 
 class _Turns:
+    """This session's turns and levels (a STATE session part)."""
     __slots__ = ("iteration", "done", "seen", "checked", "levels", "said")
 
     def __init__(self) -> None:
@@ -41,35 +42,34 @@ class _Turns:
         self.said = 0                                  # warnings printed this session
 
 
-_T = _Turns()
+def _turns() -> _Turns:
+    return STATE.session(_Turns)
 
 
 def reset() -> None:
-    global _T
-    _T = _Turns()
-
-
-on_new_session(reset)
+    """Forget the turns and levels said (the next warning starts afresh)."""
+    STATE.forget(_Turns)
 
 
 def warnings_said() -> int:
-    return _T.said
+    return _turns().said
 
 
 def _stop_note() -> str | None:
-    if not _T.said:
+    t = _turns()
+    if not t.said:
         return None
-    keys = sum(1 for v in _T.levels.values() if v != "none")
-    return (f"{_T.said} pre-quantization warning(s) ({keys} module x operand x format now above "
+    keys = sum(1 for v in t.levels.values() if v != "none")
+    return (f"{t.said} pre-quantization warning(s) ({keys} module x operand x format now above "
             "the margin)")
 
 
 budget.add_stop_note(_stop_note)
 
 
-def _my_turn(kind: str, site: str | None) -> bool:
-    seen = _T.seen[kind]
-    checked = _T.checked.setdefault(kind, set())
+def _my_turn(t: _Turns, kind: str, site: str | None) -> bool:
+    seen = t.seen[kind]
+    checked = t.checked.setdefault(kind, set())
     if checked >= seen:            # every module had its turn: a new round
         checked.clear()
     if site in checked:
@@ -101,15 +101,16 @@ def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: s
           site: str | None, iteration: int | None) -> str | None:
     """Judge ``x`` (before quantization to ``fmt``) when it is its turn; print a line when the
     level of (site, kind, fmt) changed."""
-    if iteration != _T.iteration:
-        _T.iteration = iteration
-        _T.done = set()
-    _T.seen.setdefault(kind, set()).add(site)      # every module takes its turn later
-    if kind in _T.done or not x.is_floating_point() or x.numel() == 0:
+    t = _turns()
+    if iteration != t.iteration:
+        t.iteration = iteration
+        t.done = set()
+    t.seen.setdefault(kind, set()).add(site)      # every module takes its turn later
+    if kind in t.done or not x.is_floating_point() or x.numel() == 0:
         return None
-    if not _my_turn(kind, site):
+    if not _my_turn(t, kind, site):
         return None
-    _T.done.add(kind)
+    t.done.add(kind)
     import quant
     from quant.format_loss import judge
 
@@ -123,11 +124,11 @@ def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: s
               file=sys.stderr, flush=True)
         return None
     key = (site, kind, loss.format)
-    previous = _T.levels.get(key, "none")
+    previous = t.levels.get(key, "none")
     if loss.severity == previous:
         return None
-    _T.levels[key] = loss.severity
+    t.levels[key] = loss.severity
     text = message(kind, site, iteration, loss, report, previous)
-    _T.said += 1
+    t.said += 1
     print(text, file=sys.stderr, flush=True)
     return text

@@ -28,7 +28,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,9 +46,6 @@ BAD_EXAMPLES = 3
 #: once); rows per Parquet row group (the unit a reader skips by its iteration min/max)
 BATCH_FILES, BATCH_BYTES, ROW_GROUP_ROWS = 32, 512 << 20, 4096
 
-_SCALAR_STATS = ("numel", "min", "max", "mean", "std", "absmax", "min_nonzero_abs",
-                 "zero_count", "nan_count", "inf_count")
-_INT_STATS = ("numel", "zero_count", "nan_count", "inf_count")
 _RANGE = ("overflow_ratio", "underflow_ratio", "flush_to_zero_ratio", "upper_overflow_ratio",
           "lower_overflow_ratio", "overflow_count", "underflow_count", "flush_to_zero_count",
           "max_normal", "min_normal")
@@ -67,14 +64,22 @@ def _struct(keys: tuple[str, ...], ints: tuple[str, ...] = ()) -> str:
     return "STRUCT(" + ", ".join(f"{k} {'BIGINT' if k in ints else 'DOUBLE'}" for k in keys) + ")"
 
 
-#: the typed shape of one manifest record (DuckDB types): the naming fields and metadata keys of
-#: tensor_capture.schema, statistics and what-if numerics nested. Keys not listed here (e.g. the
-#: per-operand recipe specs) stay in the JSON manifest only.
+def _name_type(annotation: Any) -> str:
+    """The DuckDB type of a schema.TensorName field from its annotation (int or str)."""
+    return "BIGINT" if "int" in str(annotation) else "VARCHAR"
+
+
+#: metadata keys kept in the JSON manifest only, each for a reason: the per-operand recipe specs
+#: ({gemm: spec summary}) are a few repeated strings per operand that no report aggregates; the
+#: debug API's own names of a tensor repeat what the naming fields say in our vocabulary
+JSON_ONLY = (schema.META_RECIPE_SPECS, schema.META_DEBUG_API)
+
+#: the typed shape of one manifest record (DuckDB types): every key of schema.RECORD_KEYS but
+#: JSON_ONLY (the naming fields from schema.TensorName, the statistics from schema.STAT_KEYS),
+#: statistics and what-if numerics nested; tests/test_capture_schema_index.py fails on a record
+#: key missing here.
 RECORD_STRUCTURE: dict[str, Any] = {
-    "layer_type": "VARCHAR", "operation": "VARCHAR", "tensor_name": "VARCHAR",
-    "quant_type": "VARCHAR", "layer_idx": "BIGINT", "phase": "VARCHAR", "component": "VARCHAR",
-    "iteration": "BIGINT", "rank": "BIGINT", "sample_idx": "BIGINT", "timestamp": "VARCHAR",
-    "counter": "BIGINT", "schema_version": "BIGINT",
+    **{f.name: _name_type(f.type) for f in fields(schema.TensorName)},
     schema.META_SHAPE: "BIGINT[]", schema.META_DTYPE: "VARCHAR",
     schema.META_MODULE_PATH: "VARCHAR", schema.META_SUBMODULE: "VARCHAR",
     schema.META_VARIANT: "VARCHAR", schema.META_SAMPLED_ROWS: "BIGINT",
@@ -85,7 +90,7 @@ RECORD_STRUCTURE: dict[str, Any] = {
     **{k: "BIGINT" for k in schema.META_PARALLEL},
     schema.META_MCORE_VERSION: "VARCHAR", schema.MANIFEST_FILE: "VARCHAR",
     schema.META_STATS: {
-        **{k: ("BIGINT" if k in _INT_STATS else "DOUBLE") for k in _SCALAR_STATS},
+        **{k: ("BIGINT" if k in schema.STAT_COUNT_KEYS else "DOUBLE") for k in schema.STAT_KEYS},
         schema.STAT_RANGE: f"MAP(VARCHAR, {_struct(_RANGE)})",
         schema.STAT_LOG2_HIST: "STRUCT(min_exp BIGINT, counts BIGINT[])",
     },
@@ -97,7 +102,8 @@ RECORD_STRUCTURE: dict[str, Any] = {
     },
 }
 #: naming fields every record must have to be counted (others are bad lines)
-REQUIRED = ("layer_type", "operation", "tensor_name", "iteration")
+REQUIRED = tuple(f for f in schema.NAME_FIELDS
+                 if f in ("layer_type", "operation", "tensor_name", "iteration"))
 
 
 @dataclass

@@ -44,7 +44,11 @@ def test_record_builder_names_and_stages_a_record(tmp_path):
                              iteration=1, rank=0, sample_idx=None, timestamp=b.timestamp(),
                              counter=1)
     info = {"rank": 0, "tp_rank": None, "pp_rank": None, "dp_rank": None, "world_size": 1}
-    meta = b.metadata(name, x, info, "m.fc1", "fc1", "hp", None, None, -1, {"extra": 1})
+    site = schema.CaptureSite(layer_type="linear", operation="forward", phase="pre",
+                              tensor_name="input", component="linear", layer_idx=0,
+                              module_path="m.fc1", submodule="fc1", variant="hp")
+    meta = b.metadata(name, site, x, info, sampled_rows=None, row_stride=None, quant_axis=-1,
+                      extra={"extra": 1})
     assert meta["iteration"] == 1 and meta["shape"] == [8, 64] and meta["extra"] == 1
     assert meta["quant_analysis"]["mxfp8"]["axis"] == -1 and meta["emulated_format"] == "mxfp8"
     item = b.build(tmp_path, 0, "f.pt", x, x, False, None, ranges, meta)
