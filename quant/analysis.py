@@ -27,12 +27,11 @@ from typing import Optional, Union
 
 import torch
 
-from .elemwise import ElemParams, pow2_any, round_magnitude
-from .formats import (SCALING_MX, SCALING_NVFP4, SCALING_TENSOR, FormatSpec, format_for_dtype,
-                      get_format)
-from .dispatch import _check_input, quantize_raw, resolve_options, to_blocks
-from .scaling import (mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale,
-                      tensor_scale)
+from .dispatch import _check_input, quantize_raw, resolve_options
+from .elemwise import ElemParams, round_magnitude
+from .families import family_of
+from .formats import FormatSpec, format_for_dtype, get_format
+from .layout import to_blocks
 
 HIGH_THRESHOLD = 0.01
 MEDIUM_THRESHOLD = 0.001
@@ -216,25 +215,17 @@ def _range_summary(t: torch.Tensor) -> tuple[tuple[float, float], float, float]:
 
 
 def _scaled_layout(x32, spec, axis, block, scale_mode):
-    """Scaled values in the layout the format works in, plus per-block scales and a restorer.
+    """Scaled values in the layout the format works in (its family's Scales), plus per-block
+    scales and a restorer.
 
     Returns (v, scales or None, restore or None, block_finite or None).
     """
-    if spec.scaling == SCALING_TENSOR:
-        return x32 * tensor_scale(x32, spec.max_normal), None, None, None
-    if spec.scaling == SCALING_MX:
-        xb, restore = to_blocks(x32, axis, block)
-        amax = xb.abs().amax(dim=-1, keepdim=True)
-        s = mx_shared_exponent(amax, spec.emax, spec.max_normal, scale_mode)
-        return xb * pow2_any(-s), pow2_any(s), restore, torch.isfinite(amax)
-    if spec.scaling == SCALING_NVFP4:
-        s_t = nvfp4_tensor_scale(x32)
-        xb, restore = to_blocks(x32, axis, block)
-        amax = xb.abs().amax(dim=-1, keepdim=True)
-        denom = nvfp4_block_scale(amax, s_t) * s_t
-        v = xb / torch.where(denom > 0, denom, torch.ones_like(denom))  # as the quantizer
-        return v, denom, restore, torch.isfinite(amax)
-    return x32, None, None, None
+    family = family_of(spec)
+    if not family.blocked:
+        return family.scales(x32, spec, scale_mode).encoded(x32), None, None, None
+    xb, restore = to_blocks(x32, axis, block)
+    s = family.scales(xb, spec, scale_mode)
+    return s.encoded(xb), s.block_scale, restore, ~s.poisoned
 
 
 def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,

@@ -10,6 +10,8 @@ from typing import Optional
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
 SCALE_MODES = ("floor", "ceil", "rceil")
+#: the MX scale mode of the format definition (OCP v1.0), used wherever none is chosen
+DEFAULT_SCALE_MODE = SCALE_MODES[0]
 
 # Scaling families (how a block / tensor scale is chosen before the element cast).
 SCALING_NONE = "none"      # plain element cast (fp8_e4m3, bf16, int8 ...)

@@ -1,6 +1,10 @@
-"""Triton kernels of the fake quantizers: the same bit-space arithmetic as ``elemwise`` and
-``scaling``, fused into one pass over memory (element formats) or one read + one write per block
-(MX, NVFP4), with a small amax pre-pass where the format has a per-tensor scale.
+"""Triton kernels of the fake quantizers: each scaling family's Triton implementation
+(``quantize_triton`` of quant/family_*.py launches them), the same bit-space arithmetic as the
+element cast of ``elemwise`` and the families' scales, fused into one pass over memory (element
+formats) or one read + one write per block (MX, NVFP4), with a small amax pre-pass where the
+format has a per-tensor scale. ``_round_magnitude`` / ``_finish`` / ``_cast`` are the Triton
+implementation of the one element cast (quant.elemwise), not a second definition: a kernel
+cannot call torch code, and tests/test_quant_triton.py holds them to it bit for bit.
 
 Why a second implementation: on CUDA the torch kernels are ~15 elementwise passes. These kernels
 must give the torch backend's results bit for bit, so every step mirrors it:
@@ -14,7 +18,7 @@ must give the torch backend's results bit for bit, so every step mirrors it:
 - NaN never enters a min/max: block amax is taken over finite values and a block holding
   NaN/Inf is set to NaN afterwards, as the torch backend does.
 
-Stochastic rounding reads a noise tensor drawn by the caller (``dispatch``) from the caller's
+Stochastic rounding reads a noise tensor drawn by the caller (the family, via quant.layout) from the caller's
 ``torch.Generator`` in the torch backend's own layout, so both backends give identical results
 for the same generator state.
 
@@ -32,7 +36,7 @@ import triton.language as tl
 from .interpreter import triton_interpreting
 from .elemwise import ElemParams
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
-from .scaling import E2M1_MAX, E4M3_MIN_SUBNORMAL, E4M3_PARAMS
+from .family_nvfp4 import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 
 #: rounding mode name -> the kernels' constexpr code
 ROUNDING_CODE = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "stochastic": 3,
@@ -49,14 +53,14 @@ NUM_WARPS = {"elements": 4, "mx": 4, "nvfp4": 8}
 _LAUNCH = {"enable_fp_fusion": False}
 #: bfloat16 conversions in bit space under the interpreter only (compiled: one native cvt)
 INTERPRETED: tl.constexpr = tl.constexpr(triton_interpreting())
-# NVFP4's scale constants, from quant.scaling (the one definition)
-NV_ELEM_MAX: tl.constexpr = tl.constexpr(E2M1_MAX)
-NV_SCALE_MIN: tl.constexpr = tl.constexpr(E4M3_MIN_SUBNORMAL)
-NV_SCALE_MAX: tl.constexpr = tl.constexpr(E4M3_PARAMS.max_normal)
-S_GRID_EMIN: tl.constexpr = tl.constexpr(E4M3_PARAMS.grid_emin)
-S_GRID_EMAX: tl.constexpr = tl.constexpr(E4M3_PARAMS.grid_emax)
-S_MBITS: tl.constexpr = tl.constexpr(E4M3_PARAMS.mbits)
-S_OVERFLOW: tl.constexpr = tl.constexpr(OVERFLOW_CODE[E4M3_PARAMS.overflow])
+# NVFP4's scale constants, from quant.family_nvfp4 (the one definition, read from FORMATS)
+NV_ELEM_MAX: tl.constexpr = tl.constexpr(ELEMENT_MAX)
+NV_SCALE_MIN: tl.constexpr = tl.constexpr(SCALE_MIN)
+NV_SCALE_MAX: tl.constexpr = tl.constexpr(SCALE_MAX)
+S_GRID_EMIN: tl.constexpr = tl.constexpr(SCALE_PARAMS.grid_emin)
+S_GRID_EMAX: tl.constexpr = tl.constexpr(SCALE_PARAMS.grid_emax)
+S_MBITS: tl.constexpr = tl.constexpr(SCALE_PARAMS.mbits)
+S_OVERFLOW: tl.constexpr = tl.constexpr(OVERFLOW_CODE[SCALE_PARAMS.overflow])
 E8M0_MIN: tl.constexpr = tl.constexpr(E8M0_MIN_EXP)
 E8M0_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_EXP)
 
@@ -262,7 +266,7 @@ def _mx_kernel(x_ptr, y_ptr, noise_ptr, nblocks, n, inner, nkb,
                OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
                ALIGNED: tl.constexpr):
-    """scaling.quantize_mx_blocks: E8M0 shared exponent per block, then the element cast."""
+    """family_mx's quantizer: E8M0 shared exponent per block, then the element cast."""
     offs, mask, v, noise, amax, nonfinite = _block_tile(
         x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
     if SCALE_MODE == 0:
@@ -289,14 +293,14 @@ def _nvfp4_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
                   OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
                   BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
                   ALIGNED: tl.constexpr):
-    """scaling.quantize_nvfp4_blocks: E4M3 block scale times the FP32 tensor scale s_t."""
+    """family_nvfp4's quantizer: E4M3 block scale times the FP32 tensor scale s_t."""
     offs, mask, v, noise, amax, nonfinite = _block_tile(
         x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
     s_t = tl.load(st_ptr)
     raw = tl.div_rn(tl.div_rn(amax, NV_ELEM_MAX), s_t)
     raw = tl.where(raw < NV_SCALE_MIN, NV_SCALE_MIN,
                    tl.where(raw > NV_SCALE_MAX, NV_SCALE_MAX, raw))
-    # the E4M3 block scale (scaling.nvfp4_block_scale): nearest even, saturating
+    # the E4M3 block scale (family_nvfp4.block_scale): nearest even, saturating
     s_b = _cast(raw, 0.0, S_GRID_EMIN, S_GRID_EMAX, S_MBITS, False, 0, NV_SCALE_MAX, S_OVERFLOW,
                 True, True)
     denom = s_b * s_t
