@@ -14,7 +14,7 @@ import torch
 
 from . import accel
 from .backends import triton_kernels
-from .elemwise import ElemParams, finish, round_magnitude_
+from .elemwise import ElemParams, finish, float_exponent, round_magnitude_
 from .formats import FORMATS, SCALING_NVFP4, FormatSpec
 from .layout import along_inner, block_axis, block_noise, blocks_in_place, noise, to_blocks
 from .scales import Scales, ScalingFamily, cast_scaled, finite_amax
@@ -57,6 +57,11 @@ class NVFP4Family(ScalingFamily):
     scaling = SCALING_NVFP4
     blocked = True
     uses_tensor_amax = True
+    stored_kind = "e4m3_scale"         # the E4M3 block scale value
+
+    def stored_bins(self, stored: torch.Tensor) -> torch.Tensor:
+        """One bin per binade floor(log2(scale)) of the E4M3 block scales."""
+        return float_exponent(stored)
 
     @staticmethod
     def scales_of_amax(amax_b: torch.Tensor, tensor_amax: torch.Tensor) -> Scales:

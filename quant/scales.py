@@ -92,6 +92,12 @@ class ScalingFamily:
     blocked: bool = False
     #: whether the scales depend on the tensor's finite amax (per-tensor, two-level)
     uses_tensor_amax: bool = False
+    #: what ``Scales.stored`` holds, as the what-if numbers name it (blocked families)
+    stored_kind: str = ""
+
+    def stored_bins(self, stored: torch.Tensor) -> torch.Tensor:
+        """Integer histogram bins of stored scales (the what-if block-scale histogram)."""
+        return stored
 
     def scales_from(self, amax_b: Optional[torch.Tensor], tensor_amax: Optional[torch.Tensor],
                     spec: FormatSpec, scale_mode: str) -> Scales:

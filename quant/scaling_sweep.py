@@ -32,6 +32,7 @@ import torch
 
 from . import sweep_verdicts
 from .analysis import severity as _severity
+from .analysis import severity_label
 from .family_tensor import TENSOR
 from .metrics import from_sums
 from .scales import Scales
@@ -54,7 +55,8 @@ LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_er
 #: metrics normalized in log10 space for the composite (errors span decades)
 LOG_NORMALIZED = frozenset({"mse", "mae", "relative_error"})
 
-SEVERITY_NONE = "NONE"
+#: the levels' severities are quant.analysis' names as reports print them
+SEVERITY_NONE, SEVERITY_HIGH = sweep_verdicts.NONE, sweep_verdicts.HIGH
 
 #: elements per [levels, chunk] tile in the batched pass (512 KiB of float32: stays in cache)
 DEFAULT_CHUNK = 1 << 17
@@ -226,9 +228,9 @@ class LevelResult:
 
 
 def severity(ratio: float) -> str:
-    """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), upper-cased
-    as the seed's report prints it."""
-    return _severity(ratio).upper()
+    """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), as the
+    seed's report prints it (``quant.analysis.severity_label``)."""
+    return severity_label(_severity(ratio))
 
 
 def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
@@ -331,7 +333,7 @@ def overflow_summary(levels: Sequence[LevelResult]) -> dict[str, Any]:
         "worst_underflow": by_under[-1] if levels else None,
         "best_underflow": by_under[0] if levels else None,
         "least_problematic": least,
-        "any_high": any(lv.overflow_severity == "HIGH" or lv.underflow_severity == "HIGH"
+        "any_high": any(SEVERITY_HIGH in (lv.overflow_severity, lv.underflow_severity)
                         for lv in levels),
     }
 

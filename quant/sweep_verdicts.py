@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from .analysis import SEVERITY_HIGH, SEVERITY_NONE, severity_label
+
 #: a curve needs this many points to show a shape; fewer and the plots say why
 MIN_CURVE_LEVELS = 3
 #: MSE max/min above this: "varies significantly" (the seed's rule)
@@ -30,7 +32,8 @@ COSINE_DELTA = (0.05, 0.01)
 PSNR_DELTA = (20.0, 10.0)
 #: position of the recommended level between the smallest (0) and largest (1) exponent swept
 POSITION_ENDS = (0.2, 0.8)
-NONE = "NONE"
+#: the levels' severities: quant.analysis' names as reports print them
+NONE, HIGH = severity_label(SEVERITY_NONE), severity_label(SEVERITY_HIGH)
 
 
 # --------------------------------------------------------------------------------------
@@ -225,7 +228,7 @@ def evidence(levels: Sequence[Any], scores: Sequence[float], stats: dict[str, An
         "clean_list": ", ".join(f"{exps[i]:.2f}" for i in clean),
         "least": least.scale_exp, "least_over_pct": pct(least.overflow_ratio),
         "least_under_pct": pct(least.underflow_ratio),
-        "any_high": any("HIGH" in (lv.overflow_severity, lv.underflow_severity) for lv in levels),
+        "any_high": any(HIGH in (lv.overflow_severity, lv.underflow_severity) for lv in levels),
         "n_overflow_levels": sum(lv.overflow_severity != NONE for lv in levels),
         "n_underflow_levels": sum(lv.underflow_severity != NONE for lv in levels),
         "max_over_pct": pct(max(lv.overflow_ratio for lv in levels)),

@@ -8,11 +8,14 @@ from typing import Any, Optional
 
 import torch
 
-from .elemwise import float_exponent
-from .formats import SCALING_MX, FormatSpec
+from .families import family_of
+from .family_mx import MX
+from .family_nvfp4 import NVFP4
+from .formats import FormatSpec
 
-SCALE_KIND_MX = "e8m0_exponent"
-SCALE_KIND_NVFP4 = "e4m3_scale"
+#: ``block_scale.kind`` of each block family (the families name what their scales store)
+SCALE_KIND_MX = MX.stored_kind
+SCALE_KIND_NVFP4 = NVFP4.stored_kind
 
 
 def int_histogram(values: torch.Tensor) -> dict[str, Any]:
@@ -38,10 +41,8 @@ def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int,
     """The block numbers of the module docstring from the per-block arrays: the scales of the
     live blocks (MX: E8M0 exponents; NVFP4: E4M3 scale values), the dynamic-range histogram,
     and per block the count of clipped and of flushed elements."""
-    if spec.scaling == SCALING_MX:
-        kind, binned = SCALE_KIND_MX, live_scales
-    else:
-        kind, binned = SCALE_KIND_NVFP4, float_exponent(live_scales)
+    family = family_of(spec)
+    kind, binned = family.stored_kind, family.stored_bins(live_scales)
     lo, hi, std = _summary(live_scales)
     return {
         "block_size": block, "axis_length": int(axis_length), "blocks": int(blocks),
