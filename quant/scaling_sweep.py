@@ -202,7 +202,8 @@ def _accumulate_part(values: torch.Tensor, f: Scales, grid: ElementGrid, chunk: 
 
 @dataclass
 class LevelResult:
-    """Everything the reports say about one scale exponent."""
+    """Everything the reports say about one scale exponent. The ratios divide the counts by
+    the finite elements swept; the severities are quant.analysis' of those ratios."""
 
     scale_exp: float
     scale_factor: float
@@ -210,21 +211,44 @@ class LevelResult:
     overflow_count: int
     underflow_count: int
     flush_to_zero_count: int
-    overflow_ratio: float
-    underflow_ratio: float
-    flush_to_zero_ratio: float
-    overflow_severity: str
-    underflow_severity: str
+    elements: int                            # finite elements swept (at least 1)
     scaled_range: tuple[float, float]       # of x / f, before the cast
     quantized_range: tuple[float, float]    # of the cast values (before multiplying back)
     mx_scale: bool                           # integer exponent: representable as an E8M0 scale
 
+    @property
+    def overflow_ratio(self) -> float:
+        return self.overflow_count / self.elements
+
+    @property
+    def underflow_ratio(self) -> float:
+        return self.underflow_count / self.elements
+
+    @property
+    def flush_to_zero_ratio(self) -> float:
+        return self.flush_to_zero_count / self.elements
+
+    @property
+    def overflow_severity(self) -> str:
+        return severity(self.overflow_ratio)
+
+    @property
+    def underflow_severity(self) -> str:
+        return severity(self.underflow_ratio)
+
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["metrics"] = dict(self.metrics)
-        d["scaled_range"] = list(self.scaled_range)
-        d["quantized_range"] = list(self.quantized_range)
-        return d
+        """Plain values, the counts followed by their ratios and severities."""
+        counts = {k: getattr(self, k) for k in _LEVEL_COUNT_KEYS}
+        return {"scale_exp": self.scale_exp, "scale_factor": self.scale_factor,
+                "metrics": dict(self.metrics), **counts,
+                "scaled_range": list(self.scaled_range),
+                "quantized_range": list(self.quantized_range), "mx_scale": self.mx_scale}
+
+
+#: LevelResult.to_dict's keys between the metrics and the ranges, in order
+_LEVEL_COUNT_KEYS = ("overflow_count", "underflow_count", "flush_to_zero_count",
+                     "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio",
+                     "overflow_severity", "underflow_severity")
 
 
 def severity(ratio: float) -> str:
@@ -488,7 +512,7 @@ def _run_sweep(tensor, grid, elem_format, num_levels, max_scale_exp, min_scale_e
         o, u, z = int(st.overflow[i]), int(st.underflow[i]), int(st.flush_to_zero[i])
         levels.append(LevelResult(
             float(s), float(factors[i]), {k: float(mets[k][i]) for k in METRIC_NAMES},
-            o, u, z, o / n, u / n, z / n, severity(o / n), severity(u / n),
+            o, u, z, n,
             (float(scaled[0]), float(scaled[1])), (float(quantized[0]), float(quantized[1])),
             float(s).is_integer() and lo_lim <= s <= hi_lim))
     scores = composite_scores(mets)
