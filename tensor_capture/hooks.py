@@ -50,7 +50,7 @@ def _wanted(saver, layer_type, op, phase, name, site, it) -> bool:
 #: layer type -> the underflow warning's operand kind (tensor_capture.underflow)
 _KIND = {"linear": "linear {gemm} {operand}", "attention": "attention {operand}"}
 _COMPONENT = {"linear": "linear", "attention": "FA"}
-_FORWARD_GEMMS = frozenset({"forward", "qk", "pv"})
+_FORWARD_GEMMS = frozenset({"fprop", "qk", "pv"})
 
 
 def _quantized_name(p: OperandPlan) -> str:
@@ -96,7 +96,7 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     cap = saver.enabled and not STATE.paused
     ctx._tc = _LinearCall(site, it, sample, cap)
     if cap:
-        for p, t in zip(gemm_plan.GEMM_OPERANDS["forward"], (total_input, weight)):
+        for p, t in zip(gemm_plan.GEMM_OPERANDS["fprop"], (total_input, weight)):
             if _wanted(saver, "linear", "forward", "pre", p.operand, site, it):
                 _save(saver, t, "linear", "forward", "pre", p.operand, site, it, sample, "linear",
                       axis=p.axis)
