@@ -14,7 +14,8 @@ import torch
 from .backends import resolve_backend
 from .elemwise import ElemParams
 from .families import family_of
-from .formats import SCALING_MX, FormatSpec, check_rounding, check_scale_mode, get_format
+from .formats import (DEFAULT_SCALE_MODE, FormatSpec, check_rounding, check_scale_mode,
+                      get_format)
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -32,7 +33,7 @@ def resolve_options(spec: FormatSpec, rounding: Optional[str], scale_mode: str,
     """Validate options against the format; return (rounding, block size)."""
     rounding = check_rounding(spec.default_rounding if rounding is None else rounding, spec)
     check_scale_mode(scale_mode)
-    if scale_mode != "floor" and spec.scaling != SCALING_MX:
+    if scale_mode != DEFAULT_SCALE_MODE and not family_of(spec).has_scale_modes:
         raise ValueError(f"scale_mode={scale_mode!r} only applies to MX formats (mx*); "
                          f"{spec.name} has scaling {spec.scaling!r}")
     if block_size is not None:

@@ -3,7 +3,10 @@
 How: a magnitude ``a`` with float32 exponent e (from its bits, clamped to the format's grid range)
 lies on the grid 2^(e - m) where m is the mantissa width at e. ``q = a * 2^(m - e)`` is exact (a
 power-of-two scaling), the rounding mode turns q into an integer r, and ``r * 2^(e - m)`` is the
-format value. Powers of two are built from their exponent bits, so nothing depends on libm.
+format value. Nearest-even rounding of the formats with a fixed mantissa width takes the same
+value in fewer passes from the float adder: ``(a + c) - c`` with ``c = 2^(e + 23 - m)``
+(:func:`_round_nearest_even_`; the Triton kernels round the same way). Powers of two are built
+from their exponent bits, so nothing depends on libm.
 NaN propagates through every step; +-Inf lands on the overflow path.
 """
 from __future__ import annotations

@@ -74,6 +74,7 @@ def _quantize_inner(xb, p, emax_elem, rounding, scale_mode, saturate):
 class MXFamily(ScalingFamily):
     scaling = SCALING_MX
     blocked = True
+    has_scale_modes = True
     stored_kind = "e8m0_exponent"      # the shared exponent s itself; bins: one per exponent
 
     @staticmethod

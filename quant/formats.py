@@ -58,7 +58,8 @@ class FormatSpec:
 
     @property
     def is_block(self) -> bool:
-        return self.scaling in (SCALING_MX, SCALING_NVFP4)
+        """Scaled per block (MX, NVFP4): the rows of block-scaled families give a block size."""
+        return self.block_size is not None
 
     @property
     def is_identity(self) -> bool:

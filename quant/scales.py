@@ -92,6 +92,8 @@ class ScalingFamily:
     blocked: bool = False
     #: whether the scales depend on the tensor's finite amax (per-tensor, two-level)
     uses_tensor_amax: bool = False
+    #: whether ``scale_mode`` chooses among rules (MX: floor / ceil / rceil)
+    has_scale_modes: bool = False
     #: what ``Scales.stored`` holds, as the what-if numbers name it (blocked families)
     stored_kind: str = ""
 
