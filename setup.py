@@ -22,7 +22,7 @@ setup(
     # te_integration/debug_features/ is a feature folder nvdlfw-inspect executes file by file
     # (no __init__.py on purpose): shipped as data beside the package
     package_data={"training_profiler": ["skills/*/README.md"], "tensor_viz": ["templates/*.j2", "templates/*.css"],
-                  "te_integration": ["debug_features/*.py"]},
+                  "te_integration": ["debug_features/*.py"], "quant": ["sweep_verdicts.json"]},
     install_requires=[
         # A range, not a pin: users bring their own CUDA build of torch.
         "torch>=2.4",

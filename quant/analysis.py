@@ -27,12 +27,11 @@ from typing import Optional, Union
 
 import torch
 
-from .elemwise import ElemParams, pow2_any, round_magnitude
-from .formats import (SCALING_MX, SCALING_NVFP4, SCALING_TENSOR, FormatSpec, format_for_dtype,
-                      get_format)
-from .dispatch import _check_input, quantize_raw, resolve_options, to_blocks
-from .scaling import (mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale,
-                      tensor_scale)
+from .dispatch import _check_input, quantize_raw, resolve_options
+from .elemwise import ElemParams, round_magnitude
+from .families import family_of
+from .formats import FormatSpec, format_for_dtype, get_format
+from .layout import to_blocks
 
 HIGH_THRESHOLD = 0.01
 MEDIUM_THRESHOLD = 0.001
@@ -40,13 +39,23 @@ MEDIUM_THRESHOLD = 0.001
 _ANALYSIS_ROUNDING = {"stochastic": "nearest_even", "hybrid": "nearest_away"}
 
 
+#: the severity names, mildest first (every tool's one spelling; reports print
+#: :func:`severity_label`)
+SEVERITY_NONE, SEVERITY_MEDIUM, SEVERITY_HIGH = SEVERITIES = ("none", "medium", "high")
+
+
 def severity(ratio: float) -> str:
     """'high' above 1 %, 'medium' above 0.1 %, else 'none' (the seed's thresholds)."""
     if ratio > HIGH_THRESHOLD:
-        return "high"
+        return SEVERITY_HIGH
     if ratio > MEDIUM_THRESHOLD:
-        return "medium"
-    return "none"
+        return SEVERITY_MEDIUM
+    return SEVERITY_NONE
+
+
+def severity_label(name: str) -> str:
+    """A severity as reports print it ("NONE", "MEDIUM", "HIGH"; the sweep's levels hold it)."""
+    return name.upper()
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,7 @@ class QuantAnalysis:
     min_normal: float
     min_subnormal: float
     block_size: Optional[int] = None
-    flush_to_zero_severity: str = "none"
+    flush_to_zero_severity: str = SEVERITY_NONE
     nan_blocks: int = 0            # blocks turned NaN by a NaN/Inf inside them
     # per block ([rows, nblocks], block axis moved last): counts and the scale of each block
     per_block: Optional[dict] = field(default=None, repr=False)
@@ -181,10 +190,10 @@ class QuantAnalysis:
 
     def warning_message(self) -> Optional[str]:
         """The seed's underflow warning when underflow exceeds 0.1 %, else None."""
-        if self.underflow_severity == "none":
+        if self.underflow_severity == SEVERITY_NONE:
             return None
-        icon = "🔴" if self.underflow_severity == "high" else "🟡"
-        sev = self.underflow_severity.upper()
+        icon = "🔴" if self.underflow_severity == SEVERITY_HIGH else "🟡"
+        sev = severity_label(self.underflow_severity)
         lo, hi = self.range_before
         return (f"{icon} UNDERFLOW WARNING before {self.format} quantization "
                 f"(severity {sev}):\n"
@@ -216,25 +225,36 @@ def _range_summary(t: torch.Tensor) -> tuple[tuple[float, float], float, float]:
 
 
 def _scaled_layout(x32, spec, axis, block, scale_mode):
-    """Scaled values in the layout the format works in, plus per-block scales and a restorer.
+    """Scaled values in the layout the format works in (its family's Scales), plus per-block
+    scales and a restorer.
 
     Returns (v, scales or None, restore or None, block_finite or None).
     """
-    if spec.scaling == SCALING_TENSOR:
-        return x32 * tensor_scale(x32, spec.max_normal), None, None, None
-    if spec.scaling == SCALING_MX:
-        xb, restore = to_blocks(x32, axis, block)
-        amax = xb.abs().amax(dim=-1, keepdim=True)
-        s = mx_shared_exponent(amax, spec.emax, spec.max_normal, scale_mode)
-        return xb * pow2_any(-s), pow2_any(s), restore, torch.isfinite(amax)
-    if spec.scaling == SCALING_NVFP4:
-        s_t = nvfp4_tensor_scale(x32)
-        xb, restore = to_blocks(x32, axis, block)
-        amax = xb.abs().amax(dim=-1, keepdim=True)
-        denom = nvfp4_block_scale(amax, s_t) * s_t
-        v = xb / torch.where(denom > 0, denom, torch.ones_like(denom))  # as the quantizer
-        return v, denom, restore, torch.isfinite(amax)
-    return x32, None, None, None
+    family = family_of(spec)
+    if not family.blocked:
+        return family.scales(x32, spec, scale_mode).encoded(x32), None, None, None
+    xb, restore = to_blocks(x32, axis, block)
+    s = family.scales(xb, spec, scale_mode)
+    return s.encoded(xb), s.block_scale, restore, ~s.poisoned
+
+
+def _element_masks(x32, spec, axis, block, scale_mode, rounding):
+    """Per element: would it overflow, does it underflow, after the format's scales (the
+    module docstring's definitions, before zeros and NaN/Inf inputs are dropped). Returns
+    (overflow, underflow, per-block scales or None, per-block finite mask or None)."""
+    v, scales, restore, block_finite = _scaled_layout(x32, spec, axis, block, scale_mode)
+    av = v.abs()
+    mode = _ANALYSIS_ROUNDING.get(rounding, rounding)
+    over_v = round_magnitude(av, ElemParams.of(spec), mode) > spec.max_normal
+    under_v = av < spec.min_normal
+    if restore is not None:
+        # elements of a NaN/Inf-poisoned block are NaN, not over/underflowed (nan_blocks)
+        ok = block_finite.expand_as(v)
+        over_v, under_v = restore(over_v & ok), restore(under_v & ok)
+    if spec.is_identity:
+        over_v = torch.zeros_like(over_v)
+        under_v = x32.abs() < spec.min_normal
+    return over_v, under_v, scales, block_finite
 
 
 def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
@@ -275,30 +295,16 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
         nan_count = int(torch.isnan(x32).sum())
         inf_mask = torch.isinf(x32)
 
-        is_identity = spec.is_identity
-        v, scales, restore, block_finite = _scaled_layout(x32, spec, axis if not scalar else 0,
-                                                          block, scale_mode)
-        av = v.abs()
-        p = ElemParams.of(spec)
-        mode = _ANALYSIS_ROUNDING.get(rounding, rounding)
-        over_v = round_magnitude(av, p, mode) > spec.max_normal
-        under_v = av < spec.min_normal
-        if restore is not None:
-            # elements of a NaN/Inf-poisoned block are NaN, not over/underflowed (nan_blocks)
-            ok = block_finite.expand_as(v)
-            over_el, under_el = restore(over_v & ok), restore(under_v & ok)
-        else:
-            over_el, under_el = over_v, under_v
-        if is_identity:
-            over_el = torch.zeros_like(finite)
-            under_el = x32.abs() < spec.min_normal
+        axis = axis if not scalar else 0
+        over_el, under_el, scales, block_finite = _element_masks(x32, spec, axis, block,
+                                                                 scale_mode, rounding)
         overflow = inf_mask | (finite & over_el)
         underflow = nonzero & under_el
 
         per_block, nan_blocks = None, 0
-        if restore is not None:
+        if block_finite is not None:
             def blocks_of(mask):
-                b, _ = to_blocks(mask.to(torch.int32), axis if not scalar else 0, block)
+                b, _ = to_blocks(mask.to(torch.int32), axis, block)
                 return b.sum(dim=-1)
             per_block = {"overflow": blocks_of(overflow), "underflow": blocks_of(underflow),
                          "flush_to_zero": blocks_of(ftz), "scale": scales.squeeze(-1)}

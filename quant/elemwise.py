@@ -3,7 +3,10 @@
 How: a magnitude ``a`` with float32 exponent e (from its bits, clamped to the format's grid range)
 lies on the grid 2^(e - m) where m is the mantissa width at e. ``q = a * 2^(m - e)`` is exact (a
 power-of-two scaling), the rounding mode turns q into an integer r, and ``r * 2^(e - m)`` is the
-format value. Powers of two are built from their exponent bits, so nothing depends on libm.
+format value. Nearest-even rounding of the formats with a fixed mantissa width takes the same
+value in fewer passes from the float adder: ``(a + c) - c`` with ``c = 2^(e + 23 - m)``
+(:func:`_round_nearest_even_`; the Triton kernels round the same way). Powers of two are built
+from their exponent bits, so nothing depends on libm.
 NaN propagates through every step; +-Inf lands on the overflow path.
 """
 from __future__ import annotations
@@ -51,7 +54,7 @@ def pow2_any(k: torch.Tensor) -> torch.Tensor:
 def float_exponent(a: torch.Tensor) -> torch.Tensor:
     """Unbiased exponent floor(log2(a)) of non-negative float32 a from its bits (-127 for zero and
     subnormals, 128 for Inf/NaN)."""
-    return (a.view(torch.int32) >> 23) - 127
+    return (a.view(torch.int32) >> 23).sub_(127)
 
 
 def _mantissa_bits(e: torch.Tensor, p: ElemParams):
@@ -69,13 +72,16 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
 
     ``noise`` (uniform [0, 1), same shape) is required for rounding="stochastic".
     """
+    if rounding == "nearest_even" and _adder_rounds(p):
+        return _round_nearest_even_(a, p)
     e = float_exponent(a).clamp_(p.grid_emin, p.grid_emax)
     m = _mantissa_bits(e, p)
     # q = a * 2^(m - e) with one power of two when both 2^(m-e) and 2^(e-m) are normal floats
     # (every format but bf16); otherwise split as 2^(1-e) * 2^(m-1)
     single = p.tapered or (p.mbits - p.grid_emin <= 126 and p.grid_emax - p.mbits <= 126)
     if single:
-        a.mul_(((127 + m - e) << 23).view(torch.float32))
+        k = (m - e).add_(127) if p.tapered else e.neg().add_(127 + m)    # one temporary
+        a.mul_(k.bitwise_left_shift_(23).view(torch.float32))
         down = None
     else:
         a.mul_(((128 - e) << 23).view(torch.float32))
@@ -104,6 +110,31 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
         return a.mul_(e.add_(127 - m).bitwise_left_shift_(23).view(torch.float32))
     a.mul_(down)
     return a.mul_(e.add_(127).bitwise_left_shift_(23).view(torch.float32))
+
+
+def _adder_rounds(p: ElemParams) -> bool:
+    """Whether nearest-even rounding can use the float adder (:func:`_round_nearest_even_`):
+    a fixed mantissa width of at most 22 bits (so c below is above every magnitude of its
+    binade) and 2^(e + 23 - m) a normal float32 over the whole grid."""
+    return (not p.tapered and p.mbits <= 22 and p.grid_emax + 23 - p.mbits <= 127
+            and p.grid_emin + 23 - p.mbits >= -126)
+
+
+def _round_nearest_even_(a: torch.Tensor, p: ElemParams) -> torch.Tensor:
+    """round_magnitude_'s nearest-even rounding by the float adder, in place (about half the
+    passes over memory of multiply, round, multiply; the same values).
+
+    For binade e (a's exponent clamped to the grid), c = 2^(e + 23 - m) >= 2^(e + 1): a + c
+    lies in [c, 2c) whose float32 spacing is the grid step 2^(e - m), so the adder rounds a to
+    the grid (ties to even: c is an even number of steps) and subtracting c back is exact. Only
+    a magnitude of 2^(e_top + 23 - m) or more (far beyond max_normal) may come out otherwise than
+    by multiply-round-multiply, and still beyond max_normal (Inf and NaN stay): saturation,
+    overflow encoding and every overflow test see the same.
+    """
+    c = (a.view(torch.int32) & 0x7F800000).clamp_((p.grid_emin + 127) << 23,
+                                                  (p.grid_emax + 127) << 23)
+    c = c.add_((23 - p.mbits) << 23).view(torch.float32)
+    return a.add_(c).sub_(c)
 
 
 def round_magnitude(a: torch.Tensor, p: ElemParams, rounding: str,

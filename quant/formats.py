@@ -10,6 +10,8 @@ from typing import Optional
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
 SCALE_MODES = ("floor", "ceil", "rceil")
+#: the MX scale mode of the format definition (OCP v1.0), used wherever none is chosen
+DEFAULT_SCALE_MODE = SCALE_MODES[0]
 
 # Scaling families (how a block / tensor scale is chosen before the element cast).
 SCALING_NONE = "none"      # plain element cast (fp8_e4m3, bf16, int8 ...)
@@ -56,7 +58,8 @@ class FormatSpec:
 
     @property
     def is_block(self) -> bool:
-        return self.scaling in (SCALING_MX, SCALING_NVFP4)
+        """Scaled per block (MX, NVFP4): the rows of block-scaled families give a block size."""
+        return self.block_size is not None
 
     @property
     def is_identity(self) -> bool:

@@ -7,14 +7,16 @@ A linear layer ``y = x @ W.T`` (x: [..., in], W: [out, in]) runs three GEMMs:
 ==========  ===================  ===========================  ========================
 GEMM        computes             operands (axis)              reduces over
 ==========  ===================  ===========================  ========================
-forward     y = x @ W.T          input (-1), weight (-1)      in-features
+fprop       y = x @ W.T          input (-1), weight (-1)      in-features
 dgrad       dx = dy @ W          grad_output (-1), weight (0) out-features
 wgrad       dW = dy2.T @ x2      grad_output (0), input (0)   tokens (2-D: [tokens, .])
 ==========  ===================  ===========================  ========================
 
 and attention two: Q·Kᵀ (query and key along head_dim, the last axis) and P·V (probs along
 its last axis, the key sequence; value along axis 0, the key sequence of Megatron's
-[sk, b, groups, head_dim]). Training emulation (tensor_capture.hooks) and precision-diff
+[sk, b, groups, head_dim]). The GEMM names are Transformer Engine's (and the precision plans'
+and recipes'); "forward", an older name of fprop, is accepted where a caller names a GEMM
+(:func:`gemm_name`). Training emulation (tensor_capture.hooks) and precision-diff
 (training_profiler.lowp_emulation) both quantize through this table and compute the linear
 GEMMs with the functions below, so a format means the same numbers in both.
 
@@ -27,7 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["OperandPlan", "PLAN", "GEMM_OPERANDS", "axis", "plan", "Quantizer",
+__all__ = ["OperandPlan", "PLAN", "GEMM_OPERANDS", "LINEAR_GEMMS", "gemm_name", "axis", "plan",
+           "Quantizer",
            "quantize_operands", "linear_forward", "linear_dgrad", "linear_wgrad",
            "wgrad_2d", "format_quantizer", "EmulatedLinear", "emulated_linear"]
 
@@ -36,7 +39,7 @@ __all__ = ["OperandPlan", "PLAN", "GEMM_OPERANDS", "axis", "plan", "Quantizer",
 class OperandPlan:
     """One GEMM operand: the GEMM, the operand's name, the axis its blocks run along."""
 
-    gemm: str        # "forward" | "dgrad" | "wgrad" (linear), "qk" | "pv" (attention)
+    gemm: str        # "fprop" | "dgrad" | "wgrad" (linear), "qk" | "pv" (attention)
     operand: str     # "input" | "weight" | "grad_output" | "query" | "key" | "probs" | "value"
     axis: int
     reduces_over: str
@@ -44,8 +47,8 @@ class OperandPlan:
 
 #: The plan, in each GEMM's operand order (the order the operands are quantized in).
 PLAN: tuple[OperandPlan, ...] = (
-    OperandPlan("forward", "input", -1, "in-features"),
-    OperandPlan("forward", "weight", -1, "in-features"),
+    OperandPlan("fprop", "input", -1, "in-features"),
+    OperandPlan("fprop", "weight", -1, "in-features"),
     OperandPlan("dgrad", "grad_output", -1, "out-features"),
     OperandPlan("dgrad", "weight", 0, "out-features"),
     OperandPlan("wgrad", "grad_output", 0, "tokens"),
@@ -60,12 +63,21 @@ _BY_KEY = {(p.gemm, p.operand): p for p in PLAN}
 GEMM_OPERANDS: dict[str, tuple[OperandPlan, ...]] = {}
 for _p in PLAN:
     GEMM_OPERANDS[_p.gemm] = GEMM_OPERANDS.get(_p.gemm, ()) + (_p,)
+#: the three GEMMs of a linear layer, in the order they run
+LINEAR_GEMMS = ("fprop", "dgrad", "wgrad")
+#: names accepted for a GEMM besides its own (callers' older spelling)
+_GEMM_ALIASES = {"forward": "fprop"}
+
+
+def gemm_name(gemm: str) -> str:
+    """The plan's name of a GEMM a caller names ("forward" -> "fprop"; others unchanged)."""
+    return _GEMM_ALIASES.get(gemm, gemm)
 
 
 def plan(gemm: str, operand: str) -> OperandPlan:
     """The plan entry of ``operand`` in ``gemm`` (KeyError names the known pairs)."""
     try:
-        return _BY_KEY[(gemm, operand)]
+        return _BY_KEY[(gemm_name(gemm), operand)]
     except KeyError:
         raise KeyError(f"no GEMM operand {gemm}/{operand}; known: "
                        f"{sorted(f'{g}/{o}' for g, o in _BY_KEY)}") from None
@@ -85,7 +97,7 @@ def quantize_operands(gemm: str, tensors: tuple[torch.Tensor, ...],
     """``tensors`` (in the plan's operand order of ``gemm``) through ``quantize``; None: as is."""
     if quantize is None:
         return tensors
-    plans = GEMM_OPERANDS[gemm]
+    plans = GEMM_OPERANDS[gemm_name(gemm)]
     if len(plans) != len(tensors):
         raise ValueError(f"GEMM {gemm} has {len(plans)} operands, got {len(tensors)}")
     return tuple(quantize(t, p) for t, p in zip(tensors, plans))
@@ -96,7 +108,7 @@ def quantize_operands(gemm: str, tensors: tuple[torch.Tensor, ...],
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                    quantize: Optional[Quantizer] = None) -> torch.Tensor:
     """x @ weight.T (+ bias) on the forward operands."""
-    a, w = quantize_operands("forward", (x, weight), quantize)
+    a, w = quantize_operands("fprop", (x, weight), quantize)
     out = torch.matmul(a, w.t())
     if bias is not None:
         out = out + bias

@@ -28,15 +28,11 @@ from . import gemm_plan, te_arith
 from .formats import FORMATS, MX_OF_ELEMENT
 
 TENSORS = ("input", "weight", "grad_output")
-GEMMS = ("fprop", "dgrad", "wgrad")
+GEMMS = gemm_plan.LINEAR_GEMMS
 #: the six operand roles (tensor, gemm), in the order the GEMMs run
 ROLES: tuple[tuple[str, str], ...] = (("input", "fprop"), ("weight", "fprop"),
                                       ("grad_output", "dgrad"), ("weight", "dgrad"),
                                       ("grad_output", "wgrad"), ("input", "wgrad"))
-#: our recipe GEMM name -> quant.gemm_plan's, and back
-PLAN_GEMM = {"fprop": "forward", "dgrad": "dgrad", "wgrad": "wgrad"}
-RECIPE_GEMM = {v: k for k, v in PLAN_GEMM.items()}
-_GEMM_ALIASES = {"forward": "fprop"}
 
 # OperandSpec.kind values: how the operand is scaled
 FORMAT = "format"              # one of our formats through quant.quantize (trivial recipes)
@@ -287,7 +283,7 @@ _KINDS: dict[str, Callable] = {TENSOR_CURRENT: _q_current, TENSOR_DELAYED: _q_de
 
 
 def _role(recipe: Recipe, tensor: str, gemm: str) -> tuple[str, OperandSpec]:
-    gemm = _GEMM_ALIASES.get(gemm, gemm)
+    gemm = gemm_plan.gemm_name(gemm)
     if (tensor, gemm) not in recipe.specs:
         raise ValueError(f"no GEMM operand {tensor!r} of {gemm!r}; the operands are "
                          + ", ".join(f"{t}/{g}" for t, g in ROLES))
@@ -296,7 +292,7 @@ def _role(recipe: Recipe, tensor: str, gemm: str) -> tuple[str, OperandSpec]:
 
 def operand_axis(tensor: str, gemm: str) -> int:
     """The axis of the operand (as the layer holds it) that ``gemm`` reduces over."""
-    return gemm_plan.axis(PLAN_GEMM[_GEMM_ALIASES.get(gemm, gemm)], tensor)
+    return gemm_plan.axis(gemm, tensor)
 
 
 def quantize_operand(x: torch.Tensor, recipe, tensor: str, gemm: str, *,
@@ -343,7 +339,7 @@ def recipe_quantizer(recipe, *, generator: Optional[torch.Generator] = None,
                      state: Optional[DelayedScalingState] = None, key: object = None):
     """A ``quant.gemm_plan.Quantizer`` (tensor, plan entry) -> tensor for the linear GEMMs."""
     def q(t: torch.Tensor, p) -> torch.Tensor:
-        return quantize_operand(t, recipe, p.operand, RECIPE_GEMM[p.gemm], generator=generator,
+        return quantize_operand(t, recipe, p.operand, p.gemm, generator=generator,
                                 state=state, key=key)
 
     return q

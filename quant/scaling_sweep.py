@@ -32,11 +32,21 @@ import torch
 
 from . import sweep_verdicts
 from .analysis import severity as _severity
-from .formats import element_formats, get_format
+from .analysis import severity_label
+from .family_tensor import TENSOR
 from .metrics import from_sums
+from .scales import Scales
+from .sweep_levels import (ELEMENT_FORMATS, Alignment, ElementGrid, LevelPlan, PreparedTensor,
+                           SweepInputError, alignment_exponents, cast_elements, cast_levels,
+                           element_grid, get_element_grid, min_nonzero_abs, plan_levels,
+                           prepare_tensor, scale_exponent_limits, scale_factors)
 
-#: element formats the sweep accepts (the ``--elem-format`` choices): those with an MX format
-ELEMENT_FORMATS = element_formats()
+__all__ = ["ELEMENT_FORMATS", "Alignment", "ElementGrid", "LevelPlan", "PreparedTensor",
+           "SweepInputError", "alignment_exponents", "cast_elements", "cast_levels",
+           "element_grid", "get_element_grid", "min_nonzero_abs", "plan_levels",
+           "prepare_tensor", "scale_exponent_limits", "scale_factors", "run_sweep",
+           "SweepResult", "LevelResult", "accumulate_stats", "composite_scores",
+           "stability_analysis", "overflow_summary", "severity", "single_intraop_thread"]
 
 #: composite-score weights (the seed's: MSE 30 %, cosine 30 %, PSNR 20 %, MAE 10 %, rel. 10 %)
 COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine_similarity": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
@@ -45,335 +55,13 @@ LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_er
 #: metrics normalized in log10 space for the composite (errors span decades)
 LOG_NORMALIZED = frozenset({"mse", "mae", "relative_error"})
 
-SEVERITY_NONE = "NONE"
+#: the levels' severities are quant.analysis' names as reports print them
+SEVERITY_NONE, SEVERITY_HIGH = sweep_verdicts.NONE, sweep_verdicts.HIGH
 
 #: elements per [levels, chunk] tile in the batched pass (512 KiB of float32: stays in cache)
 DEFAULT_CHUNK = 1 << 17
 
 METRIC_NAMES = ("mse", "rmse", "cosine_similarity", "psnr", "mae", "max_abs_error", "relative_error")
-
-
-class SweepInputError(ValueError):
-    """A user mistake in the sweep's input (message is one line, says the fix)."""
-
-
-# --------------------------------------------------------------------------------------
-# element grid from the format spec
-
-
-@dataclass(frozen=True)
-class ElementGrid:
-    """What the batched cast needs from a ``quant`` FormatSpec.
-
-    Floats: values are multiples of ``2^(max(e, emin) - mbits)`` for binade ``e``;
-    integers (fixed point): multiples of ``step``. ``max_normal`` saturates.
-    """
-
-    name: str
-    max_normal: float
-    min_normal: float
-    min_subnormal: float
-    mbits: int
-    emin: int          # exponent of min_normal (floats)
-    is_int: bool
-    step: float        # grid step (ints); min_subnormal for floats
-    ebits: int = 0
-
-    @property
-    def layout(self) -> str:
-        """``e4m3``-style bit layout, or the fixed-point step for integers."""
-        if self.is_int:
-            return f"fixed point, step 2^{int(math.log2(self.step))}"
-        return f"e{self.ebits}m{self.mbits}"
-
-    @property
-    def bits_emin(self) -> int:
-        return (self.emin + 127) << 23
-
-    @property
-    def overflow_cap(self) -> float:
-        """A power of two above max_normal: values beyond it overflow whatever the rounding,
-        and clamping to it keeps the bit trick in ``cast_scaled_`` in range."""
-        return 2.0 ** (math.floor(math.log2(self.max_normal)) + 1)
-
-    @property
-    def max_exact_chunk(self) -> int:
-        """Longest row whose float32 sum of values in {max_normal, max_normal + top_step} is
-        exact (both are multiples of top_step; keep the total under 2^23 steps)."""
-        return max(256, int(2 ** 23 * self.top_step / (self.max_normal + self.top_step)))
-
-    @property
-    def top_step(self) -> float:
-        """Grid spacing at max_normal: the gap to the first value that counts as overflow."""
-        if self.is_int:
-            return self.step
-        return 2.0 ** (math.floor(math.log2(self.max_normal)) - self.mbits)
-
-
-def element_grid(spec: Any, name: str | None = None) -> ElementGrid:
-    """Read the element format's range and precision from a ``quant`` FormatSpec."""
-    name = name or getattr(spec, "name", "?")
-    maxn = float(spec.max_normal)
-    minn = float(spec.min_normal)
-    minsub = float(getattr(spec, "min_subnormal", 0.0) or minn)
-    ebits = int(getattr(spec, "ebits", 0) or 0)
-    mbits = int(spec.mbits)
-    if ebits == 0:  # fixed point: uniform grid
-        step = minsub
-        return ElementGrid(name, maxn, minn, minsub, mbits, 0, True, step, 0)
-    emin = int(round(math.log2(minn)))
-    if 2.0 ** emin != minn or mbits > 22:
-        raise ValueError(f"{name}: min_normal {minn} is not a power of two or mbits {mbits} > 22")
-    return ElementGrid(name, maxn, minn, minsub, mbits, emin, False, minsub, ebits)
-
-
-def cast_scaled_(a: torch.Tensor, grid: ElementGrid, work: torch.Tensor) -> torch.Tensor:
-    """Round non-negative float32 magnitudes ``a`` onto the element grid, in place.
-
-    ``a`` must already be clamped to ``[0, overflow_cap]``. Round-to-nearest-even comes from
-    float32 addition: adding ``c = 2^(e_eff + 23 - mbits)`` leaves exactly ``mbits``
-    fraction bits for binade ``e_eff = max(floor(log2 a), emin)`` (the subnormal step below
-    min_normal), and subtracting ``c`` back is exact. ``work`` is an int32 buffer like ``a``.
-    """
-    if grid.is_int:
-        c = grid.step * float(2 ** 23)
-        return a.add_(c).sub_(c)
-    torch.bitwise_and(a.view(torch.int32), 0x7F800000, out=work)
-    work.clamp_(min=grid.bits_emin).add_((23 - grid.mbits) << 23)
-    c = work.view(torch.float32)
-    return a.add_(c).sub_(c)
-
-
-def cast_elements(v: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
-    """Cast already-scaled float32 values to the element format (saturating, RNE)."""
-    v = v.to(torch.float32)
-    a = v.abs().clamp_(max=grid.max_normal)
-    cast_scaled_(a, grid, torch.empty_like(a, dtype=torch.int32))
-    return torch.copysign(a, v)
-
-
-def cast_levels(x: torch.Tensor, factors: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
-    """Fake-quantize ``x`` (1-D float32) at every scale factor: returns ``[levels, n]``.
-
-    Row ``i`` equals ``quant.quantize(x / factors[i], fmt) * factors[i]``. Small inputs only
-    (it materializes all rows); the sweep itself never does.
-    """
-    f = factors.to(torch.float32)[:, None]
-    return cast_elements(x.to(torch.float32)[None, :] / f, grid).mul_(f)
-
-
-# --------------------------------------------------------------------------------------
-# input preparation and levels
-
-
-@dataclass
-class PreparedTensor:
-    """The finite values of a tensor as flat float32, plus what was excluded."""
-
-    values: torch.Tensor
-    shape: tuple[int, ...]
-    dtype: str
-    numel: int
-    nan_count: int
-    inf_count: int
-
-    @property
-    def finite_count(self) -> int:
-        return int(self.values.numel())
-
-
-def prepare_tensor(t: Any, source: str = "input") -> PreparedTensor:
-    """Validate and flatten a tensor for the sweep; NaN/Inf are counted and dropped.
-
-    Fast path: ``amin``/``amax`` propagate NaN and Inf, so two reductions prove a tensor
-    finite; the masks are built only when they do not.
-    """
-    if not isinstance(t, torch.Tensor):
-        raise SweepInputError(f"{source}: holds a {type(t).__name__}, not a tensor")
-    if t.is_complex() or not t.is_floating_point():
-        raise SweepInputError(
-            f"{source}: holds a {str(t.dtype).replace('torch.', '')} tensor; the sweep needs "
-            "floating-point values (save it as bf16/fp16/fp32, e.g. t.to(torch.bfloat16))")
-    if t.numel() == 0:
-        raise SweepInputError(f"{source}: the tensor is empty (shape {tuple(t.shape)}); "
-                              "pass a tensor with at least one element")
-    flat = t.detach().reshape(-1).cpu()       # the sweep's kernels run on the CPU
-    if flat.dtype != torch.float32:
-        flat = flat.to(torch.float32)
-    nan_count = inf_count = 0
-    if math.isfinite(float(flat.amax())) and math.isfinite(float(flat.amin())):
-        values = flat
-    else:
-        wide = t.detach().reshape(-1).cpu()
-        if wide.dtype == torch.float64 and \
-                int(torch.isfinite(wide).sum()) != int(torch.isfinite(flat).sum()):
-            big = float(wide[torch.isfinite(wide)].abs().max())
-            raise SweepInputError(f"{source}: float64 values beyond the float32 range (max |x| "
-                                  f"{big:.3e}); the sweep works in float32: rescale the tensor "
-                                  "or save it as float32/bf16")
-        finite = torch.isfinite(flat)
-        nan_count = int(torch.isnan(flat).sum())
-        n_finite = int(finite.sum())
-        inf_count = int(flat.numel() - n_finite - nan_count)
-        if n_finite == 0:
-            raise SweepInputError(f"{source}: all {flat.numel()} values are NaN or Inf "
-                                  f"({nan_count} NaN); nothing finite to sweep")
-        values = flat[finite]
-    values = values.contiguous()
-    return PreparedTensor(values, tuple(t.shape), str(t.dtype).replace("torch.", ""),
-                          int(t.numel()), nan_count, inf_count)
-
-
-@dataclass
-class Alignment:
-    """The two alignment exponents, or None where undefined (all values zero)."""
-
-    max_align: int | None      # floor(log2(amax / max_normal))
-    min_align: int | None      # ceil(log2(min_nonzero / min_normal))
-    amax: float
-    amin_nonzero: float | None
-
-
-def floor_log2(r: float) -> int:
-    """Exact floor(log2(r)) for r > 0 (from the float's exponent, no log rounding)."""
-    mant, exp = math.frexp(r)          # r = mant * 2^exp, 0.5 <= mant < 1
-    return exp - 1
-
-
-def ceil_log2(r: float) -> int:
-    """Exact ceil(log2(r)) for r > 0."""
-    mant, exp = math.frexp(r)
-    return exp - 1 if mant == 0.5 else exp
-
-
-def min_nonzero_abs(values: torch.Tensor) -> float | None:
-    """Smallest non-zero |x| of finite float32 values, or None when all are zero.
-
-    On the bits: ``|x|``'s int32 pattern orders like the value; ``bits - 1`` maps zero to -1,
-    and masking the sign bit turns that into the largest int, out of the minimum's way.
-    """
-    bits = values.view(torch.int32) & 0x7FFFFFFF
-    m = int(bits.sub_(1).bitwise_and_(0x7FFFFFFF).amin()) + 1
-    if m == 0x7FFFFFFF + 1:
-        return None
-    return float(torch.tensor([m], dtype=torch.int32).view(torch.float32))
-
-
-def alignment_exponents(values: torch.Tensor, grid: ElementGrid) -> Alignment:
-    """Max alignment ``floor(log2(amax/max_normal))``; min alignment
-    ``ceil(log2(min_nonzero/min_normal))`` over finite non-zero values; both exact (the
-    ratio is formed in float64, where it cannot cross a power of two, then read with frexp)."""
-    if values.numel() == 0:
-        return Alignment(None, None, 0.0, None)
-    amax = max(-float(values.amin()), float(values.amax()))
-    amin = min_nonzero_abs(values)
-    if amin is None or amax == 0.0:
-        return Alignment(None, None, amax, None)
-    max_align = floor_log2(amax / grid.max_normal)
-    min_align = ceil_log2(amin / grid.min_normal)
-    return Alignment(max_align, min_align, amax, amin)
-
-
-def scale_exponent_limits(scale_bits: int) -> tuple[int, int]:
-    """Exponent range of an unsigned E{k}M0 scale (bias 2^(k-1)-1, all-ones code = NaN)."""
-    if scale_bits < 2 or scale_bits > 8:
-        raise SweepInputError(f"--scale-bits {scale_bits}: must be between 2 and 8 "
-                              "(an E8M0 scale has 8); pass e.g. --scale-bits 8")
-    bias = 2 ** (scale_bits - 1) - 1
-    return -bias, (2 ** scale_bits - 2) - bias
-
-
-@dataclass
-class LevelPlan:
-    """The exponents to sweep and how they were chosen."""
-
-    levels: list[float]
-    max_exp: float
-    min_exp: float
-    alignment: Alignment
-    notes: list[str] = field(default_factory=list)
-    #: why fewer than sweep_verdicts.MIN_CURVE_LEVELS levels were swept ("" when not)
-    sparse_reason: str = ""
-
-
-def plan_levels(values: torch.Tensor, grid: ElementGrid, *, num_levels: int = 21,
-                max_scale_exp: float | None = None, min_scale_exp: float | None = None,
-                scale_bits: int = 8) -> LevelPlan:
-    """Choose ``num_levels`` evenly spaced exponents from ``min_exp`` to ``max_exp``.
-
-    Defaults come from the alignments; an all-zero tensor has none, so the defaults are
-    max 0 and min = -(the format's normal span in binades), said in ``notes``. When both
-    bounds are automatic and the tensor's range is narrower than the format's (min
-    alignment above max alignment), the two are swapped: every level between is then free
-    of both overflow and underflow. When both bounds are automatic and the alignments meet
-    (one exponent: the tensor's range is exactly as wide as the format's), the range is
-    widened to that exponent +- ceil(span / 2), span = ceil(log2(max_normal / min_normal)),
-    the width the all-zero default also uses, so a sweep never collapses to one point unasked
-    (a recommendation compares levels). Levels beyond the E{scale_bits}M0 range are clipped.
-    """
-    if num_levels < 1:
-        raise SweepInputError(f"--num-levels {num_levels}: must be at least 1 (default 21)")
-    for flag, val in (("--max-scale-exp", max_scale_exp), ("--min-scale-exp", min_scale_exp)):
-        if val is not None and not math.isfinite(val):
-            raise SweepInputError(f"{flag} {val}: must be a finite number")
-    lo_lim, hi_lim = scale_exponent_limits(scale_bits)
-    al = alignment_exponents(values, grid)
-    notes: list[str] = []
-    span = math.ceil(math.log2(grid.max_normal / grid.min_normal)) if grid.min_normal > 0 else 8
-    auto_max = al.max_align
-    auto_min = al.min_align
-    if auto_max is None or auto_min is None:
-        notes.append("all values are zero: no max/min alignment exists; using defaults "
-                     f"max 0 and min {-span} (the format's normal range in binades)")
-        auto_max, auto_min = 0, -max(span, 1)
-    if max_scale_exp is None and min_scale_exp is None and auto_min > auto_max:
-        notes.append(f"min alignment {auto_min} is above max alignment {auto_max} (the tensor's "
-                     "range fits inside the format's normal range); sweeping between them")
-        auto_max, auto_min = auto_min, auto_max
-    if max_scale_exp is None and min_scale_exp is None and auto_min == auto_max and num_levels > 1:
-        half = max(1, math.ceil(span / 2))
-        notes.append(f"max and min alignment are both {auto_max} (the tensor's range is as wide "
-                     "as the format's normal range): one exponent cannot be compared with "
-                     f"anything, so the sweep is widened by ceil({span} binades / 2) = {half} on "
-                     f"each side to [{auto_max - half}, {auto_max + half}]")
-        auto_max, auto_min = auto_max + half, auto_min - half
-    max_exp = float(auto_max if max_scale_exp is None else max_scale_exp)
-    min_exp = float(auto_min if min_scale_exp is None else min_scale_exp)
-    if min_exp > max_exp:
-        src = lambda v, user: "given" if user is not None else "automatic"  # noqa: E731
-        raise SweepInputError(
-            f"--min-scale-exp {min_exp:g} ({src(min_exp, min_scale_exp)}) is greater than "
-            f"--max-scale-exp {max_exp:g} ({src(max_exp, max_scale_exp)}); pass a smaller "
-            "--min-scale-exp or a larger --max-scale-exp")
-    clipped_max, clipped_min = min(max(max_exp, lo_lim), hi_lim), min(max(min_exp, lo_lim), hi_lim)
-    if (clipped_max, clipped_min) != (max_exp, min_exp):
-        notes.append(f"exponents clipped to the {scale_bits}-bit scale range [{lo_lim}, {hi_lim}]: "
-                     f"[{min_exp:g}, {max_exp:g}] -> [{clipped_min:g}, {clipped_max:g}]")
-        max_exp, min_exp = clipped_max, clipped_min
-    if num_levels == 1 or max_exp == min_exp:
-        levels = [max_exp] * (1 if max_exp == min_exp else num_levels)
-        levels = sorted(set(levels))
-    else:
-        levels = torch.linspace(min_exp, max_exp, num_levels, dtype=torch.float64).tolist()
-    sparse = ""
-    if len(levels) < sweep_verdicts.MIN_CURVE_LEVELS:
-        given = [f for f, v in (("--min-scale-exp", min_scale_exp),
-                                ("--max-scale-exp", max_scale_exp)) if v is not None]
-        if num_levels < sweep_verdicts.MIN_CURVE_LEVELS:
-            sparse = f"--num-levels {num_levels} asked for"
-        elif any("clipped" in n for n in notes):
-            sparse = f"both ends were clipped to the {scale_bits}-bit scale limit {max_exp:g}"
-        else:
-            sparse = ("--min-scale-exp and --max-scale-exp are both " if len(given) == 2 else
-                      f"{given[0]} equals the automatic other end, " if given else
-                      "the range is the single exponent ") + f"{max_exp:g}"
-        notes.append(f"{len(levels)} level(s) swept: {sparse}")
-    return LevelPlan(levels, max_exp, min_exp, al, notes, sparse)
-
-
-def scale_factors(levels: Sequence[float]) -> torch.Tensor:
-    """float32(2**s) for each level (the exact factor the sweep divides and multiplies by)."""
-    return torch.exp2(torch.tensor(list(levels), dtype=torch.float64)).to(torch.float32)
 
 
 # --------------------------------------------------------------------------------------
@@ -427,7 +115,7 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
     machine made the sweep 5-20x slower.
     """
     L = int(factors.numel())
-    f = factors.to(torch.float32)[:, None]
+    f = TENSOR.levels(factors)          # x / f, cast, times f: one scale per level (row)
     n = int(values.numel())
     if chunk is None:
         chunk = DEFAULT_CHUNK // max(L, 1)
@@ -460,15 +148,14 @@ def accumulate_stats(values: torch.Tensor, factors: torch.Tensor, grid: ElementG
                       (n - zeros - tot["nonzero_q"]).round(), amax, xmin, xmax, zeros)
 
 
-def _accumulate_part(values: torch.Tensor, f: torch.Tensor, grid: ElementGrid, chunk: int,
+def _accumulate_part(values: torch.Tensor, f: Scales, grid: ElementGrid, chunk: int,
                      progress: Callable[[int], None] | None) -> dict[str, torch.Tensor]:
     """The per-level partial sums of one contiguous part (see ``accumulate_stats``)."""
-    L = int(f.shape[0])
+    L = int(f.encode.shape[0])
     n = int(values.numel())
     chunk = min(chunk, n)
     v = torch.empty(L, chunk)
     t = torch.empty(L, chunk)
-    work = torch.empty(L, chunk, dtype=torch.int32)
     z = lambda: torch.zeros(L, dtype=torch.float64)  # noqa: E731
     out = {k: z() for k in ("sum_q2", "sum_xq", "sse", "sae", "over", "under", "nonzero_q")}
     max_err = torch.zeros(L, dtype=torch.float32)
@@ -478,12 +165,12 @@ def _accumulate_part(values: torch.Tensor, f: torch.Tensor, grid: ElementGrid, c
     for start in range(0, n, chunk):
         ax = values[start:start + chunk].abs()
         m = int(ax.numel())
-        vv, tt, ww = v[:, :m], t[:, :m], work[:, :m]
-        torch.div(ax[None, :], f, out=vv)
+        vv, tt = v[:, :m], t[:, :m]
+        torch.div(ax[None, :], f.encode, out=vv)
         torch.sub(vv, grid.min_normal, out=tt).clamp_(-gap_under, 0.0)
         out["under"] -= tt.sum(1).double() / gap_under
         vv.clamp_(max=grid.overflow_cap)
-        cast_scaled_(vv, grid, ww)                   # q (magnitudes), not yet saturated
+        grid.round_(vv)                              # q (magnitudes), not yet saturated
         # each element becomes max_normal or max_normal + gap: the row sum is exact (see
         # ElementGrid.max_exact_chunk) and its excess over m * max_normal counts overflow
         torch.clamp(vv, min=grid.max_normal, max=grid.max_normal + gap_over, out=tt)
@@ -491,7 +178,7 @@ def _accumulate_part(values: torch.Tensor, f: torch.Tensor, grid: ElementGrid, c
         vv.clamp_(max=grid.max_normal)               # saturate
         torch.clamp(vv, max=grid.min_subnormal, out=tt)
         out["nonzero_q"] += tt.sum(1).double() / grid.min_subnormal
-        vv.mul_(f)                                   # dequantized magnitudes
+        vv.mul_(f.decode)                            # dequantized magnitudes
         out["sum_xq"] += (vv @ ax).double()
         out["sum_q2"] += torch.linalg.vecdot(vv, vv).double()
         sum_x2 += float(torch.dot(ax, ax))
@@ -515,7 +202,8 @@ def _accumulate_part(values: torch.Tensor, f: torch.Tensor, grid: ElementGrid, c
 
 @dataclass
 class LevelResult:
-    """Everything the reports say about one scale exponent."""
+    """Everything the reports say about one scale exponent. The ratios divide the counts by
+    the finite elements swept; the severities are quant.analysis' of those ratios."""
 
     scale_exp: float
     scale_factor: float
@@ -523,27 +211,50 @@ class LevelResult:
     overflow_count: int
     underflow_count: int
     flush_to_zero_count: int
-    overflow_ratio: float
-    underflow_ratio: float
-    flush_to_zero_ratio: float
-    overflow_severity: str
-    underflow_severity: str
+    elements: int                            # finite elements swept (at least 1)
     scaled_range: tuple[float, float]       # of x / f, before the cast
     quantized_range: tuple[float, float]    # of the cast values (before multiplying back)
     mx_scale: bool                           # integer exponent: representable as an E8M0 scale
 
+    @property
+    def overflow_ratio(self) -> float:
+        return self.overflow_count / self.elements
+
+    @property
+    def underflow_ratio(self) -> float:
+        return self.underflow_count / self.elements
+
+    @property
+    def flush_to_zero_ratio(self) -> float:
+        return self.flush_to_zero_count / self.elements
+
+    @property
+    def overflow_severity(self) -> str:
+        return severity(self.overflow_ratio)
+
+    @property
+    def underflow_severity(self) -> str:
+        return severity(self.underflow_ratio)
+
     def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["metrics"] = dict(self.metrics)
-        d["scaled_range"] = list(self.scaled_range)
-        d["quantized_range"] = list(self.quantized_range)
-        return d
+        """Plain values, the counts followed by their ratios and severities."""
+        counts = {k: getattr(self, k) for k in _LEVEL_COUNT_KEYS}
+        return {"scale_exp": self.scale_exp, "scale_factor": self.scale_factor,
+                "metrics": dict(self.metrics), **counts,
+                "scaled_range": list(self.scaled_range),
+                "quantized_range": list(self.quantized_range), "mx_scale": self.mx_scale}
+
+
+#: LevelResult.to_dict's keys between the metrics and the ranges, in order
+_LEVEL_COUNT_KEYS = ("overflow_count", "underflow_count", "flush_to_zero_count",
+                     "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio",
+                     "overflow_severity", "underflow_severity")
 
 
 def severity(ratio: float) -> str:
-    """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), upper-cased
-    as the seed's report prints it."""
-    return _severity(ratio).upper()
+    """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), as the
+    seed's report prints it (``quant.analysis.severity_label``)."""
+    return severity_label(_severity(ratio))
 
 
 def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
@@ -646,7 +357,7 @@ def overflow_summary(levels: Sequence[LevelResult]) -> dict[str, Any]:
         "worst_underflow": by_under[-1] if levels else None,
         "best_underflow": by_under[0] if levels else None,
         "least_problematic": least,
-        "any_high": any(lv.overflow_severity == "HIGH" or lv.underflow_severity == "HIGH"
+        "any_high": any(SEVERITY_HIGH in (lv.overflow_severity, lv.underflow_severity)
                         for lv in levels),
     }
 
@@ -752,14 +463,6 @@ class SweepResult:
         }
 
 
-def get_element_grid(elem_format: str) -> ElementGrid:
-    """The element grid of one of ``ELEMENT_FORMATS`` from ``quant.get_format``."""
-    if elem_format not in ELEMENT_FORMATS:
-        raise SweepInputError(f"--elem-format {elem_format!r}: not supported; choose one of "
-                              + ", ".join(ELEMENT_FORMATS))
-    return element_grid(get_format(elem_format), elem_format)
-
-
 def run_sweep(tensor: Any, elem_format: str = "fp8_e4m3", *, num_levels: int = 21,
               max_scale_exp: float | None = None, min_scale_exp: float | None = None,
               scale_bits: int = 8, chunk: int | None = None, workers: int | None = None,
@@ -809,7 +512,7 @@ def _run_sweep(tensor, grid, elem_format, num_levels, max_scale_exp, min_scale_e
         o, u, z = int(st.overflow[i]), int(st.underflow[i]), int(st.flush_to_zero[i])
         levels.append(LevelResult(
             float(s), float(factors[i]), {k: float(mets[k][i]) for k in METRIC_NAMES},
-            o, u, z, o / n, u / n, z / n, severity(o / n), severity(u / n),
+            o, u, z, n,
             (float(scaled[0]), float(scaled[1])), (float(quantized[0]), float(quantized[1])),
             float(s).is_integer() and lo_lim <= s <= hi_lim))
     scores = composite_scores(mets)

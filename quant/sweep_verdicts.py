@@ -3,7 +3,8 @@ the overflow/underflow advice, why a plot is sparse) from one rule table.
 
 Why a table: a sweep of one level printed "MSE is stable across scaling factors", "a balanced
 middle ground between overflow and underflow" and a recommended range, none of which one point
-can show. Here every phrase is a :class:`VerdictRule` row naming the conditions it needs
+can show. Here every phrase is a :class:`VerdictRule` row (the data file sweep_verdicts.json:
+phrases are data, the conditions code) naming the conditions it needs
 (:data:`CONDITIONS`, each a named predicate over the sweep's numbers); for each topic the first
 row whose conditions all hold speaks (topics in :data:`ALL_MATCH` say every row that holds).
 Rows that cannot be judged (one level, all values zero, every level alike) come first, so a
@@ -16,9 +17,13 @@ sweep's ``LevelResult``).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
+
+from .analysis import SEVERITY_HIGH, SEVERITY_NONE, severity_label
 
 #: a curve needs this many points to show a shape; fewer and the plots say why
 MIN_CURVE_LEVELS = 3
@@ -30,7 +35,8 @@ COSINE_DELTA = (0.05, 0.01)
 PSNR_DELTA = (20.0, 10.0)
 #: position of the recommended level between the smallest (0) and largest (1) exponent swept
 POSITION_ENDS = (0.2, 0.8)
-NONE = "NONE"
+#: the levels' severities: quant.analysis' names as reports print them
+NONE, HIGH = severity_label(SEVERITY_NONE), severity_label(SEVERITY_HIGH)
 
 
 # --------------------------------------------------------------------------------------
@@ -92,109 +98,24 @@ class VerdictRule:
                    for n in self.needs)
 
 
-_ONE = "one_level"
-RULES: tuple[VerdictRule, ...] = (
-    # recommendation: a level is recommended only by the last row
-    VerdictRule("recommendation", "one_level", (_ONE,),
-                "No recommendation: only one exponent was swept (s = {lo:.2f}: {sparse_reason}); "
-                "a recommendation compares levels"),
-    VerdictRule("recommendation", "all_zero", ("all_zero",),
-                "No recommendation: all values are zero, so every level is exact"),
-    VerdictRule("recommendation", "all_tie", ("all_tie",),
-                "No recommendation: every level from {lo:.2f} to {hi:.2f} gives the same error; "
-                "the scale does not matter for this tensor there"),
-    VerdictRule("recommendation", "best_composite", (),
-                "Recommended: the level with the best composite score"),
-    # stability of MSE, cosine, PSNR over the levels
-    VerdictRule("mse", "one_level", (_ONE,), "ℹ️  MSE stability cannot be judged from one level"),
-    VerdictRule("mse", "all_zero", ("all_zero",),
-                "ℹ️  MSE is 0 at every level (all values are zero): nothing to judge"),
-    VerdictRule("mse", "varies", ("mse_varies",),
-                "⚠️  MSE varies significantly with scaling (max/min {mse_ratio:.3g}x, above "
-                f"{MSE_RATIO_VARIES:g}x) - choose the recommended factor carefully"),
-    VerdictRule("mse", "stable", (), "✅ MSE is stable across scaling factors (max/min "
-                                     "{mse_ratio:.3g}x over {n_levels} levels, below "
-                                     f"{MSE_RATIO_VARIES:g}x)"),
-    VerdictRule("cosine", "one_level", (_ONE,),
-                "ℹ️  Cosine similarity stability cannot be judged from one level"),
-    VerdictRule("cosine", "all_zero", ("all_zero",),
-                "ℹ️  Cosine similarity is 1 at every level (all values are zero): nothing to "
-                "judge"),
-    VerdictRule("cosine", "varies", ("cos_varies",),
-                "⚠️  Cosine similarity varies significantly (Δ {cos_delta:.3g}) - scaling strongly "
-                "affects direction preservation"),
-    VerdictRule("cosine", "moderate", ("cos_moderate",),
-                "ℹ️  Cosine similarity is moderately sensitive to scaling (Δ {cos_delta:.3g})"),
-    VerdictRule("cosine", "stable", (),
-                "✅ Cosine similarity is very stable (Δ {cos_delta:.3g} over {n_levels} levels) - "
-                "scaling factor has minimal impact on direction preservation"),
-    VerdictRule("psnr", "one_level", (_ONE,), "ℹ️  PSNR range cannot be judged from one level"),
-    VerdictRule("psnr", "all_zero", ("all_zero",),
-                "ℹ️  PSNR is infinite at every level (all values are zero): nothing to judge"),
-    VerdictRule("psnr", "unjudgeable", ("!psnr_judgeable",),
-                "ℹ️  PSNR: fewer than 2 levels have a finite value (exact levels have PSNR inf)"),
-    VerdictRule("psnr", "large", ("psnr_large",),
-                "⚠️  Large PSNR range (Δ {psnr_delta:.2f} dB) - scaling factor strongly affects "
-                "quality"),
-    VerdictRule("psnr", "moderate", ("psnr_moderate",),
-                "ℹ️  Moderate PSNR range (Δ {psnr_delta:.2f} dB) - scaling factor noticeably "
-                "affects quality"),
-    VerdictRule("psnr", "small", (), "✅ Small PSNR range (Δ {psnr_delta:.2f} dB over {n_levels} "
-                                     "levels) - scaling factor has limited impact on quality"),
-    # where the recommended level sits (only with a recommendation)
-    VerdictRule("position", "none", ("!recommended",), ""),
-    VerdictRule("position", "large_end", ("near_large_end",),
-                "📍 Close to the largest exponent swept (position {position:.2f}): large values "
-                "are protected from overflow; underflow here {rec_under_pct:.2f}%"),
-    VerdictRule("position", "small_end", ("near_small_end",),
-                "📍 Close to the smallest exponent swept (position {position:.2f}): small values "
-                "are preserved; overflow (saturation) here {rec_over_pct:.2f}%"),
-    VerdictRule("position", "balanced", ("overflow_below", "underflow_above"),
-                "📍 This is a balanced middle ground between overflow and underflow: smaller "
-                "exponents overflow more (up to {max_over_pct:.2f}%), larger ones underflow more "
-                "(up to {max_under_pct:.2f}%)"),
-    VerdictRule("position", "middle", (),
-                "📍 In the middle of the sweep (position {position:.2f}); the levels around it do "
-                "not trade overflow against underflow (overflow at most {max_over_pct:.2f}%, "
-                "underflow at most {max_under_pct:.2f}%)"),
-    # the range of levels without significant overflow/underflow
-    VerdictRule("range", "one_level", (_ONE,),
-                "ℹ️  One level swept ({sparse_reason}): no range of levels to recommend"),
-    VerdictRule("range", "all_zero", ("all_zero",),
-                "ℹ️  All values are zero: every level is exact; no range to recommend"),
-    VerdictRule("range", "all_tie", ("all_tie",),
-                "ℹ️  Every level gives the same error: no range of levels is better than another"),
-    VerdictRule("range", "clean_single", ("one_clean",),
-                "💡 Only one level without significant overflow/underflow (< 0.1%): "
-                "{clean_lo:.2f}"),
-    VerdictRule("range", "clean_range", ("clean_levels", "clean_contiguous"),
-                "💡 Recommended scaling range: {clean_lo:.2f} to {clean_hi:.2f} ({n_clean} of "
-                "{n_levels} levels without significant overflow/underflow, < 0.1%)"),
-    VerdictRule("range", "clean_scattered", ("clean_levels",),
-                "💡 Levels without significant overflow/underflow (< 0.1%), not consecutive: "
-                "{clean_list}"),
-    VerdictRule("range", "least_problematic", (),
-                "⚠️  All scaling levels have some overflow/underflow - least problematic: "
-                "{least:.2f} (overflow {least_over_pct:.2f}%, underflow {least_under_pct:.2f}%)"),
-    # the worst / best overflow and underflow levels (said by the report unless a row speaks)
-    VerdictRule("extremes", "one_level", (_ONE,),
-                "ℹ️  One level swept: no worst or best level to compare"),
-    VerdictRule("extremes", "compare", (), ""),
-    # advice (every row that holds)
-    VerdictRule("advice", "avoid_high", ("!one_level", "any_high"),
-                "⚠️  AVOID scaling factors with HIGH overflow/underflow severity: these factors "
-                "cause significant precision loss"),
-    VerdictRule("advice", "overflow", ("any_overflow",),
-                "🔴 OVERFLOW WARNING: {n_overflow_levels} level(s) overflow; their values "
-                "saturate to the max representable value"),
-    VerdictRule("advice", "underflow", ("any_underflow",),
-                "🟡 UNDERFLOW: {n_underflow_levels} level(s) underflow; moderate underflow may "
-                "be acceptable depending on use case (balance it against overflow)"),
-    # why a figure has few points
-    VerdictRule("plot_note", "sparse", ("sparse",),
-                "Only {n_levels} level(s) swept ({sparse_reason}): too few points for a curve"),
-    VerdictRule("plot_note", "dense", (), ""),
-)
+#: the thresholds phrases quote ({mse_ratio_varies:g} ...), besides the evidence
+PHRASE_CONSTANTS = {"mse_ratio_varies": MSE_RATIO_VARIES}
+#: the rule table (quant/sweep_verdicts.json: phrases are data, edited without touching code)
+RULES_FILE = Path(__file__).with_name("sweep_verdicts.json")
+
+
+def _load_rules(path: Path = RULES_FILE) -> tuple[VerdictRule, ...]:
+    """The rows of the rule table, in order; every condition a row names must exist."""
+    with open(path, encoding="utf-8") as fh:
+        rows = json.load(fh)["rules"]
+    rules = tuple(VerdictRule(r["topic"], r["id"], tuple(r["needs"]), r["phrase"]) for r in rows)
+    unknown = {n.lstrip("!") for r in rules for n in r.needs} - set(CONDITIONS)
+    if unknown:
+        raise ValueError(f"{path}: unknown conditions {sorted(unknown)}")
+    return rules
+
+
+RULES: tuple[VerdictRule, ...] = _load_rules()
 
 #: topics where every row that holds speaks (the others: the first row that holds)
 ALL_MATCH = frozenset({"advice"})
@@ -225,7 +146,7 @@ def evidence(levels: Sequence[Any], scores: Sequence[float], stats: dict[str, An
         "clean_list": ", ".join(f"{exps[i]:.2f}" for i in clean),
         "least": least.scale_exp, "least_over_pct": pct(least.overflow_ratio),
         "least_under_pct": pct(least.underflow_ratio),
-        "any_high": any("HIGH" in (lv.overflow_severity, lv.underflow_severity) for lv in levels),
+        "any_high": any(HIGH in (lv.overflow_severity, lv.underflow_severity) for lv in levels),
         "n_overflow_levels": sum(lv.overflow_severity != NONE for lv in levels),
         "n_underflow_levels": sum(lv.underflow_severity != NONE for lv in levels),
         "max_over_pct": pct(max(lv.overflow_ratio for lv in levels)),
@@ -268,7 +189,7 @@ def judge(ev: dict[str, Any], topics: Sequence[str] = TOPICS) -> dict[str, list[
         said = []
         for rule in (r for r in RULES if r.topic == topic):
             if rule.holds(ev):
-                said.append(Verdict(topic, rule.id, rule.phrase.format(**ev)))
+                said.append(Verdict(topic, rule.id, rule.phrase.format(**PHRASE_CONSTANTS, **ev)))
                 if topic not in ALL_MATCH:
                     break
         out[topic] = said

@@ -1,6 +1,10 @@
-"""Triton kernels of the fake quantizers: the same bit-space arithmetic as ``elemwise`` and
-``scaling``, fused into one pass over memory (element formats) or one read + one write per block
-(MX, NVFP4), with a small amax pre-pass where the format has a per-tensor scale.
+"""Triton kernels of the fake quantizers: each scaling family's Triton implementation
+(``quantize_triton`` of quant/family_*.py launches them), the same bit-space arithmetic as the
+element cast of ``elemwise`` and the families' scales, fused into one pass over memory (element
+formats) or one read + one write per block (MX, NVFP4), with a small amax pre-pass where the
+format has a per-tensor scale. ``_round_magnitude`` / ``_finish`` / ``_cast`` are the Triton
+implementation of the one element cast (quant.elemwise), not a second definition: a kernel
+cannot call torch code, and tests/test_quant_triton.py holds them to it bit for bit.
 
 Why a second implementation: on CUDA the torch kernels are ~15 elementwise passes. These kernels
 must give the torch backend's results bit for bit, so every step mirrors it:
@@ -14,7 +18,7 @@ must give the torch backend's results bit for bit, so every step mirrors it:
 - NaN never enters a min/max: block amax is taken over finite values and a block holding
   NaN/Inf is set to NaN afterwards, as the torch backend does.
 
-Stochastic rounding reads a noise tensor drawn by the caller (``dispatch``) from the caller's
+Stochastic rounding reads a noise tensor drawn by the caller (the family, via quant.layout) from the caller's
 ``torch.Generator`` in the torch backend's own layout, so both backends give identical results
 for the same generator state.
 
@@ -32,7 +36,7 @@ import triton.language as tl
 from .interpreter import triton_interpreting
 from .elemwise import ElemParams
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
-from .scaling import E2M1_MAX, E4M3_MIN_SUBNORMAL, E4M3_PARAMS
+from .family_nvfp4 import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 
 #: rounding mode name -> the kernels' constexpr code
 ROUNDING_CODE = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "stochastic": 3,
@@ -49,14 +53,14 @@ NUM_WARPS = {"elements": 4, "mx": 4, "nvfp4": 8}
 _LAUNCH = {"enable_fp_fusion": False}
 #: bfloat16 conversions in bit space under the interpreter only (compiled: one native cvt)
 INTERPRETED: tl.constexpr = tl.constexpr(triton_interpreting())
-# NVFP4's scale constants, from quant.scaling (the one definition)
-NV_ELEM_MAX: tl.constexpr = tl.constexpr(E2M1_MAX)
-NV_SCALE_MIN: tl.constexpr = tl.constexpr(E4M3_MIN_SUBNORMAL)
-NV_SCALE_MAX: tl.constexpr = tl.constexpr(E4M3_PARAMS.max_normal)
-S_GRID_EMIN: tl.constexpr = tl.constexpr(E4M3_PARAMS.grid_emin)
-S_GRID_EMAX: tl.constexpr = tl.constexpr(E4M3_PARAMS.grid_emax)
-S_MBITS: tl.constexpr = tl.constexpr(E4M3_PARAMS.mbits)
-S_OVERFLOW: tl.constexpr = tl.constexpr(OVERFLOW_CODE[E4M3_PARAMS.overflow])
+# NVFP4's scale constants, from quant.family_nvfp4 (the one definition, read from FORMATS)
+NV_ELEM_MAX: tl.constexpr = tl.constexpr(ELEMENT_MAX)
+NV_SCALE_MIN: tl.constexpr = tl.constexpr(SCALE_MIN)
+NV_SCALE_MAX: tl.constexpr = tl.constexpr(SCALE_MAX)
+S_GRID_EMIN: tl.constexpr = tl.constexpr(SCALE_PARAMS.grid_emin)
+S_GRID_EMAX: tl.constexpr = tl.constexpr(SCALE_PARAMS.grid_emax)
+S_MBITS: tl.constexpr = tl.constexpr(SCALE_PARAMS.mbits)
+S_OVERFLOW: tl.constexpr = tl.constexpr(OVERFLOW_CODE[SCALE_PARAMS.overflow])
 E8M0_MIN: tl.constexpr = tl.constexpr(E8M0_MIN_EXP)
 E8M0_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_EXP)
 
@@ -255,16 +259,9 @@ def _block_tile(x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE: tl.constexp
 
 
 @triton.jit
-def _mx_kernel(x_ptr, y_ptr, noise_ptr, nblocks, n, inner, nkb,
-               HAS_NOISE: tl.constexpr, EMAX_ELEM: tl.constexpr, SCALE_MODE: tl.constexpr,
-               GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.constexpr,
-               TAPERED: tl.constexpr, ROUNDING: tl.constexpr, MAX_NORMAL: tl.constexpr,
-               OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
-               ALIGNED: tl.constexpr):
-    """scaling.quantize_mx_blocks: E8M0 shared exponent per block, then the element cast."""
-    offs, mask, v, noise, amax, nonfinite = _block_tile(
-        x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
+def _mx_scales(amax, EMAX_ELEM: tl.constexpr, SCALE_MODE: tl.constexpr,
+               MAX_NORMAL: tl.constexpr):
+    """family_mx's scales per block: (encode 2^-s, decode 2^s), s the clamped E8M0 exponent."""
     if SCALE_MODE == 0:
         s = _exponent(amax) - EMAX_ELEM
     elif SCALE_MODE == 1:
@@ -274,36 +271,45 @@ def _mx_kernel(x_ptr, y_ptr, noise_ptr, nblocks, n, inner, nkb,
         bound = MAX_NORMAL * _pow2_any(tl.minimum(tl.maximum(s, -149), 127))
         s = tl.where(amax > bound, s + 1, s)
     s = tl.minimum(tl.maximum(s, E8M0_MIN), E8M0_MAX)
-    v = v * _pow2_any(-s)[:, None]
-    y = _cast(v, noise, GRID_EMIN, GRID_EMAX, MBITS, TAPERED, ROUNDING, MAX_NORMAL, OVERFLOW,
-              SATURATE, SIGNED_ZERO) * _pow2_any(s)[:, None]
-    y = tl.where(nonfinite[:, None], float("nan"), y)
-    tl.store(y_ptr + offs, _to_output(y, y_ptr), mask=mask)
+    return _pow2_any(-s), _pow2_any(s)
 
 
 @triton.jit
-def _nvfp4_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
-                  HAS_NOISE: tl.constexpr,
+def _nvfp4_scales(amax, st_ptr):
+    """family_nvfp4's scales per block: (the divisor, never 0; decode s_b * s_t), s_b the E4M3
+    block scale (family_nvfp4.block_scale: nearest even, saturating), s_t loaded."""
+    s_t = tl.load(st_ptr)
+    raw = tl.div_rn(tl.div_rn(amax, NV_ELEM_MAX), s_t)
+    raw = tl.where(raw < NV_SCALE_MIN, NV_SCALE_MIN,
+                   tl.where(raw > NV_SCALE_MAX, NV_SCALE_MAX, raw))
+    s_b = _cast(raw, 0.0, S_GRID_EMIN, S_GRID_EMAX, S_MBITS, False, 0, NV_SCALE_MAX, S_OVERFLOW,
+                True, True)
+    denom = s_b * s_t
+    return tl.where(denom > 0.0, denom, 1.0), denom
+
+
+@triton.jit
+def _block_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
+                  HAS_NOISE: tl.constexpr, TWO_LEVEL: tl.constexpr, EMAX_ELEM: tl.constexpr,
+                  SCALE_MODE: tl.constexpr,
                   GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.constexpr,
                   TAPERED: tl.constexpr, ROUNDING: tl.constexpr, MAX_NORMAL: tl.constexpr,
                   OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
                   BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
                   ALIGNED: tl.constexpr):
-    """scaling.quantize_nvfp4_blocks: E4M3 block scale times the FP32 tensor scale s_t."""
+    """The block families' quantizer: the scales per block (MX: E8M0 exponent; TWO_LEVEL,
+    NVFP4: E4M3 block scale times the FP32 tensor scale at st_ptr), the element cast, the
+    decode; a block holding NaN/Inf becomes all NaN."""
     offs, mask, v, noise, amax, nonfinite = _block_tile(
         x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
-    s_t = tl.load(st_ptr)
-    raw = tl.div_rn(tl.div_rn(amax, NV_ELEM_MAX), s_t)
-    raw = tl.where(raw < NV_SCALE_MIN, NV_SCALE_MIN,
-                   tl.where(raw > NV_SCALE_MAX, NV_SCALE_MAX, raw))
-    # the E4M3 block scale (scaling.nvfp4_block_scale): nearest even, saturating
-    s_b = _cast(raw, 0.0, S_GRID_EMIN, S_GRID_EMAX, S_MBITS, False, 0, NV_SCALE_MAX, S_OVERFLOW,
-                True, True)
-    denom = s_b * s_t
-    safe = tl.where(denom > 0.0, denom, 1.0)
-    v = tl.div_rn(v, safe[:, None])
+    if TWO_LEVEL:
+        enc, dec = _nvfp4_scales(amax, st_ptr)
+        v = tl.div_rn(v, enc[:, None])
+    else:
+        enc, dec = _mx_scales(amax, EMAX_ELEM, SCALE_MODE, MAX_NORMAL)
+        v = v * enc[:, None]
     y = _cast(v, noise, GRID_EMIN, GRID_EMAX, MBITS, TAPERED, ROUNDING, MAX_NORMAL, OVERFLOW,
-              SATURATE, SIGNED_ZERO) * denom[:, None]
+              SATURATE, SIGNED_ZERO) * dec[:, None]
     y = tl.where(nonfinite[:, None], float("nan"), y)
     tl.store(y_ptr + offs, _to_output(y, y_ptr), mask=mask)
 
@@ -354,13 +360,13 @@ def _block_geometry(x: torch.Tensor, axis: int, block: int) -> tuple[int, int, i
     return n, inner, nkb, outer * nkb * inner
 
 
-def _block_launch(kernel, x, axis, block, noise, extra_ptrs, constants, warps) -> torch.Tensor:
+def _block_launch(x, axis, block, noise, st, constants, warps) -> torch.Tensor:
     y = torch.empty_like(x)
     n, inner, nkb, nblocks = _block_geometry(x, axis, block)
     p2 = triton.next_power_of_2(block)
     rows = max(1, BLOCKS_PER_PROGRAM * 32 // p2)
-    kernel[(triton.cdiv(nblocks, rows),)](
-        x, y, noise if noise is not None else x, *extra_ptrs, nblocks, n, inner, nkb,
+    _block_kernel[(triton.cdiv(nblocks, rows),)](
+        x, y, noise if noise is not None else x, st, nblocks, n, inner, nkb,
         HAS_NOISE=noise is not None, BLOCK=block, BLOCK_P2=p2, ROWS=rows,
         ALIGNED=inner == 1 and n % block == 0, **constants, num_warps=warps, **_LAUNCH)
     return y
@@ -370,8 +376,9 @@ def quantize_mx(x: torch.Tensor, axis: int, block: int, p: ElemParams, emax_elem
                 rounding: str, scale_mode: str, saturate: bool,
                 noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """MX fake quantization of contiguous x along ``axis`` (non-negative) in blocks of ``block``."""
-    return _block_launch(_mx_kernel, x, axis, block, noise, (),
-                         dict(EMAX_ELEM=emax_elem, SCALE_MODE=SCALE_MODE_CODE[scale_mode],
+    return _block_launch(x, axis, block, noise, x,
+                         dict(TWO_LEVEL=False, EMAX_ELEM=emax_elem,
+                              SCALE_MODE=SCALE_MODE_CODE[scale_mode],
                               **_elem_constants(p, rounding, saturate)), NUM_WARPS["mx"])
 
 
@@ -379,5 +386,6 @@ def quantize_nvfp4(x: torch.Tensor, axis: int, block: int, p: ElemParams, roundi
                    saturate: bool, s_t: torch.Tensor,
                    noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """NVFP4 fake quantization of contiguous x with the per-tensor scale ``s_t`` (0-dim fp32)."""
-    return _block_launch(_nvfp4_kernel, x, axis, block, noise, (s_t,),
-                         _elem_constants(p, rounding, saturate), NUM_WARPS["nvfp4"])
+    return _block_launch(x, axis, block, noise, s_t,
+                         dict(TWO_LEVEL=True, EMAX_ELEM=0, SCALE_MODE=0,
+                              **_elem_constants(p, rounding, saturate)), NUM_WARPS["nvfp4"])

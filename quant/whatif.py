@@ -5,7 +5,7 @@ report's ``numerics.csv`` reads them back (and recomputes them from a saved tens
 capture lacks them), and tests re-derive them; all go through :func:`whatif`, which only
 combines the single definitions of :mod:`quant.metrics` (SQNR, relative error),
 :mod:`quant.analysis` (overflow / underflow / flush-to-zero, per block) and
-:mod:`quant.scaling` (the MX E8M0 exponent and the NVFP4 E4M3 block scale).
+:mod:`quant.families` (the scales: MX E8M0 exponents, NVFP4 E4M3 block scales).
 
 Keys of the returned dict (``WHATIF_*`` below; JSON-ready):
 - ``sqnr_db``, ``rel_error`` (a fraction), ``overflow_ratio``, ``underflow_ratio``,
@@ -31,11 +31,11 @@ import torch
 
 from . import metrics
 from .analysis import analyze_quantization
-from .dispatch import to_blocks
 from .elemwise import float_exponent
 from .fakequant import quantize
-from .formats import SCALING_MX, SCALING_NVFP4, WHATIF_FORMATS, FormatSpec, get_format
-from .scaling import mx_shared_exponent, nvfp4_block_scale, nvfp4_tensor_scale
+from .families import family_of
+from .formats import DEFAULT_SCALE_MODE, WHATIF_FORMATS, FormatSpec, get_format
+from .layout import to_blocks
 from .whatif_record import (SCALE_KIND_MX, SCALE_KIND_NVFP4, block_dict, element_dict,
                             int_histogram)
 
@@ -48,7 +48,7 @@ DEFAULT_WHATIF_FORMATS = WHATIF_FORMATS
 
 def is_block_format(fmt: Union[str, FormatSpec]) -> bool:
     """Does ``fmt`` scale blocks (MX, NVFP4), so it has block-scale numbers?"""
-    return get_format(fmt).scaling in (SCALING_MX, SCALING_NVFP4)
+    return family_of(get_format(fmt)).blocked
 
 
 def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
@@ -57,10 +57,8 @@ def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
     a = xb.abs()
     amax = a.amax(dim=-1)
     live = torch.isfinite(amax) & (amax > 0)
-    if spec.scaling == SCALING_MX:
-        scale = mx_shared_exponent(amax, spec.emax, spec.max_normal, "floor")[live]
-    else:
-        scale = nvfp4_block_scale(amax, nvfp4_tensor_scale(x32))[live]
+    # the scales the quantizer chose (the format's defaults: whatif's docstring)
+    scale = family_of(spec).scales(xb, spec, DEFAULT_SCALE_MODE).stored.squeeze(-1)[live]
     inf = torch.tensor(math.inf, dtype=a.dtype)
     mnz = torch.where(torch.isfinite(a) & (a > 0), a, inf).amin(dim=-1)
     dyn = float_exponent(amax[live]) - float_exponent(mnz[live])

@@ -36,12 +36,11 @@ from typing import Any, Iterable, NamedTuple
 import torch
 
 from .dispatch import SUPPORTED_DTYPES
-from .elemwise import ElemParams, float_exponent, pow2_any
-from .formats import (SCALING_MX, SCALING_NONE, SCALING_NVFP4, SCALING_TENSOR, FORMATS,
-                      FormatSpec)
+from .elemwise import ElemParams, float_exponent
+from .families import FAMILIES, family_of
+from .formats import DEFAULT_SCALE_MODE, FORMATS, SCALING_IDENTITY, FormatSpec
 from .metrics import relative_error_of_sums, sqnr_of_sums
-from .scaling import (finite_amax, mx_shared_exponent, nvfp4_block_scale, nvfp4_scale_of_amax,
-                      tensor_scale_of_amax)
+from .scales import finite_amax
 from .whatif_record import block_dict, element_dict, int_histogram
 
 __all__ = ["ONEPASS_MAX_ELEMENTS", "supports", "whatif_onepass"]
@@ -51,7 +50,8 @@ __all__ = ["ONEPASS_MAX_ELEMENTS", "supports", "whatif_onepass"]
 ONEPASS_MAX_ELEMENTS = 1 << 16
 #: layout width when no block format is asked for (any width gives the same numbers)
 _ELEMENT_WIDTH = 32
-_SCALINGS = (SCALING_NONE, SCALING_TENSOR, SCALING_MX, SCALING_NVFP4)
+#: every family but the identity (fp32: nothing to quantize, its what-if numbers are trivial)
+_SCALINGS = tuple(s for s in FAMILIES if s != SCALING_IDENTITY)
 _ROUNDINGS = ("nearest_even", "nearest_away")
 
 
@@ -116,12 +116,13 @@ class _Plan(NamedTuple):
     width: int
     dtype: torch.dtype
     formats: tuple
+    specs: tuple
 
 
 def _plan(specs: list[FormatSpec], width: int, dtype: torch.dtype) -> _Plan:
     return _Plan(width, dtype, tuple(
         (s.scaling, s.block_size or 0, s.emax, s.max_normal, s.min_normal, ElemParams.of(s),
-         s.default_rounding == "nearest_away") for s in specs))
+         s.default_rounding == "nearest_away") for s in specs), tuple(specs))
 
 
 def _col(values, dtype, device) -> torch.Tensor:
@@ -130,35 +131,20 @@ def _col(values, dtype, device) -> torch.Tensor:
 
 def _scaled(x2: torch.Tensor, absm: torch.Tensor, plan: _Plan):
     """Every format's scaled values (what its element cast rounds) [F, nL, L], its dequant
-    multipliers and its poisoned-block mask, as quant.scaling's quantizers compute them."""
+    multipliers and its poisoned-block mask, from the families' Scales (quant.families)."""
     n_l, width = x2.shape
     tensor_amax = finite_amax(x2)
     amax_of = {b: absm.reshape(n_l, width // b, b).amax(dim=-1, keepdim=True)
                for b in {f[1] for f in plan.formats if f[1]}}        # NaN propagates
     ones = torch.ones((), dtype=torch.float32, device=x2.device)
     vs, deqs, bads = [], [], []
-    for scaling, b, emax, max_normal, _, _, _ in plan.formats:
-        deq, bad = ones, None
-        if scaling == SCALING_NONE:
-            v = x2
-        elif scaling == SCALING_TENSOR:
-            scale = tensor_scale_of_amax(tensor_amax, max_normal)
-            v, deq = x2 * scale, 1.0 / scale
-        else:
-            amax = amax_of[b]
-            xb = x2.reshape(n_l, width // b, b)
-            bad = ~torch.isfinite(amax)
-            if scaling == SCALING_MX:
-                s = mx_shared_exponent(amax, emax, max_normal, "floor")
-                v, deq = xb * pow2_any(-s), pow2_any(s)
-            else:
-                s_t = nvfp4_scale_of_amax(tensor_amax)
-                deq = nvfp4_block_scale(amax, s_t) * s_t
-                v = xb / torch.where(deq > 0, deq, torch.ones_like(deq))
-            v = v.reshape(n_l, width)
-        vs.append(v)
-        deqs.append(deq)
-        bads.append(bad)
+    for spec, (_, b, *_) in zip(plan.specs, plan.formats):
+        family = family_of(spec)
+        s = family.scales_from(amax_of.get(b), tensor_amax, spec, DEFAULT_SCALE_MODE)
+        v = s.encoded(x2.reshape(n_l, width // b, b) if family.blocked else x2)
+        vs.append(v.reshape(n_l, width))
+        deqs.append(ones if s.decode is None else s.decode)
+        bads.append(s.poisoned)
     return torch.stack(vs), deqs, bads
 
 
@@ -280,10 +266,9 @@ def _block_numbers(lay: _Layout, spec: FormatSpec, counts: torch.Tensor,
         shared[b] = amax, live, int_histogram(float_exponent(amax[live])
                                               - float_exponent(mnz[live]))
     amax, live, dyn = shared[b]
-    if spec.scaling == SCALING_MX:
-        scales = mx_shared_exponent(amax[live], spec.emax, spec.max_normal, "floor")
-    else:
-        scales = nvfp4_block_scale(amax[live], nvfp4_scale_of_amax(finite_amax(lay.xm)))
+    family = family_of(spec)
+    tensor_amax = finite_amax(lay.xm) if family.uses_tensor_amax else None
+    scales = family.scales_from(amax[live], tensor_amax, spec, DEFAULT_SCALE_MODE).stored
     return block_dict(spec, b, lay.n, amax.numel(), scales,
                       {"min_bin": dyn["min_bin"], "counts": list(dyn["counts"])},
                       counts[0][:, :nb], counts[2][:, :nb])

@@ -8,14 +8,23 @@ from typing import Any, Optional
 
 import torch
 
-from .elemwise import float_exponent
-from .formats import SCALING_MX, FormatSpec
+from .families import family_of
+from .family_mx import MX
+from .family_nvfp4 import NVFP4
+from .formats import FormatSpec
 
-SCALE_KIND_MX = "e8m0_exponent"
-SCALE_KIND_NVFP4 = "e4m3_scale"
-#: the scalar numbers every format's record has (:func:`element_dict`); TensorBoard, the report's
-#: numerics table and TE's debug feature all read this list, so a new number reaches all three
-WHATIF_SCALARS = ("sqnr_db", "rel_error", "overflow_ratio", "underflow_ratio", "flush_ratio")
+# The record's keys (quant.whatif documents them; readers use these names, not literals)
+AXIS, SQNR_DB, REL_ERROR = "axis", "sqnr_db", "rel_error"
+OVERFLOW_RATIO, UNDERFLOW_RATIO, FLUSH_RATIO = "overflow_ratio", "underflow_ratio", "flush_ratio"
+#: the scalar numbers every format has (besides the axis)
+SCALAR_KEYS = (SQNR_DB, REL_ERROR, OVERFLOW_RATIO, UNDERFLOW_RATIO, FLUSH_RATIO)
+BLOCK_SIZE, AXIS_LENGTH, BLOCKS, SHORT_AXIS = "block_size", "axis_length", "blocks", "short_axis"
+BLOCK_SCALE, BLOCK_CLIPPED_HIST = "block_scale", "block_clipped_hist"
+BLOCK_FLUSHED_HIST, BLOCK_DYNAMIC_RANGE_HIST = "block_flushed_hist", "block_dynamic_range_hist"
+
+#: ``block_scale.kind`` of each block family (the families name what their scales store)
+SCALE_KIND_MX = MX.stored_kind
+SCALE_KIND_NVFP4 = NVFP4.stored_kind
 
 
 def int_histogram(values: torch.Tensor) -> dict[str, Any]:
@@ -41,25 +50,23 @@ def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int,
     """The block numbers of the module docstring from the per-block arrays: the scales of the
     live blocks (MX: E8M0 exponents; NVFP4: E4M3 scale values), the dynamic-range histogram,
     and per block the count of clipped and of flushed elements."""
-    if spec.scaling == SCALING_MX:
-        kind, binned = SCALE_KIND_MX, live_scales
-    else:
-        kind, binned = SCALE_KIND_NVFP4, float_exponent(live_scales)
+    family = family_of(spec)
+    kind, binned = family.stored_kind, family.stored_bins(live_scales)
     lo, hi, std = _summary(live_scales)
     return {
-        "block_size": block, "axis_length": int(axis_length), "blocks": int(blocks),
-        "short_axis": bool(axis_length < block),
-        "block_scale": {"kind": kind, "min": lo, "max": hi, "std": std,
-                        "hist": int_histogram(binned)},
-        "block_clipped_hist": torch.bincount(clipped.reshape(-1).long()).tolist(),
-        "block_flushed_hist": torch.bincount(flushed.reshape(-1).long()).tolist(),
-        "block_dynamic_range_hist": dynamic_range_hist,
+        BLOCK_SIZE: block, AXIS_LENGTH: int(axis_length), BLOCKS: int(blocks),
+        SHORT_AXIS: bool(axis_length < block),
+        BLOCK_SCALE: {"kind": kind, "min": lo, "max": hi, "std": std,
+                      "hist": int_histogram(binned)},
+        BLOCK_CLIPPED_HIST: torch.bincount(clipped.reshape(-1).long()).tolist(),
+        BLOCK_FLUSHED_HIST: torch.bincount(flushed.reshape(-1).long()).tolist(),
+        BLOCK_DYNAMIC_RANGE_HIST: dynamic_range_hist,
     }
 
 
 def element_dict(axis: int, sqnr_db: float, rel_error: float, overflow: int, underflow: int,
                  flushed: int, total: int) -> dict[str, Any]:
     """The numbers every format has (module docstring), from the error metrics and counts."""
-    return {"axis": axis, "sqnr_db": sqnr_db, "rel_error": rel_error,
-            "overflow_ratio": overflow / total, "underflow_ratio": underflow / total,
-            "flush_ratio": flushed / total}
+    return {AXIS: axis, SQNR_DB: sqnr_db, REL_ERROR: rel_error,
+            OVERFLOW_RATIO: overflow / total, UNDERFLOW_RATIO: underflow / total,
+            FLUSH_RATIO: flushed / total}

@@ -316,14 +316,7 @@ def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Name
         files = {"log": final(log_name), "results": final(results_name)}
         logger.info(f"Results saved to: {files['results']}")
         if not args.no_plots:
-            from tensor_viz.scaling_plots import plot_summary, plot_sweep
-
-            plot_name, summary_name = f"mxfp_scaling_test_{fmt}.png", f"mxfp_scaling_summary_{fmt}.png"
-            plot_sweep(res, stage / plot_name, name)
-            logger.info(f"Plot saved to: {final(plot_name)}")
-            plot_summary(res, stage / summary_name, name)
-            logger.info(f"Summary plot saved to: {final(summary_name)}")
-            files.update(plot=final(plot_name), summary=final(summary_name))
+            files.update(_plots_into(stage, res, name, fmt, final, logger))
         rec = res.recommendation
         if rec is None:
             for line in res.says("recommendation"):
@@ -351,6 +344,18 @@ def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Name
         raise _Discard from None
     finally:
         _close_logger(logger)
+
+
+def _plots_into(stage: Path, res, name: str, fmt: str, final, logger) -> dict[str, str]:
+    """The sweep's two figures written into ``stage``; their final paths, logged."""
+    from tensor_viz.scaling_plots import plot_summary, plot_sweep
+
+    plot_name, summary_name = f"mxfp_scaling_test_{fmt}.png", f"mxfp_scaling_summary_{fmt}.png"
+    plot_sweep(res, stage / plot_name, name)
+    logger.info(f"Plot saved to: {final(plot_name)}")
+    plot_summary(res, stage / summary_name, name)
+    logger.info(f"Summary plot saved to: {final(summary_name)}")
+    return {"plot": final(plot_name), "summary": final(summary_name)}
 
 
 def _progress_bar(tensor: Any, name: str):

@@ -21,9 +21,9 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from quant.whatif_record import WHATIF_SCALARS
 from tensor_capture import schema
 from tensor_capture.schema import CaptureSite
+from quant import whatif_record as wr
 
 from . import inspect_support, names, options
 
@@ -34,6 +34,7 @@ from nvdlfw_inspect.logging import MetricLogger  # noqa: E402
 from nvdlfw_inspect.registry import api_method  # noqa: E402
 
 #: the numbers of quant.whatif logged per format (keys of its result)
+WHATIF_SCALARS = wr.SCALAR_KEYS
 
 
 def stat_name(layer_name: str, tensor_name: str, fmt: str, number: str) -> str:
@@ -145,12 +146,12 @@ def _share(hist: list, blocks: int) -> float:
 
 
 BLOCK_SCALARS = {
-    "scale_min": lambda r: r["block_scale"]["min"],
-    "scale_max": lambda r: r["block_scale"]["max"],
-    "scale_std": lambda r: r["block_scale"]["std"],
-    "blocks": lambda r: r["blocks"],
-    "clipped_block_ratio": lambda r: _share(r["block_clipped_hist"], r["blocks"]),
-    "flushed_block_ratio": lambda r: _share(r["block_flushed_hist"], r["blocks"]),
+    "scale_min": lambda r: r[wr.BLOCK_SCALE]["min"],
+    "scale_max": lambda r: r[wr.BLOCK_SCALE]["max"],
+    "scale_std": lambda r: r[wr.BLOCK_SCALE]["std"],
+    "blocks": lambda r: r[wr.BLOCKS],
+    "clipped_block_ratio": lambda r: _share(r[wr.BLOCK_CLIPPED_HIST], r[wr.BLOCKS]),
+    "flushed_block_ratio": lambda r: _share(r[wr.BLOCK_FLUSHED_HIST], r[wr.BLOCKS]),
 }
 
 
@@ -176,7 +177,7 @@ class LowpBlockScaleStats(_LowpFeature):
     def _inspect(self, config, layer_name, tensor_name, namespace, slot, x, iteration) -> None:
         results, axis = self._numbers(config, slot, x)
         for fmt, r in results.items():
-            if "error" in r or "block_scale" not in r:
+            if "error" in r or wr.BLOCK_SCALE not in r:
                 debug_api.log_message(f"LowpBlockScaleStats {tensor_name} {fmt}: "
                                       f"{r.get('error', 'no blocks')}", layer_name)
                 continue
@@ -185,16 +186,15 @@ class LowpBlockScaleStats(_LowpFeature):
                 if value is not None:
                     MetricLogger.log_scalar(stat_name(layer_name, tensor_name, fmt, key),
                                             value, iteration)
-            hist = r["block_scale"]["hist"]
+            hist = r[wr.BLOCK_SCALE]["hist"]
             for i, count in enumerate(hist["counts"]):
                 MetricLogger.log_scalar(stat_name(layer_name, tensor_name, fmt,
                                                   f"scale_hist_{hist['min_bin'] + i}"),
                                         count, iteration)
             debug_api.log_message(
                 f"LowpBlockScaleStats iteration={iteration} tensor={tensor_name} format={fmt} "
-                f"axis={axis} " + json.dumps({"block_scale": r["block_scale"],
-                                              "block_clipped_hist": r["block_clipped_hist"],
-                                              "block_flushed_hist": r["block_flushed_hist"]}),
+                f"axis={axis} " + json.dumps({k: r[k] for k in (
+                    wr.BLOCK_SCALE, wr.BLOCK_CLIPPED_HIST, wr.BLOCK_FLUSHED_HIST)}),
                 layer_name, extra_cachable_args=(tensor_name, fmt, iteration))
 
 

@@ -80,25 +80,26 @@ def recipe_name(site: str | None, layer: int | None, role: str) -> str | None:
 def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | None = None,
                      site: str | None = None, iteration: int | None = None,
                      layer: int | None = None) -> torch.Tensor:
-    """Linear GEMM operand ``tensor`` of ``gemm`` (plan names: forward / dgrad / wgrad) as the
+    """Linear GEMM operand ``tensor`` of ``gemm`` (fprop / dgrad / wgrad) as the
     active recipe (or the precision plan's rule for this module and GEMM) quantizes it; same
     shape and dtype."""
     from quant import recipes
+    from quant.gemm_plan import gemm_name
 
-    name = recipe_name(site, layer, recipes.RECIPE_GEMM[gemm])
+    gemm = gemm_name(gemm)      # "forward" is fprop's older name
+    name = recipe_name(site, layer, gemm)
     if name is None:
         return x
     recipe = recipes.get_recipe(name)
-    rgemm = recipes.RECIPE_GEMM[gemm]
-    spec = recipe.spec(tensor, rgemm)
+    spec = recipe.spec(tensor, gemm)
     state = _delayed_state(iteration) if spec.kind == recipes.TENSOR_DELAYED else None
     gen = _generator(x.device) if spec.rounding == "stochastic" else None
-    q = recipes.quantize_operand(x, recipe, tensor, rgemm, generator=gen, state=state, key=site)
+    q = recipes.quantize_operand(x, recipe, tensor, gemm, generator=gen, state=state, key=site)
     fmt = recipes.analysis_format(spec)
     if STATE.warn_underflow and kind is not None and fmt is not None:
         from . import underflow
 
-        underflow.check(x, q, fmt, recipes.operand_axis(tensor, rgemm), kind, site, iteration)
+        underflow.check(x, q, fmt, recipes.operand_axis(tensor, gemm), kind, site, iteration)
     return q
 
 

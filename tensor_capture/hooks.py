@@ -67,7 +67,7 @@ def _save(saver, t: torch.Tensor, site: CaptureSite, it: int, sample: int | None
 # -- emulation: each GEMM operand quantized along quant.gemm_plan's axis ----------------------------
 #: layer type -> the underflow warning's operand kind (tensor_capture.underflow)
 _KIND = {"linear": "linear {gemm} {operand}", "attention": "attention {operand}"}
-_FORWARD_GEMMS = frozenset({"forward", "qk", "pv"})
+_FORWARD_GEMMS = frozenset({"fprop", "qk", "pv"})
 
 
 def _quantized_name(p: OperandPlan) -> str:
@@ -112,7 +112,7 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     cap = saver.enabled and not STATE.paused
     ctx._tc = _LinearCall(site, it, sample, cap)
     if cap:
-        for p, t in zip(gemm_plan.GEMM_OPERANDS["forward"], (total_input, weight)):
+        for p, t in zip(gemm_plan.GEMM_OPERANDS["fprop"], (total_input, weight)):
             at = _at(site, "linear", "forward", "pre", p.operand)
             if saver.captures(at, it):
                 _save(saver, t, at, it, sample, axis=p.axis)

@@ -24,12 +24,12 @@ import sys
 import threading
 from typing import Any, Callable
 
-from quant.whatif_record import WHATIF_SCALARS
+from quant.whatif_record import SCALAR_KEYS
 
 from . import schema
 
 #: what-if metrics written as scalars (quant.whatif's keys)
-SCALARS = WHATIF_SCALARS
+SCALARS = SCALAR_KEYS
 #: the events file's suffix, so ours are told from Megatron's in the same folder
 FILE_SUFFIX = ".tensor_numerics"
 

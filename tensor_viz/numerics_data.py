@@ -17,7 +17,7 @@ import os
 from collections import defaultdict
 from typing import Any, Iterable
 
-from quant.whatif_record import WHATIF_SCALARS
+from quant.whatif_record import SCALAR_KEYS
 from tensor_capture import schema
 from tensor_viz.catalog import Entry
 
@@ -25,7 +25,7 @@ from tensor_viz.catalog import Entry
 NAME_FIELDS = ("layer_type", "layer_idx", "operation", "phase", "component", "tensor_name",
                "iteration", "rank")
 #: quant.whatif's numbers, over all elements
-NUMBER_FIELDS = WHATIF_SCALARS
+NUMBER_FIELDS = SCALAR_KEYS
 FALLBACK_MAX_FILES = 200
 SOURCE_CAPTURE, SOURCE_RECOMPUTED = "capture", "recomputed"
 #: how users group captured tensors: phase (pre/post) x component (attention / linear)

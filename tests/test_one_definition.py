@@ -68,11 +68,11 @@ def test_whatif_scalars_are_the_keys_every_whatif_record_has():
     import torch
 
     from quant.whatif import whatif
-    from quant.whatif_record import WHATIF_SCALARS
+    from quant.whatif_record import SCALAR_KEYS
     from tensor_capture import tensorboard
     from tensor_viz import numerics_data
 
     record = whatif(torch.randn(64, 64), "mxfp8")
     scalar_keys = {k for k, v in record.items() if isinstance(v, float) and k != "axis"}
-    assert scalar_keys == set(WHATIF_SCALARS)
-    assert tensorboard.SCALARS is numerics_data.NUMBER_FIELDS is WHATIF_SCALARS
+    assert scalar_keys == set(SCALAR_KEYS)
+    assert tensorboard.SCALARS is numerics_data.NUMBER_FIELDS is SCALAR_KEYS

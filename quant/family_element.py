@@ -1,0 +1,41 @@
+"""Element-only families: no scale (``fp8_e4m3``, ``hifp8``, ``bf16`` ...) and the identity
+(``fp32``: a copy). The element cast itself is quant.elemwise's (torch) and
+quant.triton_kernels' ``_cast`` (its Triton implementation)."""
+from __future__ import annotations
+
+from . import accel
+from .backends import triton_kernels
+from .elemwise import cast_elements
+from .formats import SCALING_IDENTITY, SCALING_NONE
+from .layout import noise
+from .scales import ScalingFamily
+
+
+class IdentityFamily(ScalingFamily):
+    """No quantization: the input is returned as a copy on both backends."""
+
+    scaling = SCALING_IDENTITY
+
+    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+        return x.clone()
+
+    quantize_triton = quantize
+
+
+class ElementFamily(ScalingFamily):
+    """The plain element cast: Scales() (nothing to encode or decode)."""
+
+    scaling = SCALING_NONE
+
+    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+        return accel.run(cast_elements, x, (p, rounding, saturate),
+                         noise(x.shape, x.device, generator, rounding))
+
+    def quantize_triton(self, x, spec, p, rounding, saturate, scale_mode, block, axis,
+                        generator):
+        nz = noise(x.shape, x.device, generator, rounding)
+        return triton_kernels().cast_elements(x.contiguous(), p, rounding, saturate, nz)
+
+
+IDENTITY = IdentityFamily()
+ELEMENT = ElementFamily()

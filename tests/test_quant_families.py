@@ -1,0 +1,87 @@
+"""The scaling families: one object per ``FormatSpec.scaling``, whose Scales every consumer reads.
+
+Independent references: the quantizer's own output (``quant.quantize``) for "scales, then cast"
+laid out by hand; float64 arithmetic for the element rounding (exact for these magnitudes).
+"""
+import math
+
+import pytest
+import torch
+
+from quant import FORMATS, quantize
+from quant.elemwise import ElemParams, _adder_rounds, round_magnitude_
+from quant.families import FAMILIES, family_of
+from quant.formats import SCALING_IDENTITY
+from quant.scales import ScalingFamily, cast_scaled
+
+
+def _tensor(rows=6, cols=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.exp2(
+        torch.randint(-20, 20, (rows, cols), generator=g).float())
+    x[0, 3], x[2, 40], x[4, 7] = float("nan"), float("inf"), 0.0
+    return x
+
+
+def test_every_scaling_has_one_family_object():
+    assert {s.scaling for s in FORMATS.values()} <= set(FAMILIES)
+    for scaling, family in FAMILIES.items():
+        assert isinstance(family, ScalingFamily) and family.scaling == scaling
+
+
+@pytest.mark.parametrize("name", [n for n, s in FORMATS.items()
+                                  if s.scaling != SCALING_IDENTITY])
+def test_scales_then_cast_is_the_quantizer(name):
+    """family.scales + cast_scaled on the block layout = quantize (the format's defaults)."""
+    spec = FORMATS[name]
+    family = family_of(spec)
+    x = _tensor()
+    p = ElemParams.of(spec)
+    xs = x.reshape(x.shape[0], -1, spec.block_size) if family.blocked else x
+    s = family.scales(xs, spec)
+    got = cast_scaled(xs, s, p, spec.default_rounding, True).reshape(x.shape)
+    want = quantize(x, name, backend="torch")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    if family.blocked:
+        assert s.stored.shape == xs.shape[:-1] + (1,)
+        assert torch.equal(s.poisoned.squeeze(-1), ~torch.isfinite(xs).all(-1))
+
+
+def test_mx_scales_are_the_ocp_exponents():
+    spec = FORMATS["mxfp8"]
+    xb = torch.tensor([[[448.0] + [0.0] * 31, [449.0] + [1.0] * 31, [2.0 ** -130] + [0.0] * 31]])
+    s = family_of(spec).scales(xb, spec, "floor")
+    # floor(log2 amax) - emax(E4M3) = 8 - 8, 8 - 8, clamped to E8M0's -127
+    assert s.stored.reshape(-1).tolist() == [0, 0, -127]
+    s = family_of(spec).scales(xb, spec, "rceil")
+    assert s.stored.reshape(-1).tolist()[:2] == [0, 1]      # 449 > 448 * 2^0
+
+
+def test_nvfp4_scales_use_the_format_constants():
+    spec = FORMATS["nvfp4"]
+    xb = torch.zeros(1, 2, 16)
+    xb[0, 0, 0], xb[0, 1, 0] = 6.0 * 448.0, 6.0
+    s = family_of(spec).scales(xb, spec)
+    # s_t = amax / (6 * 448) = 1; block scales e4m3(amax_b / 6 / s_t) = 448 and 1
+    assert s.stored.reshape(-1).tolist() == [448.0, 1.0]
+    assert torch.equal(s.decode.reshape(-1), torch.tensor([448.0, 1.0]))
+
+
+@pytest.mark.parametrize("name", [n for n, s in FORMATS.items()
+                                  if _adder_rounds(ElemParams.of(s))])
+def test_nearest_even_rounding_matches_float64(name):
+    """The element cast's nearest-even rounding against RNE in float64, on random float32 bit
+    patterns up to far beyond the format's range (past it: only 'beyond max_normal' counts)."""
+    p = ElemParams.of(FORMATS[name])
+    bits = torch.randint(0, 0x7F800000, (200_000,), generator=torch.Generator().manual_seed(1),
+                         dtype=torch.int32)
+    a = bits.view(torch.float32)
+    got = round_magnitude_(a.clone(), p, "nearest_even")
+    e = torch.floor(torch.log2(a.double())).clamp(p.grid_emin, p.grid_emax)
+    e = torch.where(a > 0, e, torch.full_like(e, p.grid_emin))
+    step = torch.exp2(e - p.mbits)
+    want = torch.round(a.double() / step) * step           # exact in float64, ties to even
+    inside = a.double() < 2.0 ** (p.grid_emax + 1)
+    assert torch.equal(got.double()[inside], want[inside])
+    assert bool((got[~inside] > FORMATS[name].max_normal).all())
+    assert math.isinf(float(round_magnitude_(torch.tensor([math.inf]), p, "nearest_even")))
