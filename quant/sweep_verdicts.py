@@ -27,11 +27,11 @@ from .analysis import SEVERITY_HIGH, SEVERITY_NONE, severity_label
 
 #: a curve needs this many points to show a shape; fewer and the plots say why
 MIN_CURVE_LEVELS = 3
-#: MSE max/min above this: "varies significantly" (the seed's rule)
+#: MSE max/min above this: "varies significantly"
 MSE_RATIO_VARIES = 2.0
-#: cosine delta bounds: varies significantly / moderately sensitive (the seed's)
+#: cosine delta bounds: varies significantly / moderately sensitive
 COSINE_DELTA = (0.05, 0.01)
-#: PSNR delta bounds in dB: large / moderate (the seed's)
+#: PSNR delta bounds in dB: large / moderate
 PSNR_DELTA = (20.0, 10.0)
 #: position of the recommended level between the smallest (0) and largest (1) exponent swept
 POSITION_ENDS = (0.2, 0.8)
@@ -47,21 +47,28 @@ def _finite_n(ev: dict, m: str) -> int:
     return ev["stats"][m]["n"] if ev["stats"].get(m) else 0
 
 
+def _spread(ev: dict, m: str, field: str) -> float:
+    """A metric's spread over the levels; NaN (so every threshold test is false) when no level
+    gave that metric a finite value, e.g. a tensor whose values overflow at every exponent."""
+    st = ev["stats"].get(m)
+    return st[field] if st else math.nan
+
+
 CONDITIONS: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "one_level": ("only one distinct exponent was swept", lambda ev: ev["n_levels"] == 1),
     "all_zero": ("every finite value is zero", lambda ev: ev["all_zero"]),
     "all_tie": ("every level gives the same value of every metric", lambda ev: ev["all_tie"]),
     "psnr_judgeable": ("at least 2 levels have a finite PSNR", lambda ev: _finite_n(ev, "psnr") >= 2),
     "mse_varies": (f"MSE max/min above {MSE_RATIO_VARIES:g}",
-                   lambda ev: ev["stats"]["mse"]["ratio"] > MSE_RATIO_VARIES),
+                   lambda ev: _spread(ev, "mse", "ratio") > MSE_RATIO_VARIES),
     "cos_varies": (f"cosine delta above {COSINE_DELTA[0]:g}",
-                   lambda ev: ev["stats"]["cosine_similarity"]["delta"] > COSINE_DELTA[0]),
+                   lambda ev: _spread(ev, "cosine_similarity", "delta") > COSINE_DELTA[0]),
     "cos_moderate": (f"cosine delta above {COSINE_DELTA[1]:g}",
-                     lambda ev: ev["stats"]["cosine_similarity"]["delta"] > COSINE_DELTA[1]),
+                     lambda ev: _spread(ev, "cosine_similarity", "delta") > COSINE_DELTA[1]),
     "psnr_large": (f"PSNR delta above {PSNR_DELTA[0]:g} dB",
-                   lambda ev: ev["stats"]["psnr"]["delta"] > PSNR_DELTA[0]),
+                   lambda ev: _spread(ev, "psnr", "delta") > PSNR_DELTA[0]),
     "psnr_moderate": (f"PSNR delta above {PSNR_DELTA[1]:g} dB",
-                      lambda ev: ev["stats"]["psnr"]["delta"] > PSNR_DELTA[1]),
+                      lambda ev: _spread(ev, "psnr", "delta") > PSNR_DELTA[1]),
     "recommended": ("a level was recommended", lambda ev: ev["rec"] is not None),
     "near_large_end": (f"the recommended level is in the top {1 - POSITION_ENDS[1]:.0%} of the "
                        "swept exponents", lambda ev: ev["rec"]["position"] > POSITION_ENDS[1]),

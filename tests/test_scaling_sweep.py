@@ -408,3 +408,16 @@ def test_all_zero_tensor_sweeps_with_defaults():
     assert all(lv.metrics["cosine_similarity"] == 1.0 for lv in res.levels)  # quant: both zero -> 1
     assert res.plan.alignment.min_align is None
     json.loads(json_dumps(res.to_dict()))
+
+
+def test_sweep_of_values_no_level_can_hold_says_so_instead_of_crashing():
+    """1e38 overflows fp8 at every exponent an 8-bit scale can reach, so no level has a finite
+    MSE; the verdicts must still be given (the spread tests are simply false), not a TypeError."""
+    import torch
+
+    from quant.scaling_sweep import run_sweep
+
+    t = torch.full((64, 64), 1e38)
+    result = run_sweep(t, "fp8_e4m3", num_levels=5)
+    assert result.verdicts
+    assert result.to_dict()["levels"]
