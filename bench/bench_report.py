@@ -158,7 +158,7 @@ def measure(cmd: list[str], timeout: float) -> dict:
 
 
 def baseline(tensor_dir: str, out_dir: str) -> int:
-    """The seeds' way: every value of every file in memory, statistics and plots from them."""
+    """The naive way: every value of every file in memory, statistics and plots from them."""
     import matplotlib
 
     matplotlib.use("Agg")

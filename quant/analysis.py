@@ -12,7 +12,7 @@ Definitions (counts are over the elements considered; ratios divide by their num
 - underflow: finite nonzero values whose scaled magnitude is below the element's min_normal
   (they land in the subnormal range or flush to zero);
 - flush_to_zero: finite nonzero values that quantize to 0 (a subset of underflow);
-- severity of a ratio (the seed's rule): ``high`` above 1 %, ``medium`` above 0.1 %, else
+- severity of a ratio: ``high`` above 1 %, ``medium`` above 0.1 %, else
   ``none``; overflow severity from the overflow ratio, underflow severity from the underflow
   ratio, flush-to-zero severity from the flush-to-zero ratio.
 "Scaled" means after the block / tensor scale the format applies (MX, NVFP4, *_tensor).
@@ -45,7 +45,7 @@ SEVERITY_NONE, SEVERITY_MEDIUM, SEVERITY_HIGH = SEVERITIES = ("none", "medium", 
 
 
 def severity(ratio: float) -> str:
-    """'high' above 1 %, 'medium' above 0.1 %, else 'none' (the seed's thresholds)."""
+    """'high' above 1 %, 'medium' above 0.1 %, else 'none'."""
     if ratio > HIGH_THRESHOLD:
         return SEVERITY_HIGH
     if ratio > MEDIUM_THRESHOLD:

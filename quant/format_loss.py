@@ -2,7 +2,7 @@
 
 Why relative: a Gaussian is what MX / NVFP4 / FP8 formats are designed for, yet a Gaussian
 flushes a few percent of its elements in mxfp4 and sits partly in fp8's subnormal range. A
-fixed ratio threshold (the seed's 1 % rule) calls every ordinary tensor HIGH. Here a tensor is
+fixed ratio threshold (1 % of elements, :func:`quant.analysis.severity`) calls every ordinary tensor HIGH. Here a tensor is
 bad in a format only when quantizing it loses clearly more signal than quantizing
 well-conditioned data does: its SQNR is below the format's *baseline* SQNR -- the SQNR of
 standard Gaussian data of the same shape, blocked along the same axis -- by more than a stated

@@ -1,7 +1,7 @@
-"""Seed-compatible MX helpers (the seed's tools import from quant/mxfp.py).
+"""MX helpers under the names older scripts import from quant/mxfp.py.
 
 Thin names over the public API: quant_mx fake-quantizes with an MX format; the underflow
-analysis runs before quantization and prints the seed's warning above 0.1 % underflow.
+analysis runs before quantization and prints the underflow warning above 0.1 % (medium severity).
 """
 from __future__ import annotations
 

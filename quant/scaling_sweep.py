@@ -48,7 +48,8 @@ __all__ = ["ELEMENT_FORMATS", "Alignment", "ElementGrid", "LevelPlan", "Prepared
            "SweepResult", "LevelResult", "accumulate_stats", "composite_scores",
            "stability_analysis", "overflow_summary", "severity", "single_intraop_thread"]
 
-#: composite-score weights (the seed's: MSE 30 %, cosine 30 %, PSNR 20 %, MAE 10 %, rel. 10 %)
+#: composite-score weights (MSE 30 %, cosine 30 %, PSNR 20 %, MAE 10 %, rel. 10 %: the weights
+#: the first sweep tool ranked by, kept so its users' recommendations do not move)
 COMPOSITE_WEIGHTS = {"mse": 0.30, "cosine_similarity": 0.30, "psnr": 0.20, "mae": 0.10, "relative_error": 0.10}
 #: metrics where lower is better; the others (cosine, psnr) are higher-is-better
 LOWER_IS_BETTER = frozenset({"mse", "rmse", "mae", "max_abs_error", "relative_error"})

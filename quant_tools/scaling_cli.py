@@ -3,7 +3,7 @@
 The application over ``quant.scaling_sweep`` (the numerics: kernel, scoring, analyses):
 input files, the console + file log, the results file (``quant_tools.scaling_report``), the
 figures (``tensor_viz.scaling_plots``) and the JSON document. Run as the installed
-``mxfp-scaling-test`` or, at the seed's path, ``python quant/mxfp_scaling_test.py T1.pt ...``
+``mxfp-scaling-test`` or, at the original script path, ``python quant/mxfp_scaling_test.py T1.pt ...``
 (a shim that calls :func:`main`). See docs/scaling.md.
 """
 from __future__ import annotations

@@ -71,7 +71,7 @@ OPTIMA_LINES = (("mse", "🏆 Best MSE"), ("cosine_similarity", "🎯 Best Cosin
 
 
 def format_analysis(res: SweepResult) -> list[str]:
-    """SCALING FACTOR ANALYSIS & RECOMMENDATIONS (the seed's sections, in its order). Without a
+    """SCALING FACTOR ANALYSIS & RECOMMENDATIONS (the sections and order users of the first sweep tool know). Without a
     recommendation (one level, all zeros, every level alike) the sections that would compare
     levels say why instead."""
     rec, lv_all, st = res.recommendation, res.levels, res.stability

@@ -4,7 +4,7 @@ Why: with only ``TENSOR_SAVE_ENABLED=true`` a long run must not fill the disk. T
 saver (environment, ``TENSOR_SAVE_CONFIG``, ``configure()``) therefore gets, for every bound the
 user left unset:
 
-- ``max_iterations = min_iterations`` (default 1): the seed's "iteration data guarantee" saves
+- ``max_iterations = min_iterations`` (default 1): the "iteration data guarantee" saves
   at least that many iterations and then stops; not applied when ``iterations.end`` is set (the
   window is bounded already);
 - ``byte_budget = DISK_FRACTION`` of the free space under ``save_dir`` at start, shared by the

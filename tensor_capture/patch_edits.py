@@ -6,8 +6,8 @@ family lists the edits it needs per file; edits that differ between families are
 small functions below (same call, different upstream lines around it).
 
 Every anchor is a run of WHOLE lines, indentation included, that must occur exactly once in the
-upstream file; ``patched`` contains the new text for those lines. The capture calls follow
-``CONTRACT_capture.md`` and are guarded by ``_tensor_saver.STATE.active`` (except the schedule
+upstream file; ``patched`` contains the new text for those lines. The capture calls go through
+``tensor_capture.hooks`` and are guarded by ``_tensor_saver.STATE.active`` (except the schedule
 wrapper), so capture off runs the upstream code.
 """
 from __future__ import annotations

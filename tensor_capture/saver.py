@@ -10,7 +10,8 @@ Usable on its own (no Megatron needed)::
                                  module_path="decoder.layers.0.mlp.linear_fc1"))
     saver.close()
 
-(``save_tensor`` takes the same fields positionally, as the seed API did.)
+(``save_tensor`` takes the same fields positionally, as the first capture API did, so older
+patched trees keep working.)
 
 Inside a patched Megatron tree the process-wide instance comes from :func:`get_tensor_saver`
 (configured from TENSOR_SAVE_* / CUSTOM_QUANT_TYPE / TENSOR_SAVE_CONFIG). This module owns the
@@ -162,7 +163,7 @@ class TensorSaver:
                     module_path: str | None = None, submodule: str | None = None,
                     variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
                     quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
-        """Capture one tensor: the seeds' signature (the site's fields positionally, the
+        """Capture one tensor: the first capture API's signature (the site's fields positionally, the
         run-time ones after them) over :meth:`capture`."""
         if not self.enabled or not isinstance(tensor, torch.Tensor) or not self.should_capture(
                 layer_type, operation, phase, tensor_name, layer_idx, module_path, iteration):

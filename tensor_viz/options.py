@@ -11,7 +11,7 @@ DEFAULT_WHATIF = SURVEY_FORMATS
 MAP_STAT_NAMES = ("absmax", "std", "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio")
 DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
 
-# The seeds' twelve draw/ folders (enhanced_tensor_analysis_summary.md), then ours.
+# The twelve draw/ folders users of the first visualizer know, in their order, then ours.
 SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
                  "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
                  "bf16_analysis", "backward_analysis", "rank_analysis")

@@ -1,7 +1,7 @@
 """Checks before training starts: capture settings, tokenizer/data, and whether the machine can
 hold the run (memory) and its capture (disk).
 
-Why: issue 15 ran the 1B model on a CPU; it used 16 GB of memory and wrote 2.3 GB of captures
+Why: the 1B model once ran on a CPU; it used 16 GB of memory and wrote 2.3 GB of captures
 before iteration 1 finished, after only a "very slow" note. A run that cannot fit should stop
 in its first second with the numbers, not after an hour (or with the machine swapping). The one
 estimate is :func:`estimate_run`; llama-train, the collector and the launcher

@@ -2,8 +2,8 @@
 
 A user who runs the checker on one model file cares about that file even when nothing in it
 trains: an attention helper doing ``q.half() @ k.half().transpose(-2, -1)`` and a softmax without
-``dtype`` on the result is the seed's HIGH and MEDIUM row whoever calls it. These visitors report
-each seed pattern the AMP-aware rules left alone, at the confidence the evidence allows:
+``dtype`` on the result is a HIGH and a MEDIUM hazard whoever calls it. These visitors report
+each documented pattern the AMP-aware rules left alone, at the confidence the evidence allows:
 
 - HIGH: the value is low precision by a cast the code itself makes (a softmax or a sum of
   ``q.half() @ k``), whatever trains it;
@@ -119,7 +119,7 @@ def _in_enabled_autocast(ctx: FileContext, node: ast.AST) -> bool:
     return scope is not None and scope.enabled
 
 
-# ---- the seed's rows ---------------------------------------------------------------------------
+# ---- the documented rows ------------------------------------------------------------------------
 class LooseManualCast(RuleVisitor):
     """AMP001 where no AMP training is seen in the module: a training-purpose cast (not a
     checkpoint copy, an evaluation model, a round trip or a frozen module)."""
