@@ -308,6 +308,14 @@ STAT_COUNT_KEYS = ("numel", "zero_count", "nan_count", "inf_count")
 # +Inf and values whose cast rounds above max_normal, lower: the same below -max_normal,
 # underflow: 0 < |x| < min_normal, flush_to_zero: nonzero values the cast rounds to 0).
 STAT_RANGE = "range"
+#: the counts of one range entry, in the order the device statistics pack them
+STAT_RANGE_COUNT_KEYS = ("upper_overflow_count", "lower_overflow_count", "underflow_count",
+                         "flush_to_zero_count")
+#: every key of one range entry: the counts, their overflow total, a ratio per count, and the
+#: format's limits they were judged against
+STAT_RANGE_KEYS = (*STAT_RANGE_COUNT_KEYS, "overflow_count",
+                   *(k.replace("_count", "_ratio") for k in (*STAT_RANGE_COUNT_KEYS, "overflow_count")),
+                   "max_normal", "min_normal", "min_subnormal")
 # log2-magnitude histogram of finite nonzero values: {"min_exp": e0, "counts": [n_e0, n_e0+1, ...]}
 # where a value x falls in bin floor(log2(|x|)).
 STAT_LOG2_HIST = "log2_hist"

@@ -28,8 +28,7 @@ _HIST_BINS = HIST_MAX_EXP - HIST_MIN_EXP + 1
 # Scalars in the packed vector, in this order.
 _SCALARS = ("numel", "min", "max", "mean", "std", "min_nonzero_abs",
             "zero_count", "nan_count", "inf_count")
-_RANGE_COUNTS = ("upper_overflow_count", "lower_overflow_count", "underflow_count",
-                 "flush_to_zero_count")
+_RANGE_COUNTS = schema.STAT_RANGE_COUNT_KEYS
 
 
 #: Thresholds of one number format: the one definition of overflow / underflow / flush to zero

@@ -36,7 +36,7 @@ from lowp_common import UserError, atomic_write_json
 from tensor_capture import schema
 
 #: bump when the columns below change: an older cache is then rebuilt
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 CACHE_DIRNAME = ".tensor_index"
 DATA_DIRNAME = "data"
 STATE_FILE = "state.json"
@@ -46,11 +46,18 @@ BAD_EXAMPLES = 3
 #: once); rows per Parquet row group (the unit a reader skips by its iteration min/max)
 BATCH_FILES, BATCH_BYTES, ROW_GROUP_ROWS = 32, 512 << 20, 4096
 
-_RANGE = ("overflow_ratio", "underflow_ratio", "flush_to_zero_ratio", "upper_overflow_ratio",
-          "lower_overflow_ratio", "overflow_count", "underflow_count", "flush_to_zero_count",
-          "max_normal", "min_normal")
-_ANALYSIS = ("total", "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio", "axis",
-             "block_size", "nan_blocks")
+#: the quantization analysis' numbers the index holds (what the diagnosis and rank tables
+#: aggregate) ...
+ANALYSIS_INDEXED = ("total", "overflow_ratio", "underflow_ratio", "flush_to_zero_ratio", "axis",
+                    "block_size", "nan_blocks")
+#: ... and the ones left in the JSON manifest: counts the ratios already carry, severities the
+#: ratios decide, the format's limits and the one tensor's before/after magnitudes, which only the
+#: report's view of that tensor reads
+ANALYSIS_JSON_ONLY = ("format", "overflow_count", "underflow_count", "flush_to_zero_count",
+                      "nan_count", "inf_count", "nonzero", "overflow_severity",
+                      "underflow_severity", "flush_to_zero_severity", "max_normal", "min_normal",
+                      "min_subnormal", "absmax_before", "absmax_after", "min_nonzero_before",
+                      "min_nonzero_after", "range_before", "range_after")
 _HIST = "STRUCT(min_bin BIGINT, counts BIGINT[])"
 _WHATIF_FORMAT = ("STRUCT(sqnr_db DOUBLE, rel_error DOUBLE, overflow_ratio DOUBLE, "
                   "underflow_ratio DOUBLE, flush_ratio DOUBLE, axis BIGINT, block_size BIGINT, "
@@ -91,10 +98,10 @@ RECORD_STRUCTURE: dict[str, Any] = {
     schema.META_MCORE_VERSION: "VARCHAR", schema.MANIFEST_FILE: "VARCHAR",
     schema.META_STATS: {
         **{k: ("BIGINT" if k in schema.STAT_COUNT_KEYS else "DOUBLE") for k in schema.STAT_KEYS},
-        schema.STAT_RANGE: f"MAP(VARCHAR, {_struct(_RANGE)})",
+        schema.STAT_RANGE: f"MAP(VARCHAR, {_struct(schema.STAT_RANGE_KEYS)})",
         schema.STAT_LOG2_HIST: "STRUCT(min_exp BIGINT, counts BIGINT[])",
     },
-    schema.META_QUANT_ANALYSIS: f"MAP(VARCHAR, {_struct(_ANALYSIS)})",
+    schema.META_QUANT_ANALYSIS: f"MAP(VARCHAR, {_struct(ANALYSIS_INDEXED)})",
     schema.META_WHATIF: {
         schema.WHATIF_AXIS: "BIGINT", schema.WHATIF_AXIS_SOURCE: "VARCHAR",
         schema.WHATIF_ELEMENTS: "BIGINT", schema.WHATIF_SAMPLED: "BOOLEAN",

@@ -76,3 +76,31 @@ def test_a_record_with_every_schema_key_lands_in_the_parquet_index(tmp_path):
     assert all(stats[k] == record[schema.META_STATS][k] for k in schema.STAT_KEYS)
     assert row[schema.META_PROBS_SAMPLE] == record[schema.META_PROBS_SAMPLE]
     assert [name for name, _ in row[schema.META_WHATIF][schema.WHATIF_FORMATS]] == ["mxfp8"]
+
+
+def test_nested_keys_of_a_record_survive_into_the_index(tmp_path):
+    """The statistics' range entries, the quantization analysis and each what-if format are typed
+    structs in the index: a key the record gains there must gain its field, or DuckDB would drop
+    it without a word."""
+    record = _full_record(tmp_path / "cap")
+    state = columnar.refresh(tmp_path / "cap")
+    row = pads.dataset(state.data_dir, format="parquet", partitioning="hive").to_table().to_pylist()[0]
+
+    def entries(mapping):        # a DuckDB MAP reads back as [(key, value), ...]
+        return dict(mapping) if isinstance(mapping, list) else mapping
+
+    nested = [  # (as written, as indexed, keys left in the JSON on purpose)
+        (record[schema.META_STATS][schema.STAT_RANGE], row[schema.META_STATS][schema.STAT_RANGE],
+         ()),
+        (record[schema.META_QUANT_ANALYSIS], row[schema.META_QUANT_ANALYSIS],
+         columnar.ANALYSIS_JSON_ONLY),
+        (record[schema.META_WHATIF][schema.WHATIF_FORMATS],
+         row[schema.META_WHATIF][schema.WHATIF_FORMATS], ()),
+    ]
+    for written, indexed, json_only in nested:
+        indexed = entries(indexed)
+        assert written and set(written) == set(indexed)
+        for fmt, fields in written.items():
+            lost = set(fields) - set(indexed[fmt]) - set(json_only)
+            assert not lost, f"{fmt}: keys with no field in tensor_viz.columnar: {sorted(lost)}"
+            assert set(json_only) <= set(fields), "a JSON-only key the record no longer has"
