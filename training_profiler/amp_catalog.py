@@ -4,7 +4,8 @@ The original rules (``amp_rules``) judge a pattern where mixed-precision trainin
 families extend them without growing that module: ``amp_loose`` reports the seed's patterns where
 no training is seen (at LOW confidence, saying why), and ``amp_bug_rules`` covers bug kinds that
 public projects fixed (values judged against the precision a model trains in, checkpoints without
-the loss scale, long reductions of attention products). An extension that belongs to an existing
+the loss scale, long reductions of attention products), and ``amp_sensitive`` names
+computations known to break in autocast's precision (a table of ops, each with its reason). An extension that belongs to an existing
 rule runs after that rule's own visitor under the same id; the first hit at a position wins.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import replace
 
 from training_profiler import amp_bug_rules as bugs
 from training_profiler import amp_loose as loose
+from training_profiler import amp_sensitive as sensitive
 from training_profiler.amp_rules import RULES as BASE_RULES
 from training_profiler.amp_rules import Rule, RuleVisitor
 
@@ -42,6 +44,6 @@ def _chained(first: type[RuleVisitor], more: tuple[type[RuleVisitor], ...]) -> t
 
 RULES: tuple[Rule, ...] = tuple(
     replace(r, visitor=_chained(r.visitor, EXTENSIONS[r.id])) if r.id in EXTENSIONS else r
-    for r in BASE_RULES) + bugs.NEW_RULES
+    for r in BASE_RULES) + bugs.NEW_RULES + sensitive.SENSITIVE_RULES
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}
