@@ -5,7 +5,8 @@ families extend them without growing that module: ``amp_loose`` reports the seed
 no training is seen (at LOW confidence, saying why), and ``amp_bug_rules`` covers bug kinds that
 public projects fixed (values judged against the precision a model trains in, checkpoints without
 the loss scale, long reductions of attention products), and ``amp_sensitive`` names
-computations known to break in autocast's precision (a table of ops, each with its reason). An extension that belongs to an existing
+computations known to break in autocast's precision (a table of ops, each with its reason);
+``amp_dtype_mix`` float32 tensors left beside the activations of a model that runs in half precision. An extension that belongs to an existing
 rule runs after that rule's own visitor under the same id; the first hit at a position wins.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from training_profiler import amp_bug_rules as bugs
+from training_profiler import amp_dtype_mix as dtype_mix
 from training_profiler import amp_loose as loose
 from training_profiler import amp_sensitive as sensitive
 from training_profiler.amp_rules import RULES as BASE_RULES
@@ -44,6 +46,6 @@ def _chained(first: type[RuleVisitor], more: tuple[type[RuleVisitor], ...]) -> t
 
 RULES: tuple[Rule, ...] = tuple(
     replace(r, visitor=_chained(r.visitor, EXTENSIONS[r.id])) if r.id in EXTENSIONS else r
-    for r in BASE_RULES) + bugs.NEW_RULES + sensitive.SENSITIVE_RULES
+    for r in BASE_RULES) + bugs.NEW_RULES + sensitive.SENSITIVE_RULES + dtype_mix.DTYPE_MIX_RULES
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}
