@@ -9,7 +9,10 @@ has no autocast to reconcile them. Public projects fixed two shapes of it:
   ``.to(device=x.device)``): positions and cached masks that meet half-precision features in a
   matmul or a kernel (mmcv's generalized attention, fairseq's future mask);
 - scores upcast to float32 for a normalising sum and then multiplied with the low-precision
-  values without casting back (diffusers' Sana linear attention).
+  values without casting back (diffusers' Sana linear attention);
+- a registered buffer (a KV cache) written in place with the activations (``index_copy_``,
+  ``copy_``) while it keeps the dtype it was created with; under autocast the keys and values
+  arrive in low precision (litgpt's KV cache).
 
 Confidence: HIGH when the module (or a module that uses it) trains float16 parameters, MEDIUM
 when the project does elsewhere, LOW when no low-precision model is seen (the message says so).
@@ -108,6 +111,25 @@ def _parameter_names(fn: ast.AST) -> set[str]:
     return {x.arg for x in (a.posonlyargs + a.args + a.kwonlyargs)} - {"self"} if a else set()
 
 
+_IN_PLACE_WRITES = ("index_copy_", "index_put_", "scatter_", "copy_", "masked_scatter_")
+
+
+def _buffers(cls: ast.ClassDef) -> dict[str, ast.AST]:
+    """``self.register_buffer("k", <value>)`` in the class: buffer name -> the value it starts as."""
+    out = {}
+    for c in ast.walk(cls):
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "register_buffer" \
+                and len(c.args) >= 2 and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str):
+            out[c.args[0].value] = c.args[1]
+    return out
+
+
+def _recast_before(fn: ast.AST, attr: str, line: int) -> bool:
+    """``self.k = self.k.to(k.dtype)`` (or any rebinding of the buffer) earlier in the function."""
+    return any(isinstance(st, ast.Assign) and st.lineno < line and any(
+        isinstance(t, ast.Attribute) and t.attr == attr for t in st.targets) for st in ast.walk(fn))
+
+
 class Float32BesideActivations(RuleVisitor):
     """Both shapes of the module docstring, in methods of classes (model code), outside autocast."""
 
@@ -120,7 +142,30 @@ class Float32BesideActivations(RuleVisitor):
                 self._moved_factory(node)
             elif isinstance(node, (ast.Call, ast.BinOp)):
                 self._upcast_operand(node)
+            if isinstance(node, ast.Call):
+                self._buffer_write(node)
         return self.hits
+
+    def _buffer_write(self, call: ast.Call) -> None:
+        ctx = self.ctx
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and f.attr in _IN_PLACE_WRITES and isinstance(f.value, ast.Attribute)
+                and isinstance(f.value.value, ast.Name) and f.value.value.id == "self"):
+            return
+        fn, cls = _model_method(ctx, call), ctx.values.enclosing_class(call)
+        made = _buffers(cls).get(f.value.attr) if cls is not None else None
+        if fn is None or made is None or _recast_before(fn, f.value.attr, call.lineno):
+            return
+        written = [a for a in call.args if isinstance(a, ast.Name) and a.id in _parameter_names(fn)]
+        if not written:
+            return
+        conf, note = _confidence(ctx)
+        if conf != Confidence.HIGH:
+            conf, note = (Confidence.MEDIUM, " (under the autocast of the code that uses it)") \
+                if ctx.project_uses_amp or ctx.uses_amp else \
+                (Confidence.LOW, " (no autocast seen; under autocast it arrives in low precision)")
+        self.report(call, f"buffer `self.{f.value.attr}` keeps the dtype it was registered with while "
+                          f"`{written[-1].id}` is written into it in place{note}", conf)
 
     def _moved_factory(self, call: ast.Call) -> None:
         ctx = self.ctx
