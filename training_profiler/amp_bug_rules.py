@@ -8,8 +8,7 @@ Each covers a kind the original rules could not reach:
 - a mask constant beyond float16's range, or Adam's eps below float16's subnormals, in a model
   that trains in float16 by ``torch_dtype=``, ``.half()``, autocast or a trainer's fp16 flag;
 - a checkpoint that keeps the optimizer but not the GradScaler (AMP018);
-- linear attention's ``k^T v`` and its normaliser summed over the sequence in float16 (AMP019);
-- a hand-written unscale that divides the loss scale out of one parameter's gradient (AMP022).
+- linear attention's ``k^T v`` and its normaliser summed over the sequence in float16 (AMP019).
 """
 from __future__ import annotations
 
@@ -341,37 +340,6 @@ def _sums_sequence(call: ast.Call) -> bool:
     return any(_const_value(d) == -2.0 for d in dims)
 
 
-# ---- AMP022: a hand-written unscale that reaches one parameter ------------------------------------
-_SCALE_NAME = re.compile(r"scal", re.I)
-
-
-def _one_element_grad(target: ast.AST) -> str | None:
-    """``params[0].grad`` / ``params[0].grad.data``: the list's element ``params[0]``."""
-    while isinstance(target, ast.Attribute) and target.attr == "data":
-        target = target.value
-    if isinstance(target, ast.Attribute) and target.attr == "grad" and isinstance(target.value, ast.Subscript) \
-            and isinstance(target.value.slice, ast.Constant) and isinstance(target.value.slice.value, int):
-        return ast.unparse(target.value)
-    return None
-
-
-class PartialManualUnscale(RuleVisitor):
-    """``master_params[0].grad.mul_(1.0 / 2 ** self.lg_loss_scale)`` outside a loop: a hand-written
-    fp16 trainer removes the loss scale from one parameter's gradient, and every other parameter
-    steps with gradients still multiplied by the scale."""
-
-    def visit_Call(self, node: ast.Call) -> None:
-        f = node.func
-        if isinstance(f, ast.Attribute) and f.attr in ("mul_", "div_") and node.args \
-                and _SCALE_NAME.search(ast.unparse(node.args[0])):
-            element = _one_element_grad(f.value)
-            in_loop = any(isinstance(p, (ast.For, ast.comprehension, ast.While)) for p in self.ctx.parents_chain(node))
-            if element and not in_loop:
-                self.report(node, f"the loss scale is divided out of `{element}.grad` only; the other "
-                                  "parameters keep scaled gradients")
-        self.generic_visit(node)
-
-
 NEW_RULES: tuple[Rule, ...] = (
     Rule("AMP018", "scaler-state-not-checkpointed", Severity.LOW,
          "A checkpoint that keeps the optimizer but not the GradScaler's state resumes a float16 run "
@@ -385,11 +353,4 @@ NEW_RULES: tuple[Rule, ...] = (
          "Compute the context and the normaliser in float32 (k.float(), v.float()) or under "
          "autocast(enabled=False), and cast the output back.",
          LinearAttentionSum),
-    Rule("AMP022", "partial-manual-unscale", Severity.HIGH,
-         "A hand-written loss-scaling trainer removes the scale from one parameter's gradient (an "
-         "indexed element, outside a loop): the optimizer steps every other parameter with gradients "
-         "still multiplied by the loss scale.",
-         "Unscale every gradient (`for p in params: p.grad.mul_(1.0 / scale)`), or use "
-         "torch.amp.GradScaler and scaler.unscale_(optimizer).",
-         PartialManualUnscale),
 )

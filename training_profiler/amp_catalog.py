@@ -1,12 +1,13 @@
 """Every AMP rule the checker runs, in one table.
 
-The original rules (``amp_rules``) judge a pattern where mixed-precision training is seen. Two
+The original rules (``amp_rules``) judge a pattern where mixed-precision training is seen. Other
 families extend them without growing that module: ``amp_loose`` reports the seed's patterns where
-no training is seen (at LOW confidence, saying why), and ``amp_bug_rules`` covers bug kinds that
+no training is seen (at LOW confidence, saying why); ``amp_bug_rules`` covers bug kinds that
 public projects fixed (values judged against the precision a model trains in, checkpoints without
-the loss scale, long reductions of attention products), and ``amp_sensitive`` names
-computations known to break in autocast's precision (a table of ops, each with its reason);
-``amp_dtype_mix`` float32 tensors left beside the activations of a model that runs in half precision. An extension that belongs to an existing
+the loss scale, long reductions of attention products); ``amp_sensitive`` names computations
+known to break in autocast's precision (a table of ops, each with its reason); ``amp_dtype_mix``
+finds float32 tensors left beside the activations of a model that runs in half precision;
+``amp_manual_scaling`` judges hand-written loss scaling. An extension that belongs to an existing
 rule runs after that rule's own visitor under the same id; the first hit at a position wins.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import replace
 from training_profiler import amp_bug_rules as bugs
 from training_profiler import amp_dtype_mix as dtype_mix
 from training_profiler import amp_loose as loose
+from training_profiler import amp_manual_scaling as manual_scaling
 from training_profiler import amp_sensitive as sensitive
 from training_profiler.amp_rules import RULES as BASE_RULES
 from training_profiler.amp_rules import Rule, RuleVisitor
@@ -46,6 +48,7 @@ def _chained(first: type[RuleVisitor], more: tuple[type[RuleVisitor], ...]) -> t
 
 RULES: tuple[Rule, ...] = tuple(
     replace(r, visitor=_chained(r.visitor, EXTENSIONS[r.id])) if r.id in EXTENSIONS else r
-    for r in BASE_RULES) + bugs.NEW_RULES + sensitive.SENSITIVE_RULES + dtype_mix.DTYPE_MIX_RULES
+    for r in BASE_RULES) + bugs.NEW_RULES + sensitive.SENSITIVE_RULES + dtype_mix.DTYPE_MIX_RULES \
+    + manual_scaling.MANUAL_SCALING_RULES
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}
