@@ -29,6 +29,7 @@ from training_profiler.amp_rules import Confidence, Rule, RuleVisitor, Severity
 _FACTORIES = {"torch.linspace", "torch.logspace", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
               "torch.rand", "torch.randn", "torch.eye", "torch.Tensor", "torch.FloatTensor"}
 _MATMULS = {"torch.matmul", "torch.bmm", "torch.mm"}
+_DTYPE_SETTERS = {"to", "type", "type_as", "half", "bfloat16", "float", "double"}
 _NOT_MODEL_CODE = ("__init__", "reset_parameters", "_init_weights", "init_weights")
 
 
@@ -171,6 +172,9 @@ class Float32BesideActivations(RuleVisitor):
         ctx = self.ctx
         recv = call.func.value  # type: ignore[attr-defined]
         made = next((n for n in ast.walk(recv) if _float32_factory(ctx, n)), None)
+        after = ctx.parents.get(call)
+        if isinstance(after, ast.Attribute) and after.attr in _DTYPE_SETTERS:
+            return  # ``.to(device=d).to(dtype=x.dtype)``: the dtype follows in the same expression
         fn = _model_method(ctx, call) if made is not None else None
         if fn is None or fn in self._moved_in or ctx.in_autocast(call):
             return
