@@ -9,8 +9,9 @@ new entry is one row. An op counts when it is in code that runs with the model (
 float32-cast inputs where autocast would leave them alone.
 
 Confidence: HIGH when the op is under an enabled autocast the scan sees (here or at every call
-site) or its module trains in a precision the entry is sensitive to; MEDIUM when the project
-trains in that precision elsewhere; LOW when no training is seen (the message says so).
+site), its module trains in a precision the entry is sensitive to, or it is a method of an
+``nn.Module`` whose users train under an autocast of such (or an undecided) dtype; MEDIUM when the project trains in that
+precision elsewhere; LOW when no training is seen (the message says so).
 """
 from __future__ import annotations
 
@@ -152,6 +153,23 @@ def _runs_with_model(ctx: FileContext, node: ast.AST) -> bool:
                    for d in getattr(fn, "decorator_list", []))
 
 
+def _module_method(ctx: FileContext, node: ast.AST) -> bool:
+    """In a method of an ``nn.Module`` subclass: model code, which its users' autocast reaches
+    (a dataset's or a helper function's code may run outside it)."""
+    cls = ctx.values.enclosing_class(node)
+    return cls is not None and any((dotted(b) or "").endswith("Module") for b in cls.bases)
+
+
+def _users_autocast(ctx: FileContext) -> set[str]:
+    """The dtypes of the enabled autocasts of the modules that use this one ('unknown' when a
+    library decides, as ``accelerator.autocast()``): this module's code runs under them."""
+    key = "_fact_users_autocast"
+    if key not in ctx.__dict__:
+        ctx.__dict__[key] = {s.dtype for m in ctx.project.users_of(ctx) if m is not ctx
+                             for s in m.autocast_scopes if s.enabled}
+    return ctx.__dict__[key]
+
+
 def _confidence(ctx: FileContext, node: ast.AST, op: SensitiveOp) -> tuple[Confidence, str] | None:
     """None when autocast is off here; else how sure we are that it runs in a breaking precision."""
     scope = ctx.scope_of(node)
@@ -161,6 +179,8 @@ def _confidence(ctx: FileContext, node: ast.AST, op: SensitiveOp) -> tuple[Confi
         return Confidence.HIGH, f" under autocast ({scope.dtype or 'its default dtype'})"
     if any(trains_in(ctx, d) for d in op.breaks_in):
         return Confidence.HIGH, " in a model trained in low precision"
+    if _users_autocast(ctx) & set(op.breaks_in + ("unknown",)) and _module_method(ctx, node):
+        return Confidence.HIGH, " (code that uses this module trains under autocast)"
     if any(d in own_precisions(m) for m in ctx.project.modules.values() for d in op.breaks_in):
         return Confidence.MEDIUM, " (low-precision training elsewhere in the project)"
     if ctx.project_uses_amp:
