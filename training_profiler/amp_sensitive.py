@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import float32_result
 from training_profiler.amp_precision import BFLOAT16, FLOAT16, own_precisions, trains_in
@@ -91,19 +90,28 @@ def spectral_features(ctx: FileContext, node: ast.AST) -> str | None:
 
 def _self_attr_sources(ctx: FileContext, func: ast.AST) -> list[ast.AST]:
     """What ``self.<attr>`` was set to anywhere in the enclosing class (``self.encode_text =
-    partial(t5_encode_text, ...)``, ``self.text_encoder = T5EncoderModel.from_pretrained(...)``)."""
+    partial(t5_encode_text, ...)``, ``self.text_encoder = T5EncoderModel.from_pretrained(...)``),
+    indexed once per class."""
     if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"):
         return []
     cls = ctx.values.enclosing_class(func)
     if cls is None:
         return []
-    return [st.value for st in ast.walk(cls) if isinstance(st, ast.Assign) and any(
-        isinstance(t, ast.Attribute) and t.attr == func.attr and dotted(t.value) == "self" for t in st.targets)]
+    index = ctx.__dict__.setdefault("_fact_self_attr_sources", {})
+    if cls not in index:
+        table: dict[str, list[ast.AST]] = {}
+        for st in ast.walk(cls):
+            if isinstance(st, ast.Assign):
+                for t in st.targets:
+                    if isinstance(t, ast.Attribute) and dotted(t.value) == "self":
+                        table.setdefault(t.attr, []).append(st.value)
+        index[cls] = table
+    return index[cls].get(func.attr, [])
 
 
 def t5_encoder(ctx: FileContext, node: ast.AST) -> str | None:
     """A call that runs a T5 encoder: a function or model whose name says T5, directly or
-    through what ``self.<attr>`` was set to, or a project function that returns one."""
+    through what ``self.<attr>`` was set to."""
     if not isinstance(node, ast.Call):
         return None
     names = [(ctx.call_name(node) or dotted(node.func) or "").rsplit(".", 1)[-1]]
@@ -111,8 +119,6 @@ def t5_encoder(ctx: FileContext, node: ast.AST) -> str | None:
         return None
     for src in _self_attr_sources(ctx, node.func):
         names += _names(src)
-    names += [getattr(v.node, "name", "") or v.name for v in ctx.values.value(node.func)
-              if v.kind in (av.FUNCTION, av.EXTERNAL)]
     hit = next((n for n in names if n and _T5_NAME.search(n) and "token" not in n.lower()), None)
     if hit is None:
         return None
