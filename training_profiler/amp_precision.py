@@ -26,9 +26,12 @@ def _kw(call: ast.Call, name: str) -> ast.AST | None:
 
 
 def _dtype_value(ctx: FileContext, expr: ast.AST | None) -> str | None:
-    """'float16' / 'bfloat16' for ``torch.float16``, ``"fp16"``, a variable holding one."""
+    """'float16' / 'bfloat16' for ``torch.float16``, ``"fp16"``, a variable holding one, either
+    branch of a conditional."""
     if expr is None:
         return None
+    if isinstance(expr, ast.IfExp):  # `"fp16" if args.fp16 else "no"`: the option's low-precision path
+        return _dtype_value(ctx, expr.body) or _dtype_value(ctx, expr.orelse)
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return _STRING_DTYPES.get(expr.value.lower())
     d = ctx.dtype_of(expr)
