@@ -83,7 +83,6 @@ class _Worker:
         quiet_megatron_warnings()
         activate_patched_megatron(setup.patched_dir or "runs/.patched_megatron")
         from megatron.core import tensor_saver  # noqa: F401  (the patched tree, or fail)
-
         from training_driver import megatron_env, preflight
         from training_driver.data import check_data_prefix, check_tokenizer_matches
         from training_driver.tokenizer import load_tokenizer
@@ -120,8 +119,8 @@ class _Worker:
 
     def run(self, task: RunTask) -> RunResult:
         import torch
-        from megatron.core import tensor_parallel
 
+        from megatron.core import tensor_parallel
         from training_driver import optim
         from training_driver.capture import SaverHooks
         from training_driver.data import BatchPlan
@@ -193,7 +192,7 @@ def load_checkpoint_state(directory: str, shape: dict, vocab: int) -> dict:
                         "resumes a tensor/pipeline-parallel size 1 checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - corrupt or unsafe file
+    except Exception as exc:
         raise UserError(f"--resume {path}: cannot be loaded "
                         f"({str(exc).splitlines()[0][:160]})") from None
     saved = state.get("config", {}) if isinstance(state, dict) else {}
@@ -213,7 +212,7 @@ def _worker_main(setup: RunSetup, tasks, results) -> None:
     os.environ["QUANT_COMPILE"] = "0"
     try:
         worker = _Worker(setup)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+    except BaseException as exc:
         results.put(("init-error", _one_line(exc)))
         return
     results.put(("ready", None))
@@ -223,7 +222,7 @@ def _worker_main(setup: RunSetup, tasks, results) -> None:
             return
         try:
             results.put(("result", worker.run(task)))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             results.put(("result", RunResult(task.key, task.seed, float("nan"), 0.0, 0,
                                              error=_one_line(exc))))
 

@@ -37,9 +37,9 @@ from typing import Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lowp_common import UserError, atomic_write_json, cli_entry  # noqa: E402
-from training_profiler.amp_rules import Confidence  # noqa: E402
-from training_profiler.static_checker import check_paths  # noqa: E402
+from lowp_common import UserError, atomic_write_json, cli_entry
+from training_profiler.amp_rules import Confidence
+from training_profiler.static_checker import check_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = ROOT / "bench" / "realcode" / "corpus.json"

@@ -43,7 +43,6 @@ def model_ratios(formats, layers: int, hidden: int, seq: int, batch: int, rounds
     work = Path(tempfile.mkdtemp(prefix="bench_emulation_"))
     sys.path.insert(0, str(prepare_patched_megatron(work / "patched")))
     from megatron.core import tensor_saver as ts
-
     from training_driver import megatron_env as me
 
     me.init_distributed(0, 1, master_port=free_port())

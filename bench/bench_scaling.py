@@ -19,10 +19,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-import quant  # noqa: E402
-from quant import scaling_sweep as ss  # noqa: E402
+import quant
+from quant import scaling_sweep as ss
 
 METRICS = (quant.metrics.mse, quant.metrics.rmse, quant.metrics.cosine_similarity,
            quant.metrics.psnr, quant.metrics.mae, quant.metrics.max_abs_error,

@@ -21,7 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def _timer(fn, device: str, inner: int):
     """Seconds per call: CUDA events around ``inner`` calls (bench_quant's timer), or wall clock."""
     if device.startswith("cuda"):
-        from bench_quant import _cuda_timer     # this folder is on sys.path when run as a script
+        from bench_quant import _cuda_timer  # this folder is on sys.path when run as a script
         return _cuda_timer(fn, inner)
 
     def cpu_time():

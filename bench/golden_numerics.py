@@ -108,7 +108,7 @@ def quantize_cases(backend: str, light: bool = False):
                                     y = quantize(x.to(dtype), fname, rounding=rounding,
                                                  scale_mode=mode, saturate=saturate, axis=axis,
                                                  generator=g, backend=backend)
-                                except Exception as exc:  # noqa: BLE001 - errors are outputs
+                                except Exception as exc:
                                     y = f"error: {exc}"
                                 yield key, y
                 if light:
@@ -146,7 +146,7 @@ def whatif_cases():
             for fname in FORMATS:
                 try:
                     out = whatif(x, fname, axis)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     out = f"error: {exc}"
                 yield f"whatif/{fname}/{xname}/ax{axis}", out
             yield f"whatif_set/{xname}/ax{axis}", whatif_set(x, list(FORMATS), axis)
@@ -162,7 +162,7 @@ def sweep_cases():
         for xname in ("normal", "wide", "special", "tiny", "zeros", "ties"):
             try:
                 out = sw.run_sweep(xs[xname], fmt, num_levels=9, workers=1).to_dict()
-            except Exception as exc:  # noqa: BLE001 - errors are outputs too
+            except Exception as exc:
                 out = f"error: {type(exc).__name__}: {exc}"
             yield f"sweep/{fmt}/{xname}", out
         r = sw.run_sweep(xs["wide"], fmt, num_levels=7, min_scale_exp=-3.5, max_scale_exp=4.25,
@@ -195,7 +195,7 @@ def recipe_cases():
                     y2 = recipes.quantize_operand(x.to(dtype) * 3, name, tensor, gemm,
                                                   generator=g, state=state, key="k")
                     yield key, [y1, y2]
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     yield key, f"error: {exc}"
     v = x.reshape(-1)
     for el in te_arith.ELEMENTS:
@@ -211,9 +211,9 @@ def recipe_cases():
 
 def capture_cases():
     from quant.analysis import cast_limits
+    from quant.formats import WHATIF_FORMATS
     from tensor_capture import stats
     from tensor_capture import whatif as cw
-    from quant.formats import WHATIF_FORMATS
     xs = inputs()
     ranges = [cast_limits(n) for n in ("fp8_e4m3", "fp8_e5m2", "hifp8", "bf16")]
     for xname, x in xs.items():

@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stats", action="store_true", help="also sweep the statistics kernel")
     args = ap.parse_args(argv)
     import triton.testing
+
     import quant
     from quant import triton_kernels as tk
     x = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)
@@ -57,7 +58,9 @@ def main(argv=None) -> int:
 def stats_sweep(x: torch.Tensor) -> None:
     """The fused statistics pass: tile size x warps x histogram window."""
     import triton.testing
-    from tensor_capture import stats, stats_kernel as sk
+
+    from tensor_capture import stats
+    from tensor_capture import stats_kernel as sk
     ranges = [stats.format_range(f) for f in ("fp8_e4m3", "fp8_e5m2", "hifp8")]
     ref = stats.compute(x, ranges, kernel=True).cpu()
     clone_ms = triton.testing.do_bench(lambda: x.clone(), return_mode="median")

@@ -17,8 +17,14 @@ parts load on first use.
 """
 import importlib
 
-from .formats import (FORMATS, HIF8_ROUNDING_MODES, ROUNDING_MODES, SCALE_MODES, FormatSpec,
-                      get_format)
+from .formats import (
+    FORMATS,
+    HIF8_ROUNDING_MODES,
+    ROUNDING_MODES,
+    SCALE_MODES,
+    FormatSpec,
+    get_format,
+)
 
 #: public name -> the submodule that defines it (loaded on first access)
 _LAZY = {"metrics": None, "QuantAnalysis": "analysis", "analyze_quantization": "analysis",

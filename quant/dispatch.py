@@ -14,8 +14,7 @@ import torch
 from .backends import resolve_backend
 from .elemwise import ElemParams
 from .families import family_of
-from .formats import (DEFAULT_SCALE_MODE, FormatSpec, check_rounding, check_scale_mode,
-                      get_format)
+from .formats import DEFAULT_SCALE_MODE, FormatSpec, check_rounding, check_scale_mode, get_format
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

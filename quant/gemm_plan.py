@@ -141,7 +141,7 @@ def linear_wgrad(grad_output: torch.Tensor, x: torch.Tensor,
 def format_quantizer(fmt: str, grad_fmt: Optional[str] = None) -> Quantizer:
     """Input and weight operands in ``fmt``, grad_output operands in ``grad_fmt`` (default
     ``fmt``; "fp32": left unquantized), each along its plan axis with quant.quantize."""
-    import quant    # the package's quantize (lazy: quant's modules load on first use)
+    import quant  # the package's quantize (lazy: quant's modules load on first use)
 
     fake_quantize = quant.quantize
     grad_fmt = grad_fmt or fmt

@@ -10,8 +10,8 @@ from typing import Optional
 import torch
 
 from .analysis import _analyze_underflow_before_quantization  # noqa: F401  (seed name)
-from .formats import MX_OF_ELEMENT  # element-format name -> MX format name (from FORMATS)
 from .fakequant import quantize
+from .formats import MX_OF_ELEMENT  # element-format name -> MX format name (from FORMATS)
 
 
 def mx_format_for(elem_format: str) -> str:

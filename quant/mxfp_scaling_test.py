@@ -11,7 +11,7 @@ if __package__ in (None, ""):
     _HERE = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from quant_tools.scaling_cli import main  # noqa: E402
+from quant_tools.scaling_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

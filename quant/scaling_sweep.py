@@ -36,10 +36,24 @@ from .analysis import severity_label
 from .family_tensor import TENSOR
 from .metrics import from_sums
 from .scales import Scales
-from .sweep_levels import (ELEMENT_FORMATS, Alignment, ElementGrid, LevelPlan, PreparedTensor,
-                           SweepInputError, alignment_exponents, cast_elements, cast_levels,
-                           element_grid, get_element_grid, min_nonzero_abs, plan_levels,
-                           prepare_tensor, scale_exponent_limits, scale_factors)
+from .sweep_levels import (
+    ELEMENT_FORMATS,
+    Alignment,
+    ElementGrid,
+    LevelPlan,
+    PreparedTensor,
+    SweepInputError,
+    alignment_exponents,
+    cast_elements,
+    cast_levels,
+    element_grid,
+    get_element_grid,
+    min_nonzero_abs,
+    plan_levels,
+    prepare_tensor,
+    scale_exponent_limits,
+    scale_factors,
+)
 
 __all__ = ["ELEMENT_FORMATS", "Alignment", "ElementGrid", "LevelPlan", "PreparedTensor",
            "SweepInputError", "alignment_exponents", "cast_elements", "cast_levels",

@@ -36,8 +36,7 @@ from .fakequant import quantize
 from .families import family_of
 from .formats import DEFAULT_SCALE_MODE, WHATIF_FORMATS, FormatSpec, get_format
 from .layout import to_blocks
-from .whatif_record import (SCALE_KIND_MX, SCALE_KIND_NVFP4, block_dict, element_dict,
-                            int_histogram)
+from .whatif_record import SCALE_KIND_MX, SCALE_KIND_NVFP4, block_dict, element_dict, int_histogram
 
 __all__ = ["DEFAULT_WHATIF_FORMATS", "SCALE_KIND_MX", "SCALE_KIND_NVFP4", "whatif",
            "whatif_set", "int_histogram", "is_block_format", "block_dict", "element_dict"]
@@ -108,6 +107,6 @@ def whatif_set(x: torch.Tensor, formats: Iterable[str], axis: int = -1) -> dict[
             continue
         try:
             out[name] = whatif(x, name, axis)
-        except Exception as exc:  # noqa: BLE001 - recorded, not raised
+        except Exception as exc:
             out[name] = {"error": (str(exc).splitlines() or [type(exc).__name__])[0][:200]}
     return out

@@ -8,12 +8,11 @@ figures (``tensor_viz.scaling_plots``) and the JSON document. Run as the install
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import argparse
 import logging
 import math
+import os
+import sys
 import time
 import traceback
 import zipfile

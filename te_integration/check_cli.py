@@ -22,7 +22,7 @@ def te_feature_dir() -> Optional[Path]:
     """TE's own feature folder when TE imports here (it must be listed beside ours)."""
     try:
         import transformer_engine.debug.features as te_features
-    except Exception:  # noqa: BLE001 - no TE, or one without its CUDA libraries
+    except Exception:
         return None
     return Path(te_features.__file__).resolve().parent
 

@@ -238,7 +238,7 @@ def installed_te_version() -> str:
     """The installed TE's version (FactoryError when it does not import)."""
     try:
         import transformer_engine
-    except Exception as exc:  # noqa: BLE001 - no TE, or one that cannot load its CUDA parts
+    except Exception as exc:
         need = ".".join(map(str, MIN_TE_VERSION))
         raise FactoryError(f"{FACTORY_PATH} needs Transformer Engine >= {need}, which does not "
                            f"import here ({type(exc).__name__}: "

@@ -21,9 +21,9 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from quant import whatif_record as wr
 from tensor_capture import schema
 from tensor_capture.schema import CaptureSite
-from quant import whatif_record as wr
 
 from . import inspect_support, names, options
 

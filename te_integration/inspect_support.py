@@ -16,8 +16,8 @@ INSTALL_HINT = ("the Transformer Engine debug features need nvdlfw-inspect: "
 def require() -> Any:
     """The ``nvdlfw_inspect`` package, or UserError saying which extra to install."""
     try:
-        import nvdlfw_inspect.api  # noqa: F401
         import nvdlfw_inspect
+        import nvdlfw_inspect.api
     except ImportError:
         raise UserError(INSTALL_HINT) from None
     return nvdlfw_inspect

@@ -89,7 +89,7 @@ AVOIDED_BY = {
 def _target(place: tuple[str, str]) -> Any:
     try:
         return getattr(importlib.import_module(place[0]), place[1], None)
-    except Exception:  # noqa: BLE001 - an absent or broken module: the place is missing
+    except Exception:
         return None
 
 

@@ -19,7 +19,6 @@ import torch
 
 from .state import STATE
 
-
 #: stochastic rounding's own random stream (seed + global rank), so emulation never draws from
 #: torch's default generator: dropout and initialization stay those of the unemulated run
 STOCHASTIC_SEED = 0x5EED

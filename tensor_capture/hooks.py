@@ -30,6 +30,7 @@ from .schema import CaptureSite
 from .sites import UNKNOWN_SITE, Site
 from .state import STATE
 
+
 # -- linear ------------------------------------------------------------------------------------------
 @dataclass
 class _LinearCall:

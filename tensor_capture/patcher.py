@@ -26,8 +26,18 @@ from pathlib import Path
 
 from lowp_common import atomic_write_text, cli_entry, fail
 
-from .patch_edits import (FAMILIES, LAYERS, MARK, PACKAGE_INFO, Edit, Family, FilePatch,
-                          all_files, family_for, supported_text)
+from .patch_edits import (
+    FAMILIES,
+    LAYERS,
+    MARK,
+    PACKAGE_INFO,
+    Edit,
+    Family,
+    FilePatch,
+    all_files,
+    family_for,
+    supported_text,
+)
 
 SAVER_REL = "megatron/core/tensor_saver.py"
 # Files a tree must hold to be recognised (the rest depend on the version).

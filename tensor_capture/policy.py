@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 
 from . import budget
-from .ranks import RankInfo, parallel_ranks
 from .config import CaptureConfig
+from .ranks import RankInfo, parallel_ranks
 
 log = logging.getLogger("tensor_capture")
 

@@ -33,9 +33,9 @@ from .config import CaptureConfig, ConfigError, load_config, load_quant_plan
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
 from .schema import CaptureSite
-from .tensorboard import NumericsBoard
 from .sink import CaptureSink
 from .state import STATE
+from .tensorboard import NumericsBoard
 
 log = logging.getLogger("tensor_capture")
 

@@ -99,7 +99,7 @@ class NumericsBoard:
         with self._lock:
             try:
                 self._log(record, whatif)
-            except Exception as exc:  # noqa: BLE001 - advisory output never stops capture
+            except Exception as exc:
                 self._disable(f"{type(exc).__name__}: {exc}")
 
     def _log(self, record: dict[str, Any], whatif: dict[str, Any]) -> None:

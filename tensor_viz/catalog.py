@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lowp_common import UserError  # noqa: F401  (the CLI prints it as one line and exits 2)
+from lowp_common import UserError
 from tensor_capture import schema
 from tensor_viz.columnar import CACHE_DIRNAME
 

@@ -20,14 +20,13 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Wedge  # noqa: E402
-from matplotlib.transforms import Bbox  # noqa: E402
-from matplotlib.category import StrCategoryFormatter  # noqa: E402
-from matplotlib.ticker import (FixedFormatter, FixedLocator, FuncFormatter, LogLocator,  # noqa: E402
-                               NullLocator)
+import matplotlib.pyplot as plt
+from matplotlib.category import StrCategoryFormatter
+from matplotlib.patches import Wedge
+from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, LogLocator, NullLocator
+from matplotlib.transforms import Bbox
 
-from lowp_common import atomic_path  # noqa: E402
+from lowp_common import atomic_path
 
 # Linear axes switch to an offset exponent (x 10^-3) below 0.01 and from 10^4 on, so the tick
 # labels of small gradients stay short instead of "-0.0010 -0.0005 ..." running into each other.

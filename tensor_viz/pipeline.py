@@ -17,10 +17,17 @@ from tensor_viz import plots_quant as pq
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
-from tensor_viz.result import Result
+
 # Re-exported: callers import the section lists and defaults from here too.
-from tensor_viz.options import (DEFAULT_WHATIF, ENHANCED_SECTIONS, FULL_SECTIONS, SECTION_TABLE,
-                                SEED_SECTIONS, Options)
+from tensor_viz.options import (
+    DEFAULT_WHATIF,
+    ENHANCED_SECTIONS,
+    FULL_SECTIONS,
+    SECTION_TABLE,
+    SEED_SECTIONS,
+    Options,
+)
+from tensor_viz.result import Result
 
 __all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
            "Result", "build", "load", "draw"]
@@ -70,8 +77,10 @@ def _select(entries: list[Entry], opts: Options) -> list[Entry]:
 def _quant_available() -> bool:
     """True when quant's quantize() and metrics import (the numerics core is optional here)."""
     try:
-        from quant import metrics  # noqa: F401
-        from quant import quantize  # noqa: F401
+        from quant import (
+            metrics,  # noqa: F401
+            quantize,
+        )
 
         return callable(quantize)
     except Exception:

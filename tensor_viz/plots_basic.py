@@ -7,14 +7,25 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-
-from tensor_capture import schema
-from tensor_viz.data import Dataset, group, stat, values
 from matplotlib.ticker import MaxNLocator
 
-from tensor_viz.figures import (COUNT_AXIS, FILES_AXIS, LOG2_AXIS, VALUE_AXIS, FigureSet, Subset,
-                                colorbar, grid, overlay_density, paginate, short, value_boxes)
+from tensor_capture import schema
 from tensor_capture import stats as capture_stats
+from tensor_viz.data import Dataset, group, stat, values
+from tensor_viz.figures import (
+    COUNT_AXIS,
+    FILES_AXIS,
+    LOG2_AXIS,
+    VALUE_AXIS,
+    FigureSet,
+    Subset,
+    colorbar,
+    grid,
+    overlay_density,
+    paginate,
+    short,
+    value_boxes,
+)
 from tensor_viz.values import SCORE_NAMES
 
 PANELS_PER_PAGE = 12     # histogram / Q-Q panels per figure; more groups go on further pages

@@ -7,9 +7,22 @@ import numpy as np
 
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ks_normal, moments, ratio, stat, values
-from tensor_viz.figures import (COUNT_AXIS, DENSITY_AXIS, FILES_AXIS, LOG2_AXIS, PERCENT_AXIS,
-                                VALUE_AXIS, FigureSet, Subset, grid, magnitude_spread,
-                                overlay_density, short, stat_boxes, value_boxes)
+from tensor_viz.figures import (
+    COUNT_AXIS,
+    DENSITY_AXIS,
+    FILES_AXIS,
+    LOG2_AXIS,
+    PERCENT_AXIS,
+    VALUE_AXIS,
+    FigureSet,
+    Subset,
+    grid,
+    magnitude_spread,
+    overlay_density,
+    short,
+    stat_boxes,
+    value_boxes,
+)
 
 RANK_PANELS = 8
 #: Histograms (80 bins) sharing an axis whose groups' typical magnitudes differ by more than

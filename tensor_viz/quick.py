@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from lowp_common import atomic_write_text

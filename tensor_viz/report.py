@@ -13,8 +13,7 @@ from pathlib import Path
 import jinja2
 
 from lowp_common import atomic_write_text
-from tensor_viz import interactive, numerics_data
-from tensor_viz import rank_tables
+from tensor_viz import interactive, numerics_data, rank_tables
 from tensor_viz.catalog import Catalog, Entry
 from tensor_viz.data import Dataset, group, ratio
 from tensor_viz.figures import subset_note

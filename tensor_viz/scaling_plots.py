@@ -18,9 +18,9 @@ from typing import Any, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from lowp_common import atomic_path  # noqa: E402
+from lowp_common import atomic_path
 
 X_LABEL = "scale exponent s (tensor divided by 2^s)"
 

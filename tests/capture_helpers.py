@@ -91,6 +91,7 @@ def megatron_worker(rank: int, world: int, patched_dir: str | None, port: int, o
 def run_spawned(world: int, patched_dir: str | None, out_dir: Path,
                 scenarios: tuple[str, ...]) -> list[dict]:
     import torch.multiprocessing as mp
+
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -52,11 +52,11 @@ class ApexWgradStandIn(types.ModuleType):
         super().__init__("fused_weight_gradient_mlp_cuda")
         self.calls = 0
 
-    def wgrad_gemm_accum_fp32(self, input, grad_output, main_grad):  # noqa: A002 - apex's names
+    def wgrad_gemm_accum_fp32(self, input, grad_output, main_grad):
         self.calls += 1
         main_grad.add_(torch.matmul(grad_output.t().float(), input.float()))
 
-    def wgrad_gemm_accum_fp16(self, input, grad_output, main_grad):  # noqa: A002
+    def wgrad_gemm_accum_fp16(self, input, grad_output, main_grad):
         self.calls += 1
         main_grad.add_(torch.matmul(grad_output.t(), input).to(main_grad.dtype))
 
@@ -189,8 +189,9 @@ def schedule_worker(rank: int, patched_dir: str, port: int, out_dir: str) -> Non
 
 # -- gradient_accumulation_fusion ------------------------------------------------------------------
 def _layers(fusion: bool, seed: int = 3):
-    from megatron.core import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    from megatron.core import ModelParallelConfig
 
     cfg = ModelParallelConfig(gradient_accumulation_fusion=fusion, use_cpu_initialization=True)
     torch.manual_seed(seed)
@@ -250,6 +251,7 @@ def fusion_worker(rank: int, patched_dir: str, port: int, out_dir: str) -> None:
     result: dict = {}
     try:
         import megatron.core.tensor_parallel.layers as layers
+
         from megatron.core import tensor_saver as ts
 
         result["fusion_available"] = layers._grad_accum_fusion_available
@@ -303,6 +305,7 @@ def fusion_worker(rank: int, patched_dir: str, port: int, out_dir: str) -> None:
 
 def run_worker(worker, patched_dir: str, out_dir: Path, name: str) -> dict:
     import torch.multiprocessing as mp
+
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -360,6 +363,7 @@ def pipeline_worker(rank: int, world: int, patched_dir: str, port: int, out_dir:
 
 def run_pipeline(patched_dir: str, out_dir: Path) -> list[dict]:
     import torch.multiprocessing as mp
+
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("QUANT_COMPILE", "0")
 os.environ.setdefault("TRITON_INTERPRET", "0" if os.path.exists("/dev/nvidia0") else "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 

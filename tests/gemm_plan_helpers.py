@@ -26,8 +26,9 @@ def _use_tree(patched_dir: str) -> None:
 
 
 def _column_linear():
-    from megatron.core import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    from megatron.core import ModelParallelConfig
 
     cfg = ModelParallelConfig(use_cpu_initialization=True)
     torch.manual_seed(11)
@@ -71,6 +72,7 @@ def consistency_worker(rank: int, patched_dir: str, port: int, out_dir: str) -> 
     result: dict = {}
     try:
         import megatron.core.tensor_parallel.layers as layers
+
         from megatron.core import tensor_saver as ts
         from training_profiler.lowp_emulation import emulate_linears
 
@@ -104,6 +106,7 @@ def consistency_worker(rank: int, patched_dir: str, port: int, out_dir: str) -> 
 
 def run_consistency(patched_dir: str, out_dir: Path) -> dict:
     import torch.multiprocessing as mp
+
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)

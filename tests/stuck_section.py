@@ -20,9 +20,9 @@ def draw_or_hang(name: str) -> list:
 
 
 if __name__ == "__main__":
-    from tensor_viz.full import main
+    import stuck_section  # by its module name: workers import it to find the function
 
-    import stuck_section       # by its module name: workers import it to find the function
+    from tensor_viz.full import main
 
     pipeline._draw_section = stuck_section.draw_or_hang
     sys.exit(main(sys.argv[1:]))

@@ -70,11 +70,13 @@ def attention_worker(rank: int, patched_dir: str, port: int, out_dir: str, confi
         os.environ.pop(var, None)
     sys.path.insert(0, patched_dir)
     from capture_helpers import _fwd_bwd, tiny_model_and_tokens
+
     from training_driver import megatron_env as me
 
     me.init_distributed(rank, 1, tensor_model_parallel_size=1, master_port=port)
-    import megatron.core
     import nvdlfw_inspect.api as debug_api
+
+    import megatron.core
     from megatron.core import tensor_saver as ts
 
     out = Path(out_dir)

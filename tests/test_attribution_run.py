@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from training_helpers import ROOT, one_error_line, run, small_data  # noqa: F401
+
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory) -> str:
@@ -47,7 +47,7 @@ print(json.dumps(out))
 """
 
 
-def test_plans_set_each_gemm_role_through_custom_quant_plan(small_data, tmp_path,  # noqa: F811
+def test_plans_set_each_gemm_role_through_custom_quant_plan(small_data, tmp_path,
                                                            patched):
     proc = run([sys.executable, "-c", _SCRIPT, small_data["data_path"], small_data["tokenizer"],
                 str(tmp_path), patched], cwd=tmp_path, timeout=240)
@@ -61,7 +61,7 @@ def test_plans_set_each_gemm_role_through_custom_quant_plan(small_data, tmp_path
     assert losses["fwd_bf16"][1:] != losses["bf16"][1:]
 
 
-def test_the_command_writes_the_report_json_plan_and_figure(small_data, tmp_path,  # noqa: F811
+def test_the_command_writes_the_report_json_plan_and_figure(small_data, tmp_path,
                                                             patched):
     out = tmp_path / "out"
     proc = run([sys.executable, "-m", "attribution.cli", "--format", "fp8_e4m3",
@@ -106,7 +106,7 @@ def test_a_checkpoint_of_another_model_is_one_line(tmp_path):
         load_checkpoint_state(str(tmp_path), {"hidden_size": 64}, 512)
 
 
-def test_bad_format_and_a_plan_matching_no_gemm_exit_2_with_one_line(small_data, tmp_path,  # noqa: F811
+def test_bad_format_and_a_plan_matching_no_gemm_exit_2_with_one_line(small_data, tmp_path,
                                                                      patched):
     proc = run([sys.executable, "-m", "attribution.cli", "--format", "fp9"], cwd=tmp_path)
     assert proc.returncode == 2 and "format 'fp9' is unknown" in one_error_line(proc.stderr)

@@ -9,10 +9,10 @@ import sys
 from collections import Counter
 
 import pytest
+from training_helpers import one_error_line, run, small_data  # noqa: F401
 
 from tensor_capture import schema
 from tensor_capture.patcher import prepare_patched_megatron
-from training_helpers import one_error_line, run, small_data  # noqa: F401
 from training_driver.megatron_env import free_port
 
 

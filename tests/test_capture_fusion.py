@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from capture_runtime_helpers import fusion_worker, run_worker
+
 from tensor_capture import schema
 from tensor_capture.patcher import prepare_patched_megatron
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from capture_helpers import expected_sites, run_spawned
+
 from tensor_capture import schema
 from tensor_capture.patcher import installed_megatron_core, prepare_patched_megatron
 

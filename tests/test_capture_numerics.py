@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_helpers import small_data  # noqa: F401  (fixture of the slow test)
 
 import quant
 from quant.formats import WHATIF_FORMATS
 from quant.whatif import SCALE_KIND_MX, SCALE_KIND_NVFP4, whatif
 from tensor_capture import schema
 from tensor_capture.config import ConfigError, load_config
-from training_helpers import small_data  # noqa: F401  (fixture of the slow test)
 
 
 def _tensor(shape=(64, 128), seed=0) -> torch.Tensor:
@@ -277,9 +277,10 @@ def patched(tmp_path_factory) -> str:
 
 
 def test_tiny_llama_numerics_csv_rederives_from_stored_tensors(small_data, tmp_path, patched):
-    from training_driver.megatron_env import free_port
-    from tensor_viz import pipeline
     from training_helpers import run
+
+    from tensor_viz import pipeline
+    from training_driver.megatron_env import free_port
 
     cfg = tmp_path / "capture.yaml"
     cfg.write_text("max_iterations: unlimited\nbyte_budget: unlimited\n"
@@ -359,8 +360,9 @@ def _tensorboard_matches_the_manifest(tb: Path, cap: Path) -> None:
 
 
 def test_tiny_llama_unknown_whatif_format_fails_at_start(small_data, tmp_path, patched):
-    from training_driver.megatron_env import free_port
     from training_helpers import one_error_line, run
+
+    from training_driver.megatron_env import free_port
 
     cmd = [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
            "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",

@@ -8,8 +8,8 @@ when the package registry cannot be reached. No Megatron code is kept in this re
 """
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import zipfile

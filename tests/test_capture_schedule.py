@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 import torch
-
 from capture_runtime_helpers import run_worker, schedule_worker
+
 from tensor_capture import schema
 from tensor_capture.patcher import prepare_patched_megatron
 
@@ -125,7 +125,8 @@ def test_pipelining_schedule_two_stages(tmp_path_factory, sched):
 def test_wrap_schedule_counts_samples_per_model_chunk(tmp_path):
     """Interleaved order (chunk 0 then chunk 1 per micro-batch, backwards later): micro-batch m
     is sample m in every chunk; forward_only calls neither count nor capture."""
-    from tensor_capture import numbering, saver as saver_mod
+    from tensor_capture import numbering
+    from tensor_capture import saver as saver_mod
     from tensor_capture.state import STATE
 
     s = saver_mod.configure(enabled=True, save_dir=str(tmp_path), max_iterations="unlimited")

@@ -6,15 +6,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from training_helpers import small_data  # noqa: F401
 
 from training_driver.capture import PATCHED_DIR_ENV
-from training_driver.collector import (Collection, CollectionResult, CollectRequest,
-                                       build_parser, capture_env, plan_collection,
-                                       report_collection, request_from_args)
+from training_driver.collector import (
+    Collection,
+    CollectionResult,
+    CollectRequest,
+    build_parser,
+    capture_env,
+    plan_collection,
+    report_collection,
+    request_from_args,
+)
 from training_driver.errors import UserError
 from training_driver.preflight import CHECKED_ENV
 from training_driver.tensor_summary import TensorSummary
-from training_helpers import small_data  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")   # megatron-core without TE/Apex
 

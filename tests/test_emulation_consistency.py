@@ -90,6 +90,7 @@ def test_precision_diff_refuses_linears_it_cannot_emulate_like_training():
 @pytest.fixture(scope="module")
 def both_paths(tmp_path_factory):
     from gemm_plan_helpers import run_consistency
+
     from tensor_capture.patcher import prepare_patched_megatron
 
     patched = str(prepare_patched_megatron(tmp_path_factory.mktemp("patched")))

@@ -10,8 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from lowp_common import (EXIT_INTERRUPTED, UsageError, UserError, atomic_path, atomic_write_bytes,
-                         atomic_write_json, atomic_write_text, cli_entry, json_dumps, json_safe)
+from lowp_common import (
+    EXIT_INTERRUPTED,
+    UsageError,
+    UserError,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    cli_entry,
+    json_dumps,
+    json_safe,
+)
 
 
 def test_user_error_is_one_line_and_exit_2(capsys):

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from quant.formats import (FORMATS, MX_OF_ELEMENT, SCALING_MX, SURVEY_FORMATS, UNDERSCORED_NAMES,
-                           format_for_dtype)
+from quant.formats import (
+    FORMATS,
+    MX_OF_ELEMENT,
+    SCALING_MX,
+    SURVEY_FORMATS,
+    UNDERSCORED_NAMES,
+    format_for_dtype,
+)
 
 
 def test_format_lists_derive_from_the_table():

@@ -9,7 +9,7 @@ import pytest
 
 from attribution import megatron_config
 from lowp_common import UserError
-from quant.precision_plan import (PlanError, PlanSite, dump_plan, load_plan, plan_from_dict)
+from quant.precision_plan import PlanError, PlanSite, dump_plan, load_plan, plan_from_dict
 from te_integration import factory
 from tensor_capture import emulation
 from tensor_capture.config import ConfigError, load_config

@@ -134,8 +134,14 @@ def test_megatron_cli_prints_no_import_warnings() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_gpt():
-    from training_driver.megatron_env import (LlamaShape, build_llama_model, causal_inputs,
-                                              destroy_distributed, free_port, init_distributed)
+    from training_driver.megatron_env import (
+        LlamaShape,
+        build_llama_model,
+        causal_inputs,
+        destroy_distributed,
+        free_port,
+        init_distributed,
+    )
 
     init_distributed(0, 1, master_port=free_port())
     try:

@@ -370,7 +370,8 @@ class _Block(torch.nn.Module):
 def test_alert_links_to_the_captured_files(tmp_path, monkeypatch) -> None:
     """With capture on, a layer's alert carries the capture directory, the capture iteration
     of its step and a glob that opens exactly that layer's files of that iteration."""
-    from tensor_capture import saver as saver_mod, schema
+    from tensor_capture import saver as saver_mod
+    from tensor_capture import schema
 
     for var in ("TENSOR_SAVE_ENABLED", "TENSOR_SAVE_CONFIG", "TENSOR_SAVER_ITERATION", "CUSTOM_QUANT_TYPE"):
         monkeypatch.delenv(var, raising=False)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from training_profiler import static_checker as sc
 from training_profiler.amp_catalog import RULES
-from training_profiler.amp_rules import RULES as BASE_RULES, Confidence
+from training_profiler.amp_rules import RULES as BASE_RULES
+from training_profiler.amp_rules import Confidence
 
 HERE = Path(__file__).parent
 SEED = HERE / "profiler_seed"

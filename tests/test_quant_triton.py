@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("triton")
 
-import quant  # noqa: E402
-from quant import backends  # noqa: E402
-from quant.formats import FORMATS, HIF8_ROUNDING_MODES, ROUNDING_MODES, SCALE_MODES  # noqa: E402
+import quant
+from quant import backends
+from quant.formats import FORMATS, HIF8_ROUNDING_MODES, ROUNDING_MODES, SCALE_MODES
 
 # numpy warns where the interpreter casts an overflowing value (to Inf, as torch does)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")

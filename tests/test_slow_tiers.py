@@ -5,7 +5,6 @@ import fnmatch
 import pathlib
 
 import pytest
-
 from conftest import SLOW_TIERS, TIER_MARKERS
 
 TESTS = pathlib.Path(__file__).parent

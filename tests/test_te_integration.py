@@ -20,12 +20,12 @@ import torch
 
 pytest.importorskip("nvdlfw_inspect", reason="nvdlfw-inspect (the te extra) is not installed")
 
-import nvdlfw_inspect.api as debug_api  # noqa: E402
+import nvdlfw_inspect.api as debug_api
+from te_helpers import ROOT, initialize, make_logger, te_linear_calls
 
-import quant  # noqa: E402
-from quant import gemm_plan  # noqa: E402
-from te_helpers import ROOT, initialize, make_logger, te_linear_calls  # noqa: E402
-from te_integration import emulated_gemm, factory, names, options  # noqa: E402
+import quant
+from quant import gemm_plan
+from te_integration import emulated_gemm, factory, names, options
 
 FC1 = "model.decoder.layers.2.mlp.linear_fc1"     # layer_number 2: our layer index 1
 
@@ -356,7 +356,7 @@ def test_factory_without_transformer_engine_is_one_line():
     try:
         import transformer_engine  # noqa: F401
         pytest.skip("Transformer Engine imports here")
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     with pytest.raises(factory.FactoryError, match=r"needs Transformer Engine >= 2\.16, which does not import"):
         factory.make_factory("mxfp8")(Role("linear", "input"))
@@ -419,8 +419,8 @@ def test_names_table_covers_te_and_our_namespace():
 # -- real Transformer Engine (a GPU machine with TE) ---------------------------------------------
 def _te_or_skip():
     try:
-        import transformer_engine.pytorch as te  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
+        import transformer_engine.pytorch as te
+    except Exception as exc:
         pytest.skip(f"Transformer Engine does not import here ({type(exc).__name__}); the "
                     "factory's numerics are tested above without it")
     if not torch.cuda.is_available():
@@ -451,8 +451,8 @@ def test_tiny_llama_attention_follows_the_same_yaml(tmp_path):
     layer 0), captured with our names and metadata; what-if numbers are logged; end_debug
     takes the route away again."""
     import torch.multiprocessing as mp
-
     from te_helpers import attention_worker
+
     from tensor_capture import schema
     from tensor_capture.patcher import prepare_patched_megatron as prepare
     from training_driver.megatron_env import free_port
@@ -549,6 +549,6 @@ def test_factory_check_before_a_run(monkeypatch):
                   CUSTOM_QUANT_TYPE="mxfp8")
     try:
         import transformer_engine  # noqa: F401
-    except Exception:  # noqa: BLE001 - no TE here: one line saying so
+    except Exception:
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert "needs Transformer Engine >= 2.16, which does not import here" in out.stderr

@@ -19,10 +19,10 @@ import torch
 
 pytest.importorskip("nvdlfw_inspect", reason="nvdlfw-inspect (the te extra) is not installed")
 
-import nvdlfw_inspect.api as debug_api  # noqa: E402
+import nvdlfw_inspect.api as debug_api
+from te_helpers import FEATURE_DIR, ROOT, STANDIN_DIR
 
-from te_helpers import FEATURE_DIR, ROOT, STANDIN_DIR  # noqa: E402
-from te_integration import megatron_lm  # noqa: E402
+from te_integration import megatron_lm
 
 YAML = """
 fc1:

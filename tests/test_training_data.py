@@ -9,14 +9,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from training_helpers import one_error_line, run, small_data  # noqa: F401 - fixture
 
 from training_driver import preprocess as pp
 from training_driver.corpus import builtin_documents, write_builtin_corpus
 from training_driver.errors import UserError
 from training_driver.optim import lr_at
-from training_driver.tokenizer import (EOD_TOKEN, OLD_FORMAT_FILE, TOKENIZER_FILE, HFTokenizer,
-                                       load_tokenizer, save_tokenizer, train_bpe)
-from training_helpers import one_error_line, run, small_data  # noqa: F401 - fixture
+from training_driver.tokenizer import (
+    EOD_TOKEN,
+    OLD_FORMAT_FILE,
+    TOKENIZER_FILE,
+    HFTokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    train_bpe,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -6,12 +6,12 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
+from training_helpers import clean_env, one_error_line, run, small_data  # noqa: F401
 
 from training_driver import checkpoint
 from training_driver.errors import UserError
 from training_driver.megatron_env import free_port
 from training_driver.train import TrainConfig, check_config, main, train
-from training_helpers import clean_env, one_error_line, run, small_data  # noqa: F401
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -189,7 +189,8 @@ def test_emulation_on_te_linears_runs_the_custom_recipe(small_data, monkeypatch,
 
     TE needs CUDA, so its presence and version are stubbed (what this CPU cannot provide)."""
     from te_integration import factory
-    from training_driver import train as train_mod, train_config
+    from training_driver import train as train_mod
+    from training_driver import train_config
 
     monkeypatch.setattr(train_config, "_te_available", lambda: True)   # where check_config reads it
     monkeypatch.delenv("CUSTOM_QUANT_TYPE", raising=False)

@@ -3,14 +3,20 @@ the refusal (one line, exit 2) of llama-train and the collector before anything 
 from __future__ import annotations
 
 import pytest
+from training_helpers import small_data  # noqa: F401  (the session's dataset fixture)
 
 from tensor_capture.config import load_config
 from training_driver import preflight
 from training_driver.errors import UserError
-from training_driver.preflight import (RunEstimate, capture_elements, check_resources,
-                                       estimate_run, padded_vocab_size, parameter_count)
+from training_driver.preflight import (
+    RunEstimate,
+    capture_elements,
+    check_resources,
+    estimate_run,
+    padded_vocab_size,
+    parameter_count,
+)
 from training_driver.train import MODEL_SHAPES
-from training_helpers import small_data  # noqa: F401  (the session's dataset fixture)
 
 TINY = MODEL_SHAPES["tiny"]                 # h 64, ffn 172, 4 heads, 2 groups (kv 32), 2 layers
 ONE_B = MODEL_SHAPES["llama32_1b"]

@@ -13,13 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_helpers import ROOT, clean_env, one_error_line, run, small_data  # noqa: F401
 
 from quant.formats import WHATIF_FORMATS
-from tensor_capture.schema import (META_VARIANT, META_WHATIF, VARIANT_QUANTIZED, load_tensor_file,
-                                   parse_filename, read_manifest)
+from tensor_capture.schema import (
+    META_VARIANT,
+    META_WHATIF,
+    VARIANT_QUANTIZED,
+    load_tensor_file,
+    parse_filename,
+    read_manifest,
+)
 from training_driver.collector import full_iteration_saved, summarize
 from training_driver.megatron_env import free_port
-from training_helpers import ROOT, clean_env, one_error_line, run, small_data  # noqa: F401
 
 COLLECT = ["bash", str(ROOT / "run_wikipedia_tensor_collection.sh")]
 EXAMPLE = ["bash", str(ROOT / "examples" / "llama" / "train_llama32_1b_h100_fp8.sh")]
@@ -305,7 +311,6 @@ def _standin_checkout(tmp_path: Path, version: tuple[int, int, int] | None = Non
     import shutil
 
     import megatron.core
-
     from tensor_capture.patcher import TREE_FILES
 
     installed = Path(megatron.core.__file__).parent.parent.parent
@@ -603,7 +608,6 @@ def test_example_script_help_is_the_header_only():
 
 def test_summary_counts_and_marks_partial_iterations(tmp_path):
     from tensor_capture.schema import TensorName, build_filename
-
     from training_driver.collector import format_summary
 
     specs = [("linear", "forward", 0), ("linear", "backward", 0), ("attention", "forward", 0),

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from viz_helpers import Evil, write_plain, write_tensor  # noqa: E402
+from viz_helpers import Evil, write_plain, write_tensor
 
-from tensor_capture import schema  # noqa: E402
-from tensor_viz import enhanced_visualizer, full, pipeline, quick_cli  # noqa: E402
-from tensor_viz.catalog import scan  # noqa: E402
+from tensor_capture import schema
+from tensor_viz import enhanced_visualizer, full, pipeline, quick_cli
+from tensor_viz.catalog import scan
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = ["--no-progress", "--whatif", "none", "--workers", "1"]

@@ -16,9 +16,9 @@ import torch
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
-from tensor_capture import schema  # noqa: E402
-from tensor_capture.saver import TensorSaver  # noqa: E402
-from tensor_viz import columnar, rank_tables  # noqa: E402
+from tensor_capture import schema
+from tensor_capture.saver import TensorSaver
+from tensor_viz import columnar, rank_tables
 
 RANKS, ITERATIONS, DIVERGES_AT, BAD_RANK = 5, 6, 3, 2
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from viz_helpers import make_capture  # noqa: E402
+from viz_helpers import make_capture
 
-from tensor_viz import figures, pipeline, quick_cli  # noqa: E402
-from tensor_viz.figures import Subset, layout_problems, paginate, save_png, subset_note  # noqa: E402
+from tensor_viz import figures, pipeline, quick_cli
+from tensor_viz.figures import Subset, layout_problems, paginate, save_png, subset_note
 
 RNG = np.random.default_rng(0)
 

@@ -21,14 +21,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from viz_helpers import DevTools, _save, saver_for  # noqa: E402
-from training_helpers import small_data  # noqa: E402,F401  (fixture of the tiny Llama test)
+from training_helpers import small_data  # noqa: F401  (fixture of the tiny Llama test)
+from viz_helpers import DevTools, _save, saver_for
 
-import quant  # noqa: E402
-from quant.formats import WHATIF_FORMATS  # noqa: E402
-from tensor_capture import schema  # noqa: E402
-from tensor_viz import figures, pipeline  # noqa: E402
-from tensor_viz.catalog import scan  # noqa: E402
+import quant
+from quant.formats import WHATIF_FORMATS
+from tensor_capture import schema
+from tensor_viz import figures, pipeline
+from tensor_viz.catalog import scan
 
 ITERATIONS, LAYERS, RANKS = (0, 1, 2), (0, 1), (0, 1)
 #: (layer type, pass, tensor, shape, phase): attention heads of 16 are shorter than an MX block
@@ -384,9 +384,10 @@ def test_tiny_llama_report_figures_and_page_in_chromium(small_data, tmp_path):
     Chromium without errors, a hovered point showing its row of numerics.csv."""
     import json
 
+    from training_helpers import run
+
     from tensor_capture.patcher import prepare_patched_megatron
     from training_driver.megatron_env import free_port
-    from training_helpers import run
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:

@@ -12,13 +12,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import figure_checks  # noqa: E402
-from viz_helpers import browser_check, make_capture  # noqa: E402
+import figure_checks
+from viz_helpers import browser_check, make_capture
 
-from tensor_capture import schema  # noqa: E402
-from tensor_viz import pipeline, values  # noqa: E402
-from tensor_viz.plots_quant import numerics_matrix  # noqa: E402
-
+from tensor_capture import schema
+from tensor_viz import pipeline, values
+from tensor_viz.plots_quant import numerics_matrix
 
 WHATIF = ("fp8_e4m3", "mxfp8", "mxfp4", "bf16")
 
@@ -133,8 +132,7 @@ def test_numerics_map_cells_are_stored_stats(built):
 
 def test_whatif_and_measured_errors_use_quant(built):
     pytest.importorskip("quant.fakequant")
-    from quant import metrics
-    from quant import quantize
+    from quant import metrics, quantize
 
     _, _, result, _ = built
     e = next(e for e in result.dataset.entries if e.whatif)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from viz_helpers import make_capture
 
 from tensor_viz import pipeline, workers
-from viz_helpers import make_capture
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

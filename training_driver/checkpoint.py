@@ -115,7 +115,7 @@ def load_checkpoint(directory: str | os.PathLike[str], model: torch.nn.Module,
     except FileNotFoundError:
         raise UserError(f"{path} is missing: the checkpoint in {directory} was saved with other "
                         "parallel sizes or is incomplete") from None
-    except Exception as exc:  # noqa: BLE001 - corrupt or unsafe file
+    except Exception as exc:
         raise UserError(f"{path}: cannot be loaded ({str(exc).splitlines()[0][:200]})") from None
     saved = state.get("config", {})
     for key in must_match:

@@ -56,14 +56,14 @@ def check_tokenizer_matches(prefix: str, tokenizer: Tokenizer) -> None:
 def _ensure_helpers() -> None:
     """megatron's sample index builder is C++; wheels ship it compiled, source installs may not."""
     try:
-        from megatron.core.datasets import helpers_cpp  # noqa: F401
+        from megatron.core.datasets import helpers_cpp
     except ImportError:
         try:
             from megatron.core.datasets.utils import compile_helpers
 
             compile_helpers()
-            from megatron.core.datasets import helpers_cpp  # noqa: F401,F811
-        except Exception as exc:  # noqa: BLE001
+            from megatron.core.datasets import helpers_cpp  # noqa: F401
+        except Exception as exc:
             raise UserError("megatron-core's dataset helpers (helpers_cpp) are not compiled and "
                             f"building them failed ({exc}); install a megatron-core wheel or run "
                             "'make' in megatron/core/datasets") from None
@@ -100,7 +100,9 @@ def build_gpt_dataset(prefix: str, tokenizer: Tokenizer, seq_length: int, num_sa
 
     Every rank calls this (megatron builds the index on rank 0 first, then the others read it).
     """
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     check_data_prefix(prefix)

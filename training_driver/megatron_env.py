@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
 #: Warnings megatron-core gives at import or model build that say nothing on this project's
 #: machines (TE/apex absent is the expected case on CPU; a cuda_graph_scope default). The one
 #: list: the commands call quiet_megatron_warnings() before they import megatron, and the launch
@@ -174,9 +173,10 @@ def build_llama_model(shape: LlamaShape, params_dtype: torch.dtype = torch.float
     ``pre_process``/``post_process`` default to whether this rank is the first/last pipeline
     stage (both True without pipeline parallelism).
     """
-    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from megatron.core import parallel_state
 
     config = llama_config(shape, params_dtype, **config_overrides)
     if use_te:

@@ -110,8 +110,9 @@ def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     Tensor-parallel duplicates (norm scales replicated on every TP rank) are counted on TP rank 0
     only; the sum of squares is all-reduced over the model-parallel (TP x PP) group.
     """
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    from megatron.core import parallel_state
 
     params = list(params)
     device = params[0].device if params else torch.device("cpu")

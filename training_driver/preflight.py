@@ -204,7 +204,7 @@ def available_memory() -> tuple[int, str]:
         if torch.cuda.is_available():
             free, _total = torch.cuda.mem_get_info(0)
             return int(free), "free on each GPU"
-    except Exception:  # noqa: BLE001 - no usable CUDA: judge by host memory
+    except Exception:
         pass
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:

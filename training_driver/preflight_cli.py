@@ -11,8 +11,14 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from .errors import cli_entry
-from .preflight import (REMEDY, RunEstimate, check_inputs, check_training_run,
-                        padded_vocab_size, recipe_plan)
+from .preflight import (
+    REMEDY,
+    RunEstimate,
+    check_inputs,
+    check_training_run,
+    padded_vocab_size,
+    recipe_plan,
+)
 
 
 def check_training_args(train_args: Sequence[str], ranks: int, remedy: str = "",

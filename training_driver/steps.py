@@ -96,6 +96,7 @@ def agree(device, *flags: bool) -> tuple[bool, ...]:
 def average_loss_over_dp(loss: float, device) -> float:
     import torch
     import torch.distributed as dist
+
     from megatron.core import parallel_state as ps
 
     if ps.get_data_parallel_world_size() == 1 or math.isnan(loss):

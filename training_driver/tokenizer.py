@@ -75,7 +75,7 @@ class HFTokenizer:
         path = self.directory / TOKENIZER_FILE
         try:
             self._tok = tokenizers.Tokenizer.from_file(os.fspath(path))
-        except Exception as exc:  # noqa: BLE001 - the Rust loader raises plain Exception
+        except Exception as exc:
             raise UserError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0]}); "
                             f"{RERUN}") from None
         config = _read_json(self.directory / CONFIG_FILE) or {}
@@ -115,7 +115,7 @@ class TransformersTokenizer:
                             "corpus)") from None
         try:
             self._tok = AutoTokenizer.from_pretrained(os.fspath(directory), local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - any load failure is a bad directory
+        except Exception as exc:
             raise UserError(f"{directory}: cannot load the Hugging Face tokenizer "
                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         eos = self._tok.eos_token_id

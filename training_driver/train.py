@@ -24,8 +24,15 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .errors import UserError, cli_entry
-from .train_config import (DTYPES, MODEL_SHAPES, RESUME_MUST_MATCH, SHAPE_KEYS, TrainConfig,
-                           check_config, fp8_overrides)
+from .train_config import (
+    DTYPES,
+    MODEL_SHAPES,
+    RESUME_MUST_MATCH,
+    SHAPE_KEYS,
+    TrainConfig,
+    check_config,
+    fp8_overrides,
+)
 from .train_log import TrainLogger
 
 

@@ -14,10 +14,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from training_profiler import amp_loose as loose
-from training_profiler.amp_rules import BUG_KIND_RULES
+from training_profiler.amp_rules import (
+    BUG_KIND_RULES,
+    EpsAgainstParameters,
+    EvalLossOutsideAutocast,
+    GradsChangedBeforeUnscale,
+    MaskConstantAgainstTraining,
+    Rule,
+    RuleVisitor,
+    UnusedUpcastSoftmax,
+)
 from training_profiler.amp_rules import RULES as BASE_RULES
-from training_profiler.amp_rules import (EvalLossOutsideAutocast, EpsAgainstParameters, GradsChangedBeforeUnscale,
-                                         MaskConstantAgainstTraining, Rule, RuleVisitor, UnusedUpcastSoftmax)
 
 # rule id -> visitors run after the rule's own one
 EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {

@@ -14,7 +14,7 @@ from functools import cached_property
 
 from training_profiler import amp_values as av
 from training_profiler.amp_project import Project
-from training_profiler.amp_values import dotted  # noqa: F401  (the rules' one spelling of it)
+from training_profiler.amp_values import dotted
 
 # Canonical autocast entry points -> (device when fixed by the name, positional argument names).
 _AUTOCAST_APIS: dict[str, tuple[str | None, tuple[str, ...]]] = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import functools
 
-from training_profiler.amp_context import FileContext, dotted
 from training_profiler import amp_values as av
+from training_profiler.amp_context import FileContext, dotted
 
 TRAINING = "training"
 ROUND_TRIP = "round-trip"        # x.half().float(): rounding values, the result is float32

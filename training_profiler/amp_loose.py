@@ -15,15 +15,21 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_intent import (TRAINING, _times_itself, cast_purpose, float32_result, on_non_amp_branch,
-                                          profiling_region, trains)
+from training_profiler.amp_intent import (
+    TRAINING,
+    _times_itself,
+    cast_purpose,
+    float32_result,
+    on_non_amp_branch,
+    profiling_region,
+    trains,
+)
 from training_profiler.amp_precision import own_precisions
 from training_profiler.amp_rules.autocast_scope import _BCE
 from training_profiler.amp_rules.autograd_function import _is_autograd_function
 from training_profiler.amp_rules.base import NO_TRAINING_NOTE, Confidence, RuleVisitor
 from training_profiler.amp_rules.helpers import _has_kw
 from training_profiler.amp_rules.reductions import _SOFTMAX
-
 
 LOWP = ("float16", "bfloat16")
 

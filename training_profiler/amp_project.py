@@ -12,7 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from training_profiler.amp_values import EVALUATING, FUNCTION, ModuleView as FileContext, Val
+from training_profiler.amp_values import EVALUATING, FUNCTION, Val
+from training_profiler.amp_values import ModuleView as FileContext
 
 
 def module_name(path: Path) -> str:

@@ -509,6 +509,16 @@ class Evaluator:
         return out
 
     def _call_value(self, call: ast.Call, depth: int) -> set[Val]:
+        known = self._known_call_value(call, depth)
+        if known is not None:
+            return known
+        out: set[Val] = set()
+        for f in self.value(call.func, depth):
+            out |= self._called(f, call, depth)
+        return out
+
+    def _known_call_value(self, call: ast.Call, depth: int) -> set[Val] | None:
+        """What a call of a torch / functools API we know by name gives; None for any other."""
         ctx = self.ctx
         q = ctx.call_name(call) or ""
         if q in _AUTOCAST_QUALS:
@@ -529,27 +539,24 @@ class Evaluator:
             return {Val(LOSS_FN, name=q)}
         if is_torch_loss_function(q):
             return {Val(LOSS, name=q)}
-        out: set[Val] = set()
-        for f in self.value(call.func, depth):
-            if f.kind == AUTOCAST_FACTORY:
-                scope = f.scope
-                if scope is None:  # the API itself, called here
-                    scope = ctx.autocast_call(call)
-                if scope is not None:
-                    out.add(Val(AUTOCAST, scope=scope))
-            elif f.kind == SCALER_FACTORY:
-                out.add(Val(SCALER))
-            elif f.kind == LOSS_FN:
-                out.add(Val(LOSS, name=f.name))
-            elif f.kind == OPTIMIZER_CLASS:
-                out.add(Val(OPTIMIZER, name=f.name))
-            elif f.kind == CLASS and f.ctx is not None:
-                out.add(Val(INSTANCE, node=f.node, ctx=f.ctx))
-            elif f.kind == FUNCTION and f.ctx is not None:
-                out |= f.ctx.values.returns(f.node, depth)  # type: ignore[arg-type]
-            elif f.kind == EXTERNAL:
-                out.add(Val(EXTERNAL, name=f.name + "()"))
-        return out
+        return None
+
+    def _called(self, f: Val, call: ast.Call, depth: int) -> set[Val]:
+        """What calling a value of kind ``f.kind`` gives (a factory's product, a project
+        function's returns, ...)."""
+        if f.kind == AUTOCAST_FACTORY:
+            scope = f.scope if f.scope is not None else self.ctx.autocast_call(call)  # None: the API itself
+            return {Val(AUTOCAST, scope=scope)} if scope is not None else set()
+        if f.kind == FUNCTION and f.ctx is not None:
+            return f.ctx.values.returns(f.node, depth)
+        if f.kind == CLASS and f.ctx is not None:
+            return {Val(INSTANCE, node=f.node, ctx=f.ctx)}
+        made = _CALL_PRODUCTS.get(f.kind)
+        if made is not None:
+            return {Val(made, name=f.name)} if made in (LOSS, OPTIMIZER) else {Val(made)}
+        if f.kind == EXTERNAL:
+            return {Val(EXTERNAL, name=f.name + "()")}
+        return set()
 
     def returns(self, fn: ast.FunctionDef, depth: int) -> set[Val]:
         """What a project function returns: the union of its ``return`` values; a generator
@@ -592,6 +599,9 @@ def _argument(call: ast.Call, name: str, index: int | None, is_method: bool) -> 
         return call.args[index]
     return None
 
+
+#: value kind -> the kind calling it makes (a scaler factory makes a scaler, a loss class a loss)
+_CALL_PRODUCTS = {SCALER_FACTORY: SCALER, LOSS_FN: LOSS, OPTIMIZER_CLASS: OPTIMIZER}
 
 # Filled by amp_context (its tables of autocast entry points and dtype names are the one definition).
 _AUTOCAST_QUALS: set[str] = set()

@@ -139,7 +139,7 @@ def fp4_support() -> tuple[bool | None, str]:
         with warnings.catch_warnings():       # megatron-core warns about absent TE / apex
             warnings.simplefilter("ignore")
             from megatron.core.transformer import TransformerConfig
-    except Exception:  # noqa: BLE001 - not installed or broken: unknown
+    except Exception:
         return None, "megatron-core is not importable here"
     if "fp4" not in {f.name for f in dataclasses.fields(TransformerConfig)}:
         import megatron.core as mc
@@ -148,7 +148,7 @@ def fp4_support() -> tuple[bool | None, str]:
     if importlib.util.find_spec("transformer_engine") is not None:
         try:
             from transformer_engine.common import recipe
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None, "transformer_engine does not import here"
         if not hasattr(recipe, "NVFP4BlockScaling"):
             return False, "the installed Transformer Engine has no NVFP4 recipe"

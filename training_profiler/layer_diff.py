@@ -25,7 +25,6 @@ import torch
 
 from lowp_common import UserError, cli_entry, json_dumps
 from training_profiler._tensors import first_tensor
-
 from training_profiler.lowp_emulation import AUTOCAST_MODES, is_linear, precision
 
 
@@ -235,8 +234,14 @@ def _tiny_gpt(seed: int, num_layers: int) -> tuple[torch.nn.Module, Callable, Ca
     from training_driver.megatron_env import quiet_megatron_warnings
 
     quiet_megatron_warnings()      # before megatron is imported: its TE/apex notes say nothing here
-    from training_driver.megatron_env import (LlamaShape, build_llama_model, causal_inputs,
-                                              destroy_distributed, free_port, init_distributed)
+    from training_driver.megatron_env import (
+        LlamaShape,
+        build_llama_model,
+        causal_inputs,
+        destroy_distributed,
+        free_port,
+        init_distributed,
+    )
 
     init_distributed(0, 1, master_port=free_port(), seed=seed)
     shape = LlamaShape(num_layers=num_layers)

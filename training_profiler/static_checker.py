@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from lowp_common import UserError, cli_entry
+from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_project import Project, module_name
-from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
-from training_profiler.launch_rules import (LAUNCH_RULES, LAUNCH_RULES_BY_ID, LAUNCH_RULES_BY_NAME,
-                                            LaunchRule, NotBash, check_script)
+from training_profiler.launch_rules import (
+    LAUNCH_RULES,
+    LAUNCH_RULES_BY_ID,
+    LAUNCH_RULES_BY_NAME,
+    LaunchRule,
+    NotBash,
+    check_script,
+)
 
 _SUPPRESS = re.compile(r"#\s*amp-check:\s*ignore(?:\[([^\]]*)\])?", re.I)
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", ".tox", "build", "dist"}

@@ -20,7 +20,6 @@ import torch
 import quant
 from lowp_common import UserError, cli_entry, json_dumps
 from quant.formats import FORMATS, SCALING_MX, SURVEY_FORMATS
-
 from training_profiler.tensor_verdict import HIGH_RATIO, MEDIUM_RATIO, judge  # noqa: F401
 
 DEFAULT_FORMATS = SURVEY_FORMATS

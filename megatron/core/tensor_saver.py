@@ -17,6 +17,7 @@ from tensor_capture.hooks import (
     quantize_probs,
     te_attention_forward,
 )
+from tensor_capture.numbering import resume_at, wrap_schedule
 from tensor_capture.saver import (
     TensorSaver,
     configure,
@@ -26,10 +27,8 @@ from tensor_capture.saver import (
     save_linear_tensors,
     save_tensor,
 )
-from tensor_capture.numbering import resume_at, wrap_schedule
 from tensor_capture.sites import register_model
 from tensor_capture.state import STATE, env_requests_activity
-
 
 TENSOR_SAVER_PATCH_VERSION = 1
 

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")))
 
-from tensor_viz.enhanced_visualizer import main  # noqa: E402
+from tensor_viz.enhanced_visualizer import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from te_real import boot  # noqa: E402
+from te_real import boot
 
 IN, OUT, TOKENS = 64, 48, (4, 8)     # 32 tokens: whole blocks of 32 along every GEMM axis
 
@@ -149,7 +149,7 @@ def case_role_formats(te, recipe) -> dict:
         lin = _linear(te, ruled, False, name=name)
         try:
             _fwd(te, ruled, lin, _x(3)).sum().backward()
-        except Exception as exc:  # noqa: BLE001 - recorded per name
+        except Exception as exc:
             out[key] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
             continue
         out[key] = _slot_formats(lin)
@@ -290,7 +290,7 @@ def main(root: str, out_path: str, only: list[str]) -> None:
             continue
         try:
             results[name] = case(te, recipe)
-        except Exception as exc:  # noqa: BLE001 - recorded: the test says which case failed how
+        except Exception as exc:
             line = (str(exc).splitlines() or [""])[0]
             results[name] = {"error": f"{type(exc).__name__}: {line}",
                              "traceback": traceback.format_exc()[-3000:]}

@@ -91,7 +91,7 @@ class FP8BwdTensors(enum.IntEnum):
     GRAD_INPUT3 = 5
 
 
-class NVTE_Fused_Attn_Backend(enum.IntEnum):   # noqa: N801 - the extension's name
+class NVTE_Fused_Attn_Backend(enum.IntEnum):
     """cuDNN attention sub-backends (values as in TE's C++); attention is never run here."""
 
     NVTE_No_Backend = -1

@@ -20,30 +20,67 @@ checker runs.
 """
 from __future__ import annotations
 
-from training_profiler.amp_intent import trains, training_lowp_casts
-from training_profiler.amp_rules import (autocast_scope, autograd_function, casts, checkpoint, deprecated,
-                                         dtype_mix, grad_scaler, long_reduction, manual_scaling, numerics,
-                                         reductions, sensitive_ops)
-from training_profiler.amp_rules.autocast_scope import (AutocastWrappedForward, BackwardInAutocast,
-                                                        BceUnderAutocast, EvalLossOutsideAutocast,
-                                                        LossOutsideAutocast)
-from training_profiler.amp_rules.autograd_function import AutogradFunctionNoCustomFwd, Float32BufferForKernel
-from training_profiler.amp_rules.base import (NO_TRAINING_NOTE, Confidence, Finding, Rule, RuleVisitor, Severity,
-                                              declare_rule)
+from training_profiler.amp_intent import training_lowp_casts, trains
+from training_profiler.amp_rules import (
+    autocast_scope,
+    autograd_function,
+    casts,
+    checkpoint,
+    deprecated,
+    dtype_mix,
+    grad_scaler,
+    long_reduction,
+    manual_scaling,
+    numerics,
+    reductions,
+    sensitive_ops,
+)
+from training_profiler.amp_rules.autocast_scope import (
+    AutocastWrappedForward,
+    BackwardInAutocast,
+    BceUnderAutocast,
+    EvalLossOutsideAutocast,
+    LossOutsideAutocast,
+)
+from training_profiler.amp_rules.autograd_function import (
+    AutogradFunctionNoCustomFwd,
+    Float32BufferForKernel,
+)
+from training_profiler.amp_rules.base import (
+    NO_TRAINING_NOTE,
+    Confidence,
+    Finding,
+    Rule,
+    RuleVisitor,
+    Severity,
+    declare_rule,
+)
 from training_profiler.amp_rules.casts import ManualCast
 from training_profiler.amp_rules.checkpoint import ScalerStateNotCheckpointed
 from training_profiler.amp_rules.deprecated import DeprecatedAmpApi
 from training_profiler.amp_rules.dtype_mix import Float32BesideActivations
-from training_profiler.amp_rules.grad_scaler import (ClipWithoutUnscale, Fp16WithoutGradScaler,
-                                                     GradsChangedBeforeUnscale, GradScalerWithBf16,
-                                                     UnscaleEveryMicroStep)
+from training_profiler.amp_rules.grad_scaler import (
+    ClipWithoutUnscale,
+    Fp16WithoutGradScaler,
+    GradScalerWithBf16,
+    GradsChangedBeforeUnscale,
+    UnscaleEveryMicroStep,
+)
 from training_profiler.amp_rules.helpers import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from training_profiler.amp_rules.long_reduction import LinearAttentionSum
 from training_profiler.amp_rules.manual_scaling import PartialManualUnscale
-from training_profiler.amp_rules.numerics import (EpsAgainstParameters, EpsUnderflowFp16, Fp16UnsafeConstant,
-                                                  MaskConstantAgainstTraining, NormStatsInInputPrecision)
-from training_profiler.amp_rules.reductions import (ReductionOutsideAutocast, SoftmaxNoDtype,
-                                                    UnusedUpcastSoftmax)
+from training_profiler.amp_rules.numerics import (
+    EpsAgainstParameters,
+    EpsUnderflowFp16,
+    Fp16UnsafeConstant,
+    MaskConstantAgainstTraining,
+    NormStatsInInputPrecision,
+)
+from training_profiler.amp_rules.reductions import (
+    ReductionOutsideAutocast,
+    SoftmaxNoDtype,
+    UnusedUpcastSoftmax,
+)
 from training_profiler.amp_rules.sensitive_ops import SENSITIVE_OPS, SensitiveOpUnderAutocast
 
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)

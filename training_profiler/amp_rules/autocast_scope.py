@@ -7,10 +7,14 @@ import ast
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_intent import float32_result, is_float32_cast, no_grad_region, training_backward_calls
+from training_profiler.amp_intent import (
+    float32_result,
+    is_float32_cast,
+    no_grad_region,
+    training_backward_calls,
+)
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import _is_accelerator, _is_loss_call
-
 
 _BCE = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy",
         "torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"}

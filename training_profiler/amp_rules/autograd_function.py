@@ -9,7 +9,6 @@ from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 
-
 _DTYPE_SENSITIVE = {"mm", "bmm", "matmul", "einsum", "linear", "conv1d", "conv2d", "conv3d",
                     "addmm", "baddbmm", "addbmm", "conv_transpose2d", "scaled_dot_product_attention"}
 

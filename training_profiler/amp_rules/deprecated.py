@@ -6,7 +6,6 @@ import ast
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 
-
 _DEPRECATED = {
     "torch.cuda.amp.autocast": 'torch.amp.autocast("cuda", ...)',
     "torch.cuda.amp.GradScaler": 'torch.amp.GradScaler("cuda", ...)',

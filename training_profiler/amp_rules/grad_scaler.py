@@ -8,7 +8,11 @@ import itertools
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import on_non_amp_branch, training_backward_calls, training_lowp_casts
+from training_profiler.amp_intent import (
+    on_non_amp_branch,
+    training_backward_calls,
+    training_lowp_casts,
+)
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import _callee, _has_kw, _selects_bf16
 

@@ -13,7 +13,6 @@ from training_profiler.amp_intent import _per_module, training_lowp_casts
 from training_profiler.amp_precision import FLOAT16, own_precisions, trains_in
 from training_profiler.amp_rules.base import NO_TRAINING_NOTE, Confidence
 
-
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
 FP16_MIN_SUBNORMAL = float(_FP16.smallest_subnormal)

@@ -9,9 +9,16 @@ from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import _per_module, is_float32_cast, training_lowp_casts
 from training_profiler.amp_precision import FLOAT16, lowp_parameters, own_precisions
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_rules.helpers import (FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL, _callee,
-                                                 _const_value, _fp16_confidence, _fp16_evidence, _has_kw)
-
+from training_profiler.amp_rules.helpers import (
+    FP16_MAX,
+    FP16_MIN_NORMAL,
+    FP16_MIN_SUBNORMAL,
+    _callee,
+    _const_value,
+    _fp16_confidence,
+    _fp16_evidence,
+    _has_kw,
+)
 
 _STAT_CALLS = {"mean", "var", "var_mean", "std", "std_mean"}
 

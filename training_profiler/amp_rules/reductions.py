@@ -10,7 +10,6 @@ from training_profiler.amp_intent import float32_result, is_float32_cast, traini
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import _accelerate_autocast, _has_kw, _is_loss_call
 
-
 _SOFTMAX = {"torch.softmax", "torch.log_softmax", "torch.nn.functional.softmax",
             "torch.nn.functional.log_softmax", "torch.special.softmax", "torch.special.log_softmax"}
 
