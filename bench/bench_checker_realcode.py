@@ -92,7 +92,7 @@ def load_corpus(path: Path) -> tuple[list[dict], list[dict]]:
     data = load_json(path)
     repos = _need(data, "repos", list, str(path))
     labels = data.get("labels", [])
-    for i, r in enumerate(repos):  # type: ignore[arg-type]
+    for i, r in enumerate(repos):
         where = f"{path}: repos[{i}]"
         _need(r, "repo", str, where), _need(r, "commit", str, where)
         _need(r, "scan", list, where), _need(r, "files", list, where)
@@ -110,20 +110,20 @@ def load_corpus(path: Path) -> tuple[list[dict], list[dict]]:
         if key in seen:
             raise UserError(f"{where}: a second label for {key}; keep one")
         seen.add(key)
-    return repos, labels  # type: ignore[return-value]
+    return repos, labels
 
 
 def load_bugs(path: Path) -> list[dict]:
     data = load_json(path)
     bugs = _need(data, "bugs", list, str(path))
-    for i, b in enumerate(bugs):  # type: ignore[arg-type]
+    for i, b in enumerate(bugs):
         where = f"{path}: bugs[{i}]"
         for f, k in (("id", str), ("repo", str), ("parent_commit", str), ("path", str),
                      ("lines", list), ("scan", list), ("bug_class", str)):
             _need(b, f, k, where)
         if not b["lines"]:
             raise UserError(f"{where}: 'lines' is empty; give the buggy lines")
-    return bugs  # type: ignore[return-value]
+    return bugs
 
 
 def _inside(path: str, folder: str) -> bool:

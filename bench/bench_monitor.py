@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         return wrapper
 
     mon.attach(watched_model)
-    mon.state.record = timed(mon.state.record)  # type: ignore[method-assign]
-    mon.step_end = timed(mon.step_end)  # type: ignore[method-assign]
+    mon.state.record = timed(mon.state.record)
+    mon.step_end = timed(mon.step_end)
     n = max(a.block, (a.steps // a.block) * a.block // 2)
     for i in range(n):
         watched(xs[i % a.block], ys[i % a.block])

@@ -99,7 +99,7 @@ def cli_entry(prog: str, user_errors: tuple[type[BaseException], ...] = ()) -> C
                 print(f"{prog}: interrupted", file=sys.stderr, flush=True)
                 return EXIT_INTERRUPTED
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
 

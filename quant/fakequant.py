@@ -53,11 +53,11 @@ class _QuantizeSTE(torch.autograd.Function):
     """Forward: exactly quantize(x); backward: identity."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fmt, kwargs: dict) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, fmt, kwargs: dict) -> torch.Tensor:
         return quantize(x, fmt, **kwargs)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         return grad, None, None
 
 

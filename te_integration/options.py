@@ -205,5 +205,5 @@ def install_validation() -> None:
             debug_api.end_debug()   # leave nvdlfw-inspect uninitialised, not half-configured
             raise
 
-    _load_config._lowp_validates = True           # type: ignore[attr-defined]
+    _load_config._lowp_validates = True
     ConfigManager._load_config = classmethod(_load_config)

@@ -195,7 +195,7 @@ def _int_list(name: str, value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
     items = (value,) if isinstance(value, (int, str)) else tuple(value)
-    return tuple(_int(name, v, minimum=0) for v in items)  # type: ignore[misc]
+    return tuple(_int(name, v, minimum=0) for v in items)
 
 
 def valid_quant_names() -> list[str]:

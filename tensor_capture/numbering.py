@@ -190,5 +190,5 @@ def wrap_schedule(func: Callable[..., Any]) -> Callable[..., Any]:
             return _run_eval(func, args, kwargs)
         return _run_training(func, args, kwargs)
 
-    schedule._tensor_capture_schedule = True  # type: ignore[attr-defined]
+    schedule._tensor_capture_schedule = True
     return schedule

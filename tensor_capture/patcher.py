@@ -104,7 +104,7 @@ def _read_version(info: Path) -> MegatronVersion:
         raise PatchError(f"{info}: no integer MAJOR/MINOR/PATCH assignments; not a megatron-core "
                          "package_info.py this tool knows")
     pre = found.get("PRE_RELEASE", "")
-    return MegatronVersion(*parts, pre if isinstance(pre, str) else "")  # type: ignore[arg-type]
+    return MegatronVersion(*parts, pre if isinstance(pre, str) else "")
 
 
 def detect(tree: str | os.PathLike[str]) -> MegatronVersion:
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             version = detect(args.tree)
             states = check(args.tree)
-            print(f"megatron-core {version} (edit set {version.family.name})")  # type: ignore[union-attr]
+            print(f"megatron-core {version} (edit set {version.family.name})")
             for rel, st in states.items():
                 print(f"{rel}: {st}")
             if any(s.startswith("unknown") or s == "absent" and rel != SAVER_REL

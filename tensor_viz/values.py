@@ -145,7 +145,7 @@ def whatif_errors(x: torch.Tensor, formats: Iterable[str]) -> dict[str, dict[str
             result[fmt] = errors(finite, q)
         except Exception as exc:  # a format that rejects this shape: report, keep going
             msg = str(exc).splitlines()[0][:160] if str(exc) else ""
-            result[fmt] = {"error": f"{type(exc).__name__}: {msg}"}  # type: ignore[dict-item]
+            result[fmt] = {"error": f"{type(exc).__name__}: {msg}"}
     return result
 
 

@@ -60,7 +60,7 @@ def wheels(request) -> dict[str, Path]:
             pytest.skip("package registry unreachable: cannot download megatron-core wheels "
                         f"({', '.join(failed)}) for the version matrix")
         pytest.fail(f"pip download failed for {', '.join(failed)}:\n{text[-2000:]}")
-    return {v: w for v, (w, _) in got.items()}  # type: ignore[misc]
+    return {v: w for v, (w, _) in got.items()}
 
 
 def _unpack(wheel: Path, dest: Path) -> Path:
@@ -188,7 +188,7 @@ def test_unsupported_version_is_refused_by_detect_and_apply(tree, capsys):
 def test_detect_prints_the_version(tree, capsys):
     assert patcher.main([str(tree), "--detect"]) == 0
     assert capsys.readouterr().out == "0.16.1\n"
-    assert patcher.detect(tree / "megatron" / "core").family.name == "0.16"   # type: ignore[union-attr]
+    assert patcher.detect(tree / "megatron" / "core").family.name == "0.16"
 
 
 def test_edit_that_would_not_compile_is_refused(tree, capsys, monkeypatch):
@@ -197,8 +197,8 @@ def test_edit_that_would_not_compile_is_refused(tree, capsys, monkeypatch):
     broken = patch_edits.Edit("broken", "    return forward_backward_func\n",
                               "    return forward_backward_func(\n")
     patches = tuple(patch_edits.FilePatch(fp.rel, (broken,)) if fp.rel == patch_edits.SCHEDULES
-                    else fp for fp in fam.patches)   # type: ignore[union-attr]
-    bad = patch_edits.Family("broken", fam.releases, fam.tested, "", patches)  # type: ignore[union-attr]
+                    else fp for fp in fam.patches)
+    bad = patch_edits.Family("broken", fam.releases, fam.tested, "", patches)
     monkeypatch.setattr(patcher, "family_for", lambda v: bad)
     _refused(tree, capsys, "schedules.py", "would not compile", "line ")
 
@@ -219,7 +219,7 @@ def test_tree_patched_by_an_older_edit_set_is_upgraded_and_reverts(tree, capsys)
     no schedules.py edit): --check says outdated, apply adds the rest, revert gives the upstream."""
     before = _snapshot(tree)
     fam = patcher.detect(tree).family
-    layers_fp = next(fp for fp in fam.patches if fp.rel == patch_edits.LAYERS)   # type: ignore[union-attr]
+    layers_fp = next(fp for fp in fam.patches if fp.rel == patch_edits.LAYERS)
     old = [e for e in layers_fp.edits if not e.name.startswith(("frozen.", "linear.wgrad_fused"))]
     assert 0 < len(old) < len(layers_fp.edits)
     layers = tree / patch_edits.LAYERS

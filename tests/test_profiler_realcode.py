@@ -22,7 +22,7 @@ _BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_checker_realcode
 _spec = importlib.util.spec_from_file_location("bench_checker_realcode", _BENCH)
 bench = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)  # type: ignore[union-attr]
+_spec.loader.exec_module(bench)
 
 # Our own training step: float16 autocast + a GradScaler, clipping before unscale_ (AMP010), the
 # deprecated torch.cuda.amp.GradScaler spelled out (AMP007).

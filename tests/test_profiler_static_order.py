@@ -47,7 +47,7 @@ def test_same_findings_under_every_hash_seed() -> None:
 
 def _project() -> dict[str, sc.FileContext]:
     project = Project()
-    return {f.name: sc.parse_module(f.read_text(), str(f), project, module_name(f))  # type: ignore[misc]
+    return {f.name: sc.parse_module(f.read_text(), str(f), project, module_name(f))
             for f in sorted(PACKAGE.glob("*.py"))}
 
 

@@ -54,8 +54,8 @@ def apply_cpu_shims() -> None:
     def _current_device_cpu():  # named so tracebacks show where it came from
         return torch.device("cpu")
 
-    _current_device_cpu._cpu_shim = True  # type: ignore[attr-defined]
-    torch.cuda.current_device = _current_device_cpu  # type: ignore[assignment]
+    _current_device_cpu._cpu_shim = True
+    torch.cuda.current_device = _current_device_cpu
 
 
 def free_port() -> int:

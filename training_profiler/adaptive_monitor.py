@@ -237,7 +237,7 @@ def watch_training(fn: Callable | None = None, *, model: torch.nn.Module | None 
                              iteration=extra.get("iteration"))
             return result
 
-        wrapper.monitor = monitor  # type: ignore[attr-defined]
+        wrapper.monitor = monitor
         return wrapper
 
     return decorate(fn) if fn is not None else decorate

@@ -317,11 +317,11 @@ class FileContext:
         if fn in cache:
             return cache[fn]
         cache[fn] = None  # recursion guard
-        sites = self.project.calls_to(fn, self)  # type: ignore[arg-type]
+        sites = self.project.calls_to(fn, self)
         scopes = [c.scope_of(call, direct=True) for call, c in sites]
         out = None
         if scopes and all(x is not None and x.enabled for x in scopes):
-            out = replace(scopes[0], inherited=True)  # type: ignore[arg-type]
+            out = replace(scopes[0], inherited=True)
         cache[fn] = out
         return out
 

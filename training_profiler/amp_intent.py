@@ -208,8 +208,8 @@ def optimizer_steps(ctx: FileContext, fn: ast.AST) -> list[ast.Call]:
     object whose value is not known to be something else (an LR scheduler is not an update)."""
     out = []
     for c in _method_calls(fn, "step"):
-        kinds = ctx.values.kinds(c.func.value)  # type: ignore[attr-defined]
-        q = ctx.qualname(c.func.value) or ""  # type: ignore[attr-defined]
+        kinds = ctx.values.kinds(c.func.value)
+        q = ctx.qualname(c.func.value) or ""
         if "lr_scheduler" in q:
             continue
         if not kinds or kinds & {av.OPTIMIZER, av.SCALER, av.PARAM, av.EXTERNAL, av.INSTANCE}:
@@ -250,7 +250,7 @@ def _times_itself(ctx: FileContext, fn: ast.AST) -> bool:
 
 def _caller_steps(ctx: FileContext, fn: ast.AST) -> bool:
     """A training step split in two: the function that calls backward, called by one that steps."""
-    for call, cctx in ctx.project.calls_to(fn, ctx):  # type: ignore[arg-type]
+    for call, cctx in ctx.project.calls_to(fn, ctx):
         caller = cctx.enclosing_function(call)
         if optimizer_steps(cctx, caller) and not profiling_region(cctx, call):
             return True

@@ -138,7 +138,7 @@ class LooseManualCast(RuleVisitor):
             if cast_purpose(ctx, c) != TRAINING or on_non_amp_branch(ctx, c) or _benchmarking(ctx, c):
                 continue
             users = _users_use_amp(ctx)
-            attr = c.func.attr  # type: ignore[attr-defined]
+            attr = c.func.attr
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({ctx.lowp_cast_dtype(c)})"
             if users:  # mostly inference paths of a trained package (data, export, predict): low
                 self.report(c, f"{what} call detected (no training seen here; a module that imports this one "
@@ -163,7 +163,7 @@ class LooseBce(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
         if ctx.call_name(node) in _BCE and not (_amp_seen(ctx) or ctx.project_uses_amp):
-            name = ctx.call_name(node).split(".")[-1]  # type: ignore[union-attr]
+            name = ctx.call_name(node).split(".")[-1]
             self.report(node, f"{name} usage" + _note("no autocast seen", "CUDA autocast raises on it"),
                         Confidence.LOW)
         self.generic_visit(node)

@@ -178,7 +178,7 @@ class ScopeBuilder(ast.NodeVisitor):
             self.cur.add(n.id, "unknown", node.iter)
         self.generic_visit(node)
 
-    visit_AsyncFor = visit_For  # type: ignore[assignment]
+    visit_AsyncFor = visit_For
 
     def visit_With(self, node: ast.With) -> None:
         for item in node.items:
@@ -187,7 +187,7 @@ class ScopeBuilder(ast.NodeVisitor):
                     self.cur.add(n.id, "with_as", item.context_expr)
         self.generic_visit(node)
 
-    visit_AsyncWith = visit_With  # type: ignore[assignment]
+    visit_AsyncWith = visit_With
 
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
@@ -220,9 +220,9 @@ class ScopeBuilder(ast.NodeVisitor):
         self._stack.pop()
         self._class.pop()
 
-    visit_FunctionDef = _function  # type: ignore[assignment]
-    visit_AsyncFunctionDef = _function  # type: ignore[assignment]
-    visit_Lambda = _function  # type: ignore[assignment]
+    visit_FunctionDef = _function
+    visit_AsyncFunctionDef = _function
+    visit_Lambda = _function
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self.cur.add(node.name, "class", node)
@@ -418,9 +418,9 @@ class Evaluator:
             elif how == "def":
                 out.add(Val(FUNCTION, node=expr, ctx=self.ctx))
             elif how == "class":
-                out.add(self._class_value(expr))  # type: ignore[arg-type]
+                out.add(self._class_value(expr))
             elif how == "import":
-                q = self.ctx.import_qualname(expr, name)  # type: ignore[arg-type]
+                q = self.ctx.import_qualname(expr, name)
                 if q:
                     out |= self._qual_value(q, at)
             elif how == "param":
@@ -464,7 +464,7 @@ class Evaluator:
     def _param_value(self, fn: ast.AST, name: str, depth: int) -> set[Val]:
         """A parameter: its default, and what the project's callers pass (one level)."""
         out: set[Val] = set()
-        args = fn.args  # type: ignore[attr-defined]
+        args = fn.args
         positional = [*args.posonlyargs, *args.args]
         defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
         defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
@@ -473,7 +473,7 @@ class Evaluator:
         if self.ctx.project is not None and not isinstance(fn, ast.Lambda):
             index = [a.arg for a in positional].index(name) if name in [a.arg for a in positional] else None
             is_method = isinstance(self.ctx.parents.get(fn), ast.ClassDef)
-            for call, cctx in self.ctx.project.calls_to(fn, self.ctx):  # type: ignore[arg-type]
+            for call, cctx in self.ctx.project.calls_to(fn, self.ctx):
                 arg = _argument(call, name, index, is_method)
                 if arg is not None:
                     out |= cctx.values.value(arg, depth)
@@ -496,7 +496,7 @@ class Evaluator:
         out: set[Val] = set()
         for v in self.value(e.value, depth):  # every class it may be an instance of, not the first a set yields
             if v.kind == INSTANCE and v.ctx is not None:
-                out |= v.ctx.values._class_attr(v.node, e.attr, depth)  # type: ignore[arg-type]
+                out |= v.ctx.values._class_attr(v.node, e.attr, depth)
         return out
 
     def _class_attr(self, cls: ast.ClassDef, attr: str, depth: int) -> set[Val]:

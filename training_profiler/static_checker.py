@@ -123,7 +123,7 @@ def _suppressed(sup: dict[int, set[str] | None], node: ast.AST, rule_id: str) ->
     start = getattr(node, "lineno", 0)
     end = getattr(node, "end_lineno", start) or start
     for line in range(start, end + 1):
-        if line in sup and (sup[line] is None or rule_id in sup[line]):  # type: ignore[operator]
+        if line in sup and (sup[line] is None or rule_id in sup[line]):
             return True
     return False
 

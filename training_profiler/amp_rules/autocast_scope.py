@@ -33,7 +33,7 @@ class BceUnderAutocast(RuleVisitor):
                 and ctx.call_name(node) in _BCE:
             scope = ctx.scope_of(node)
             if scope is None or scope.enabled:
-                name = ctx.call_name(node).split(".")[-1]  # type: ignore[union-attr]
+                name = ctx.call_name(node).split(".")[-1]
                 self.report(node, f"{name} usage in AMP code")
         self.generic_visit(node)
 

@@ -25,7 +25,7 @@ class ManualCast(RuleVisitor):
         ctx = self.ctx
         d = ctx.lowp_cast_dtype(node)
         if d:
-            attr = node.func.attr  # type: ignore[attr-defined]
+            attr = node.func.attr
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
             bf16_if = next((a for a in ctx.parents_chain(node) if isinstance(a, ast.If)
                             and _selects_bf16(ctx, a.test) and _in_body(a, node)), None)
@@ -79,7 +79,7 @@ def _optimized_modules(ctx: FileContext, fn: ast.AST) -> set[str] | None:
             for n in ast.walk(e):
                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
                         "parameters", "named_parameters") and dotted(n.func.value):
-                    out.add(dotted(n.func.value).split(".")[0])  # type: ignore[union-attr]
+                    out.add(dotted(n.func.value).split(".")[0])
                 elif isinstance(n, ast.Name) and n.id in assigned:
                     more.append(assigned.pop(n.id))
         exprs = more

@@ -178,7 +178,7 @@ class Float32BesideActivations(RuleVisitor):
 
     def _moved_factory(self, call: ast.Call) -> None:
         ctx = self.ctx
-        recv = call.func.value  # type: ignore[attr-defined]
+        recv = call.func.value
         made = next((n for n in ast.walk(recv) if _float32_factory(ctx, n)), None)
         after = ctx.parents.get(call)
         if isinstance(after, ast.Attribute) and after.attr in _DTYPE_SETTERS:

@@ -89,9 +89,9 @@ def _scaler_steps(ctx: FileContext, fn: ast.AST) -> list[ast.Call]:
     """``s.step(opt)`` on a GradScaler: by value (followed through the project's callers) or by
     use (the same receiver gets ``.update()`` in this function)."""
     calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    updated = {dotted(c.func.value) for c in calls if c.func.attr == "update" and not c.args}  # type: ignore[attr-defined]
-    return [c for c in calls if c.func.attr == "step" and c.args  # type: ignore[attr-defined]
-            and (dotted(c.func.value) in updated or av.SCALER in ctx.values.kinds(c.func.value))]  # type: ignore[attr-defined]
+    updated = {dotted(c.func.value) for c in calls if c.func.attr == "update" and not c.args}
+    return [c for c in calls if c.func.attr == "step" and c.args
+            and (dotted(c.func.value) in updated or av.SCALER in ctx.values.kinds(c.func.value))]
 
 
 def _clips_unscaled(ctx: FileContext, call: ast.Call) -> bool:

@@ -51,7 +51,7 @@ def _mixed_precision_accelerator(ctx: FileContext, call: ast.AST) -> bool:
     q = (ctx.call_name(call) or "") if isinstance(call, ast.Call) else ""
     if not (q.startswith("accelerate") and q.endswith("Accelerator")):
         return False
-    mp = next((k.value for k in call.keywords if k.arg == "mixed_precision"), None)  # type: ignore[attr-defined]
+    mp = next((k.value for k in call.keywords if k.arg == "mixed_precision"), None)
     return mp is not None and not (isinstance(mp, ast.Constant) and mp.value in ("no", None))
 
 

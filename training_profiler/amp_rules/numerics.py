@@ -70,7 +70,7 @@ class NormStatsInInputPrecision(RuleVisitor):
                 method = isinstance(c.func, ast.Attribute) and c.func.attr in _STAT_CALLS and not q.startswith("torch.")
                 if not (method or (q.startswith("torch.") and q.rsplit(".", 1)[-1] in _STAT_CALLS)) or _has_kw(c, "dtype"):
                     continue
-                operand = c.func.value if method else (c.args[0] if c.args else None)  # type: ignore[union-attr]
+                operand = c.func.value if method else (c.args[0] if c.args else None)
                 x = _squares_or_input(operand, params) if operand is not None else None
                 if x is None or x in upcast:
                     continue

@@ -50,7 +50,7 @@ class _LowpNames(RuleVisitor):
         self.generic_visit(node)
         self.lowp = saved
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def operand(self, call: ast.Call) -> ast.AST | None:
         if isinstance(call.func, ast.Attribute) and not (self.ctx.qualname(call.func) or "").startswith("torch."):
