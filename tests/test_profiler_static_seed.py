@@ -1,4 +1,4 @@
-"""The seed's rule table on the seed's kind of input (loose files), confidence levels, the
+"""The documented rule table on loose files, confidence levels, the
 explicit-dtype case, clean twins of the new rules, and --min-confidence."""
 from __future__ import annotations
 
