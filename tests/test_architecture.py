@@ -97,3 +97,29 @@ def test_transformer_engine_is_imported_at_module_level_only_where_it_must_be() 
            if "transformer_engine" in _module_level_imports(p)
            and p.relative_to(REPO).as_posix() not in TE_AT_IMPORT]
     assert bad == [], f"import transformer_engine lazily in {bad}"
+
+
+#: the size a newcomer can read in one sitting: past these, split by step or by family
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 80, 600
+
+
+def _library_files() -> list[Path]:
+    skip = {"tests", "bench", "build"}
+    return [p for p in sorted(REPO.rglob("*.py"))
+            if not ({*p.relative_to(REPO).parts[:-1]} & skip or p.relative_to(REPO).parts[0].startswith("."))
+            and "egg-info" not in str(p)]
+
+
+def test_no_module_or_function_too_long_to_read() -> None:
+    too_long = []
+    for path in _library_files():
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(REPO).as_posix()
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{rel}: {text.count(chr(10))} lines (module)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    too_long.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    assert not too_long, "split these into named steps or families:\n" + "\n".join(too_long)
