@@ -8,6 +8,9 @@ value in fewer passes from the float adder: ``(a + c) - c`` with ``c = 2^(e + 23
 (:func:`_round_nearest_even_`; the Triton kernels round the same way). Powers of two are built
 from their exponent bits, so nothing depends on libm.
 NaN propagates through every step; +-Inf lands on the overflow path.
+Several formats at once (one per row of a stacked tensor: the one-pass what-if) go through
+:func:`cast_rows_`, which takes the same steps with the grid constants as per-row columns
+(:class:`RowParams`), so there is one element cast for every caller.
 """
 from __future__ import annotations
 

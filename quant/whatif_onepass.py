@@ -6,7 +6,7 @@ of at most ``whatif_max_elements`` elements, where the calls' overhead, not the 
 cost. Here the formats share one block layout (the axis moved last, zero padded to a multiple of
 every block size), the block amax of each block size, the masks of finite / nonzero values and the
 reference sums; their element casts run as ONE cast of the stacked scaled values with per-format
-constants; the sums come back in one host transfer. On the 81 sampled tensors of one step of
+constants (quant.elemwise's cast_rows_, built from the same steps as its one-format cast); the sums come back in one host transfer. On the 81 sampled tensors of one step of
 bench_capture's model this takes 0.6x the CPU time of the formats one by one
 (bench/bench_whatif.py). Above ``ONEPASS_MAX_ELEMENTS`` elements the formats one by one are
 faster (memory, not calls, is then the cost), so :func:`quant.whatif.whatif_set` uses them.
