@@ -8,11 +8,14 @@ value in fewer passes from the float adder: ``(a + c) - c`` with ``c = 2^(e + 23
 (:func:`_round_nearest_even_`; the Triton kernels round the same way). Powers of two are built
 from their exponent bits, so nothing depends on libm.
 NaN propagates through every step; +-Inf lands on the overflow path.
+Several formats at once (one per row of a stacked tensor: the one-pass what-if) go through
+:func:`cast_rows_`, which takes the same steps with the grid constants as per-row columns
+(:class:`RowParams`), so there is one element cast for every caller.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -57,12 +60,46 @@ def float_exponent(a: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int32) >> 23).sub_(127)
 
 
-def _mantissa_bits(e: torch.Tensor, p: ElemParams):
-    if not p.tapered:
-        return p.mbits
-    # HiF8: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15, 0 for the denormal grid / beyond range
+def grid_exponent(a: torch.Tensor, lo, hi) -> torch.Tensor:
+    """The binade of each magnitude on the format's grid: a's float32 exponent clamped to
+    [lo, hi] (ints, or int32 columns that broadcast over ``a``: one format per row)."""
+    return float_exponent(a).clamp_(lo, hi)
+
+
+def tapered_mantissa_bits(e: torch.Tensor) -> torch.Tensor:
+    """HiF8's mantissa width at grid exponent e: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15,
+    0 for the denormal grid / beyond range."""
     ae = e.abs()
     return 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (ae >= 16).to(torch.int32)
+
+
+def _mantissa_bits(e: torch.Tensor, p: ElemParams):
+    return tapered_mantissa_bits(e) if p.tapered else p.mbits
+
+
+def powers_are_normal(p: ElemParams) -> bool:
+    """Whether 2^(m - e) and 2^(e - m) are normal floats over the whole grid (every format but
+    bf16 and fp32), so one power of two scales a magnitude to grid steps and back."""
+    return p.tapered or (p.mbits - p.grid_emin <= 126 and p.grid_emax - p.mbits <= 126)
+
+
+def to_grid_steps_(a: torch.Tensor, e: torch.Tensor, m) -> torch.Tensor:
+    """a *= 2^(m - e) in place (exact): the magnitude counted in steps of its binade's grid.
+    ``m`` is an int or an int32 tensor broadcasting over ``a``; needs powers_are_normal."""
+    k = e.neg().add_(127 + m) if isinstance(m, int) else (127 + m) - e  # one full-size temporary
+    return a.mul_(k.bitwise_left_shift_(23).view(torch.float32))
+
+
+def from_grid_steps_(r: torch.Tensor, e: torch.Tensor, m) -> torch.Tensor:
+    """r *= 2^(e - m) in place: whole grid steps back to magnitudes (``e`` is overwritten)."""
+    return r.mul_(e.add_(127 - m).bitwise_left_shift_(23).view(torch.float32))
+
+
+def round_ties_away_(a: torch.Tensor) -> torch.Tensor:
+    """Non-negative ``a`` rounded to integers, ties away from zero (``a`` is overwritten with
+    its fraction; a - floor(a) is exact where a + 0.5 would round for small a)."""
+    r = torch.floor(a)
+    return r.add_(a.sub_(r).ge_(0.5).to(r.dtype))
 
 
 def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
@@ -74,14 +111,13 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
     """
     if rounding == "nearest_even" and _adder_rounds(p):
         return _round_nearest_even_(a, p)
-    e = float_exponent(a).clamp_(p.grid_emin, p.grid_emax)
+    e = grid_exponent(a, p.grid_emin, p.grid_emax)
     m = _mantissa_bits(e, p)
-    # q = a * 2^(m - e) with one power of two when both 2^(m-e) and 2^(e-m) are normal floats
-    # (every format but bf16); otherwise split as 2^(1-e) * 2^(m-1)
-    single = p.tapered or (p.mbits - p.grid_emin <= 126 and p.grid_emax - p.mbits <= 126)
+    # q = a * 2^(m - e) with one power of two when both powers are normal floats; otherwise
+    # split as 2^(1-e) * 2^(m-1)
+    single = powers_are_normal(p)
     if single:
-        k = (m - e).add_(127) if p.tapered else e.neg().add_(127 + m)    # one temporary
-        a.mul_(k.bitwise_left_shift_(23).view(torch.float32))
+        to_grid_steps_(a, e, m)
         down = None
     else:
         a.mul_(((128 - e) << 23).view(torch.float32))
@@ -89,25 +125,23 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
         down = 2.0 ** (-m)
     if rounding == "nearest_even":
         a.round_()
-    elif rounding in ("nearest_away", "stochastic", "hybrid"):
-        r = torch.floor(a)       # a - floor(a) is exact; a + 0.5 would round for small a
+    elif rounding == "nearest_away":
+        a = round_ties_away_(a)
+    elif rounding in ("stochastic", "hybrid"):
+        r = torch.floor(a)
         frac = a.sub_(r)
-        if rounding == "nearest_away":
-            r.add_(frac.ge_(0.5).to(r.dtype))
-        else:
-            if noise is None:
-                raise ValueError(f"{rounding} rounding needs uniform noise")
-            up = noise < frac
-            if rounding == "hybrid":  # HiF8: ties away for |E| <= 3, stochastic for |E| >= 4
-                up = torch.where(e.abs() >= 4, up, frac >= 0.5)
-            r.add_(up.to(r.dtype))
-        a = r
+        if noise is None:
+            raise ValueError(f"{rounding} rounding needs uniform noise")
+        up = noise < frac
+        if rounding == "hybrid":  # HiF8: ties away for |E| <= 3, stochastic for |E| >= 4
+            up = torch.where(e.abs() >= 4, up, frac >= 0.5)
+        a = r.add_(up.to(r.dtype))
     elif rounding == "toward_zero":
         a.floor_()
     else:  # validated by the caller; kept as a guard for direct use
         raise ValueError(f"unknown rounding mode {rounding!r}")
     if single:
-        return a.mul_(e.add_(127 - m).bitwise_left_shift_(23).view(torch.float32))
+        return from_grid_steps_(a, e, m)
     a.mul_(down)
     return a.mul_(e.add_(127).bitwise_left_shift_(23).view(torch.float32))
 
@@ -152,12 +186,71 @@ def finish(r: torch.Tensor, x: torch.Tensor, p: ElemParams, saturate: bool) -> t
         over = float("inf") if p.overflow == "inf" else float("nan")
         r = r.masked_fill_(r > p.max_normal, over)
     r = r.copysign_(x)
-    if not p.signed_zero:
-        r = r.add_(0.0)  # -0 -> +0 (HiF8 has a single zero code)
-    return r
+    return r if p.signed_zero else single_zero_(r)
+
+
+def single_zero_(r: torch.Tensor) -> torch.Tensor:
+    """-0 -> +0 in place, for formats with a single zero code (HiF8)."""
+    return r.add_(0.0)
 
 
 def cast_elements(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
                   noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Fake-quantize float32 x element by element (no scaling)."""
     return finish(round_magnitude_(x.abs(), p, rounding, noise), x, p, saturate)
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """ElemParams of several formats, one per row of a stacked [F, ...] tensor: the grid
+    constants as [F, 1, ..., 1] columns, and the rows that need HiF8's tapered mantissa, ties
+    away from zero or a single zero (that work runs on those rows alone)."""
+
+    grid_emin: torch.Tensor
+    grid_emax: torch.Tensor
+    mbits: torch.Tensor
+    max_normal: torch.Tensor
+    tapered: tuple
+    ties_away: tuple
+    single_zero: tuple
+
+    @staticmethod
+    def stack(params: Sequence[ElemParams], roundings: Sequence[str], ndim: int,
+              device: torch.device) -> "RowParams":
+        """Rows of ``params`` rounded by ``roundings`` ("nearest_even" / "nearest_away") for a
+        stacked tensor of ``ndim`` dimensions; every format must have powers_are_normal."""
+        def col(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device).reshape(-1, *[1] * (ndim - 1))
+        return RowParams(
+            col([p.grid_emin for p in params], torch.int32),
+            col([p.grid_emax for p in params], torch.int32),
+            col([p.mbits for p in params], torch.int32),
+            col([p.max_normal for p in params], torch.float32),
+            tuple(i for i, p in enumerate(params) if p.tapered),
+            tuple(i for i, r in enumerate(roundings) if r == "nearest_away"),
+            tuple(i for i, p in enumerate(params) if not p.signed_zero))
+
+
+def cast_rows_(a: torch.Tensor, x: torch.Tensor, rp: RowParams):
+    """cast_elements (saturating) of every row of x [F, ...] with its own format of ``rp``, at
+    once: the same float32 operations as round_magnitude_ then finish, element for element (the
+    adder's nearest-even rounding takes the same values as multiply-round-multiply). ``a`` is
+    |x| and is overwritten. Returns (cast values, overflow: the rounded magnitude is beyond
+    max_normal, before saturation)."""
+    e = grid_exponent(a, rp.grid_emin, rp.grid_emax)
+    m = rp.mbits
+    if rp.tapered:
+        m = m.expand(e.shape).clone()
+        for i in rp.tapered:
+            m[i] = tapered_mantissa_bits(e[i])
+    to_grid_steps_(a, e, m)
+    away = [(i, round_ties_away_(a[i])) for i in rp.ties_away]
+    r = a.round_()
+    for i, t in away:
+        r[i] = t
+    r = from_grid_steps_(r, e, m)
+    over = r > rp.max_normal
+    r = r.clamp_(max=rp.max_normal).copysign_(x)
+    for i in rp.single_zero:
+        single_zero_(r[i])
+    return r, over

@@ -6,7 +6,7 @@ of at most ``whatif_max_elements`` elements, where the calls' overhead, not the 
 cost. Here the formats share one block layout (the axis moved last, zero padded to a multiple of
 every block size), the block amax of each block size, the masks of finite / nonzero values and the
 reference sums; their element casts run as ONE cast of the stacked scaled values with per-format
-constants; the sums come back in one host transfer. On the 81 sampled tensors of one step of
+constants (quant.elemwise's cast_rows_, built from the same steps as its one-format cast); the sums come back in one host transfer. On the 81 sampled tensors of one step of
 bench_capture's model this takes 0.6x the CPU time of the formats one by one
 (bench/bench_whatif.py). Above ``ONEPASS_MAX_ELEMENTS`` elements the formats one by one are
 faster (memory, not calls, is then the cost), so :func:`quant.whatif.whatif_set` uses them.
@@ -36,7 +36,7 @@ from typing import Any, Iterable, NamedTuple
 import torch
 
 from .dispatch import SUPPORTED_DTYPES
-from .elemwise import ElemParams, float_exponent
+from .elemwise import ElemParams, RowParams, cast_rows_, float_exponent, powers_are_normal
 from .families import FAMILIES, family_of
 from .formats import DEFAULT_SCALE_MODE, FORMATS, SCALING_IDENTITY, FormatSpec
 from .metrics import relative_error_of_sums, sqnr_of_sums
@@ -57,10 +57,8 @@ _ROUNDINGS = ("nearest_even", "nearest_away")
 
 def supports(spec: FormatSpec) -> bool:
     """Can :func:`whatif_onepass` compute ``spec`` (module docstring)?"""
-    p = ElemParams.of(spec)
-    normal_powers = p.tapered or (p.mbits - p.grid_emin <= 126 and p.grid_emax - p.mbits <= 126)
     return (spec.scaling in _SCALINGS and spec.default_rounding in _ROUNDINGS
-            and normal_powers)
+            and powers_are_normal(ElemParams.of(spec)))
 
 
 @dataclass
@@ -109,24 +107,26 @@ def _layout(x: torch.Tensor, axis: int, width_multiple: int) -> _Layout:
 
 
 class _Plan(NamedTuple):
-    """What the core computes, as constants: the block width
-    ``L`` of the layout, the input dtype the quantizer rounds its result to, and per format
-    (scaling, block, emax, max_normal, min_normal, ElemParams, nearest-away?)."""
+    """What the core computes, as constants: the block width ``L`` of the layout, the input
+    dtype the quantizer rounds its result to, per format (scaling, block or 0), the formats'
+    min_normal [F, 1, 1] and their element casts' constants, one row per format."""
 
     width: int
     dtype: torch.dtype
     formats: tuple
     specs: tuple
+    min_normal: torch.Tensor
+    rows: RowParams
 
 
-def _plan(specs: list[FormatSpec], width: int, dtype: torch.dtype) -> _Plan:
-    return _Plan(width, dtype, tuple(
-        (s.scaling, s.block_size or 0, s.emax, s.max_normal, s.min_normal, ElemParams.of(s),
-         s.default_rounding == "nearest_away") for s in specs), tuple(specs))
-
-
-def _col(values, dtype, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device).reshape(-1, 1, 1)
+def _plan(specs: list[FormatSpec], width: int, dtype: torch.dtype,
+          device: torch.device) -> _Plan:
+    min_normal = torch.tensor([s.min_normal for s in specs], dtype=torch.float32,
+                              device=device).reshape(-1, 1, 1)
+    rows = RowParams.stack([ElemParams.of(s) for s in specs],
+                           [s.default_rounding for s in specs], 3, device)
+    return _Plan(width, dtype, tuple((s.scaling, s.block_size or 0) for s in specs),
+                 tuple(specs), min_normal, rows)
 
 
 def _scaled(x2: torch.Tensor, absm: torch.Tensor, plan: _Plan):
@@ -149,39 +149,13 @@ def _scaled(x2: torch.Tensor, absm: torch.Tensor, plan: _Plan):
 
 
 def _cast(v: torch.Tensor, plan: _Plan):
-    """quant.elemwise's cast (round_magnitude_ then finish, saturating) of every format's row
-    of ``v`` [F, nL, L] at once, with per-format constants; returns (cast values, overflow,
-    underflow): overflow = the rounded magnitude is beyond max_normal, underflow = |v| below
-    min_normal (the analysis' definitions, before zeros and poisoned blocks are dropped).
-    What only some formats need (HiF8's tapered mantissa, ties away, one zero) runs on their
-    rows alone."""
-    params = [f[5] for f in plan.formats]
-    dev = v.device
+    """Every format's element cast of its row of ``v`` [F, nL, L] at once (quant.elemwise's
+    cast_rows_); returns (cast values, overflow, underflow): overflow = the rounded magnitude
+    is beyond max_normal, underflow = |v| below min_normal (the analysis' definitions, before
+    zeros and poisoned blocks are dropped)."""
     a = v.abs()
-    under = a < _col([f[4] for f in plan.formats], torch.float32, dev)
-    e = float_exponent(a).clamp_(_col([p.grid_emin for p in params], torch.int32, dev),
-                                 _col([p.grid_emax for p in params], torch.int32, dev))
-    m = _col([p.mbits for p in params], torch.int32, dev)
-    tapered = [i for i, p in enumerate(params) if p.tapered]
-    if tapered:          # HiF8: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15, 0 beyond
-        m = m.expand(e.shape).clone()
-        for i in tapered:
-            ae = e[i].abs()
-            m[i] = 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (
-                ae >= 16).to(torch.int32)
-    a = a * ((127 + m - e) << 23).view(torch.float32)
-    r = torch.round(a)
-    for i, f in enumerate(plan.formats):
-        if f[6]:                                   # ties away from zero
-            low = torch.floor(a[i])
-            r[i] = low + (a[i] - low >= 0.5).to(low.dtype)
-    r = r * ((e + (127 - m)) << 23).view(torch.float32)
-    max_normal = _col([f[3] for f in plan.formats], torch.float32, dev)
-    over = r > max_normal
-    r = torch.minimum(r, max_normal).copysign(v)
-    for i, p in enumerate(params):
-        if not p.signed_zero:                      # -0 -> +0 (a single zero code)
-            r[i] = r[i] + 0.0
+    under = a < plan.min_normal
+    r, over = cast_rows_(a, v, plan.rows)
     return r, over, under
 
 
@@ -228,7 +202,7 @@ def _onepass(x: torch.Tensor, specs: list[FormatSpec], axis: int) -> dict[str, A
     sizes = [s.block_size for s in specs if s.block_size]
     width = math.lcm(*sizes) if sizes else _ELEMENT_WIDTH
     lay = _layout(x, axis, width)
-    plan = _plan(specs, width, x.dtype)
+    plan = _plan(specs, width, x.dtype, x.device)
     sq, ab, counts = _core(lay.xm.reshape(-1, width), plan)
     sq, ab = (t.reshape(len(specs), lay.rows, lay.width) for t in (sq, ab))
     counts = [c.reshape(3, lay.rows, -1) for c in counts]

@@ -116,3 +116,24 @@ def test_large_tensors_are_left_to_the_per_format_path():
     big = torch.randn(300, 256, generator=_gen(13))                 # above the default
     assert whatif_onepass(big, ["mxfp8"], -1) == {}
     assert _text(whatif_set(big, ["mxfp8"], -1)) == _text(_reference(big, ["mxfp8"], -1))
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+def test_cast_rows_is_the_one_format_cast_bit_for_bit(rounding):
+    """elemwise.cast_rows_ (every supported format on its own row, mixed roundings) gives the bits
+    of cast_elements (saturating) and its overflow mask, on every kind of float32 value (a NaN's
+    payload bits may differ: the adder and the multiplier propagate different payloads)."""
+    from quant.elemwise import ElemParams, RowParams, cast_elements, cast_rows_, round_magnitude
+
+    params = [ElemParams.of(FORMATS[n]) for n in ONEPASS_FORMATS]
+    other = "nearest_away" if rounding == "nearest_even" else "nearest_even"
+    roundings = [rounding if i % 2 else other for i in range(len(params))]
+    x = torch.stack([_random_bits() * 2.0 ** (i % 7 - 3) for i in range(len(params))])
+    r, over = cast_rows_(x.abs(), x, RowParams.stack(params, roundings, x.dim(), x.device))
+    for i, (p, mode) in enumerate(zip(params, roundings)):
+        want = cast_elements(x[i].clone(), p, mode, saturate=True)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(r[i]), nan), ONEPASS_FORMATS[i]
+        assert torch.equal(r[i][~nan].view(torch.int32), want[~nan].view(torch.int32)), \
+            ONEPASS_FORMATS[i]
+        assert torch.equal(over[i], round_magnitude(x[i].abs(), p, mode) > p.max_normal)
