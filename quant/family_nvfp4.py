@@ -14,17 +14,12 @@ import torch
 
 from . import accel
 from .backends import triton_kernels
-from .elemwise import ElemParams, finish, float_exponent, round_magnitude_
-from .formats import FORMATS, SCALING_NVFP4, FormatSpec
+from .elemwise import finish, float_exponent, round_magnitude_
+from .formats import SCALING_NVFP4, FormatSpec
 from .layout import along_inner, block_axis, block_noise, blocks_in_place, noise, to_blocks
+from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 from .scales import Scales, ScalingFamily, cast_scaled, finite_amax
 
-#: the element and the block-scale formats of the two levels
-ELEMENT_MAX = FORMATS["fp4_e2m1"].max_normal
-SCALE_FORMAT = FORMATS["fp8_e4m3"]
-SCALE_PARAMS = ElemParams.of(SCALE_FORMAT)
-SCALE_MIN = SCALE_FORMAT.min_subnormal
-SCALE_MAX = SCALE_FORMAT.max_normal
 FLT_MAX = float(torch.finfo(torch.float32).max)
 
 

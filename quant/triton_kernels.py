@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 
 from .elemwise import ElemParams
-from .family_nvfp4 import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
 from .interpreter import triton_interpreting
+from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 
 #: rounding mode name -> the kernels' constexpr code
 ROUNDING_CODE = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "stochastic": 3,

@@ -11,16 +11,30 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from training_profiler.monitor_sinks import fmt_number as _fmt
-from training_profiler.monitor_state import ABSMAX, KINDS, MEANABS, OVERFLOW, UNDERFLOW
+from training_profiler.monitor_state import (
+    ABSMAX,
+    KINDS,
+    MEANABS,
+    OVERFLOW,
+    UNDERFLOW,
+    MonitorState,
+)
 from training_profiler.monitor_thresholds import AdaptiveThreshold
 
-if TYPE_CHECKING:
-    from training_profiler.adaptive_monitor import TrainingMonitor
+
+class TrainingMonitor(Protocol):
+    """What judging reads of ``adaptive_monitor.TrainingMonitor`` (a Protocol, so that the
+    judging table does not import the monitor that runs it)."""
+
+    layers: list[str]
+    state: MonitorState
+    thresholds: dict[str, AdaptiveThreshold]
+    th_layer_gnorm: AdaptiveThreshold
 
 #: How alerts name the two watched tensors of a layer (keys: monitor_state.KINDS).
 TENSOR_LABELS = {"act": "forward output", "grad": "output gradient"}
