@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from lowp_common import UserError
+from training_driver.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,13 @@ class RunSetup:
     tokenizer: str
     model: str = "tiny"
     steps: int = 150
-    micro_batch_size: int = 4
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_iters: int = 2
-    weight_decay: float = 0.1
-    clip_grad: float = 1.0
+    # the optimizer settings default to llama-train's, so an attribution trains as the user's run does
+    micro_batch_size: int = TrainConfig.micro_batch_size
+    lr: float = TrainConfig.lr
+    min_lr: float = TrainConfig.min_lr
+    warmup_iters: int = TrainConfig.warmup_iters
+    weight_decay: float = TrainConfig.weight_decay
+    clip_grad: float = TrainConfig.clip_grad
     window: int = 0                 # steps averaged for the final loss (0: steps // 4)
     resume: Optional[str] = None    # checkpoint directory of the user's run
     patched_dir: Optional[str] = None

@@ -33,9 +33,6 @@ from nvdlfw_inspect.base import BaseConfigAPIMapper  # noqa: E402
 from nvdlfw_inspect.logging import MetricLogger  # noqa: E402
 from nvdlfw_inspect.registry import api_method  # noqa: E402
 
-#: the numbers of quant.whatif logged per format (keys of its result)
-WHATIF_SCALARS = wr.SCALAR_KEYS
-
 
 def stat_name(layer_name: str, tensor_name: str, fmt: str, number: str) -> str:
     """The MetricLogger name of one number (TE's ``{layer}_{tensor}_{stat}`` pattern)."""
@@ -134,7 +131,7 @@ class LowpWhatIf(_LowpFeature):
             if "error" in r:
                 debug_api.log_message(f"LowpWhatIf {tensor_name} {fmt}: {r['error']}", layer_name)
                 continue
-            for key in WHATIF_SCALARS:
+            for key in wr.SCALAR_KEYS:
                 MetricLogger.log_scalar(stat_name(layer_name, tensor_name, fmt, key), r[key],
                                         iteration)
 

@@ -154,13 +154,13 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
     tasks = _file_tasks(chosen, whatif, opts)
     pairs = _pairs(ds.entries, opts) if quant_ok else []
     tasks += [PairTask(hp.path, q.path) for hp, q in pairs]
-    results = list(run_tasks(tasks, workers=opts.workers, progress=opts.progress,
-                             timeout=opts.worker_timeout))
     dropped: set[int] = set()
     whatif_failures: dict[tuple[str, str], int] = {}
+    results = iter(run_tasks(tasks, workers=opts.workers, progress=opts.progress,
+                             timeout=opts.worker_timeout))   # folded as they arrive, in task order
     for e, res in zip(chosen, results):
         _apply_file_result(e, res, catalog, dropped, whatif_failures)
-    for (hp, q), res in zip(pairs, results[len(chosen):]):
+    for (hp, q), res in zip(pairs, results):
         if "error" in res:
             kind, reason = res["error"]
             catalog.problems.append(Problem(q.path or "", kind, reason))
