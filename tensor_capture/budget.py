@@ -48,10 +48,28 @@ class CaptureBudgetError(Exception):
         self.message = message
 
 
+#: the work handle of the latest :func:`any_rank` collective, so that this process's main thread
+#: drops the last reference to it (replaced by the next agreement, a later session's)
+_AGREEMENT_WORK: list[Any] = []
+
+
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` is true on any rank: an all-reduce over the default process group when
     torch.distributed runs more than one rank (every rank must call it at the same point),
-    else ``flag`` itself."""
+    else ``flag`` itself.
+
+    Why the work handle is kept (``_AGREEMENT_WORK``): a budget stop exits right after this
+    collective, and its tensor must not be let go by a backend thread while the interpreter
+    exits. In torch 2.13 a tensor that C++ code also holds keeps its Python object alive, and
+    the thread that drops the last such C++ reference takes the GIL to release that object.
+    ``all_reduce`` returns once gloo's worker thread has completed the work, but that thread
+    drops the work, and with it the tensor, a moment later; if by then the interpreter is
+    finalizing, CPython ends the thread as it takes the GIL (pthread_exit), the unwind through
+    torch's noexcept destructor calls std::terminate, and the rank dies with "terminate called
+    without an active exception" (SIGABRT, status -6) instead of exiting 2. With the handle
+    held here the worker's drop is never the last one; the main thread's is, at the next
+    agreement or at interpreter teardown (where torch no longer touches Python objects).
+    """
     import torch
     import torch.distributed as dist
 
@@ -60,7 +78,9 @@ def any_rank(flag: bool) -> bool:
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend() == "nccl" else torch.device("cpu"))
     value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    work = dist.all_reduce(value, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()
+    _AGREEMENT_WORK[:] = [work]
     return bool(value.item())
 
 

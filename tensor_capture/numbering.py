@@ -142,6 +142,15 @@ def stop_if_over_budget(saver: Any, iteration: int) -> None:
     The ranks agree once per session, after the first iteration the capture window selects
     (budget.agreement_due: all ranks reach that call together); a later, rank-local
     overflow, which a budget that held one iteration cannot raise, would stop its rank alone.
+
+    Why SystemExit and nothing harder: it is what ``sys.exit(2)`` in the training loop would
+    do, so the loop loses nothing it would keep on an ordinary exit: its ``finally`` blocks and
+    context managers, atexit handlers (the capture writer's drain, a user's loggers and
+    trackers) and the flush of buffered stdout/stderr all run. ``os._exit`` would skip all of
+    them, and destroying the process group would take it from under the user's own exit code.
+    An exit with the process group alive is safe because the last collective, the agreement,
+    leaves no tensor for a backend thread to release during interpreter shutdown (see
+    budget.any_rank).
     """
     over = None
     if saver.enabled:

@@ -130,6 +130,39 @@ def test_budget_that_cannot_hold_one_iteration_is_one_line_and_exit_2(tmp_path, 
     assert len(_pt_files(tmp_path)) == 1
 
 
+def test_any_rank_keeps_its_collective_for_the_main_thread_to_release(monkeypatch):
+    """A budget stop exits right after the agreement; if the backend's worker thread dropped the
+    collective's tensor last, during interpreter shutdown, torch 2.13 would abort the rank
+    (status -6). So the work stays referenced here until the next agreement."""
+    import torch.distributed as dist
+
+    from tensor_capture import budget
+
+    works = []
+
+    class Work:
+        waited = False
+
+        def wait(self):
+            self.waited = True
+
+    def all_reduce(tensor, op=None, async_op=False):
+        assert async_op            # a synchronous call hands back no work to keep
+        tensor.fill_(1)
+        works.append(Work())
+        return works[-1]
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(budget, "_AGREEMENT_WORK", [])
+    assert budget.any_rank(False) is True and works[0].waited
+    assert budget._AGREEMENT_WORK == [works[0]]
+    budget.any_rank(False)
+    assert budget._AGREEMENT_WORK == [works[1]]      # the next agreement replaces it
+
+
 def test_stats_only_and_row_sampling(tmp_path):
     s = _saver(tmp_path / "a", stats_only=True)
     assert s.save_tensor(torch.randn(4, 4), "linear", "forward") == ""
