@@ -35,15 +35,18 @@ class Project:
     def __init__(self) -> None:
         self.modules: dict[str, FileContext] = {}
         self._by_last: dict[str, list[str]] = {}
-        self._calls: dict[str, list[tuple[ast.Call, FileContext]]] | None = None
-        self._resolving: set[tuple[str, str]] = set()
+        self._calls: dict[str, _CallSites] | None = None
+        self._qualnames: dict[tuple[str, str, str], frozenset[Val] | None] = {}
         self._importers: dict[str, set[str]] | None = None
+        self._calls_to: dict[tuple[str, int], tuple[tuple[ast.Call, FileContext], ...]] = {}
 
     def add(self, ctx: FileContext) -> None:
         self.modules[ctx.module_name] = ctx
         self._by_last.setdefault(ctx.module_name.rsplit(".", 1)[-1], []).append(ctx.module_name)
         self._calls = None
         self._importers = None
+        self._calls_to.clear()
+        self._qualnames.clear()
 
     # ---- imports -------------------------------------------------------------------------
     def find_module(self, dotted: str, importer: FileContext) -> FileContext | None:
@@ -62,18 +65,14 @@ class Project:
         cands.sort(key=lambda m: (not m.startswith(here + ".") if here else False, m.count(".")))
         return self.modules[cands[0]]
 
-    def resolve_qualname(self, qual: str, importer: FileContext) -> set[Val] | None:
-        """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module (re-export
-        cycles between packages end in "nothing known")."""
-        key = (qual, importer.module_name)
-        if key in self._resolving or len(self._resolving) > 40:
-            EVALUATING.cut_at(-1)  # what depends on this answer is partial: not remembered
-            return set()
-        self._resolving.add(key)
-        try:
-            return self._resolve(qual, importer)
-        finally:
-            self._resolving.discard(key)
+    def resolve_qualname(self, qual: str, importer: FileContext) -> frozenset[Val] | None:
+        """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module (None when
+        none is); a re-export cycle between packages is a cycle of questions (amp_values)."""
+        def compute() -> frozenset[Val] | None:
+            found = self._resolve(qual, importer)
+            return None if found is None else frozenset(found)
+        return EVALUATING.answer(("qualname", qual, importer.module_name), self._qualnames, compute,
+                                 frozenset())
 
     def _resolve(self, qual: str, importer: FileContext) -> set[Val] | None:
         parts = qual.split(".")
@@ -135,7 +134,7 @@ class Project:
             self._imports_of(c) & names for c in scanned)
 
     # ---- calls ---------------------------------------------------------------------------
-    def _call_index(self) -> dict[str, list[tuple[ast.Call, FileContext]]]:
+    def _call_index(self) -> dict[str, _CallSites]:
         if self._calls is None:
             self._calls = {}
             for ctx in self.modules.values():
@@ -143,14 +142,49 @@ class Project:
                     f = n.func
                     name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
                     if name:
-                        self._calls.setdefault(name, []).append((n, ctx))
+                        self._calls.setdefault(name, _CallSites()).candidates.append((n, ctx))
         return self._calls
 
     def calls_to(self, fn: ast.FunctionDef | ast.AsyncFunctionDef, owner: FileContext
                  ) -> list[tuple[ast.Call, FileContext]]:
-        """Call sites in the project that resolve to ``fn`` (defined in ``owner``)."""
-        out = []
-        for call, ctx in self._call_index().get(fn.name, []):
-            if any(v.kind == FUNCTION and v.node is fn for v in ctx.values.value(call.func)):
-                out.append((call, ctx))
-        return out
+        """Call sites in the project that resolve to ``fn`` (defined in ``owner``); asked again
+        for the same function by many rules and parameters, so remembered once whole."""
+        sites = self._call_index().get(fn.name)
+        if sites is None:
+            return []
+        key = ("calls_to", id(fn))
+        if key in EVALUATING.on_stack:  # asked again while finding them: the values' own cuts decide
+            return list(sites.resolving_to(fn))
+        return list(EVALUATING.answer(key, self._calls_to, lambda: sites.resolving_to(fn), ()))
+
+
+class _CallSites:
+    """The calls of one name across the project (``x.step(...)``, ``step(...)``), filed by the
+    functions they resolve to once that is known whole, so that asking for the call sites of
+    each of a thousand ``__init__`` or ``forward`` methods does not evaluate every call of that
+    name again. A call whose callee is not known whole yet (it was asked inside a cycle) stays
+    open and is evaluated again when asked."""
+
+    def __init__(self) -> None:
+        self.candidates: list[tuple[ast.Call, FileContext]] = []
+        self._filed: dict[ast.AST, list[int]] = {}
+        self._open: set[int] | None = None
+
+    def resolving_to(self, fn: ast.AST) -> tuple[tuple[ast.Call, FileContext], ...]:
+        if self._open is None:
+            self._open = set(range(len(self.candidates)))
+        hits: set[int] = set()
+        for i in sorted(self._open):
+            if i not in self._open:  # filed meanwhile, by a question asked while evaluating
+                continue
+            call, ctx = self.candidates[i]
+            values = ctx.values.value(call.func)
+            if any(v.kind == FUNCTION and v.node is fn for v in values):
+                hits.add(i)
+            if i in self._open and ctx.values.known(call.func) is not None:
+                self._open.discard(i)
+                for v in values:
+                    if v.kind == FUNCTION:
+                        self._filed.setdefault(v.node, []).append(i)
+        hits.update(self._filed.get(fn, ()))
+        return tuple(self.candidates[i] for i in sorted(hits))

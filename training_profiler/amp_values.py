@@ -14,8 +14,10 @@ What comes from outside the project is ``EXTERNAL``: the rules say "unknown" ins
 from __future__ import annotations
 
 import ast
+import sys
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from training_profiler.amp_scopes import Bindings, ScopeBuilder, dotted
 
@@ -81,7 +83,14 @@ _TORCH_LOSS_FUNCTIONS = {
     "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
     "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss", "ctc_loss",
 }
-_MAX_DEPTH = 12
+# Questions nested inside one another at most (an expression's values, a function's call sites,
+# a re-exported name), and asked under one outermost question at most: bounds on a pathological
+# chain, far above what real trees need (diffusers at db21c97, scanned whole: 214 nested, 54,000
+# under one question: the first question that enters a large cycle walks all of it, once).
+# ``deep_stack`` gives the Python stack this nesting needs.
+_MAX_NESTED = 20_000
+_MAX_FRAMES = 2_000_000
+_MAX_ROUNDS = 6  # a cycle's head asked again at most this often before it is given up as partial
 
 
 def is_torch_loss_function(qualname: str) -> bool:
@@ -93,49 +102,184 @@ def is_torch_loss_class(qualname: str) -> bool:
     return qualname.startswith(("torch.nn.", "nn.")) and qualname.endswith(_LOSS_CLASS_SUFFIX)
 
 
-class _Evaluating:
-    """The expressions being evaluated right now, across every module of the project, and the
-    cuts made under them.
+@dataclass(eq=False)
+class _Frame:
+    """One question being answered: its key, its depth on the stack, the lowest depth a cut
+    under it reached (``level + 1``: none), and once answered unfinished, the question it waits
+    for (``waits``; None: a limit was reached) and the unfinished answers that wait with it."""
 
-    A value asked for while it is being computed (a cycle: ``x = f(x)``, two modules importing each
-    other) or past the depth limit is answered "nothing known" to end the recursion. That answer
-    is partial, and so is every value computed with it inside the cycle: remembering them would
-    make what a later question gets depend on which question came first, so on the order in
-    which sets of names happen to be walked (PYTHONHASHSEED). Only values whose computation cut
-    nothing above themselves are remembered; the cycle's head itself is whole once it returns.
-    Values cut short are reused only within the question that made them."""
+    key: Any
+    level: int
+    lowest: int
+    memo: dict | None = None
+    out: Any = None
+    waits: "_Frame | None" = None
+    deferred: bool = False
+    under: list = field(default_factory=list)  # frames answered unfinished under this one
+
+
+class _Evaluating:
+    """The questions being answered right now, across every module of the project, and the
+    cycles met under them.
+
+    A question asked while it is being answered (a cycle: ``x = f(x)``, a parameter whose callers
+    pass what the function returns, two modules importing each other) gets the answer found so
+    far, nothing the first time round. The question at the head of the cycle is then asked again
+    with its own last answer until that stops growing (the values only grow), and at that point
+    every answer found under it is whole and remembered with it: a large cycle (a package whose
+    classes and re-exports all reach each other) is walked a few times in all, not once per
+    question that enters it, and what a question gets does not depend on which came first (nor
+    on PYTHONHASHSEED). An answer that depends on a question still open above is kept only until
+    that one is answered; past the nesting and size limits a question is answered with what is
+    known and nothing above it is remembered."""
 
     def __init__(self) -> None:
-        self.on_stack: dict[int, int] = {}  # expression id -> its level on the stack
-        self._lowest_cut: list[int] = []    # per level: the lowest level a cut under it reached
-        # values cut short, reused within the question that made them (else the same subtree is
-        # walked again and again) and forgotten when it is answered
-        self.partial: dict[int, frozenset] = {}
-
-    def remember_partial(self, key: int, out: frozenset) -> None:
-        if self._lowest_cut:
-            self.partial[key] = out
-
-    def push(self, key: int) -> int:
-        level = len(self._lowest_cut)
-        self.on_stack[key] = level
-        self._lowest_cut.append(level + 1)  # nothing cut yet
-        return level
+        self.on_stack: dict[Any, int] = {}   # question key (an expression's id, ...) -> its level
+        self._stack: list[_Frame] = []
+        self.partial: dict[Any, _Frame] = {}  # key -> its unfinished answer
+        self.provisional: dict[Any, Any] = {}  # a cycle's head -> its answer so far
+        self.frames = 0  # questions asked under the current outermost one
 
     def cut_at(self, level: int) -> None:
-        """A cut below the current frame that reached back to ``level`` (-1: everything above)."""
-        if self._lowest_cut:
-            self._lowest_cut[-1] = min(self._lowest_cut[-1], level)
+        """The current question read an unfinished answer of the one at ``level`` (-1: a limit
+        was reached, so nothing above it is whole)."""
+        if self._stack:
+            top = self._stack[-1]
+            if level < top.lowest:
+                top.lowest = level
 
-    def pop(self, key: int, level: int) -> bool:
-        """Leave ``key``'s frame; True when its value is whole (safe to remember)."""
-        lowest = self._lowest_cut.pop()
-        del self.on_stack[key]
-        if not self._lowest_cut:
+    def answer(self, key: Any, memo: dict, compute: Callable[[], Any], nothing: Any) -> Any:
+        """``compute()`` as one question: remembered in ``memo`` once whole (see the class)."""
+        if key in memo:
+            return memo[key]
+        if key in self.on_stack:
+            self.cut_at(self.on_stack[key])
+            return self.provisional.get(key, nothing)
+        if key in self.partial:
+            frame = self.partial[key]
+            self.cut_at(_waiting_level(frame))
+            return frame.out
+        if len(self._stack) >= _MAX_NESTED or self._stack and self.frames >= _MAX_FRAMES:
+            self.cut_at(-1)  # see _MAX_NESTED and _MAX_FRAMES
+            return nothing
+        for _ in range(_MAX_ROUNDS):
+            frame = self._push(key)
+            try:
+                out = compute()
+            finally:
+                self._pop(frame)
+            if frame.lowest > frame.level:
+                return self._settle(frame, memo, out)
+            if frame.lowest < frame.level:
+                return self._defer(frame, memo, out)
+            if key in self.provisional and _same(self.provisional[key], out):
+                del self.provisional[key]
+                return self._settle(frame, memo, out)
+            self.provisional[key] = out  # the head of a cycle: again, with this answer
+            for f in _frames_under(frame):
+                self.partial.pop(f.key, None)
+        self.provisional.pop(key, None)  # still growing: answered as it is, remembered nowhere
+        frame.lowest = -1
+        return self._defer(frame, memo, out)
+
+    def _push(self, key: Any) -> _Frame:
+        level = len(self._stack)
+        self.frames = self.frames + 1 if level else 1
+        self.on_stack[key] = level
+        frame = _Frame(key, level, level + 1)
+        self._stack.append(frame)
+        return frame
+
+    def _pop(self, frame: _Frame) -> None:
+        self._stack.pop()
+        del self.on_stack[frame.key]
+        if self._stack:
+            self.cut_at(frame.lowest)
+        else:
             self.partial.clear()
-        if self._lowest_cut:
-            self._lowest_cut[-1] = min(self._lowest_cut[-1], lowest)
-        return lowest >= level and lowest >= 0
+            self.provisional.clear()
+
+    def _settle(self, frame: _Frame, memo: dict, out: Any) -> Any:
+        memo[frame.key] = out
+        for f in _frames_under(frame):
+            f.memo[f.key] = f.out
+            self.partial.pop(f.key, None)
+        return out
+
+    def _defer(self, frame: _Frame, memo: dict, out: Any) -> Any:
+        """An answer that waits for a question above: it, and what waited for it, now wait
+        for that one."""
+        if self._stack:
+            frame.memo, frame.out, frame.deferred = memo, out, True
+            frame.waits = self._stack[frame.lowest] if frame.lowest >= 0 else None
+            self._stack[-1].under.append(frame)
+            self.partial[frame.key] = frame
+        return out
+
+
+def _waiting_level(frame: _Frame) -> int:
+    """The level of the open question an unfinished answer waits for, through the answers it
+    waited for that are now unfinished themselves (-1: a limit)."""
+    w = frame.waits
+    while w is not None and w.deferred:
+        w = w.waits
+    frame.waits = w  # shortcut for the next read
+    return -1 if w is None else w.level
+
+
+def _frames_under(frame: _Frame) -> list[_Frame]:
+    out, todo = [], list(frame.under)
+    while todo:
+        f = todo.pop()
+        out.append(f)
+        todo.extend(f.under)
+    return out
+
+
+_STACK_BYTES = 1 << 30      # address space for the thread's stack; only what is used is touched
+_RECURSION_LIMIT = 400_000  # about 6 Python frames per nested question, _MAX_NESTED of them, and more
+
+
+def deep_stack(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a thread with room for ``_MAX_NESTED`` nested questions.
+
+    Following values through a large project nests questions thousands deep (a chain of
+    parameters, re-exports and call sites through diffusers is); the main thread's stack and
+    Python's default recursion limit of 1,000 would end it in a RecursionError. Exceptions are
+    raised in the caller as they were raised."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller's thread below
+            result["error"] = exc
+
+    old_limit, old_size = sys.getrecursionlimit(), threading.stack_size()
+    sys.setrecursionlimit(max(old_limit, _RECURSION_LIMIT))
+    threading.stack_size(_STACK_BYTES)
+    try:
+        worker = threading.Thread(target=run, name="amp-values", daemon=True)  # Ctrl-C ends the scan
+        worker.start()
+    finally:
+        threading.stack_size(old_size)
+    worker.join()
+    sys.setrecursionlimit(old_limit)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two answers alike: sets of values by what each value is (values are made afresh each
+    time a question is asked), anything else by equality."""
+    if isinstance(a, (set, frozenset)) and isinstance(b, (set, frozenset)):
+        return {_val_key(v) for v in a} == {_val_key(v) for v in b}
+    return a == b
+
+
+def _val_key(v: Any) -> tuple:
+    return (v.kind, v.scope, id(v.node), id(v.ctx), v.name) if isinstance(v, Val) else (v,)
 
 
 EVALUATING = _Evaluating()
@@ -150,6 +294,7 @@ class Evaluator:
         self.scopes = sb.of
         self.class_attrs = sb.class_attrs
         self._memo: dict[int, frozenset[Val]] = {}
+        self._memo_facts: dict[tuple, Any] = {}  # other questions about this module's code, whole
 
     # ---- scopes ------------------------------------------------------------------------------
     def bindings_at(self, node: ast.AST) -> Bindings:
@@ -170,57 +315,44 @@ class Evaluator:
         return cur
 
     # ---- values ------------------------------------------------------------------------------
-    def value(self, expr: ast.AST | None, depth: int = 0) -> frozenset[Val]:
+    def value(self, expr: ast.AST | None) -> frozenset[Val]:
         """The abstract values ``expr`` may hold (empty when nothing is known)."""
         if expr is None:
             return frozenset()
-        if depth > _MAX_DEPTH:
-            EVALUATING.cut_at(-1)
-            return frozenset()
         key = id(expr)
-        if key in self._memo:
+        if key in self._memo:  # the common case, answered without a frame of its own
             return self._memo[key]
-        if key in EVALUATING.partial:
-            EVALUATING.cut_at(-1)
-            return EVALUATING.partial[key]
-        if key in EVALUATING.on_stack:
-            EVALUATING.cut_at(EVALUATING.on_stack[key])
-            return frozenset()
-        level = EVALUATING.push(key)
-        try:
-            out = frozenset(self._value(expr, depth + 1))
-        finally:
-            complete = EVALUATING.pop(key, level)
-        if complete:
-            self._memo[key] = out
-        else:
-            EVALUATING.remember_partial(key, out)
-        return out
+        return EVALUATING.answer(key, self._memo, lambda: frozenset(self._value(expr)),
+                                 frozenset())
 
-    def _value(self, e: ast.AST, depth: int) -> set[Val]:
+    def known(self, expr: ast.AST) -> frozenset[Val] | None:
+        """The values of ``expr`` when they were computed whole before, else None."""
+        return self._memo.get(id(expr))
+
+    def _value(self, e: ast.AST) -> set[Val]:
         if isinstance(e, ast.IfExp):
-            return set(self.value(e.body, depth)) | set(self.value(e.orelse, depth))
+            return set(self.value(e.body)) | set(self.value(e.orelse))
         if isinstance(e, ast.BoolOp):
             out: set[Val] = set()
             for v in e.values:
-                out |= self.value(v, depth)
+                out |= self.value(v)
             return out
         if isinstance(e, ast.NamedExpr):
-            return set(self.value(e.value, depth))
+            return set(self.value(e.value))
         if isinstance(e, ast.Lambda):
-            return {f for v in self.value(e.body, depth) if (f := self._as_factory(v)) is not None}
+            return {f for v in self.value(e.body) if (f := self._as_factory(v)) is not None}
         if isinstance(e, ast.Call):
-            return self._call_value(e, depth)
+            return self._call_value(e)
         if isinstance(e, ast.Name):
-            return self._name_value(e, depth)
+            return self._name_value(e)
         if isinstance(e, ast.Attribute):
-            return self._attr_value(e, depth)
+            return self._attr_value(e)
         if isinstance(e, ast.Await):
-            return set(self.value(e.value, depth))
+            return set(self.value(e.value))
         if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Dict):
             out = set()
             for v in e.value.values:
-                out |= self.value(v, depth)
+                out |= self.value(v)
             return out
         return set()
 
@@ -252,21 +384,20 @@ class Evaluator:
                 return found
         return {Val(EXTERNAL, name=q)}
 
-    def _name_value(self, e: ast.Name, depth: int) -> set[Val]:
+    def _name_value(self, e: ast.Name) -> set[Val]:
         hit = self.bindings_at(e).lookup(e.id)
         if hit is None:
             q = self.ctx.aliases.get(e.id)
             return self._qual_value(q, e) if q else set()
-        return self._entries_value(hit[1], e.id, e, depth)
+        return self._entries_value(hit[1], e.id, e)
 
-    def _entries_value(self, entries: list[tuple[str, ast.AST]], name: str, at: ast.AST,
-                       depth: int) -> set[Val]:
+    def _entries_value(self, entries: list[tuple[str, ast.AST]], name: str, at: ast.AST) -> set[Val]:
         out: set[Val] = set()
         for how, expr in entries:
             if how == "assign":
-                out |= self.value(expr, depth)
+                out |= self.value(expr)
             elif how == "with_as":
-                out |= {v for v in self.value(expr, depth) if v.kind in (SCALER, LOSS_FN, OPTIMIZER)}
+                out |= {v for v in self.value(expr) if v.kind in (SCALER, LOSS_FN, OPTIMIZER)}
             elif how == "def":
                 out.add(Val(FUNCTION, node=expr, ctx=self.ctx))
             elif how == "class":
@@ -276,7 +407,7 @@ class Evaluator:
                 if q:
                     out |= self._qual_value(q, at)
             elif how == "param":
-                out |= self._param_value(expr, name, depth)
+                out |= self._param_value(expr, name)
         return out
 
     def module_attr(self, parts: list[str]) -> set[Val]:
@@ -284,12 +415,12 @@ class Evaluator:
         entries = self.scopes[self.ctx.tree].names.get(parts[0])
         if not entries:
             return set()
-        vals = self._entries_value(entries, parts[0], self.ctx.tree, 1)
+        vals = self._entries_value(entries, parts[0], self.ctx.tree)
         for attr in parts[1:]:
             nxt: set[Val] = set()
             for v in vals:
                 if v.kind in (CLASS, SCALER_FACTORY, LOSS_FN) and isinstance(v.node, ast.ClassDef):
-                    nxt |= self._class_attr(v.node, attr, 1)
+                    nxt |= self._class_attr(v.node, attr)
             vals = nxt
         return vals
 
@@ -303,7 +434,12 @@ class Evaluator:
         return Val(CLASS, node=cls, ctx=self.ctx)
 
     def class_is_scaler(self, cls: ast.ClassDef) -> bool:
-        """A class that holds a GradScaler (timm's NativeScaler, fairseq-style wrappers)."""
+        """A class that holds a GradScaler (timm's NativeScaler, fairseq-style wrappers); asked
+        each time the class is named, so answered once (whole) per class."""
+        return EVALUATING.answer(("scaler_class", id(cls)), self._memo_facts,
+                                 lambda: self._holds_scaler(cls), False)
+
+    def _holds_scaler(self, cls: ast.ClassDef) -> bool:
         for values in self.class_attrs.get(cls, {}).values():
             for expr, _ in values:
                 if any(v.kind == SCALER for v in self.value(expr)):
@@ -313,7 +449,7 @@ class Evaluator:
                 return True
         return False
 
-    def _param_value(self, fn: ast.AST, name: str, depth: int) -> set[Val]:
+    def _param_value(self, fn: ast.AST, name: str) -> set[Val]:
         """A parameter: its default, and what the project's callers pass (one level)."""
         out: set[Val] = set()
         args = fn.args
@@ -321,24 +457,24 @@ class Evaluator:
         defaults = dict(zip([a.arg for a in positional][len(positional) - len(args.defaults):], args.defaults))
         defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
         if name in defaults:
-            out |= self.value(defaults[name], depth)
+            out |= self.value(defaults[name])
         if self.ctx.project is not None and not isinstance(fn, ast.Lambda):
             index = [a.arg for a in positional].index(name) if name in [a.arg for a in positional] else None
             is_method = isinstance(self.ctx.parents.get(fn), ast.ClassDef)
             for call, cctx in self.ctx.project.calls_to(fn, self.ctx):
                 arg = _argument(call, name, index, is_method)
                 if arg is not None:
-                    out |= cctx.values.value(arg, depth)
+                    out |= cctx.values.value(arg)
         if not out:
             out.add(Val(PARAM, name=name))
         return out
 
-    def _attr_value(self, e: ast.Attribute, depth: int) -> set[Val]:
+    def _attr_value(self, e: ast.Attribute) -> set[Val]:
         ctx = self.ctx
         if isinstance(e.value, ast.Name) and e.value.id in ("self", "cls"):
             cls = self.enclosing_class(e)
             if cls is not None:
-                return self._class_attr(cls, e.attr, depth)
+                return self._class_attr(cls, e.attr)
         q = ctx.qualname(e)
         head = (dotted(e) or "").split(".")[0]
         hit = self.bindings_at(e).lookup(head) if head else None
@@ -346,30 +482,30 @@ class Evaluator:
         if imported and q:
             return self._qual_value(q, e)
         out: set[Val] = set()
-        for v in self.value(e.value, depth):  # every class it may be an instance of, not the first a set yields
+        for v in self.value(e.value):  # every class it may be an instance of, not the first a set yields
             if v.kind == INSTANCE and v.ctx is not None:
-                out |= v.ctx.values._class_attr(v.node, e.attr, depth)
+                out |= v.ctx.values._class_attr(v.node, e.attr)
         return out
 
-    def _class_attr(self, cls: ast.ClassDef, attr: str, depth: int) -> set[Val]:
+    def _class_attr(self, cls: ast.ClassDef, attr: str) -> set[Val]:
         out: set[Val] = set()
         for expr, _ in self.class_attrs.get(cls, {}).get(attr, []):
-            out |= self.value(expr, depth)
+            out |= self.value(expr)
         for stmt in cls.body:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == attr:
                 out.add(Val(FUNCTION, node=stmt, ctx=self.ctx))
         return out
 
-    def _call_value(self, call: ast.Call, depth: int) -> set[Val]:
-        known = self._known_call_value(call, depth)
+    def _call_value(self, call: ast.Call) -> set[Val]:
+        known = self._known_call_value(call)
         if known is not None:
             return known
         out: set[Val] = set()
-        for f in self.value(call.func, depth):
-            out |= self._called(f, call, depth)
+        for f in self.value(call.func):
+            out |= self._called(f, call)
         return out
 
-    def _known_call_value(self, call: ast.Call, depth: int) -> set[Val] | None:
+    def _known_call_value(self, call: ast.Call) -> set[Val] | None:
         """What a call of a torch / functools API we know by name gives; None for any other."""
         ctx = self.ctx
         q = ctx.call_name(call) or ""
@@ -379,7 +515,7 @@ class Evaluator:
         if q in _NULL_CONTEXTS or q.rsplit(".", 1)[-1] == "nullcontext":
             return {Val(NULL_CONTEXT)}
         if q in ("functools.partial", "partial") and call.args:
-            inner = self.value(call.args[0], depth)
+            inner = self.value(call.args[0])
             if any(v.kind == AUTOCAST_FACTORY for v in inner):
                 scope = ctx.autocast_call(ast.Call(func=call.args[0], args=call.args[1:],
                                                    keywords=call.keywords))
@@ -393,14 +529,14 @@ class Evaluator:
             return {Val(LOSS, name=q)}
         return None
 
-    def _called(self, f: Val, call: ast.Call, depth: int) -> set[Val]:
+    def _called(self, f: Val, call: ast.Call) -> set[Val]:
         """What calling a value of kind ``f.kind`` gives (a factory's product, a project
         function's returns, ...)."""
         if f.kind == AUTOCAST_FACTORY:
             scope = f.scope if f.scope is not None else self.ctx.autocast_call(call)  # None: the API itself
             return {Val(AUTOCAST, scope=scope)} if scope is not None else set()
         if f.kind == FUNCTION and f.ctx is not None:
-            return f.ctx.values.returns(f.node, depth)
+            return f.ctx.values.returns(f.node)
         if f.kind == CLASS and f.ctx is not None:
             return {Val(INSTANCE, node=f.node, ctx=f.ctx)}
         made = _CALL_PRODUCTS.get(f.kind)
@@ -410,19 +546,26 @@ class Evaluator:
             return {Val(EXTERNAL, name=f.name + "()")}
         return set()
 
-    def returns(self, fn: ast.FunctionDef, depth: int) -> set[Val]:
+    def returns(self, fn: ast.FunctionDef) -> set[Val]:
         """What a project function returns: the union of its ``return`` values; a generator
         decorated with contextmanager that yields under autocast counts as an autocast."""
         out: set[Val] = set()
         decorated_cm = any((self.ctx.qualname(d) or "").endswith("contextmanager") for d in fn.decorator_list)
-        for n in _own_nodes(fn):
+        for n in self._exits(fn):
             if isinstance(n, ast.Return) and n.value is not None:
-                out |= self.value(n.value, depth)
+                out |= self.value(n.value)
             elif decorated_cm and isinstance(n, (ast.Yield, ast.YieldFrom)):
                 s = self.ctx.scope_of(n)
                 if s is not None:
                     out.add(Val(AUTOCAST, scope=s))
         return out
+
+    def _exits(self, fn: ast.AST) -> list[ast.AST]:
+        """The ``return`` and ``yield`` nodes of ``fn``'s own body (found once per function)."""
+        key = ("exits", id(fn))
+        if key not in self._memo_facts:
+            self._memo_facts[key] = [n for n in _own_nodes(fn) if isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom))]
+        return self._memo_facts[key]
 
     # ---- questions the rules ask --------------------------------------------------------------
     def kinds(self, expr: ast.AST | None) -> set[str]:

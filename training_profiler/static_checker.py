@@ -26,6 +26,7 @@ from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_project import Project, module_name
 from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
+from training_profiler.amp_values import deep_stack
 from training_profiler.launch_rules import (
     LAUNCH_RULES,
     LAUNCH_RULES_BY_ID,
@@ -159,6 +160,11 @@ def check_source(source: str, path: str = "<string>", rules: Sequence[Rule] | No
                  min_confidence: Confidence = Confidence.LOW) -> tuple[list[Finding], FileError | None]:
     """Findings for one file's text on its own (a project of one module: every confidence by
     default); a syntax error comes back as FileError."""
+    return deep_stack(_check_source, source, path, rules, min_confidence)
+
+
+def _check_source(source: str, path: str, rules: Sequence[Rule] | None,
+                  min_confidence: Confidence) -> tuple[list[Finding], FileError | None]:
     ctx = parse_module(source, path, Project())
     if isinstance(ctx, FileError):
         return [], ctx
@@ -185,6 +191,11 @@ def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] |
     confidence for loose files, HIGH for a project; see ``default_confidence``). All Python
     files of one call (and those under ``context``, which are read for what they set up but not
     reported) form one project: imports and calls between them are followed."""
+    return deep_stack(_check_paths, paths, rules, context, min_confidence)
+
+
+def _check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] | None,
+                 context: Iterable[str | os.PathLike[str]], min_confidence: Confidence | None) -> Report:
     report = Report()
     rules = list(rules) if rules is not None else list(_ALL_RULES)
     project = Project()

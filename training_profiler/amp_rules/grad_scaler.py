@@ -260,7 +260,7 @@ class GradScalerWithBf16(RuleVisitor):
             return
         q = ctx.call_name(node) or ""
         if q.startswith("torch.") and q.rsplit(".", 1)[-1] in ("GradScaler", "ShardedGradScaler") or (
-                av.SCALER_FACTORY in ctx.values.kinds(node.func) and q.rsplit(".", 1)[-1].endswith("GradScaler")):
+                q.rsplit(".", 1)[-1].endswith("GradScaler") and av.SCALER_FACTORY in ctx.values.kinds(node.func)):
             child: ast.AST = node
             for a in ctx.parents_chain(node):
                 if isinstance(a, ast.If) and child in a.body and _selects_bf16(ctx, a.test):
