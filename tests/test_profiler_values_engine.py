@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
+from training_profiler import amp_questions as aq
 from training_profiler import amp_values as av
 from training_profiler import static_checker as sc
 from training_profiler.amp_project import Project
@@ -23,7 +24,7 @@ def _module(source: str, project: Project | None = None, name: str = "mod") -> s
 
 def _value_at(ctx: sc.FileContext, text: str) -> set[str]:
     expr = next(n for n in ast.walk(ctx.tree) if isinstance(n, ast.expr) and ast.unparse(n) == text)
-    return {v.kind for v in av.deep_stack(ctx.values.value, expr)}
+    return {v.kind for v in aq.deep_stack(ctx.values.value, expr)}
 
 
 def _chain(n: int) -> str:
@@ -81,7 +82,7 @@ def test_a_value_going_round_a_cycle_of_parameters_reaches_every_point_of_it() -
 def test_answers_are_remembered_once_the_cycle_is_settled() -> None:
     ctx = _module(_CYCLE)
     call = next(n for n in ast.walk(ctx.tree) if isinstance(n, ast.Call) and ast.unparse(n) == "bounce(None, 2)")
-    av.deep_stack(ctx.values.value, call)
+    aq.deep_stack(ctx.values.value, call)
     inner = next(n for n in ast.walk(ctx.tree) if isinstance(n, ast.Call) and ast.unparse(n) == "bounce(value, hops - 1)")
     # computed under the cycle's head and whole once it settled: answered from memory
     assert ctx.values.known(inner) is not None
@@ -96,7 +97,7 @@ def test_deep_stack_raises_in_the_caller_and_restores_the_limit() -> None:
         raise ValueError("from the worker")
 
     try:
-        av.deep_stack(boom)
+        aq.deep_stack(boom)
     except ValueError as exc:
         assert str(exc) == "from the worker"
     else:

@@ -33,6 +33,31 @@ _DTYPE_NAMES = {
     "torch.float32": "float32", "torch.float": "float32",
 }
 LOWP_DTYPES = ("float16", "bfloat16")
+MIXED = "mixed"  # a library runs autocast in the precision (the model's parameters stay float32)
+TRUE = "true"    # a library casts the model's parameters to the precision
+
+
+@dataclass(frozen=True)
+class LibraryAmpFlag:
+    """A training library's switch for mixed precision: the call (by its last name), the
+    keyword, and what each value of it selects (dtype, MIXED or TRUE)."""
+
+    callees: tuple[str, ...]
+    keyword: str
+    values: dict[object, tuple[str, str]]
+
+
+_HF_TRAINERS = ("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "Trainer", "Seq2SeqTrainer")
+_LIGHTNING = ("Fabric", "Trainer")
+LIBRARY_AMP_FLAGS: tuple[LibraryAmpFlag, ...] = (
+    LibraryAmpFlag(_HF_TRAINERS, "fp16", {True: ("float16", MIXED)}),
+    LibraryAmpFlag(_HF_TRAINERS, "bf16", {True: ("bfloat16", MIXED)}),
+    LibraryAmpFlag(("Accelerator",), "mixed_precision", {"fp16": ("float16", MIXED), "bf16": ("bfloat16", MIXED)}),
+    LibraryAmpFlag(_LIGHTNING, "precision", {
+        16: ("float16", MIXED), "16": ("float16", MIXED), "16-mixed": ("float16", MIXED),
+        "bf16": ("bfloat16", MIXED), "bf16-mixed": ("bfloat16", MIXED),
+        "16-true": ("float16", TRUE), "bf16-true": ("bfloat16", TRUE)}),
+)
 av._AUTOCAST_QUALS.update(_AUTOCAST_APIS)
 av._DTYPES.update(_DTYPE_NAMES)
 
@@ -63,8 +88,9 @@ class FileContext:
         self._scope: dict[ast.AST, AmpScope | None] = {}
         self._scopes_state = 0  # 0 not computed, 1 computing, 2 done
         self._autocast_scopes: list[AmpScope] = []
+        self.nodes: list[ast.AST] = list(ast.walk(tree))  # every node, in ast.walk's order: walked once
         self._collect_aliases()
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, ast.Call):
                 self.calls.append(node)
             for child in ast.iter_child_nodes(node):
@@ -86,10 +112,10 @@ class FileContext:
         """A GradScaler is made, imported or used here (by what it is or how it is used)."""
         return bool(self.scaler_calls) or any(
             (q := self.qualname(n)) is not None and q.split(".")[-1] in ("GradScaler", "ShardedGradScaler")
-            for n in ast.walk(self.tree) if isinstance(n, (ast.Name, ast.Attribute))
+            for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute))
         ) or any(
             isinstance(n, ast.ImportFrom) and any(a.name.endswith("GradScaler") for a in n.names)
-            for n in ast.walk(self.tree)
+            for n in self.nodes
         )
 
     @cached_property
@@ -123,7 +149,7 @@ class FileContext:
         """Functions that return autocast results (a `return` under autocast): their calls
         produce low-precision tensors wherever they are called."""
         return {
-            fn.name for fn in ast.walk(self.tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            fn.name for fn in self.nodes if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
             and any(isinstance(r, ast.Return) and r.value is not None and self.in_autocast(r, direct=True)
                     for r in ast.walk(fn))
         }
@@ -134,9 +160,33 @@ class FileContext:
         return any(s.dtype != "float32" for s in self.autocast_scopes) or self.has_gradscaler
 
     @cached_property
-    def apex_amp(self) -> bool:
-        """Apex's ``amp.initialize(model, optimizer, opt_level=...)``: float16 AMP set up by apex."""
-        return any((self.call_name(c) or "").startswith("apex.amp.") for c in self.calls)
+    def library_precisions(self) -> set[tuple[str, str]]:
+        """(dtype, MIXED or TRUE) that a training library is told to use here: one of
+        ``LIBRARY_AMP_FLAGS`` given a literal value (or a name, a conditional or a project
+        function holding one: ``precision = precision or default_precision()``), or apex's
+        ``amp.initialize`` (float16 AMP)."""
+        out: set[tuple[str, str]] = set()
+        for c in self.calls:
+            name = self.call_name(c) or ""
+            if name.startswith("apex.amp."):
+                out.add(("float16", MIXED))
+            last = name.rsplit(".", 1)[-1] or (c.func.attr if isinstance(c.func, ast.Attribute) else "")
+            for flag in LIBRARY_AMP_FLAGS:
+                value = next((k.value for k in c.keywords if k.arg == flag.keyword), None)
+                if last in flag.callees and value is not None:
+                    out |= {flag.values[v] for v in self._literals(value) if v in flag.values}
+        return out
+
+    def _literals(self, expr: ast.AST) -> set[object]:
+        """Literal values ``expr`` may hold: a constant, or the strings its value follows to."""
+        if isinstance(expr, ast.Constant):
+            return {expr.value}
+        return set(self.values.strings(expr))
+
+    @property
+    def library_amp(self) -> bool:
+        """A training library runs this code's model under autocast (see library_precisions)."""
+        return any(how == MIXED for _, how in self.library_precisions)
 
     @property
     def project_uses_amp(self) -> bool:
@@ -144,7 +194,7 @@ class FileContext:
         others), trains with AMP: model code whose precision its training script decides.
         Asked once per call by some rules, so kept (rules run after every module is parsed)."""
         if "_project_uses_amp" not in self.__dict__:
-            self.__dict__["_project_uses_amp"] = any(m.uses_amp or m.apex_amp for m in self.project.users_of(self))
+            self.__dict__["_project_uses_amp"] = any(m.uses_amp or m.library_amp for m in self.project.users_of(self))
         return self.__dict__["_project_uses_amp"]
 
     @property
@@ -153,7 +203,7 @@ class FileContext:
 
     # ---- names -------------------------------------------------------------------------
     def _collect_aliases(self) -> None:
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:

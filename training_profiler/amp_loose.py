@@ -39,13 +39,13 @@ def _note(seen: str, why: str) -> str:
 
 
 def _amp_seen(ctx: FileContext) -> bool:
-    return ctx.uses_amp or ctx.apex_amp
+    return ctx.uses_amp or ctx.library_amp
 
 
 def _users_use_amp(ctx: FileContext) -> bool:
     key = "_fact_users_use_amp"
     if key not in ctx.__dict__:
-        ctx.__dict__[key] = any(m.uses_amp or m.apex_amp for m in ctx.project.users_of(ctx) if m is not ctx)
+        ctx.__dict__[key] = any(m.uses_amp or m.library_amp for m in ctx.project.users_of(ctx) if m is not ctx)
     return ctx.__dict__[key]
 
 

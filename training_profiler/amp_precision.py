@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import ast
 
-from training_profiler.amp_context import FileContext
+from training_profiler.amp_context import MIXED, TRUE, FileContext
 from training_profiler.amp_intent import training_lowp_casts
 
 FLOAT16 = "float16"
 BFLOAT16 = "bfloat16"
 _STRING_DTYPES = {"float16": FLOAT16, "fp16": FLOAT16, "half": FLOAT16, "bfloat16": BFLOAT16, "bf16": BFLOAT16}
 _LOADERS = ("from_pretrained", "from_config", "from_single_file")
-_TRAINER_ARGS = ("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "Trainer", "Seq2SeqTrainer")
 _FREEZERS = ("get_peft_model", "prepare_model_for_kbit_training", "prepare_model_for_int8_training")
 
 
@@ -57,24 +56,6 @@ def loaded_lowp_models(ctx: FileContext) -> list[tuple[ast.Call, str]]:
     return cached
 
 
-def _trainer_flags(ctx: FileContext) -> set[str]:
-    """``TrainingArguments(fp16=True)`` / ``bf16=True`` (literal True) and
-    ``Accelerator(mixed_precision="fp16")`` (a literal string)."""
-    out: set[str] = set()
-    for c in ctx.calls:
-        name = _callee(ctx, c)
-        if name in _TRAINER_ARGS:
-            for flag, d in (("fp16", FLOAT16), ("bf16", BFLOAT16)):
-                v = _kw(c, flag)
-                if isinstance(v, ast.Constant) and v.value is True:
-                    out.add(d)
-        elif name == "Accelerator":
-            d = _dtype_value(ctx, _kw(c, "mixed_precision"))
-            if d:
-                out.add(d)
-    return out
-
-
 def own_precisions(ctx: FileContext) -> set[str]:
     """The low precisions this module trains in: enabled autocast, a training cast of a model,
     a model loaded in low precision, a trainer's fp16/bf16 flag."""
@@ -84,7 +65,7 @@ def own_precisions(ctx: FileContext) -> set[str]:
     out = {s.dtype for s in ctx.autocast_scopes if s.enabled and s.dtype in (FLOAT16, BFLOAT16)}
     out |= {d for c in training_lowp_casts(ctx) if (d := ctx.lowp_cast_dtype(c))}
     out |= {d for _, d in loaded_lowp_models(ctx)}
-    out |= _trainer_flags(ctx)
+    out |= {d for d, how in ctx.library_precisions if how == MIXED}
     ctx.__dict__["_fact_own_precisions"] = out
     return out
 
@@ -112,7 +93,7 @@ def lowp_parameters(ctx: FileContext) -> str | None:
 def _lowp_parameters(ctx: FileContext) -> str | None:
     if any(_callee(ctx, c) in _FREEZERS for c in ctx.calls):
         return None
-    if any(d == FLOAT16 for _, d in loaded_lowp_models(ctx)):
+    if any(d == FLOAT16 for _, d in loaded_lowp_models(ctx)) or (FLOAT16, TRUE) in ctx.library_precisions:
         return FLOAT16
     if any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx)):
         return FLOAT16  # a training cast, in a module that trains (not a profiling helper's)

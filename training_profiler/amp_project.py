@@ -12,7 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from training_profiler.amp_values import EVALUATING, FUNCTION, Val
+from training_profiler.amp_questions import EVALUATING
+from training_profiler.amp_values import FUNCTION, Val
 from training_profiler.amp_values import ModuleView as FileContext
 
 
@@ -89,7 +90,7 @@ class Project:
     def _imports_of(self, ctx: FileContext) -> set[str]:
         """Project modules ``ctx`` imports (anywhere in it, functions included)."""
         out: set[str] = set()
-        for node in ast.walk(ctx.tree):
+        for node in ctx.nodes:
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

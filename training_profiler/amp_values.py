@@ -14,11 +14,10 @@ What comes from outside the project is ``EXTERNAL``: the rules say "unknown" ins
 from __future__ import annotations
 
 import ast
-import sys
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Iterable, Protocol
 
+from training_profiler.amp_questions import EVALUATING
 from training_profiler.amp_scopes import Bindings, ScopeBuilder, dotted
 
 
@@ -27,6 +26,7 @@ class ModuleView(Protocol):
     provides it); named here so these modules do not import the context that builds on them."""
 
     tree: ast.Module
+    nodes: list[ast.AST]
     module_name: str
     path: str
     parents: dict[ast.AST, ast.AST]
@@ -55,6 +55,11 @@ class Val:
     ctx: ModuleView | None = field(default=None, repr=False)
     name: str = ""
 
+    def identity(self) -> tuple:
+        """What this value is, for comparing answers (values are made afresh each time a
+        question is asked, so they are not compared by object)."""
+        return (self.kind, self.scope, id(self.node), id(self.ctx), self.name)
+
 
 AUTOCAST = "autocast"                  # a context manager that turns autocast on (scope says how)
 AUTOCAST_FACTORY = "autocast_factory"  # calling it gives an AUTOCAST (partial, lambda, def)
@@ -71,6 +76,7 @@ INSTANCE = "instance"                  # an instance of a project class
 EXTERNAL = "external"                  # decided outside the scanned tree (name says what)
 PARAM = "param"                        # a parameter nobody in the project passes
 DTYPE = "dtype"                        # a torch dtype (name: 'float16', 'bfloat16', 'float32')
+STRING = "string"                      # a string literal (name: its text): "bf16-mixed", "fp16"
 
 _NULL_CONTEXTS = {"contextlib.nullcontext", "contextlib.suppress", "contextlib.ExitStack",
                   "torch.no_grad", "torch.enable_grad"}
@@ -83,16 +89,6 @@ _TORCH_LOSS_FUNCTIONS = {
     "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
     "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss", "ctc_loss",
 }
-# Questions nested inside one another at most (an expression's values, a function's call sites,
-# a re-exported name), and asked under one outermost question at most: bounds on a pathological
-# chain, far above what real trees need (diffusers at db21c97, scanned whole: 214 nested, 54,000
-# under one question: the first question that enters a large cycle walks all of it, once).
-# ``deep_stack`` gives the Python stack this nesting needs.
-_MAX_NESTED = 20_000
-_MAX_FRAMES = 2_000_000
-_MAX_ROUNDS = 6  # a cycle's head asked again at most this often before it is given up as partial
-
-
 def is_torch_loss_function(qualname: str) -> bool:
     head, _, last = qualname.rpartition(".")
     return head in ("torch.nn.functional", "torch", "F") and last in _TORCH_LOSS_FUNCTIONS
@@ -100,189 +96,6 @@ def is_torch_loss_function(qualname: str) -> bool:
 
 def is_torch_loss_class(qualname: str) -> bool:
     return qualname.startswith(("torch.nn.", "nn.")) and qualname.endswith(_LOSS_CLASS_SUFFIX)
-
-
-@dataclass(eq=False)
-class _Frame:
-    """One question being answered: its key, its depth on the stack, the lowest depth a cut
-    under it reached (``level + 1``: none), and once answered unfinished, the question it waits
-    for (``waits``; None: a limit was reached) and the unfinished answers that wait with it."""
-
-    key: Any
-    level: int
-    lowest: int
-    memo: dict | None = None
-    out: Any = None
-    waits: "_Frame | None" = None
-    deferred: bool = False
-    under: list = field(default_factory=list)  # frames answered unfinished under this one
-
-
-class _Evaluating:
-    """The questions being answered right now, across every module of the project, and the
-    cycles met under them.
-
-    A question asked while it is being answered (a cycle: ``x = f(x)``, a parameter whose callers
-    pass what the function returns, two modules importing each other) gets the answer found so
-    far, nothing the first time round. The question at the head of the cycle is then asked again
-    with its own last answer until that stops growing (the values only grow), and at that point
-    every answer found under it is whole and remembered with it: a large cycle (a package whose
-    classes and re-exports all reach each other) is walked a few times in all, not once per
-    question that enters it, and what a question gets does not depend on which came first (nor
-    on PYTHONHASHSEED). An answer that depends on a question still open above is kept only until
-    that one is answered; past the nesting and size limits a question is answered with what is
-    known and nothing above it is remembered."""
-
-    def __init__(self) -> None:
-        self.on_stack: dict[Any, int] = {}   # question key (an expression's id, ...) -> its level
-        self._stack: list[_Frame] = []
-        self.partial: dict[Any, _Frame] = {}  # key -> its unfinished answer
-        self.provisional: dict[Any, Any] = {}  # a cycle's head -> its answer so far
-        self.frames = 0  # questions asked under the current outermost one
-
-    def cut_at(self, level: int) -> None:
-        """The current question read an unfinished answer of the one at ``level`` (-1: a limit
-        was reached, so nothing above it is whole)."""
-        if self._stack:
-            top = self._stack[-1]
-            if level < top.lowest:
-                top.lowest = level
-
-    def answer(self, key: Any, memo: dict, compute: Callable[[], Any], nothing: Any) -> Any:
-        """``compute()`` as one question: remembered in ``memo`` once whole (see the class)."""
-        if key in memo:
-            return memo[key]
-        if key in self.on_stack:
-            self.cut_at(self.on_stack[key])
-            return self.provisional.get(key, nothing)
-        if key in self.partial:
-            frame = self.partial[key]
-            self.cut_at(_waiting_level(frame))
-            return frame.out
-        if len(self._stack) >= _MAX_NESTED or self._stack and self.frames >= _MAX_FRAMES:
-            self.cut_at(-1)  # see _MAX_NESTED and _MAX_FRAMES
-            return nothing
-        for _ in range(_MAX_ROUNDS):
-            frame = self._push(key)
-            try:
-                out = compute()
-            finally:
-                self._pop(frame)
-            if frame.lowest > frame.level:
-                return self._settle(frame, memo, out)
-            if frame.lowest < frame.level:
-                return self._defer(frame, memo, out)
-            if key in self.provisional and _same(self.provisional[key], out):
-                del self.provisional[key]
-                return self._settle(frame, memo, out)
-            self.provisional[key] = out  # the head of a cycle: again, with this answer
-            for f in _frames_under(frame):
-                self.partial.pop(f.key, None)
-        self.provisional.pop(key, None)  # still growing: answered as it is, remembered nowhere
-        frame.lowest = -1
-        return self._defer(frame, memo, out)
-
-    def _push(self, key: Any) -> _Frame:
-        level = len(self._stack)
-        self.frames = self.frames + 1 if level else 1
-        self.on_stack[key] = level
-        frame = _Frame(key, level, level + 1)
-        self._stack.append(frame)
-        return frame
-
-    def _pop(self, frame: _Frame) -> None:
-        self._stack.pop()
-        del self.on_stack[frame.key]
-        if self._stack:
-            self.cut_at(frame.lowest)
-        else:
-            self.partial.clear()
-            self.provisional.clear()
-
-    def _settle(self, frame: _Frame, memo: dict, out: Any) -> Any:
-        memo[frame.key] = out
-        for f in _frames_under(frame):
-            f.memo[f.key] = f.out
-            self.partial.pop(f.key, None)
-        return out
-
-    def _defer(self, frame: _Frame, memo: dict, out: Any) -> Any:
-        """An answer that waits for a question above: it, and what waited for it, now wait
-        for that one."""
-        if self._stack:
-            frame.memo, frame.out, frame.deferred = memo, out, True
-            frame.waits = self._stack[frame.lowest] if frame.lowest >= 0 else None
-            self._stack[-1].under.append(frame)
-            self.partial[frame.key] = frame
-        return out
-
-
-def _waiting_level(frame: _Frame) -> int:
-    """The level of the open question an unfinished answer waits for, through the answers it
-    waited for that are now unfinished themselves (-1: a limit)."""
-    w = frame.waits
-    while w is not None and w.deferred:
-        w = w.waits
-    frame.waits = w  # shortcut for the next read
-    return -1 if w is None else w.level
-
-
-def _frames_under(frame: _Frame) -> list[_Frame]:
-    out, todo = [], list(frame.under)
-    while todo:
-        f = todo.pop()
-        out.append(f)
-        todo.extend(f.under)
-    return out
-
-
-_STACK_BYTES = 1 << 30      # address space for the thread's stack; only what is used is touched
-_RECURSION_LIMIT = 400_000  # about 6 Python frames per nested question, _MAX_NESTED of them, and more
-
-
-def deep_stack(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a thread with room for ``_MAX_NESTED`` nested questions.
-
-    Following values through a large project nests questions thousands deep (a chain of
-    parameters, re-exports and call sites through diffusers is); the main thread's stack and
-    Python's default recursion limit of 1,000 would end it in a RecursionError. Exceptions are
-    raised in the caller as they were raised."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # re-raised in the caller's thread below
-            result["error"] = exc
-
-    old_limit, old_size = sys.getrecursionlimit(), threading.stack_size()
-    sys.setrecursionlimit(max(old_limit, _RECURSION_LIMIT))
-    threading.stack_size(_STACK_BYTES)
-    try:
-        worker = threading.Thread(target=run, name="amp-values", daemon=True)  # Ctrl-C ends the scan
-        worker.start()
-    finally:
-        threading.stack_size(old_size)
-    worker.join()
-    sys.setrecursionlimit(old_limit)
-    if "error" in result:
-        raise result["error"]
-    return result.get("value")
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Two answers alike: sets of values by what each value is (values are made afresh each
-    time a question is asked), anything else by equality."""
-    if isinstance(a, (set, frozenset)) and isinstance(b, (set, frozenset)):
-        return {_val_key(v) for v in a} == {_val_key(v) for v in b}
-    return a == b
-
-
-def _val_key(v: Any) -> tuple:
-    return (v.kind, v.scope, id(v.node), id(v.ctx), v.name) if isinstance(v, Val) else (v,)
-
-
-EVALUATING = _Evaluating()
 
 
 class Evaluator:
@@ -349,6 +162,8 @@ class Evaluator:
             return self._attr_value(e)
         if isinstance(e, ast.Await):
             return set(self.value(e.value))
+        if isinstance(e, ast.Constant) and isinstance(e.value, str):
+            return {Val(STRING, name=e.value)}
         if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Dict):
             out = set()
             for v in e.value.values:
@@ -465,7 +280,7 @@ class Evaluator:
                 arg = _argument(call, name, index, is_method)
                 if arg is not None:
                     out |= cctx.values.value(arg)
-        if not out:
+        if all(v.kind == STRING for v in out):  # a default string says what it may hold, not who decides
             out.add(Val(PARAM, name=name))
         return out
 
@@ -569,7 +384,12 @@ class Evaluator:
 
     # ---- questions the rules ask --------------------------------------------------------------
     def kinds(self, expr: ast.AST | None) -> set[str]:
-        return {v.kind for v in self.value(expr)}
+        """The kinds of object ``expr`` may be; string literals it may hold are ``strings``."""
+        return {v.kind for v in self.value(expr) if v.kind != STRING}
+
+    def strings(self, expr: ast.AST | None) -> set[str]:
+        """The string literals ``expr`` may hold (``precision = precision or default()``)."""
+        return {v.name for v in self.value(expr) if v.kind == STRING}
 
 
 def _own_nodes(fn: ast.AST) -> Iterable[ast.AST]:

@@ -25,8 +25,8 @@ from lowp_common import UserError, cli_entry
 from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_project import Project, module_name
+from training_profiler.amp_questions import deep_stack
 from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
-from training_profiler.amp_values import deep_stack
 from training_profiler.launch_rules import (
     LAUNCH_RULES,
     LAUNCH_RULES_BY_ID,

@@ -45,6 +45,7 @@ from training_profiler.amp_rules.autocast_scope import (
 from training_profiler.amp_rules.autograd_function import (
     AutogradFunctionNoCustomFwd,
     Float32BufferForKernel,
+    PartialDtypeCasts,
 )
 from training_profiler.amp_rules.base import (
     NO_TRAINING_NOTE,
@@ -108,7 +109,7 @@ __all__ = [
     "ClipWithoutUnscale", "DeprecatedAmpApi", "EpsAgainstParameters", "EpsUnderflowFp16",
     "EvalLossOutsideAutocast", "Float32BufferForKernel", "Fp16UnsafeConstant", "Fp16WithoutGradScaler",
     "GradScalerWithBf16", "GradsChangedBeforeUnscale", "LinearAttentionSum", "LossOutsideAutocast",
-    "ManualCast", "MaskConstantAgainstTraining", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
+    "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "PartialManualUnscale", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

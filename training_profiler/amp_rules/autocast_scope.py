@@ -29,7 +29,7 @@ _BCE = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"
 class BceUnderAutocast(RuleVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
-        if (ctx.uses_amp or ctx.apex_amp or ctx.project_uses_amp) and not ctx.cpu_only_autocast \
+        if (ctx.uses_amp or ctx.library_amp or ctx.project_uses_amp) and not ctx.cpu_only_autocast \
                 and ctx.call_name(node) in _BCE:
             scope = ctx.scope_of(node)
             if scope is None or scope.enabled:
@@ -121,7 +121,7 @@ class LossOutsideAutocast(RuleVisitor):
         ctx = self.ctx
         if not any((ctx.call_name(c) or "").startswith("accelerate") for c in ctx.calls):
             return
-        for fn in [ctx.tree, *(n for n in ast.walk(ctx.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        for fn in [ctx.tree, *(n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
             prepared: set[str] = set()
             produced: set[str] = set()
             body = sorted((n for n in _own_statements(fn)), key=lambda n: (n.lineno, n.col_offset))

@@ -120,6 +120,86 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
         self.generic_visit(node)
 
 
+def _unifying_cast(stmt: ast.stmt, params: set[str]) -> tuple[str, str] | None:
+    """``a = a.type_as(b)`` / ``a = a.to(b.dtype)`` / ``a = a.to(dtype=b.dtype)`` on a parameter
+    ``a``: (a, b), the operand cast and the tensor whose dtype it takes."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute)):
+        return None
+    name, call = stmt.targets[0].id, stmt.value
+    if name not in params or not (isinstance(call.func.value, ast.Name) and call.func.value.id == name):
+        return None
+    source = [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")]
+    if call.func.attr == "type_as" and len(source) == 1 and isinstance(source[0], ast.Name):
+        return name, source[0].id
+    if call.func.attr == "to" and len(source) == 1 and isinstance(source[0], ast.Attribute) \
+            and source[0].attr == "dtype" and isinstance(source[0].value, ast.Name):
+        return name, source[0].value.id
+    return None
+
+
+def _differentiable_inputs(cls: ast.ClassDef, forward: ast.FunctionDef) -> set[str]:
+    """forward's inputs that backward returns a gradient for (not ``None`` at their position):
+    float tensors, whatever they are called."""
+    backward = next((i for i in cls.body if isinstance(i, ast.FunctionDef) and i.name == "backward"), None)
+    if backward is None:
+        return set()
+    names = [a.arg for a in forward.args.args[1:]]
+    out: set[str] = set()
+    for ret in (n for n in ast.walk(backward) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)):
+        out |= {name for name, g in zip(names, ret.value.elts)
+                if not (isinstance(g, ast.Constant) and g.value is None)}
+    return out
+
+
+def _kernel_operands(ctx: FileContext, fn: ast.FunctionDef, names: set[str]) -> set[str]:
+    """Which of ``names`` are handed to a compiled kernel call in ``fn`` (directly or through
+    ``x.contiguous()``-style calls)."""
+    used: set[str] = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call) and _call_is_kernel(ctx, n):
+            for a in [*n.args, *(k.value for k in n.keywords)]:
+                root = a
+                while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
+                    root = root.func.value
+                if isinstance(root, ast.Name) and root.id in names:
+                    used.add(root.id)
+    return used
+
+
+class PartialDtypeCasts(RuleVisitor):
+    """AMP006 where a Function's own casts show that its inputs arrive in mixed dtypes: forward
+    casts some operands to one tensor's dtype (``weight = weight.type_as(input)``) and hands
+    another float input (one backward returns a gradient for) to the same compiled kernel
+    uncast: under autocast that one still comes in float16 while the rest are float32, or the
+    other way round (mmcv's deformable convolutions, twice)."""
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        ctx = self.ctx
+        forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
+        if forward is not None and _is_autograd_function(ctx, node) and not _casts_inputs(ctx, forward):
+            params = {a.arg for a in forward.args.args[1:]}
+            casts = [(st, pair) for st in forward.body if (pair := _unifying_cast(st, params))]
+            if casts:
+                cast = {a for _, (a, _) in casts}
+                anchors = {b for _, (_, b) in casts}
+                left = sorted(_kernel_operands(ctx, forward, _differentiable_inputs(node, forward))
+                              - cast - anchors)
+                if left:
+                    last, (a, b) = casts[-1]
+                    shown = ", ".join(f"`{x}`" for x in sorted(cast))
+                    self.report(last, f"{node.name}.forward casts {shown} to one dtype but hands "
+                                      f"{', '.join(f'`{x}`' for x in left)} to the kernel uncast: the inputs "
+                                      "arrive in mixed dtypes (the casts say so) and this one is left out")
+        self.generic_visit(node)
+
+
+def _casts_inputs(ctx: FileContext, fn: ast.FunctionDef) -> bool:
+    """``@custom_fwd(cast_inputs=...)``: autocast casts every input on the way in."""
+    return any(isinstance(d, ast.Call) and (ctx.qualname(d.func) or "").endswith("custom_fwd")
+               and any(k.arg == "cast_inputs" for k in d.keywords) for d in fn.decorator_list)
+
+
 _FLOAT_TENSOR_TYPES = {"torch.cuda.FloatTensor", "torch.FloatTensor"}
 _FACTORIES = {"zeros", "empty", "ones", "full", "rand", "randn"}
 

@@ -145,7 +145,7 @@ class Float32BesideActivations(RuleVisitor):
     def run(self):
         ctx = self.ctx
         self._moved_in: set[ast.AST] = set()  # one device-only finding per function: one hazard
-        for node in sorted((n for n in ast.walk(ctx.tree) if isinstance(n, (ast.Call, ast.BinOp))),
+        for node in sorted((n for n in ctx.nodes if isinstance(n, (ast.Call, ast.BinOp))),
                            key=lambda n: (n.lineno, n.col_offset)):
             if isinstance(node, ast.Call) and _device_only_move(ctx, node):
                 self._moved_factory(node)

@@ -46,7 +46,7 @@ class LinearAttentionSum(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        for n in ast.walk(ctx.tree):
+        for n in ctx.nodes:
             left = None
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
                 left = _transposed_name(n.left)

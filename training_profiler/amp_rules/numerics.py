@@ -122,7 +122,7 @@ def _number(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef) -> float | None:
 @_per_module
 def _lowp_evidence(ctx: FileContext) -> bool:
     """Low precision here or in the code that uses this module."""
-    return ctx.uses_lowp or any(m.uses_lowp or m.apex_amp for m in ctx.project.users_of(ctx))
+    return ctx.uses_lowp or any(m.uses_lowp or m.library_amp for m in ctx.project.users_of(ctx))
 
 
 _FILL_CALLS = ("masked_fill", "masked_fill_", "fill_", "full", "full_like", "new_full", "clamp",
@@ -162,7 +162,7 @@ class MaskConstantAgainstTraining(RuleVisitor):
         ctx = self.ctx
         if _fp16_evidence(ctx) or (own_precisions(ctx) and FLOAT16 not in own_precisions(ctx)):
             return self.hits  # AMP011 itself judged this module, or it trains in bfloat16
-        for n in ast.walk(ctx.tree):
+        for n in ctx.nodes:
             consts: list[ast.AST] = []
             if isinstance(n, ast.Call) and _callee(ctx, n) in _FILL_CALLS:
                 consts = [*n.args, *(k.value for k in n.keywords)]

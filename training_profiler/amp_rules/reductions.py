@@ -117,7 +117,7 @@ class UnusedUpcastSoftmax(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        for fn in (n for n in ast.walk(ctx.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             dead = [(t.id, st.lineno) for st in ast.walk(fn) if isinstance(st, ast.Assign)
                     and is_float32_cast(ctx, st.value) for t in st.targets if isinstance(t, ast.Name)
                     and not _loads_after(fn, t.id, st.lineno)]

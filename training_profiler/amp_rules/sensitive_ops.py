@@ -206,7 +206,7 @@ class SensitiveOpUnderAutocast(RuleVisitor):
     def run(self):
         ctx = self.ctx
         seen: set[tuple[ast.AST, str]] = set()
-        nodes = [n for n in ast.walk(ctx.tree) if isinstance(n, (ast.Call, ast.BinOp))]
+        nodes = [n for n in ctx.nodes if isinstance(n, (ast.Call, ast.BinOp))]
         for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset)):
             for op in SENSITIVE_OPS:
                 said = op.spot(ctx, node)
