@@ -348,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing-repo", help="time this repository's scan folders (default: the one "
                    "closest to 10,000 lines)")
     p.add_argument("--quiet", action="store_true", help="no per-repository progress lines")
+    p.add_argument("--scan-root", choices=["recorded", "repo"], default="recorded",
+                   help="what each scan covers: the entry's recorded scan folders (default), or the "
+                   "whole repository at that commit, as a user runs the checker on a checkout's root "
+                   "(much slower: diffusers alone takes minutes)")
     p.add_argument("--min-confidence", choices=["low", "medium", "high"], default=None,
                    help="score findings at or above this confidence (default: what the checker "
                    "shows for the scan: high for a project, every confidence for loose scripts)")
@@ -367,6 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing: list[str] = []
     minimum = Confidence.parse(a.min_confidence) if a.min_confidence else None
 
+    def folders_of(entry: dict) -> list[str]:
+        return ["."] if a.scan_root == "repo" else entry["scan"]
+
     def tree(repo: str, commit: str, folders: Sequence[str]) -> Path | None:
         gitdir = mirror_dir(a.mirrors, repo)
         if not gitdir.is_dir():
@@ -381,14 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     trees: list[tuple[str, Path, Sequence[str]]] = []
     n_files = n_lines = 0
     for r in repos:
-        dest = tree(r["repo"], r["commit"], r["scan"])
+        dest = tree(r["repo"], r["commit"], folders_of(r))
         if dest is None:
             continue
         absent = [f for f in r["files"] if not (dest / f).is_file()]
         if absent:
             raise UserError(f"{a.corpus}: {r['repo']} has no {absent[0]} at {r['commit'][:12]}; fix 'files'")
         t0 = time.perf_counter()
-        got = scan(dest, r["repo"], r["scan"], r["files"], min_confidence=minimum)
+        got = scan(dest, r["repo"], folders_of(r), r["files"], min_confidence=minimum)
         n_files += len(r["files"])
         n_lines += sum(len((dest / f).read_bytes().splitlines()) for f in r["files"])
         if not a.quiet:
@@ -396,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({time.perf_counter() - t0:.1f} s)", flush=True)
         hits += got
         dests[r["repo"]] = dest
-        trees.append((r["repo"], dest, r["scan"]))
+        trees.append((r["repo"], dest, folders_of(r)))
 
     labelled, unlabelled, stale = match(hits, labels)
     table = precision_table(labelled)
@@ -422,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict = {"repositories": len(dests), "files": n_files, "lines": n_lines,
                     "findings": len(hits), "precision": table, "precision_by_repo": by_repo,
                     "precision_by_confidence": table_by_confidence,
-                    "min_confidence": a.min_confidence or "checker default",
+                    "min_confidence": a.min_confidence or "checker default", "scan_root": a.scan_root,
                     "unlabelled": [h.__dict__ for h in unlabelled], "stale_labels": stale}
 
     if a.bugs.exists():
@@ -431,14 +438,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             bugs = [b for b in bugs if b["repo"] in a.repo]
         by_bug: dict[str, list[Hit]] = {}
         for b in bugs:
-            dest = tree(b["repo"], b["parent_commit"], b["scan"])
+            dest = tree(b["repo"], b["parent_commit"], folders_of(b))
             if dest is None:
                 continue
             if not (dest / b["path"]).is_file():
                 print(f"bug {b['id']}: {b['path']} is not in its scan folders at {b['parent_commit'][:12]}; "
                       "skipped (fix 'path' or 'scan' in the bugs file)")
                 continue
-            by_bug[b["id"]] = scan(dest, b["repo"], b["scan"], [b["path"]], min_confidence=minimum)
+            by_bug[b["id"]] = scan(dest, b["repo"], folders_of(b), [b["path"]], min_confidence=minimum)
             if not a.quiet:
                 hit = bug_caught(b, by_bug[b["id"]])
                 print(f"bug {b['id']}: " + (f"caught by {hit.rule} at line {hit.line}" if hit else "missed"),

@@ -23,6 +23,7 @@ from training_profiler.amp_rules import (
     PartialDtypeCasts,
     Rule,
     RuleVisitor,
+    ScalerSaveNeverRuns,
     UnusedUpcastSoftmax,
 )
 from training_profiler.amp_rules import RULES as BASE_RULES
@@ -38,6 +39,7 @@ EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
     "AMP010": (GradsChangedBeforeUnscale,),
     "AMP011": (MaskConstantAgainstTraining,),
     "AMP012": (EpsAgainstParameters,),
+    "AMP018": (ScalerSaveNeverRuns,),
 }
 
 
@@ -53,6 +55,6 @@ def _chained(first: type[RuleVisitor], more: tuple[type[RuleVisitor], ...]) -> t
 
 RULES: tuple[Rule, ...] = tuple(
     replace(r, visitor=_chained(r.visitor, EXTENSIONS[r.id])) if r.id in EXTENSIONS else r
-    for r in BASE_RULES) + BUG_KIND_RULES
+    for r in BASE_RULES + BUG_KIND_RULES)
 RULES_BY_ID = {r.id: r for r in RULES}
 RULES_BY_NAME = {r.name: r for r in RULES}

@@ -98,3 +98,50 @@ def _lowp_parameters(ctx: FileContext) -> str | None:
     if any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx)):
         return FLOAT16  # a training cast, in a module that trains (not a profiling helper's)
     return None
+
+
+def activation_dtype_tests(ctx: FileContext) -> dict[str, ast.Compare]:
+    """Low precisions this module's own code says its tensors arrive in, each with the first test
+    that says so: ``q.dtype in (torch.float16, torch.bfloat16)``, ``if orig_dtype ==
+    torch.float16:`` with ``orig_dtype = x.dtype``, in a function (not at import). Code that
+    branches on float16 activations is written to run with them, whoever casts the model."""
+    key = "_fact_activation_dtype_tests"
+    if key not in ctx.__dict__:
+        found: dict[str, ast.Compare] = {}
+        for node in ctx.nodes:
+            if isinstance(node, ast.Compare) and _tests_a_tensor_dtype(ctx, node):
+                for dtype in _compared_dtypes(ctx, node.comparators):
+                    found.setdefault(dtype, node)
+        ctx.__dict__[key] = found
+    return ctx.__dict__[key]
+
+
+def _tests_a_tensor_dtype(ctx: FileContext, test: ast.Compare) -> bool:
+    """``<tensor>.dtype`` on the left, or a name the same function bound to one."""
+    left = test.left
+    if isinstance(left, ast.Attribute) and left.attr == "dtype":
+        return ctx.enclosing_function(test) is not ctx.tree
+    if not isinstance(left, ast.Name):
+        return False
+    fn = ctx.enclosing_function(test)
+    return fn is not ctx.tree and any(
+        isinstance(st, ast.Assign) and isinstance(st.value, ast.Attribute) and st.value.attr == "dtype"
+        and any(isinstance(t, ast.Name) and t.id == left.id for t in st.targets)
+        for st in ast.walk(fn))
+
+
+def _compared_dtypes(ctx: FileContext, comparators: list[ast.expr]) -> set[str]:
+    out: set[str] = set()
+    for c in comparators:
+        items = c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]
+        out |= {d for e in items if (d := ctx.dtype_of(e)) in (FLOAT16, BFLOAT16)}
+    return out
+
+
+def expects_lowp_activations(ctx: FileContext, dtypes: tuple[str, ...] = (FLOAT16, BFLOAT16)) -> str | None:
+    """A note naming where this module's code tests for one of ``dtypes`` on its tensors, or None."""
+    tests = activation_dtype_tests(ctx)
+    hit = next((tests[d] for d in dtypes if d in tests), None)
+    if hit is None:
+        return None
+    return f" (this module expects low-precision tensors: `{ast.unparse(hit)}` at line {hit.lineno})"

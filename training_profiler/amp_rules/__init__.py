@@ -57,7 +57,7 @@ from training_profiler.amp_rules.base import (
     declare_rule,
 )
 from training_profiler.amp_rules.casts import ManualCast
-from training_profiler.amp_rules.checkpoint import ScalerStateNotCheckpointed
+from training_profiler.amp_rules.checkpoint import ScalerSaveNeverRuns, ScalerStateNotCheckpointed
 from training_profiler.amp_rules.deprecated import DeprecatedAmpApi
 from training_profiler.amp_rules.dtype_mix import Float32BesideActivations
 from training_profiler.amp_rules.grad_scaler import (
@@ -109,7 +109,7 @@ __all__ = [
     "ClipWithoutUnscale", "DeprecatedAmpApi", "EpsAgainstParameters", "EpsUnderflowFp16",
     "EvalLossOutsideAutocast", "Float32BufferForKernel", "Fp16UnsafeConstant", "Fp16WithoutGradScaler",
     "GradScalerWithBf16", "GradsChangedBeforeUnscale", "LinearAttentionSum", "LossOutsideAutocast",
-    "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
+    "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "PartialManualUnscale", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

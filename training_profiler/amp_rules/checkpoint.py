@@ -99,5 +99,81 @@ class ScalerStateNotCheckpointed(RuleVisitor):
         return any(_optimizer_state(ctx, p) for p in parts) and not any(_scalerish(ctx, p) for p in parts)
 
 
+class ScalerSaveNeverRuns(RuleVisitor):
+    """AMP018 where the GradScaler's state is saved only under a test that its key is already in
+    the dict this very function builds without it (``checkpoint = {...}`` ... ``if amp and
+    'amp_scaling_state' in checkpoint: checkpoint['amp_scaling_state'] = scaler.state_dict()``):
+    the condition copied from the restore path is never true, so the loss scale is never saved
+    (Lightning's checkpoint dump)."""
+
+    def visit_If(self, node: ast.If) -> None:
+        ctx = self.ctx
+        for key, holder in _membership_tests(node.test):
+            store = next((st for st in node.body if _stores_scaler_state(ctx, st, holder, key)), None)
+            if store is not None and _built_here_without(ctx, node, holder, key):
+                self.report(store, f"the GradScaler's state is saved only when {key!r} is already in "
+                                   f"`{holder}`, which this function builds without it: the save never runs")
+        self.generic_visit(node)
+
+
+def _membership_tests(test: ast.AST) -> list[tuple[str, str]]:
+    """``'key' in name`` conjuncts of a condition (all of an ``and``, or the test itself)."""
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    return [(p.left.value, p.comparators[0].id) for p in parts
+            if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], ast.In)
+            and isinstance(p.left, ast.Constant) and isinstance(p.left.value, str)
+            and isinstance(p.comparators[0], ast.Name)]
+
+
+def _subscript_of(target: ast.AST, holder: str) -> ast.AST | None:
+    if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id == holder:
+        return target.slice
+    return None
+
+
+def _stores_scaler_state(ctx: FileContext, st: ast.AST, holder: str, key: str) -> bool:
+    """``holder[key] = <scaler>.state_dict()``."""
+    return (isinstance(st, ast.Assign) and any(
+        isinstance(k := _subscript_of(t, holder), ast.Constant) and k.value == key for t in st.targets)
+        and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Attribute)
+        and st.value.func.attr == "state_dict" and _scalerish(ctx, st.value.func.value))
+
+
+def _built_here_without(ctx: FileContext, test: ast.If, holder: str, key: str) -> bool:
+    """``holder`` is bound once in the function, before ``test``, to a dict display without
+    ``key``, and nothing before ``test`` can add it: no store of that key or of a computed key,
+    no ``update``/``setdefault``, no call that is handed the dict, no loop around the test."""
+    fn = ctx.enclosing_function(test)
+    if fn is ctx.tree:
+        return False
+    cur = ctx.parents.get(test)
+    while cur is not None and cur is not fn:
+        if isinstance(cur, (ast.For, ast.AsyncFor, ast.While)):
+            return False
+        cur = ctx.parents.get(cur)
+    binds = [st for st in ast.walk(fn) if isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+             and any(isinstance(t, ast.Name) and t.id == holder
+                     for t in (st.targets if isinstance(st, ast.Assign) else [st.target]))]
+    if len(binds) != 1 or not isinstance(binds[0], ast.Assign) or binds[0].lineno >= test.lineno:
+        return False
+    made = binds[0].value
+    if not isinstance(made, ast.Dict) or any(k is None or not isinstance(k, ast.Constant) or k.value == key
+                                            for k in made.keys):
+        return False
+    for n in ast.walk(fn):
+        if not (binds[0].lineno < getattr(n, "lineno", 0) < test.lineno):
+            continue
+        k = _subscript_of(n, holder)
+        if isinstance(ctx.parents.get(n), (ast.Assign, ast.AugAssign)) and k is not None and (
+                not isinstance(k, ast.Constant) or k.value == key):
+            return False
+        if isinstance(n, ast.Call) and (any(isinstance(a, ast.Name) and a.id == holder
+                                            for a in [*n.args, *(kw.value for kw in n.keywords)])
+                                        or isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                                        and n.func.value.id == holder and n.func.attr != "get"):
+            return False
+    return True
+
+
 # the rules this family declares (the package puts every family's rules in id order)
 RULES: tuple[Rule, ...] = (ScalerStateNotCheckpointed.rule,)

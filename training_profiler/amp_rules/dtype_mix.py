@@ -23,7 +23,11 @@ import ast
 
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_intent import float32_result, is_float32_cast
-from training_profiler.amp_precision import lowp_parameters
+from training_profiler.amp_precision import (
+    activation_dtype_tests,
+    expects_lowp_activations,
+    lowp_parameters,
+)
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 
 _FACTORIES = {"torch.linspace", "torch.logspace", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
@@ -71,8 +75,13 @@ def _model_method(ctx: FileContext, node: ast.AST) -> ast.AST | None:
 def _confidence(ctx: FileContext) -> tuple[Confidence, str]:
     if lowp_parameters(ctx) or any(lowp_parameters(m) for m in ctx.project.users_of(ctx) if m is not ctx):
         return Confidence.HIGH, ""
+    expects = expects_lowp_activations(ctx)
+    if expects:
+        return Confidence.HIGH, expects
     if any(lowp_parameters(m) for m in ctx.project.modules.values()):
         return Confidence.MEDIUM, " (a float16 model is trained elsewhere in the project)"
+    if any(activation_dtype_tests(m) for m in ctx.project.modules.values()):
+        return Confidence.MEDIUM, " (code elsewhere in the project expects low-precision tensors)"
     return Confidence.LOW, " (no half-precision model seen; if the model runs in float16/bfloat16 without autocast, " \
                            "this is a dtype mismatch or a silent upcast)"
 

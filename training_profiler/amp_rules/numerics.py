@@ -7,7 +7,12 @@ import re
 
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import _per_module, is_float32_cast, training_lowp_casts
-from training_profiler.amp_precision import FLOAT16, lowp_parameters, own_precisions
+from training_profiler.amp_precision import (
+    FLOAT16,
+    expects_lowp_activations,
+    lowp_parameters,
+    own_precisions,
+)
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import (
     FP16_MAX,
@@ -64,7 +69,7 @@ class NormStatsInInputPrecision(RuleVisitor):
             params = {a.arg for a in node.args.args[1:]}
             upcast = {t.id for st in ast.walk(node) if isinstance(st, ast.Assign) and is_float32_cast(self.ctx, st.value)
                       for t in st.targets if isinstance(t, ast.Name)}
-            note = "" if _lowp_evidence(ctx) else " (its dtype is decided by the model's callers: unknown)"
+            note = _lowp_note(ctx)
             for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
                 q = ctx.call_name(c) or ""
                 method = isinstance(c.func, ast.Attribute) and c.func.attr in _STAT_CALLS and not q.startswith("torch.")
@@ -120,9 +125,12 @@ def _number(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef) -> float | None:
 
 
 @_per_module
-def _lowp_evidence(ctx: FileContext) -> bool:
-    """Low precision here or in the code that uses this module."""
-    return ctx.uses_lowp or any(m.uses_lowp or m.library_amp for m in ctx.project.users_of(ctx))
+def _lowp_note(ctx: FileContext) -> str:
+    """Low precision here (a cast, an autocast) or in the code that uses this module: no note;
+    this module's code testing for float16 tensors: that test; else the dtype is unknown."""
+    if ctx.uses_lowp or any(m.uses_lowp or m.library_amp for m in ctx.project.users_of(ctx)):
+        return ""
+    return expects_lowp_activations(ctx) or " (its dtype is decided by the model's callers: unknown)"
 
 
 _FILL_CALLS = ("masked_fill", "masked_fill_", "fill_", "full", "full_like", "new_full", "clamp",

@@ -10,8 +10,10 @@ float32-cast inputs where autocast would leave them alone.
 
 Confidence: HIGH when the op is under an enabled autocast the scan sees (here or at every call
 site), its module trains in a precision the entry is sensitive to, or it is a method of an
-``nn.Module`` whose users train under an autocast of such (or an undecided) dtype; MEDIUM when the project trains in that
-precision elsewhere; LOW when no training is seen (the message says so).
+``nn.Module`` whose users train under an autocast of such (or an undecided) dtype, the project
+turns autocast off around the same computation elsewhere (its authors know it runs under
+autocast), or the module's own code tests its tensors for that dtype; MEDIUM when the project
+trains in that precision elsewhere; LOW when no training is seen (the message says so).
 """
 from __future__ import annotations
 
@@ -22,11 +24,17 @@ from typing import Callable
 
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import float32_result
-from training_profiler.amp_precision import BFLOAT16, FLOAT16, own_precisions, trains_in
+from training_profiler.amp_precision import (
+    BFLOAT16,
+    FLOAT16,
+    expects_lowp_activations,
+    own_precisions,
+    trains_in,
+)
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 
 _MATMULS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.einsum", "torch.functional.einsum"}
-_FREQ = re.compile(r"(^|_)(inv_freq|freqs?|inv_freqs|theta|inv_timescales?)$", re.I)
+_FREQ = re.compile(r"(^|_)(inv_freq|freqs?|inv_freqs|theta|inv_timescales?)(_|$)", re.I)
 _POSITIONS = re.compile(r"(^|_)(pos|positions?|position_ids|t|seq|timesteps?|idx|ids|grid)(_|$)", re.I)
 _SPECTRAL_CALLS = {"torch.stft", "torch.fft.fft", "torch.fft.rfft", "torch.fft.fft2", "torch.fft.rfft2",
                    "torch.fft.fftn", "torch.fft.rfftn"}
@@ -187,11 +195,49 @@ def _confidence(ctx: FileContext, node: ast.AST, op: SensitiveOp) -> tuple[Confi
         return Confidence.HIGH, " in a model trained in low precision"
     if _users_autocast(ctx) & set(op.breaks_in + ("unknown",)) and _module_method(ctx, node):
         return Confidence.HIGH, " (code that uses this module trains under autocast)"
+    guarded = _guarded_elsewhere(ctx, op)
+    if guarded:
+        return Confidence.HIGH, guarded
+    expects = expects_lowp_activations(ctx, op.breaks_in)
+    if expects and _module_method(ctx, node):
+        return Confidence.HIGH, expects
     if any(d in own_precisions(m) for m in ctx.project.modules.values() for d in op.breaks_in):
         return Confidence.MEDIUM, " (low-precision training elsewhere in the project)"
     if ctx.project_uses_amp:
         return Confidence.MEDIUM, " (code that uses this module trains under autocast)"
     return Confidence.LOW, " (no training seen; if this runs under autocast, the op follows its dtype)"
+
+
+def _guarded_ops(ctx: FileContext) -> dict[str, ast.AST]:
+    """The rows of SENSITIVE_OPS this module computes inside ``autocast(enabled=False)``, each
+    with the first place it does."""
+    key = "_fact_guarded_sensitive_ops"
+    if key not in ctx.__dict__:
+        found: dict[str, ast.AST] = {}
+        for scope in ctx.autocast_scopes:
+            region = scope.node
+            while region is not None and not isinstance(region, (ast.With, ast.AsyncWith, ast.FunctionDef)):
+                region = ctx.parents.get(region)
+            if scope.enabled or region is None:
+                continue
+            for node in ast.walk(region):
+                if isinstance(node, (ast.Call, ast.BinOp)):
+                    for op in SENSITIVE_OPS:
+                        if op.what not in found and op.spot(ctx, node) is not None:
+                            found[op.what] = node
+        ctx.__dict__[key] = found
+    return ctx.__dict__[key]
+
+
+def _guarded_elsewhere(ctx: FileContext, op: SensitiveOp) -> str | None:
+    """A note naming where the project itself turns autocast off around the same computation:
+    its authors know this code runs under autocast, and that this op breaks there."""
+    for m in (ctx, *ctx.project.modules.values()):
+        node = _guarded_ops(m).get(op.what)
+        if node is not None:
+            where = "" if m is ctx else f"{m.path.rsplit('/', 1)[-1]}:"
+            return f" (the project turns autocast off around the same computation at {where}{node.lineno})"
+    return None
 
 
 @declare_rule(

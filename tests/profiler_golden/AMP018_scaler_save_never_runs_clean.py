@@ -1,0 +1,42 @@
+import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    def restore(self, checkpoint):
+        if "amp_scaling_state" in checkpoint:
+            self.scaler.load_state_dict(checkpoint["amp_scaling_state"])
+
+    def dump_checkpoint(self, step, extra):
+        checkpoint = {"step": step}
+        checkpoint["optimizer"] = self.optimizer.state_dict()
+        checkpoint["model"] = self.model.state_dict()
+        if self.scaler.is_enabled():
+            checkpoint["amp_scaling_state"] = self.scaler.state_dict()
+        return checkpoint
+
+    def refresh_checkpoint(self, checkpoint):
+        # the dict comes from the caller: the key may well be in it
+        if "amp_scaling_state" in checkpoint:
+            checkpoint["amp_scaling_state"] = self.scaler.state_dict()
+
+    def merge_checkpoint(self, step, extra):
+        checkpoint = {"step": step}
+        checkpoint.update(extra)  # may bring the key
+        if "amp_scaling_state" in checkpoint:
+            checkpoint["amp_scaling_state"] = self.scaler.state_dict()
+        return checkpoint
+
+    def fit(self, loader, path):
+        for step, (x, y) in enumerate(loader):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.cross_entropy(self.model(x), y)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad()
+        torch.save(self.dump_checkpoint(step, {}), path)
