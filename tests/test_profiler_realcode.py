@@ -69,6 +69,7 @@ def mirror(tmp_path_factory) -> tuple[Path, str]:
     (work / "pkg" / "train.py").write_text(TRAIN)
     (work / "pkg" / "helper.py").write_text(HELPER)
     (work / "README").write_text("outside the scan folder\n")
+    (work / "tools.py").write_text("import torch\n")  # outside the scan folder: only a whole-repo scan reads it
     (work / "pkg" / "notes.txt").write_text("not a file the checker reads\n")
     _git(work, "init", "-q")
     _git(work, "add", ".")
@@ -184,6 +185,23 @@ def test_main_end_to_end(mirror, tmp_path, capsys) -> None:
     assert "bug gone: pkg/gone.py is not in its scan folders" in text and r["bugs"]["scanned"] == 2
     assert r["timing"]["lines"] == len(TRAIN.splitlines()) + len(HELPER.splitlines())
     assert r["timing"]["check_s"] > 0
+
+
+def test_scan_root_repo_scans_the_whole_repository(mirror, tmp_path) -> None:
+    """``--scan-root repo``: the checker gets the checkout's root, not the recorded folders, so
+    the extraction holds every Python file and the scan is one project from the root."""
+    mirrors, commit = mirror
+    corpus = _corpus(tmp_path / "corpus.json", commit, [_label(CLIP_LINE, "AMP010", "tp")])
+    out = tmp_path / "out.json"
+    rc = bench.main(["--corpus", str(corpus), "--bugs", str(tmp_path / "none.json"), "--mirrors",
+                     str(mirrors), "--cache", str(tmp_path / "cache"), "--json", str(out), "--quiet",
+                     "--no-timing", "--scan-root", "repo"])
+    r = json.loads(out.read_text())
+    assert rc == 0 and r["scan_root"] == "repo"
+    assert r["precision"]["AMP010"] == {"tp": 1, "fp": 0, "precision": 1.0}
+    (dest,) = [d for d in (tmp_path / "cache").rglob("pkg")]
+    assert sorted(p.relative_to(dest.parent).as_posix() for p in dest.parent.rglob("*.py")) == [
+        "pkg/helper.py", "pkg/train.py", "tools.py"]
 
 
 def test_missing_mirror_is_one_line_and_exit_1(mirror, tmp_path, capsys) -> None:
