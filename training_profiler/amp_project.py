@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterable
 
 from training_profiler.amp_questions import EVALUATING
 from training_profiler.amp_values import FUNCTION, Val
@@ -28,6 +29,28 @@ def module_name(path: Path) -> str:
         parts.insert(0, folder.name)
         folder = folder.parent
     return ".".join(parts) or path.stem
+
+
+def module_names(paths: Iterable[Path]) -> dict[Path, str]:
+    """``module_name`` of each file, made unique: scripts that share a name in different folders
+    (a repository's ``examples/a/train.py`` and ``examples/b/train.py``) are separate programs,
+    so each is named by as many of its folders as tell them apart (``a.train``, ``b.train``);
+    under one name, one would replace the other in the project and its own calls would be
+    looked up in the other file."""
+    named = {p: module_name(p) for p in paths}
+    by_name: dict[str, list[Path]] = {}
+    for p, name in named.items():
+        by_name.setdefault(name, []).append(p)
+    for name, same in by_name.items():
+        if len(same) < 2:
+            continue
+        folders = [p.resolve().parent.parts[:len(p.resolve().parent.parts) - name.count(".")] for p in same]
+        depth = 1
+        while depth <= max(len(f) for f in folders) and len({f[-depth:] for f in folders}) < len(same):
+            depth += 1
+        for p, f in zip(same, folders):
+            named[p] = ".".join([*f[-depth:], name])
+    return named
 
 
 class Project:
@@ -63,7 +86,9 @@ class Project:
         if not cands:
             return None
         here = importer.module_name.rsplit(".", 1)[0] if "." in importer.module_name else ""
-        cands.sort(key=lambda m: (not m.startswith(here + ".") if here else False, m.count(".")))
+        beside = Path(importer.path).parent
+        cands.sort(key=lambda m: (Path(self.modules[m].path).parent != beside,
+                                  not m.startswith(here + ".") if here else False, m.count(".")))
         return self.modules[cands[0]]
 
     def resolve_qualname(self, qual: str, importer: FileContext) -> frozenset[Val] | None:

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 from lowp_common import UserError, cli_entry
 from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_project import Project, module_name
+from training_profiler.amp_project import Project, module_names
 from training_profiler.amp_questions import deep_stack
 from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
 from training_profiler.launch_rules import (
@@ -203,6 +203,7 @@ def _check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] 
     targets = list(iter_python_files(paths))
     wanted = {f.resolve() for f in targets}
     extra = [f for f in iter_python_files(context) if f.suffix == ".py" and f.resolve() not in wanted]
+    names = module_names(f for f in targets + extra if f.suffix == ".py")
     for f in targets + extra:
         if f.suffix == ".sh":
             _check_launch(f, [r for r in rules if isinstance(r, LaunchRule)], report)
@@ -214,7 +215,7 @@ def _check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] 
                 report.errors.append(source_or_error)
             continue
         source = source_or_error
-        ctx = parse_module(source, str(f), project, module_name(f))
+        ctx = parse_module(source, str(f), project, names[f])
         if isinstance(ctx, FileError):
             if reported:
                 report.files_checked += 1
