@@ -88,3 +88,56 @@ def test_rotary_positions_are_high_where_the_project_guards_the_same_product() -
 def test_norm_squares_are_high_in_a_module_that_tests_for_float16() -> None:
     assert _levels(_NORM, "AMP016") == [Confidence.MEDIUM]
     assert _levels(_NORM + _HALF_CHECK, "AMP016") == [Confidence.HIGH]
+
+
+_FABRIC = """
+import torch
+import lightning as L
+
+
+def default_precision(training):
+    if torch.cuda.is_bf16_supported():
+        return "bf16-mixed" if training else "bf16-true"
+    return "16-mixed" if training else "16-true"
+
+
+def main(model, loader, precision=None):
+    precision = precision or {chosen}
+    fabric = L.Fabric(precision=precision)
+    model = fabric.setup(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for x in loader:
+        loss = model(x).float().mean()
+        fabric.backward(loss)
+        optimizer.step()
+"""
+
+
+def test_a_precision_chosen_between_mixed_and_true_is_not_half_parameters() -> None:
+    """Adam's eps is judged against float16 parameters only when the code can only pass a
+    ``-true`` precision; a helper that returns mixed or true (its branches not followed) is
+    mixed: autocast keeps float32 master weights."""
+    assert _levels(_FABRIC.format(chosen="default_precision(training=True)"), "AMP012") == []
+    assert _levels(_FABRIC.format(chosen='"16-true"'), "AMP012") == [Confidence.HIGH]
+
+
+def test_a_projects_own_trainer_class_is_not_transformers_trainer() -> None:
+    """Only a library Trainer builds AdamW with eps=1e-8 itself; OpenNMT's own ``Trainer`` does not."""
+    own = """
+import torch
+
+class Trainer:
+    def __init__(self, model, optim):
+        self.model, self.optim = model, optim
+
+def build(model, optim, loader):
+    model.half()
+    trainer = Trainer(model, optim)
+    for x in loader:
+        model(x).float().mean().backward()
+        optim.step()
+    return trainer
+"""
+    library = own.replace("class Trainer:", "from transformers import Trainer\n\nclass Unused:")
+    assert _levels(own, "AMP012") == []
+    assert _levels(library, "AMP012") == [Confidence.HIGH]

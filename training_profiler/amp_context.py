@@ -164,7 +164,10 @@ class FileContext:
         """(dtype, MIXED or TRUE) that a training library is told to use here: one of
         ``LIBRARY_AMP_FLAGS`` given a literal value (or a name, a conditional or a project
         function holding one: ``precision = precision or default_precision()``), or apex's
-        ``amp.initialize`` (float16 AMP)."""
+        ``amp.initialize`` (float16 AMP). A value chosen at run time between a mixed and a true
+        precision (``"bf16-mixed" if training else "bf16-true"``, the branches not followed)
+        counts as mixed only: half parameters are claimed only when every value the code can
+        pass is a ``-true`` one."""
         out: set[tuple[str, str]] = set()
         for c in self.calls:
             name = self.call_name(c) or ""
@@ -174,7 +177,10 @@ class FileContext:
             for flag in LIBRARY_AMP_FLAGS:
                 value = next((k.value for k in c.keywords if k.arg == flag.keyword), None)
                 if last in flag.callees and value is not None:
-                    out |= {flag.values[v] for v in self._literals(value) if v in flag.values}
+                    told = {flag.values[v] for v in self._literals(value) if v in flag.values}
+                    if any(how == MIXED for _, how in told):
+                        told = {t for t in told if t[1] == MIXED}
+                    out |= told
         return out
 
     def _literals(self, expr: ast.AST) -> set[object]:

@@ -211,6 +211,7 @@ class EpsUnderflowFp16(RuleVisitor):
 _DEFAULT_EPS = {"Adam": 1e-8, "AdamW": 1e-8, "Adamax": 1e-8, "NAdam": 1e-8, "RAdam": 1e-8,
                 "RMSprop": 1e-8, "Adagrad": 1e-10}
 _TRAINERS = ("Trainer", "Seq2SeqTrainer", "SFTTrainer")
+_TRAINER_LIBRARIES = ("transformers.", "trl.")  # whose Trainers build AdamW themselves
 
 
 class EpsAgainstParameters(RuleVisitor):
@@ -220,7 +221,10 @@ class EpsAgainstParameters(RuleVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
-        name = (ctx.call_name(node) or "").split(".")[-1]
+        qualname = ctx.call_name(node) or ""
+        name = qualname.split(".")[-1]
+        if name in _TRAINERS and not qualname.startswith(_TRAINER_LIBRARIES):
+            name = ""  # a project's own Trainer class (OpenNMT's) builds whatever optimizer it likes
         if (name in _OPTIMIZERS or name in _TRAINERS) and lowp_parameters(ctx) == FLOAT16:
             already = any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx))
             eps_kw = next((k.value for k in node.keywords if k.arg == "eps"), None)
