@@ -19,6 +19,7 @@ ROUND_TRIP = "round-trip"        # x.half().float(): rounding values, the result
 CHECKPOINT = "checkpoint"        # a copy being saved (torch.save, state_dict comprehension, deepcopy)
 EVALUATION = "evaluation"        # under no_grad / inference_mode, or in a function that evaluates
 FROZEN = "frozen"                # a module whose parameters do not train (requires_grad_(False))
+MATCHING = "matching"            # `avg.half() if param.dtype == torch.float16 else avg`: follows a tested dtype
 
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
             "torch.autograd.grad_mode.inference_mode"}
@@ -177,6 +178,8 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
         return ROUND_TRIP
     if _in_save(ctx, call):
         return CHECKPOINT
+    if _matches_tested_dtype(ctx, call):
+        return MATCHING
     if no_grad_region(ctx, call) or _argument_of_evaluator(ctx, call):
         return EVALUATION
     fn = ctx.enclosing_function(call)
@@ -191,6 +194,25 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
     if isinstance(stmt, ast.Assign) and any(dotted(t) in frozen for t in stmt.targets):
         return FROZEN
     return TRAINING
+
+
+def _matches_tested_dtype(ctx: FileContext, call: ast.Call) -> bool:
+    """The cast is taken only where the code has just tested that a tensor already has this
+    dtype (``x.half() if p.dtype == torch.float16 else x``, or the body of such an ``if``): it
+    follows a precision chosen elsewhere, it does not choose one."""
+    want = ctx.lowp_cast_dtype(call)
+    child: ast.AST = call
+    for a in ctx.parents_chain(call):
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False
+        in_body = (isinstance(a, ast.IfExp) and child is a.body) or (isinstance(a, ast.If) and child in a.body)
+        if in_body and any(isinstance(t, ast.Compare) and isinstance(t.left, ast.Attribute) and t.left.attr == "dtype"
+                           and any(isinstance(op, (ast.Eq, ast.Is)) for op in t.ops)
+                           and any(ctx.dtype_of(c) == want for c in t.comparators)
+                           for t in ast.walk(a.test)):
+            return True
+        child = a
+    return False
 
 
 def profiling_region(ctx: FileContext, node: ast.AST) -> bool:
