@@ -197,22 +197,34 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
 
 
 def _matches_tested_dtype(ctx: FileContext, call: ast.Call) -> bool:
-    """The cast is taken only where the code has just tested that a tensor already has this
-    dtype (``x.half() if p.dtype == torch.float16 else x``, or the body of such an ``if``): it
-    follows a precision chosen elsewhere, it does not choose one."""
+    """The cast is written into a tensor the code has just tested to have this dtype
+    (``p.data = avg.half() if p.dtype == torch.float16 else avg``): it follows the precision of
+    the tensor it loads, it does not choose one. A copy kept elsewhere in the tested dtype
+    (``ema = p.detach().half() if p.dtype == torch.float16 else ...``) is not: that keeps state
+    in half precision."""
     want = ctx.lowp_cast_dtype(call)
+    stmt = next((a for a in ctx.parents_chain(call) if isinstance(a, ast.stmt)), None)
+    loaded = {_base_name(t) for t in getattr(stmt, "targets", [])} - {None}
     child: ast.AST = call
     for a in ctx.parents_chain(call):
         if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             return False
         in_body = (isinstance(a, ast.IfExp) and child is a.body) or (isinstance(a, ast.If) and child in a.body)
         if in_body and any(isinstance(t, ast.Compare) and isinstance(t.left, ast.Attribute) and t.left.attr == "dtype"
+                           and _base_name(t.left) in loaded
                            and any(isinstance(op, (ast.Eq, ast.Is)) for op in t.ops)
                            and any(ctx.dtype_of(c) == want for c in t.comparators)
                            for t in ast.walk(a.test)):
             return True
         child = a
     return False
+
+
+def _base_name(expr: ast.AST) -> str | None:
+    """``param.data[0]`` -> ``param``: the name an attribute / index / call chain starts from."""
+    while isinstance(expr, (ast.Attribute, ast.Subscript, ast.Call)):
+        expr = expr.func if isinstance(expr, ast.Call) else expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
 
 
 def profiling_region(ctx: FileContext, node: ast.AST) -> bool:

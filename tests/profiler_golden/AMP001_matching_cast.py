@@ -18,3 +18,11 @@ def train(model, loader, optimizer, averages):
         scaler.step(optimizer)
         scaler.update()
     load_average(model, averages)
+
+
+def update_average(model, averages, decay=0.999):
+    """A moving average copied in the tested dtype is state kept in half precision: still reported."""
+    if averages is None:
+        return [p.detach().half() if p.dtype == torch.float16 else p.detach().float()   # finding
+                for p in model.parameters()]
+    return [decay * a + (1 - decay) * p.detach() for a, p in zip(averages, model.parameters())]
