@@ -65,6 +65,7 @@ from training_profiler.amp_rules.grad_scaler import (
     Fp16WithoutGradScaler,
     GradScalerWithBf16,
     GradsChangedBeforeUnscale,
+    OptimizerStepAroundScaler,
     UnscaleEveryMicroStep,
 )
 from training_profiler.amp_rules.helpers import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
@@ -108,7 +109,7 @@ __all__ = [
     "AutocastWrappedForward", "AutogradFunctionNoCustomFwd", "BackwardInAutocast", "BceUnderAutocast",
     "ClipWithoutUnscale", "DeprecatedAmpApi", "EpsAgainstParameters", "EpsUnderflowFp16",
     "EvalLossOutsideAutocast", "Float32BufferForKernel", "Fp16UnsafeConstant", "Fp16WithoutGradScaler",
-    "GradScalerWithBf16", "GradsChangedBeforeUnscale", "LinearAttentionSum", "LossOutsideAutocast",
+    "GradScalerWithBf16", "GradsChangedBeforeUnscale", "OptimizerStepAroundScaler", "LinearAttentionSum", "LossOutsideAutocast",
     "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "PartialManualUnscale", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",

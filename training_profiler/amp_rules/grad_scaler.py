@@ -191,6 +191,44 @@ def _receiver(call: ast.Call) -> str:
     return (dotted(call.func.value) or "") if isinstance(call.func, ast.Attribute) else ""
 
 
+class OptimizerStepAroundScaler(RuleVisitor):
+    """AMP010 where a function scales the loss for backward (``scaler.scale(loss).backward()``)
+    and then steps an optimizer itself, with no ``scaler.step``, ``unscale_`` or hand-off of the
+    scaler in it: the update uses gradients still multiplied by the loss scale, and steps whose
+    gradients overflowed are not skipped (LAVIS's shared training loop)."""
+
+    def run(self):
+        ctx = self.ctx
+        by_fn: dict[ast.AST, list[ast.Call]] = {}
+        known = {id(c) for c in ctx.scaler_calls}
+        for c in ctx.calls:  # a GradScaler by value or use, or named one: `scaler.scale(loss).backward()`
+            after = ctx.parents.get(c)
+            if isinstance(after, ast.Attribute) and after.attr == "backward" and isinstance(c.func, ast.Attribute) \
+                    and c.func.attr == "scale" and (id(c) in known or "scaler" in _receiver(c).rsplit(".", 1)[-1].lower()):
+                by_fn.setdefault(ctx.enclosing_function(c), []).append(c)
+        for fn, scaled in by_fn.items():
+            scalers = {_receiver(c) for c in scaled} - {""}
+            calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+            if fn is ctx.tree or not scalers or _scaler_steps(ctx, fn) or any(
+                    _is_unscale(ctx, c) or _calls_helper_that(ctx, c, _is_unscale)
+                    or any(dotted(a) in scalers for a in [*c.args, *(k.value for k in c.keywords)])
+                    for c in calls):
+                continue
+            first = min(c.lineno for c in scaled)
+            for c in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
+                if (isinstance(c.func, ast.Attribute) and c.func.attr == "step" and not c.args
+                        and c.lineno > first and _receiver(c) not in scalers and _is_optimizer(ctx, c.func.value)
+                        and not on_non_amp_branch(ctx, c)):
+                    self.report(c, f"{_receiver(c)}.step() on gradients the GradScaler scaled (line {first}) "
+                                   "without scaler.step(): they still carry the loss scale, and overflowing "
+                                   "steps are not skipped")
+        return self.hits
+
+
+def _is_optimizer(ctx: FileContext, expr: ast.AST) -> bool:
+    return av.OPTIMIZER in ctx.values.kinds(expr) or "optim" in (dotted(expr) or "").rsplit(".", 1)[-1].lower()
+
+
 def _scaler_method_calls(ctx: FileContext, fn: ast.AST, attr: str) -> list[ast.Call]:
     scaling = {_receiver(c) for c in ctx.scaler_calls if isinstance(c.func, ast.Attribute)}
     return [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
