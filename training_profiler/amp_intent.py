@@ -212,12 +212,24 @@ def _matches_tested_dtype(ctx: FileContext, call: ast.Call) -> bool:
         in_body = (isinstance(a, ast.IfExp) and child is a.body) or (isinstance(a, ast.If) and child in a.body)
         if in_body and any(isinstance(t, ast.Compare) and isinstance(t.left, ast.Attribute) and t.left.attr == "dtype"
                            and _base_name(t.left) in loaded
-                           and any(isinstance(op, (ast.Eq, ast.Is)) for op in t.ops)
-                           and any(ctx.dtype_of(c) == want for c in t.comparators)
+                           and any(isinstance(op, (ast.Eq, ast.Is, ast.In)) for op in t.ops)
+                           and want in compared_dtypes(ctx, t)
                            for t in ast.walk(a.test)):
             return True
         child = a
     return False
+
+
+def compared_dtypes(ctx: FileContext, test: ast.Compare) -> set[str]:
+    """The dtypes a comparison names on its right (``== torch.float16``, ``in (torch.float16,
+    torch.bfloat16)``): what a ``x.dtype`` test checks for."""
+    out: set[str] = set()
+    for c in test.comparators:
+        for e in c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]:
+            d = ctx.dtype_of(e)
+            if d and d != "unknown":
+                out.add(d)
+    return out
 
 
 def _base_name(expr: ast.AST) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import MIXED, TRUE, FileContext
-from training_profiler.amp_intent import training_lowp_casts
+from training_profiler.amp_intent import compared_dtypes, training_lowp_casts
 
 FLOAT16 = "float16"
 BFLOAT16 = "bfloat16"
@@ -110,7 +110,7 @@ def activation_dtype_tests(ctx: FileContext) -> dict[str, ast.Compare]:
         found: dict[str, ast.Compare] = {}
         for node in ctx.nodes:
             if isinstance(node, ast.Compare) and _tests_a_tensor_dtype(ctx, node):
-                for dtype in _compared_dtypes(ctx, node.comparators):
+                for dtype in compared_dtypes(ctx, node) & {FLOAT16, BFLOAT16}:
                     found.setdefault(dtype, node)
         ctx.__dict__[key] = found
     return ctx.__dict__[key]
@@ -124,18 +124,10 @@ def _tests_a_tensor_dtype(ctx: FileContext, test: ast.Compare) -> bool:
     if not isinstance(left, ast.Name):
         return False
     fn = ctx.enclosing_function(test)
-    return fn is not ctx.tree and any(
-        isinstance(st, ast.Assign) and isinstance(st.value, ast.Attribute) and st.value.attr == "dtype"
-        and any(isinstance(t, ast.Name) and t.id == left.id for t in st.targets)
-        for st in ast.walk(fn))
-
-
-def _compared_dtypes(ctx: FileContext, comparators: list[ast.expr]) -> set[str]:
-    out: set[str] = set()
-    for c in comparators:
-        items = c.elts if isinstance(c, (ast.Tuple, ast.List, ast.Set)) else [c]
-        out |= {d for e in items if (d := ctx.dtype_of(e)) in (FLOAT16, BFLOAT16)}
-    return out
+    scope = ctx.values.scopes.get(fn) if fn is not ctx.tree else None
+    return scope is not None and any(
+        how == "assign" and isinstance(expr, ast.Attribute) and expr.attr == "dtype"
+        for how, expr in scope.names.get(left.id, []))
 
 
 def expects_lowp_activations(ctx: FileContext, dtypes: tuple[str, ...] = (FLOAT16, BFLOAT16)) -> str | None:

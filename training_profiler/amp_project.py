@@ -44,7 +44,8 @@ def module_names(paths: Iterable[Path]) -> dict[Path, str]:
     for name, same in by_name.items():
         if len(same) < 2:
             continue
-        folders = [p.resolve().parent.parts[:len(p.resolve().parent.parts) - name.count(".")] for p in same]
+        # the folders above each file's import root (a package module's own folders are in its name)
+        folders = [p.resolve().parts[:-1 - name.count(".")] for p in same]
         depth = 1
         while depth <= max(len(f) for f in folders) and len({f[-depth:] for f in folders}) < len(same):
             depth += 1

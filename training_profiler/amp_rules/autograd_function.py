@@ -8,6 +8,7 @@ import ast
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.helpers import cast_inputs_dtype
 
 _DTYPE_SENSITIVE = {"mm", "bmm", "matmul", "einsum", "linear", "conv1d", "conv2d", "conv3d",
                     "addmm", "baddbmm", "addbmm", "conv_transpose2d", "scaled_dot_product_attention"}
@@ -53,17 +54,7 @@ def _float_operands_to_kernel(ctx: FileContext, forward: ast.FunctionDef) -> int
     come in different dtypes under autocast, one cannot mix with anything. Masks, indices and
     sizes (by their conventional names) are not float operands."""
     params = {a.arg for a in forward.args.args[1:]}
-    params = {p for p in params if not any(w in p.lower() for w in _NOT_FLOAT_OPERAND)}
-    used: set[str] = set()
-    for n in ast.walk(forward):
-        if isinstance(n, ast.Call) and _call_is_kernel(ctx, n):
-            for a in [*n.args, *(k.value for k in n.keywords)]:
-                root = a
-                while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
-                    root = root.func.value  # x.contiguous(), x.float()
-                if isinstance(root, ast.Name) and root.id in params:
-                    used.add(root.id)
-    return len(used)
+    return len(_kernel_operands(ctx, forward, {p for p in params if not any(w in p.lower() for w in _NOT_FLOAT_OPERAND)}))
 
 
 def _call_is_kernel(ctx: FileContext, n: ast.Call) -> bool:
@@ -161,7 +152,7 @@ def _kernel_operands(ctx: FileContext, fn: ast.FunctionDef, names: set[str]) -> 
             for a in [*n.args, *(k.value for k in n.keywords)]:
                 root = a
                 while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute):
-                    root = root.func.value
+                    root = root.func.value  # x.contiguous(), x.float()
                 if isinstance(root, ast.Name) and root.id in names:
                     used.add(root.id)
     return used
@@ -177,7 +168,7 @@ class PartialDtypeCasts(RuleVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
         forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
-        if forward is not None and _is_autograd_function(ctx, node) and not _casts_inputs(ctx, forward):
+        if forward is not None and _is_autograd_function(ctx, node) and cast_inputs_dtype(ctx, forward) is None:
             params = {a.arg for a in forward.args.args[1:]}
             casts = [(st, pair) for st in forward.body if (pair := _unifying_cast(st, params))]
             if casts:
@@ -186,18 +177,12 @@ class PartialDtypeCasts(RuleVisitor):
                 left = sorted(_kernel_operands(ctx, forward, _differentiable_inputs(node, forward))
                               - cast - anchors)
                 if left:
-                    last, (a, b) = casts[-1]
+                    last = casts[-1][0]
                     shown = ", ".join(f"`{x}`" for x in sorted(cast))
                     self.report(last, f"{node.name}.forward casts {shown} to one dtype but hands "
                                       f"{', '.join(f'`{x}`' for x in left)} to the kernel uncast: the inputs "
                                       "arrive in mixed dtypes (the casts say so) and this one is left out")
         self.generic_visit(node)
-
-
-def _casts_inputs(ctx: FileContext, fn: ast.FunctionDef) -> bool:
-    """``@custom_fwd(cast_inputs=...)``: autocast casts every input on the way in."""
-    return any(isinstance(d, ast.Call) and (ctx.qualname(d.func) or "").endswith("custom_fwd")
-               and any(k.arg == "cast_inputs" for k in d.keywords) for d in fn.decorator_list)
 
 
 _FLOAT_TENSOR_TYPES = {"torch.cuda.FloatTensor", "torch.FloatTensor"}

@@ -41,6 +41,18 @@ def _is_loss_call(ctx: FileContext, call: ast.Call) -> bool:
     return not any(ctx.values.kinds(a) & {av.OPTIMIZER, av.SCALER} for a in args)
 
 
+def cast_inputs_dtype(ctx: FileContext, fn: ast.AST) -> str | None:
+    """The dtype of ``@custom_fwd(cast_inputs=...)`` on ``fn`` ('unknown' when not a literal
+    dtype), None without one: with it, autocast casts every input on the way in and runs the
+    body with autocast off."""
+    for d in getattr(fn, "decorator_list", []):
+        if isinstance(d, ast.Call):
+            for k in d.keywords:
+                if k.arg == "cast_inputs":
+                    return ctx.dtype_of(k.value) or "unknown"
+    return None
+
+
 def _has_kw(call: ast.Call, name: str) -> bool:
     return any(k.arg == name for k in call.keywords)
 

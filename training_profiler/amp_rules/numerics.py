@@ -223,12 +223,12 @@ class EpsAgainstParameters(RuleVisitor):
         ctx = self.ctx
         qualname = ctx.call_name(node) or ""
         name = qualname.split(".")[-1]
-        if name in _TRAINERS and not qualname.startswith(_TRAINER_LIBRARIES):
-            name = ""  # a project's own Trainer class (OpenNMT's) builds whatever optimizer it likes
-        if (name in _OPTIMIZERS or name in _TRAINERS) and lowp_parameters(ctx) == FLOAT16:
+        # a library's Trainer builds AdamW itself; a project's own Trainer class (OpenNMT's) does not
+        library_trainer = name in _TRAINERS and qualname.startswith(_TRAINER_LIBRARIES)
+        if (name in _OPTIMIZERS or library_trainer) and lowp_parameters(ctx) == FLOAT16:
             already = any(ctx.lowp_cast_dtype(c) == FLOAT16 for c in training_lowp_casts(ctx))
             eps_kw = next((k.value for k in node.keywords if k.arg == "eps"), None)
-            if name in _TRAINERS:
+            if library_trainer:
                 if not _has_kw(node, "optimizers") and not _trainer_eps_given(ctx):
                     self.report(node, f"{name}'s default AdamW eps=1e-08 rounds to 0 on float16 parameters")
             elif eps_kw is None and name in _DEFAULT_EPS and len(node.args) < 5:

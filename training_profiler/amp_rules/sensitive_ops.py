@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from training_profiler.amp_context import FileContext, dotted
@@ -32,6 +33,7 @@ from training_profiler.amp_precision import (
     trains_in,
 )
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.helpers import cast_inputs_dtype
 
 _MATMULS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.einsum", "torch.functional.einsum"}
 _FREQ = re.compile(r"(^|_)(inv_freq|freqs?|inv_freqs|theta|inv_timescales?)(_|$)", re.I)
@@ -162,9 +164,7 @@ def _runs_with_model(ctx: FileContext, node: ast.AST) -> bool:
     fn = ctx.enclosing_function(node)
     if fn is ctx.tree or getattr(fn, "name", "") in ("__init__", "reset_parameters", "_init_weights"):
         return False
-    return not any(isinstance(d, ast.Call) and any(k.arg == "cast_inputs" and ctx.dtype_of(k.value) == "float32"
-                                                   for k in d.keywords)
-                   for d in getattr(fn, "decorator_list", []))
+    return cast_inputs_dtype(ctx, fn) != "float32"
 
 
 def _module_method(ctx: FileContext, node: ast.AST) -> bool:
@@ -235,7 +235,7 @@ def _guarded_elsewhere(ctx: FileContext, op: SensitiveOp) -> str | None:
     for m in (ctx, *ctx.project.modules.values()):
         node = _guarded_ops(m).get(op.what)
         if node is not None:
-            where = "" if m is ctx else f"{m.path.rsplit('/', 1)[-1]}:"
+            where = "" if m is ctx else f"{Path(m.path).name}:"
             return f" (the project turns autocast off around the same computation at {where}{node.lineno})"
     return None
 
