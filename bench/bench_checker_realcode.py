@@ -2,7 +2,8 @@
 AMP bugs, and the time to scan a real ~10,000-line tree.
 
     python bench/bench_checker_realcode.py [--corpus bench/realcode/corpus.json]
-        [--bugs bench/realcode/bugs.json] [--mirrors /work/.mirror] [--cache /tmp/realcode_cache]
+        [--bugs bench/realcode/bugs.json] [--libraries bench/realcode/libraries.json]
+        [--mirrors /work/.mirror] [--cache /tmp/realcode_cache]
         [--json OUT] [--repo owner/name ...] [--no-timing]
 
 The repositories are not part of the project: corpus.json and bugs.json hold only references
@@ -12,6 +13,14 @@ as a git mirror under ``--mirrors`` (``<owner>+<name>/repo``, what the fetch too
 which skips blobs a snapshot left out) into ``--cache`` and given to ``check_paths`` together,
 so project mode sees the package as a whole. Only findings in the
 listed files count. Labels match findings by (repo, path, line, rule).
+
+bugs_heldout.json beside bugs.json (same format; ``--heldout``) holds real bugs found after the
+rules were written and never used to write them: its recall is printed apart, as the estimate of
+how the rules do on bugs they were not shaped by.
+
+libraries.json beside corpus.json (same format; ``--libraries``) is a second labelled set:
+model-library folders in which nothing trains, where the checker's default shows medium
+confidence too; its precision is printed apart.
 
 Prints precision per rule and overall (tp / (tp + fp) over labelled findings), the unlabelled
 findings with their source line (to label by hand), labels no finding matched any more, recall
@@ -33,7 +42,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -332,12 +341,102 @@ def print_table(table: dict[str, dict], head: str = "rule") -> None:
         print(f"{key:34s} {r['tp']:4d} {r['fp']:4d} {_fmt_p(r['precision'])}")
 
 
+def score_labelled_set(name: str, path: Path, repos: list[dict], labels: list[dict],
+                       tree: Callable[[str, str, Sequence[str]], Path | None],
+                       folders_of: Callable[[dict], list[str]], minimum: Confidence | None,
+                       quiet: bool) -> tuple[dict, list]:
+    """Scan each entry of a labelled set (the training-file corpus, or the model libraries) at
+    its commit, print its precision tables, unlabelled findings and stale labels; the result
+    for --json and the scanned trees (for the timing)."""
+    hits: list[Hit] = []
+    dests: dict[str, Path] = {}
+    trees: list[tuple[str, Path, Sequence[str]]] = []
+    n_files = n_lines = 0
+    for r in repos:
+        dest = tree(r["repo"], r["commit"], folders_of(r))
+        if dest is None:
+            continue
+        absent = [f for f in r["files"] if not (dest / f).is_file()]
+        if absent:
+            raise UserError(f"{path}: {r['repo']} has no {absent[0]} at {r['commit'][:12]}; fix 'files'")
+        t0 = time.perf_counter()
+        got = scan(dest, r["repo"], folders_of(r), r["files"], min_confidence=minimum)
+        n_files += len(r["files"])
+        n_lines += sum(len((dest / f).read_bytes().splitlines()) for f in r["files"])
+        if not quiet:
+            print(f"{r['repo']}@{r['commit'][:12]}: {len(r['files'])} files, {len(got)} findings "
+                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        hits += got
+        dests[r["repo"]] = dest
+        trees.append((r["repo"], dest, folders_of(r)))
+
+    labelled, unlabelled, stale = match(hits, labels)
+    table = precision_table(labelled)
+    table_by_confidence = precision_table(labelled, by="confidence")
+    print(f"\n{name}: {len(dests)} repositories, {n_files} files, {n_lines} lines, {len(hits)} findings "
+          f"({len(labelled)} labelled)")
+    print_table(table)
+    print()
+    print_table({k: v for k, v in table_by_confidence.items() if not k.startswith("overall")}, head="confidence")
+    by_repo = precision_table(labelled, by="repo")
+    print()
+    print_table({k: v for k, v in by_repo.items() if not k.startswith("overall")}, head="repository")
+    if unlabelled:
+        print(f"\nunlabelled findings ({len(unlabelled)}):")
+        for h in unlabelled:
+            print(f"  {h.repo} {h.path}:{h.line} {h.rule} ({h.confidence}) {h.message}\n"
+                  f"      | {source_line(dests[h.repo], h)}")
+    if stale:
+        print(f"\nlabels that match no finding now ({len(stale)}):")
+        for lab in stale:
+            print(f"  {lab['repo']} {lab['path']}:{lab['line']} {lab['rule']} [{lab['verdict']}] {lab['why']}")
+
+    result: dict = {"repositories": len(dests), "files": n_files, "lines": n_lines,
+                    "findings": len(hits), "precision": table, "precision_by_repo": by_repo,
+                    "precision_by_confidence": table_by_confidence,
+                    "unlabelled": [h.__dict__ for h in unlabelled], "stale_labels": stale}
+    return result, trees
+
+
+def score_bugs(label: str, bugs: list[dict], tree: Callable[[str, str, Sequence[str]], Path | None],
+               folders_of: Callable[[dict], list[str]], minimum: Confidence | None, quiet: bool) -> dict:
+    """Scan each bug's folders at its parent commit and print the recall and the missed bugs."""
+    by_bug: dict[str, list[Hit]] = {}
+    for b in bugs:
+        dest = tree(b["repo"], b["parent_commit"], folders_of(b))
+        if dest is None:
+            continue
+        if not (dest / b["path"]).is_file():
+            print(f"bug {b['id']}: {b['path']} is not in its scan folders at {b['parent_commit'][:12]}; "
+                  "skipped (fix 'path' or 'scan' in the bugs file)")
+            continue
+        by_bug[b["id"]] = scan(dest, b["repo"], folders_of(b), [b["path"]], min_confidence=minimum)
+        if not quiet:
+            hit = bug_caught(b, by_bug[b["id"]])
+            print(f"bug {b['id']}: " + (f"caught by {hit.rule} at line {hit.line}" if hit else "missed"), flush=True)
+    rec, missed = recall(bugs, by_bug)
+    print(f"\n{label}: {len(by_bug)} scanned of {len(bugs)}, recall {_fmt_p(rec)} "
+          f"({len(by_bug) - len(missed)}/{len(by_bug)})")
+    for b in missed:
+        print(f"  missed {b['id']} [{b['bug_class']}] expect {b.get('expect_rule') or 'any AMP rule'} "
+              f"at {b['path']}:{min(b['lines'])}-{max(b['lines'])}")
+    return {"scanned": len(by_bug), "total": len(bugs), "recall": rec,
+            "missed": [{"id": b["id"], "bug_class": b["bug_class"], "expect_rule": b.get("expect_rule")}
+                       for b in missed]}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_checker_realcode", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="corpus.json (repos + labels)")
     p.add_argument("--bugs", type=Path, default=DEFAULT_BUGS, help="bugs.json; recall is skipped when absent")
+    p.add_argument("--heldout", type=Path, default=None,
+                   help="bugs_heldout.json: real bugs chosen after the rules were written, scored apart "
+                   "(default: bugs_heldout.json beside --bugs; skipped when absent)")
+    p.add_argument("--libraries", type=Path, default=None,
+                   help="libraries.json: model-library folders (nothing in them trains) and their labels, in "
+                   "corpus.json's format (default: libraries.json beside --corpus; skipped when absent)")
     p.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"),
                    help="folder of git mirrors named owner+name/repo (default /work/.mirror)")
     p.add_argument("--cache", type=Path, default=Path("/tmp/realcode_cache"),
@@ -383,84 +482,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return None
         return extract(gitdir, commit, folders, a.cache, repo)
 
-    hits: list[Hit] = []
-    dests: dict[str, Path] = {}
-    trees: list[tuple[str, Path, Sequence[str]]] = []
-    n_files = n_lines = 0
-    for r in repos:
-        dest = tree(r["repo"], r["commit"], folders_of(r))
-        if dest is None:
+    result, trees = score_labelled_set("corpus", a.corpus, repos, labels, tree, folders_of, minimum, a.quiet)
+    result.update({"min_confidence": a.min_confidence or "checker default", "scan_root": a.scan_root})
+    libraries = a.libraries or a.corpus.parent / "libraries.json"
+    if libraries.exists():
+        lib_repos, lib_labels = load_corpus(libraries)
+        if a.repo:
+            lib_repos = [r for r in lib_repos if r["repo"] in a.repo]
+            lib_labels = [lab for lab in lib_labels if lab["repo"] in a.repo]
+        result["libraries"], _ = score_labelled_set("model libraries", libraries, lib_repos, lib_labels, tree,
+                                                    folders_of, minimum, a.quiet)
+
+    heldout = a.heldout or a.bugs.parent / "bugs_heldout.json"
+    for key, label, path in (("bugs", "real bugs", a.bugs), ("heldout_bugs", "held-out real bugs", heldout)):
+        if not path.exists():
+            if key == "bugs":
+                print(f"\nreal bugs: {path} not found; recall skipped")
             continue
-        absent = [f for f in r["files"] if not (dest / f).is_file()]
-        if absent:
-            raise UserError(f"{a.corpus}: {r['repo']} has no {absent[0]} at {r['commit'][:12]}; fix 'files'")
-        t0 = time.perf_counter()
-        got = scan(dest, r["repo"], folders_of(r), r["files"], min_confidence=minimum)
-        n_files += len(r["files"])
-        n_lines += sum(len((dest / f).read_bytes().splitlines()) for f in r["files"])
-        if not a.quiet:
-            print(f"{r['repo']}@{r['commit'][:12]}: {len(r['files'])} files, {len(got)} findings "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
-        hits += got
-        dests[r["repo"]] = dest
-        trees.append((r["repo"], dest, folders_of(r)))
-
-    labelled, unlabelled, stale = match(hits, labels)
-    table = precision_table(labelled)
-    table_by_confidence = precision_table(labelled, by="confidence")
-    print(f"\ncorpus: {len(dests)} repositories, {n_files} files, {n_lines} lines, {len(hits)} findings "
-          f"({len(labelled)} labelled)")
-    print_table(table)
-    print()
-    print_table({k: v for k, v in table_by_confidence.items() if not k.startswith("overall")}, head="confidence")
-    by_repo = precision_table(labelled, by="repo")
-    print()
-    print_table({k: v for k, v in by_repo.items() if not k.startswith("overall")}, head="repository")
-    if unlabelled:
-        print(f"\nunlabelled findings ({len(unlabelled)}):")
-        for h in unlabelled:
-            print(f"  {h.repo} {h.path}:{h.line} {h.rule} ({h.confidence}) {h.message}\n"
-                  f"      | {source_line(dests[h.repo], h)}")
-    if stale:
-        print(f"\nlabels that match no finding now ({len(stale)}):")
-        for lab in stale:
-            print(f"  {lab['repo']} {lab['path']}:{lab['line']} {lab['rule']} [{lab['verdict']}] {lab['why']}")
-
-    result: dict = {"repositories": len(dests), "files": n_files, "lines": n_lines,
-                    "findings": len(hits), "precision": table, "precision_by_repo": by_repo,
-                    "precision_by_confidence": table_by_confidence,
-                    "min_confidence": a.min_confidence or "checker default", "scan_root": a.scan_root,
-                    "unlabelled": [h.__dict__ for h in unlabelled], "stale_labels": stale}
-
-    if a.bugs.exists():
-        bugs = load_bugs(a.bugs)
+        bugs = load_bugs(path)
         if a.repo:
             bugs = [b for b in bugs if b["repo"] in a.repo]
-        by_bug: dict[str, list[Hit]] = {}
-        for b in bugs:
-            dest = tree(b["repo"], b["parent_commit"], folders_of(b))
-            if dest is None:
-                continue
-            if not (dest / b["path"]).is_file():
-                print(f"bug {b['id']}: {b['path']} is not in its scan folders at {b['parent_commit'][:12]}; "
-                      "skipped (fix 'path' or 'scan' in the bugs file)")
-                continue
-            by_bug[b["id"]] = scan(dest, b["repo"], folders_of(b), [b["path"]], min_confidence=minimum)
-            if not a.quiet:
-                hit = bug_caught(b, by_bug[b["id"]])
-                print(f"bug {b['id']}: " + (f"caught by {hit.rule} at line {hit.line}" if hit else "missed"),
-                      flush=True)
-        rec, missed = recall(bugs, by_bug)
-        print(f"\nreal bugs: {len(by_bug)} scanned of {len(bugs)}, recall {_fmt_p(rec)} "
-              f"({len(by_bug) - len(missed)}/{len(by_bug)})")
-        for b in missed:
-            print(f"  missed {b['id']} [{b['bug_class']}] expect {b.get('expect_rule') or 'any AMP rule'} "
-                  f"at {b['path']}:{min(b['lines'])}-{max(b['lines'])}")
-        result["bugs"] = {"scanned": len(by_bug), "total": len(bugs), "recall": rec,
-                          "missed": [{"id": b["id"], "bug_class": b["bug_class"],
-                                      "expect_rule": b.get("expect_rule")} for b in missed]}
-    else:
-        print(f"\nreal bugs: {a.bugs} not found; recall skipped")
+        result[key] = score_bugs(label, bugs, tree, folders_of, minimum, a.quiet)
 
     if not a.no_timing and trees:
         name, roots = timing_tree(trees, repo=a.timing_repo)

@@ -41,11 +41,17 @@ def _markers(path: Path) -> list[tuple[int, str]]:
             if (m := _EXPECT.search(line))]
 
 
-def test_bug_records_are_complete() -> None:
-    bugs = _bugs()
+HELDOUT = REPO / "bench" / "realcode" / "bugs_heldout.json"
+
+
+@pytest.mark.parametrize("path", [BUGS, HELDOUT], ids=["bugs", "heldout"])
+def test_bug_records_are_complete(path: Path) -> None:
+    bugs = json.loads(path.read_text())["bugs"]
     rules = _rule_ids()
     assert 15 <= len(bugs) <= 80
     assert len({b["id"] for b in bugs}) == len(bugs)
+    if path == HELDOUT:  # chosen apart: no bug of the development set again
+        assert not {(b["repo"], b["fix_commit"]) for b in bugs} & {(b["repo"], b["fix_commit"]) for b in _bugs()}
     for b in bugs:
         assert set(b) == set(FIELDS), b["id"]
         assert re.fullmatch(r"[\w.-]+/[\w.-]+", b["repo"]), b["id"]

@@ -187,6 +187,42 @@ def test_main_end_to_end(mirror, tmp_path, capsys) -> None:
     assert r["timing"]["check_s"] > 0
 
 
+def test_library_set_beside_the_corpus_is_scored_apart(mirror, tmp_path, capsys) -> None:
+    """libraries.json next to corpus.json (same format) gets its own precision tables; a
+    corpus without one is scored alone."""
+    mirrors, commit = mirror
+    corpus = _corpus(tmp_path / "corpus.json", commit, [_label(CLIP_LINE, "AMP010", "tp")])
+    _corpus(tmp_path / "libraries.json", commit, [_label(CLIP_LINE, "AMP010", "fp")])
+    out = tmp_path / "out.json"
+    args = ["--corpus", str(corpus), "--bugs", str(tmp_path / "none.json"), "--mirrors", str(mirrors),
+            "--cache", str(tmp_path / "cache"), "--json", str(out), "--quiet", "--no-timing"]
+    assert bench.main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["precision"]["AMP010"]["precision"] == 1.0
+    assert r["libraries"]["precision"]["AMP010"] == {"tp": 0, "fp": 1, "precision": 0.0}
+    assert "model libraries: 1 repositories" in capsys.readouterr().out
+    (tmp_path / "libraries.json").unlink()
+    assert bench.main(args) == 0 and "libraries" not in json.loads(out.read_text())
+
+
+def test_heldout_bugs_beside_the_bugs_are_scored_apart(mirror, tmp_path, capsys) -> None:
+    mirrors, commit = mirror
+    corpus = _corpus(tmp_path / "corpus.json", commit, [])
+    record = {"repo": REPO, "parent_commit": commit, "path": "pkg/train.py", "scan": ["pkg"],
+              "bug_class": "clip-without-unscale", "expect_rule": "AMP010"}
+    bugs = tmp_path / "bugs.json"
+    bugs.write_text(json.dumps({"bugs": [{**record, "id": "seen", "lines": [CLIP_LINE]}]}))
+    (tmp_path / "bugs_heldout.json").write_text(json.dumps({"bugs": [
+        {**record, "id": "fresh", "lines": [CLIP_LINE]}, {**record, "id": "far", "lines": [CLIP_LINE + 20]}]}))
+    out = tmp_path / "out.json"
+    assert bench.main(["--corpus", str(corpus), "--bugs", str(bugs), "--mirrors", str(mirrors), "--cache",
+                       str(tmp_path / "cache"), "--json", str(out), "--quiet", "--no-timing"]) == 0
+    r = json.loads(out.read_text())
+    assert r["bugs"]["recall"] == 1.0
+    assert r["heldout_bugs"]["recall"] == 0.5 and [m["id"] for m in r["heldout_bugs"]["missed"]] == ["far"]
+    assert "held-out real bugs: 2 scanned of 2, recall 0.50 (1/2)" in capsys.readouterr().out
+
+
 def test_scan_root_repo_scans_the_whole_repository(mirror, tmp_path) -> None:
     """``--scan-root repo``: the checker gets the checkout's root, not the recorded folders, so
     the extraction holds every Python file and the scan is one project from the root."""

@@ -175,3 +175,23 @@ def test_bad_python_files_are_one_line_each_and_the_scan_goes_on(tmp_path: Path)
     assert "broken.py:0:0: E999 cannot read: No such file or directory" in r.stdout
     assert "ok.py:3:9: AMP001" in r.stdout
     assert len([x for x in r.stderr.splitlines() if x.startswith("amp-static-check: skipped")]) == 3
+
+
+def test_rotary_einsum_outer_product_is_not_lowered_by_autocast() -> None:
+    """einsum with no summed index is a broadcast multiply, which autocast leaves in float32
+    (checked on CPU autocast: `einsum("i,j->ij")` stays float32, `a[:, None] @ b[None]` does not);
+    a contracting einsum or a matmul of positions and frequencies is lowered and reported."""
+    import torch
+    pos, freq = torch.arange(8).float(), torch.rand(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.einsum("i,j->ij", pos, freq).dtype == torch.float32
+        assert (pos[:, None] @ freq[None, :]).dtype == torch.bfloat16
+    template = ("import torch\n"
+                "def rope(positions, inv_freq):\n"
+                "    with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+                "        return {expr}\n")
+    def rules(expr: str) -> list[str]:
+        return [f.rule_id for f in sc.check_source(template.format(expr=expr))[0]]
+    assert "AMP020" not in rules("torch.einsum('i , j -> i j', positions, inv_freq)")
+    assert "AMP020" in rules("torch.einsum('bi,ij->bj', positions, inv_freq)")
+    assert "AMP020" in rules("positions[:, None] @ inv_freq[None, :]")

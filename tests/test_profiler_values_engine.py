@@ -103,3 +103,33 @@ def test_deep_stack_raises_in_the_caller_and_restores_the_limit() -> None:
     else:
         raise AssertionError("the worker's exception was lost")
     assert sys.getrecursionlimit() == before
+
+
+def test_tuple_unpacking_follows_each_element_of_a_returned_tuple() -> None:
+    """``weight_dtype, save_dtype = prepare_dtype(args)`` across modules: each name is the
+    element of the returned tuple at its position (before, both were unknown)."""
+    project = Project()
+    _module("""
+        import torch
+
+        def prepare_dtype(args):
+            weight_dtype = torch.float32
+            if args.mixed_precision == "fp16":
+                weight_dtype = torch.float16
+            save_dtype = torch.float32
+            return weight_dtype, save_dtype
+    """, project, "train_util")
+    script = _module("""
+        import train_util
+
+        def main(args, vae):
+            weight_dtype, save_dtype = train_util.prepare_dtype(args)
+            low, high = "fp16", "fp32"
+            vae.to("cuda", dtype=weight_dtype)
+            vae.to("cuda", dtype=save_dtype)
+            print(low, high)
+    """, project, "train")
+    moves = [c for c in ast.walk(script.tree) if isinstance(c, ast.Call) and ast.unparse(c).startswith("vae.to")]
+    assert [script.dtype_of(c.keywords[0].value) for c in moves] == ["float16", "float32"]
+    printed = next(c for c in ast.walk(script.tree) if isinstance(c, ast.Call) and ast.unparse(c).startswith("print"))
+    assert [script.values.strings(a) for a in printed.args] == [{"fp16"}, {"fp32"}]

@@ -16,15 +16,18 @@ from dataclasses import replace
 from training_profiler import amp_loose as loose
 from training_profiler.amp_rules import (
     BUG_KIND_RULES,
+    BatchIntoLowpModel,
     EpsAgainstParameters,
     EvalLossOutsideAutocast,
     GradsChangedBeforeUnscale,
+    LayersOnUpcastInputElsewhere,
     MaskConstantAgainstTraining,
     OptimizerStepAroundScaler,
     PartialDtypeCasts,
     Rule,
     RuleVisitor,
     ScalerSaveNeverRuns,
+    StaleCopyWrittenBack,
     UnusedUpcastSoftmax,
 )
 from training_profiler.amp_rules import RULES as BASE_RULES
@@ -41,6 +44,8 @@ EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
     "AMP011": (MaskConstantAgainstTraining,),
     "AMP012": (EpsAgainstParameters,),
     "AMP018": (ScalerSaveNeverRuns,),
+    "AMP021": (BatchIntoLowpModel, StaleCopyWrittenBack),
+    "AMP024": (LayersOnUpcastInputElsewhere,),
 }
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ast
 
-from training_profiler.amp_context import MIXED, TRUE, FileContext
-from training_profiler.amp_intent import compared_dtypes, training_lowp_casts
+from training_profiler.amp_context import MIXED, TRUE, FileContext, dotted
+from training_profiler.amp_intent import compared_dtypes, training_lowp_casts, trains
 
 FLOAT16 = "float16"
 BFLOAT16 = "bfloat16"
@@ -68,6 +68,33 @@ def own_precisions(ctx: FileContext) -> set[str]:
     out |= {d for d, how in ctx.library_precisions if how == MIXED}
     ctx.__dict__["_fact_own_precisions"] = out
     return out
+
+
+def in_model_library(ctx: FileContext) -> bool:
+    """Nothing in the scan trains, by any means: a model library (x-transformers, mmcv's
+    bricks, fairseq's models) whose users choose the precision it runs in. The scan cannot see
+    that choice, only that it is made outside it: MEDIUM confidence by definition."""
+    project = ctx.project
+    if "_fact_model_library" not in project.__dict__:
+        project.__dict__["_fact_model_library"] = not any(_training_signal(m) for m in project.modules.values())
+    return project.__dict__["_fact_model_library"]
+
+
+def _training_signal(ctx: FileContext) -> bool:
+    """Anything that says training happens here, more than a training step the checker follows:
+    a ``.backward(`` call (not an autograd Function's own backward, not a kernel module's), an
+    optimizer or GradScaler built, a low precision chosen. A demo loop in a library counts too."""
+    if trains(ctx) or own_precisions(ctx) or ctx.scaler_calls:
+        return True
+    for c in ctx.calls:
+        q = ctx.call_name(c) or ""
+        if q.startswith("torch.optim.") and ".lr_scheduler" not in q or q.endswith("GradScaler"):
+            return True
+        if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" \
+                and (dotted(c.func.value) or "").split(".")[0] not in ctx.aliases \
+                and getattr(ctx.enclosing_function(c), "name", None) != "backward":
+            return True
+    return False
 
 
 def trains_in(ctx: FileContext, dtype: str) -> str | None:

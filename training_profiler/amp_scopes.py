@@ -68,8 +68,13 @@ class ScopeBuilder(ast.NodeVisitor):
         if isinstance(target, ast.Name):
             self.cur.add(target.id, how, value)
         elif isinstance(target, (ast.Tuple, ast.List)):
-            for n in _target_names(target):
-                self.cur.add(n.id, "unknown", value)
+            flat = all(isinstance(e, ast.Name) for e in target.elts)
+            for i, n in enumerate(_target_names(target)):
+                if flat and how == "assign":  # ``a, b = f()``: a is element 0 of what f returns
+                    self.cur.add(n.id, "unpack", ast.copy_location(
+                        ast.Subscript(value=value, slice=ast.Constant(i), ctx=ast.Load()), value))
+                else:
+                    self.cur.add(n.id, "unknown", value)
         elif (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
               and target.value.id == "self" and self._class[-1] is not None):
             attrs = self.class_attrs.setdefault(self._class[-1], {})

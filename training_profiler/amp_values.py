@@ -223,6 +223,23 @@ class Evaluator:
                     out |= self._qual_value(q, at)
             elif how == "param":
                 out |= self._param_value(expr, name)
+            elif how == "unpack":
+                out |= self._element_value(expr.value, expr.slice.value)
+        return out
+
+    def _element_value(self, source: ast.AST, index: int) -> set[Val]:
+        """Element ``index`` of a tuple: written out (``a, b = x, y``), or returned as one by a
+        project function (``weight_dtype, save_dtype = prepare_dtype(args)``)."""
+        if isinstance(source, (ast.Tuple, ast.List)):
+            return set(self.value(source.elts[index])) if index < len(source.elts) else set()
+        if not isinstance(source, ast.Call):
+            return set()
+        out: set[Val] = set()
+        for f in self.value(source.func):
+            if f.kind == FUNCTION and f.ctx is not None:
+                for n in f.ctx.values._exits(f.node):
+                    if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple) and index < len(n.value.elts):
+                        out |= f.ctx.values.value(n.value.elts[index])
         return out
 
     def module_attr(self, parts: list[str]) -> set[Val]:

@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 from lowp_common import UserError, cli_entry
 from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_context import FileContext
+from training_profiler.amp_precision import in_model_library
 from training_profiler.amp_project import Project, module_names
 from training_profiler.amp_questions import deep_stack
 from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
@@ -56,21 +57,26 @@ class Report:
     errors: list[FileError] = field(default_factory=list)
     files_checked: int = 0
     project_mode: bool = False
+    model_library: bool = False  # a project in which nothing trains
     min_confidence: Confidence = Confidence.LOW
     hidden: int = 0  # findings below min_confidence
 
 
-def default_confidence(project_mode: bool) -> Confidence:
+def default_confidence(project_mode: bool, model_library: bool = False) -> Confidence:
     """What is shown when --min-confidence is not given: every confidence for a single file or a
     folder of loose scripts (the file the user points at is the one they care about, even when
-    no training is seen in it), HIGH only for a project (a package, or scripts importing each
-    other), where the training is in the scan and a pattern it never reaches is noise."""
-    return Confidence.HIGH if project_mode else Confidence.LOW
+    no training is seen in it); HIGH only for a project (a package, or scripts importing each
+    other) that trains, where the training is in the scan and a pattern it never reaches is
+    noise; MEDIUM and up for a project in which nothing trains (a model library), whose
+    precision is chosen by its users, outside the scan: MEDIUM's own definition."""
+    if not project_mode:
+        return Confidence.LOW
+    return Confidence.MEDIUM if model_library else Confidence.HIGH
 
 
 def apply_min_confidence(report: Report, minimum: Confidence | None) -> Report:
     """Keep the findings at or above ``minimum`` (None: the mode's default); count the rest."""
-    report.min_confidence = default_confidence(report.project_mode) if minimum is None else minimum
+    report.min_confidence = default_confidence(report.project_mode, report.model_library) if minimum is None else minimum
     kept = [f for f in report.findings if f.confidence >= report.min_confidence]
     report.hidden += len(report.findings) - len(kept)
     report.findings = kept
@@ -227,6 +233,7 @@ def _check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] 
         report.files_checked += 1
         report.findings.extend(run_rules(ctx, source, rules))
     report.project_mode = project.is_one_program([c for c, _ in parsed])
+    report.model_library = report.project_mode and bool(parsed) and in_model_library(parsed[0][0])
     return apply_min_confidence(report, min_confidence)
 
 
@@ -312,6 +319,7 @@ def format_line(report: Report) -> str:
 
 def format_json(report: Report) -> str:
     return json.dumps({"files_checked": report.files_checked, "project_mode": report.project_mode,
+                       "model_library": report.model_library,
                        "min_confidence": report.min_confidence.name.lower(), "hidden": report.hidden,
                        "findings": [f.to_dict() for f in report.findings],
                        "errors": [e.to_dict() for e in report.errors]}, indent=2)

@@ -24,8 +24,10 @@ from training_profiler.amp_intent import training_lowp_casts, trains
 from training_profiler.amp_rules import (
     autocast_scope,
     autograd_function,
+    averages,
     casts,
     checkpoint,
+    consistency,
     deprecated,
     dtype_mix,
     grad_scaler,
@@ -47,6 +49,7 @@ from training_profiler.amp_rules.autograd_function import (
     Float32BufferForKernel,
     PartialDtypeCasts,
 )
+from training_profiler.amp_rules.averages import AverageInParameterDtype
 from training_profiler.amp_rules.base import (
     NO_TRAINING_NOTE,
     Confidence,
@@ -58,8 +61,17 @@ from training_profiler.amp_rules.base import (
 )
 from training_profiler.amp_rules.casts import ManualCast
 from training_profiler.amp_rules.checkpoint import ScalerSaveNeverRuns, ScalerStateNotCheckpointed
+from training_profiler.amp_rules.consistency import (
+    DtypeMatchUndone,
+    LayersOnUpcastInputElsewhere,
+    UpcastSkippedHere,
+)
 from training_profiler.amp_rules.deprecated import DeprecatedAmpApi
-from training_profiler.amp_rules.dtype_mix import Float32BesideActivations
+from training_profiler.amp_rules.dtype_mix import (
+    BatchIntoLowpModel,
+    Float32BesideActivations,
+    StaleCopyWrittenBack,
+)
 from training_profiler.amp_rules.grad_scaler import (
     ClipWithoutUnscale,
     Fp16WithoutGradScaler,
@@ -86,7 +98,7 @@ from training_profiler.amp_rules.reductions import (
 from training_profiler.amp_rules.sensitive_ops import SENSITIVE_OPS, SensitiveOpUnderAutocast
 
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)
-BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling)
+BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages)
 
 
 def _in_id_order(families: tuple) -> tuple[Rule, ...]:
@@ -112,5 +124,6 @@ __all__ = [
     "GradScalerWithBf16", "GradsChangedBeforeUnscale", "OptimizerStepAroundScaler", "LinearAttentionSum", "LossOutsideAutocast",
     "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
-    "Float32BesideActivations", "PartialManualUnscale", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
+    "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
+    "AverageInParameterDtype", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

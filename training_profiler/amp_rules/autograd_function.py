@@ -94,6 +94,11 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
             forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
             mixes = forward is not None and (_float_operands_to_kernel(ctx, forward) >= 2
                                              or _dtype_sensitive(ctx, forward) == "matmul")
+            if mixes and forward is not None:
+                casts, left = _unified_operands(ctx, node, forward)
+                mixes = not casts or bool(left)  # its own casts make every kernel operand agree
+            if not amp_here and not any(isinstance(i, ast.FunctionDef) and i.name == "backward" for i in node.body):
+                mixes = False  # no backward: an inference or export op (mmcv's NMS), off the training path
             for item in node.body:
                 if not (isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward")):
                     continue
@@ -109,6 +114,19 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
                     note = "" if amp_here else " (autocast is decided by its callers, outside the scan: unknown)"
                     self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}")
         self.generic_visit(node)
+
+
+def _unified_operands(ctx: FileContext, cls: ast.ClassDef, forward: ast.FunctionDef
+                      ) -> tuple[list[tuple[ast.stmt, tuple[str, str]]], list[str]]:
+    """forward's unifying casts (``weight = weight.type_as(input)``) and the differentiable
+    kernel operands they leave out, sorted: no casts, nothing unified; casts and nothing left,
+    the Function makes its operands agree itself (mmcv's fixed deformable convolutions)."""
+    params = {a.arg for a in forward.args.args[1:]}
+    casts = [(st, pair) for st in forward.body if (pair := _unifying_cast(st, params))]
+    if not casts:
+        return [], []
+    touched = {a for _, (a, _) in casts} | {b for _, (_, b) in casts}
+    return casts, sorted(_kernel_operands(ctx, forward, _differentiable_inputs(cls, forward)) - touched)
 
 
 def _unifying_cast(stmt: ast.stmt, params: set[str]) -> tuple[str, str] | None:
@@ -169,13 +187,9 @@ class PartialDtypeCasts(RuleVisitor):
         ctx = self.ctx
         forward = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "forward"), None)
         if forward is not None and _is_autograd_function(ctx, node) and cast_inputs_dtype(ctx, forward) is None:
-            params = {a.arg for a in forward.args.args[1:]}
-            casts = [(st, pair) for st in forward.body if (pair := _unifying_cast(st, params))]
+            casts, left = _unified_operands(ctx, node, forward)
             if casts:
                 cast = {a for _, (a, _) in casts}
-                anchors = {b for _, (_, b) in casts}
-                left = sorted(_kernel_operands(ctx, forward, _differentiable_inputs(node, forward))
-                              - cast - anchors)
                 if left:
                     last = casts[-1][0]
                     shown = ", ".join(f"`{x}`" for x in sorted(cast))
@@ -199,7 +213,9 @@ class Float32BufferForKernel(RuleVisitor):
     """A custom Function that hands a compiled kernel a buffer fixed to float32
     (``torch.cuda.FloatTensor(...)``, ``torch.zeros(..., dtype=torch.float32)``) beside its
     inputs: under autocast or a half model the inputs are float16 and the kernel reads both as
-    one type (mmcv's three_interpolate)."""
+    one type (mmcv's three_interpolate). A default for an absent input (``if f is None: f =
+    torch.ones(..., dtype=torch.float32)``) is not a buffer: it stands for what callers pass,
+    a float32 filter for StyleGAN's upfirdn2d and filtered_lrelu kernels."""
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         ctx = self.ctx
@@ -207,7 +223,8 @@ class Float32BufferForKernel(RuleVisitor):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name in ("forward", "backward") \
                         and _dtype_sensitive(ctx, item) == "kernel":
-                    for c in (n for n in ast.walk(item) if isinstance(n, ast.Call)):
+                    params = {a.arg for a in item.args.args}
+                    for c in (n for n in ast.walk(item) if isinstance(n, ast.Call) and not _default_for(ctx, n, params)):
                         q = ctx.call_name(c) or ""
                         fixed = q in _FLOAT_TENSOR_TYPES or (
                             q.startswith("torch.") and q.rsplit(".", 1)[-1] in _FACTORIES
@@ -216,6 +233,12 @@ class Float32BufferForKernel(RuleVisitor):
                             self.report(c, f"{q.rsplit('.', 1)[-1]}(...) fixes a kernel buffer to float32 "
                                            f"whatever the inputs' dtype")
         self.generic_visit(node)
+
+
+def _default_for(ctx: FileContext, call: ast.Call, params: set[str]) -> bool:
+    """``f = torch.ones(...)``: the call rebinds one of the function's own parameters."""
+    stmt = ctx.parents.get(call)
+    return isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id in params for t in stmt.targets)
 
 
 # the rules this family declares (the package puts every family's rules in id order)

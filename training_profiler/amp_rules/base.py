@@ -45,6 +45,8 @@ class Confidence(_Level):
 
 
 NO_TRAINING_NOTE = " (no training seen; if this runs under AMP, {why})"
+# nothing in the scan trains at all (amp_precision.in_model_library): the precision is its users'
+LIBRARY_NOTE = " (a model library: nothing in the scan trains it, its users pick the precision; {why})"
 
 
 @dataclass(frozen=True)

@@ -20,18 +20,28 @@ when the project does elsewhere, LOW when no low-precision model is seen (the me
 from __future__ import annotations
 
 import ast
+import re
 
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_intent import float32_result, is_float32_cast
 from training_profiler.amp_precision import (
     activation_dtype_tests,
     expects_lowp_activations,
+    in_model_library,
     lowp_parameters,
 )
-from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.base import (
+    LIBRARY_NOTE,
+    Confidence,
+    Rule,
+    RuleVisitor,
+    Severity,
+    declare_rule,
+)
 
 _FACTORIES = {"torch.linspace", "torch.logspace", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
               "torch.rand", "torch.randn", "torch.eye", "torch.Tensor", "torch.FloatTensor"}
+_GRIDS = {"torch.eye", "torch.linspace", "torch.logspace", "torch.arange"}
 _MATMULS = {"torch.matmul", "torch.bmm", "torch.mm"}
 _DTYPE_SETTERS = {"to", "type", "type_as", "half", "bfloat16", "float", "double"}
 _NOT_MODEL_CODE = ("__init__", "reset_parameters", "_init_weights", "init_weights")
@@ -48,6 +58,18 @@ def _float32_factory(ctx: FileContext, node: ast.AST) -> bool:
         return any(isinstance(a, ast.BinOp) and isinstance(a.op, ast.Div) or
                    isinstance(a, ast.Constant) and isinstance(a.value, float) for a in node.args)
     return False
+
+
+def _made_on_activations_device(ctx: FileContext, call: ast.Call) -> bool:
+    """``torch.eye(n, device=x.device)`` with ``x`` an input of a ``forward``: an identity or a grid
+    that follows the activations' device and not their dtype (peft's BOFT rotation). Zeros and
+    ones are left out: masks and accumulators are float32 by choice as often as not."""
+    dev = next((k.value for k in call.keywords if k.arg == "device"), None)
+    if not (isinstance(dev, ast.Attribute) and dev.attr == "device" and isinstance(dev.value, ast.Name)
+            and (ctx.call_name(call) or "") in _GRIDS and _float32_factory(ctx, call)):
+        return False
+    fn = _model_method(ctx, call)
+    return fn is not None and getattr(fn, "name", "") == "forward" and dev.value.id in _parameter_names(fn)
 
 
 def _device_only_move(ctx: FileContext, call: ast.Call) -> bool:
@@ -82,6 +104,9 @@ def _confidence(ctx: FileContext) -> tuple[Confidence, str]:
         return Confidence.MEDIUM, " (a float16 model is trained elsewhere in the project)"
     if any(activation_dtype_tests(m) for m in ctx.project.modules.values()):
         return Confidence.MEDIUM, " (code elsewhere in the project expects low-precision tensors)"
+    if in_model_library(ctx):
+        return Confidence.MEDIUM, LIBRARY_NOTE.format(
+            why="in a float16/bfloat16 model without autocast this is a dtype mismatch or a silent upcast")
     return Confidence.LOW, " (no half-precision model seen; if the model runs in float16/bfloat16 without autocast, " \
                            "this is a dtype mismatch or a silent upcast)"
 
@@ -158,6 +183,8 @@ class Float32BesideActivations(RuleVisitor):
                            key=lambda n: (n.lineno, n.col_offset)):
             if isinstance(node, ast.Call) and _device_only_move(ctx, node):
                 self._moved_factory(node)
+            elif isinstance(node, ast.Call) and _made_on_activations_device(ctx, node):
+                self._moved_factory(node, made=node)
             elif isinstance(node, (ast.Call, ast.BinOp)):
                 self._upcast_operand(node)
             if isinstance(node, ast.Call):
@@ -185,10 +212,10 @@ class Float32BesideActivations(RuleVisitor):
         self.report(call, f"buffer `self.{f.value.attr}` keeps the dtype it was registered with while "
                           f"`{written[-1].id}` is written into it in place{note}", conf)
 
-    def _moved_factory(self, call: ast.Call) -> None:
+    def _moved_factory(self, call: ast.Call, made: ast.Call | None = None) -> None:
         ctx = self.ctx
-        recv = call.func.value
-        made = next((n for n in ast.walk(recv) if _float32_factory(ctx, n)), None)
+        how = "made on the activations' device only" if made is not None else "moved to the device only"
+        made = made or next((n for n in ast.walk(call.func.value) if _float32_factory(ctx, n)), None)
         after = ctx.parents.get(call)
         if isinstance(after, ast.Attribute) and after.attr in _DTYPE_SETTERS:
             return  # ``.to(device=d).to(dtype=x.dtype)``: the dtype follows in the same expression
@@ -197,7 +224,7 @@ class Float32BesideActivations(RuleVisitor):
             return
         self._moved_in.add(fn)
         conf, note = _confidence(ctx)
-        self.report(call, f"`{ast.unparse(made)[:40]}` is float32 and moved to the device only, not to the "
+        self.report(call, f"`{ast.unparse(made)[:40]}` is float32 and {how}, not to the "
                           f"activations' dtype{note}", conf)
 
     def _upcast_operand(self, node: ast.AST) -> None:
@@ -215,6 +242,136 @@ class Float32BesideActivations(RuleVisitor):
                 self.report(node, f"`{mine.id}` was upcast to float32 and meets `{other.id}` (the activations, "
                                   f"not cast) in a matmul outside autocast{note}", conf)
                 return
+
+
+_LOWP_MOVES = {"half": "float16", "bfloat16": "bfloat16"}
+
+
+def _lowp_move(ctx: FileContext, call: ast.Call) -> tuple[str, str] | None:
+    """``vae.to(device, dtype=weight_dtype)`` / ``vae.half()`` as a statement: (the module's
+    name, the dtype's text) when the dtype may be float16/bfloat16."""
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+            and isinstance(ctx.parents.get(call), ast.Expr)):
+        return None
+    if f.attr in _LOWP_MOVES and not call.args:
+        return f.value.id, _LOWP_MOVES[f.attr]
+    if f.attr == "to":
+        for d in [*(k.value for k in call.keywords if k.arg == "dtype"), *call.args]:
+            if ctx.dtype_of(d) in ("float16", "bfloat16"):
+                return f.value.id, ast.unparse(d)
+    return None
+
+
+_NOT_FLOAT_KEYS = re.compile(r"ids?$|_ids|mask|label|token|index|len|caption|text", re.I)
+
+
+def _loader_tensor(ctx: FileContext, expr: ast.AST) -> ast.Subscript | None:
+    """``batch["images"]`` or ``batch["images"].to(device)``: a data-loader tensor, still float32
+    (not token ids, masks or labels, which are integers): the subscript."""
+    if isinstance(expr, ast.Call) and (_device_only_move(ctx, expr) or _to_device_name(expr)):
+        expr = expr.func.value
+    if not (isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name) and "batch" in expr.value.id
+            and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, str)):
+        return None
+    return None if _NOT_FLOAT_KEYS.search(expr.slice.value) else expr
+
+
+def _recast_targets(ctx: FileContext, fn: ast.AST) -> dict[str, int]:
+    """``batch["x"] = batch["x"].to(device, dtype=weight_dtype)``: the text of each target given a
+    dtype cast in ``fn``, with its line."""
+    out: dict[str, int] = {}
+    for st in ast.walk(fn):
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.value, ast.Call) \
+                and isinstance(st.value.func, ast.Attribute) and (
+                    st.value.func.attr in _DTYPE_SETTERS - {"to", "type_as"}
+                    or any(k.arg == "dtype" for k in st.value.keywords)
+                    or any(ctx.dtype_of(a) not in (None, "unknown") for a in st.value.args)):
+            out.setdefault(ast.unparse(st.targets[0]), st.lineno)
+    return out
+
+
+def _to_device_name(call: ast.Call) -> bool:
+    """``.to("cuda")`` / ``.to("cuda:0", non_blocking=True)``: a device named by a string."""
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "to" and len(call.args) == 1 \
+        and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str) \
+        and not any(k.arg == "dtype" for k in call.keywords)
+
+
+class BatchIntoLowpModel(RuleVisitor):
+    """AMP021 in a training script: a module moved to a low-precision dtype (``ae.to(device,
+    dtype=weight_dtype)``) called on a batch tensor the loader made float32, outside autocast
+    (sd-scripts' FLUX training encoded uncached images this way)."""
+
+    def run(self):
+        ctx = self.ctx
+        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            moved: dict[str, tuple[int, str]] = {}
+            recast = _recast_targets(ctx, fn)
+            calls = sorted((c for c in ast.walk(fn) if isinstance(c, ast.Call) and ctx.enclosing_function(c) is fn),
+                           key=lambda c: (c.lineno, c.col_offset))
+            for c in calls:
+                move = _lowp_move(ctx, c)
+                if move is not None:
+                    moved.setdefault(move[0], (c.lineno, move[1]))
+                    continue
+                target = c.func.value if isinstance(c.func, ast.Attribute) else c.func
+                name = target.id if isinstance(target, ast.Name) else None
+                batch = _loader_tensor(ctx, c.args[0]) if name in moved and c.args else None
+                if batch is not None and recast.get(ast.unparse(batch), c.lineno) >= c.lineno \
+                        and not ctx.in_autocast(c):
+                    line, dtype = moved[name]
+                    self.report(c, f"`{ast.unparse(c.args[0])}` comes from the loader in float32 and goes into "
+                                   f"`{name}`, moved to `{dtype}` at line {line}, outside autocast")
+        return self.hits
+
+
+def _weight_copy(expr: ast.AST) -> bool:
+    """``emb.weight.data.detach().clone()`` / ``layer.weight.clone()``: a copy of a weight."""
+    cur, saw_clone = expr, False
+    while isinstance(cur, ast.Call) and isinstance(cur.func, ast.Attribute) and cur.func.attr in ("clone", "detach"):
+        saw_clone |= cur.func.attr == "clone"
+        cur = cur.func.value
+    if isinstance(cur, ast.Attribute) and cur.attr == "data":
+        cur = cur.value
+    return saw_clone and isinstance(cur, ast.Attribute) and cur.attr == "weight"
+
+
+def _weight_target(target: ast.AST) -> bool:
+    """``...weight[idx]`` / ``...weight.data[idx]``: an indexed write into a weight."""
+    if not isinstance(target, ast.Subscript):
+        return False
+    base = target.value.value if isinstance(target.value, ast.Attribute) and target.value.attr == "data" \
+        else target.value
+    return isinstance(base, ast.Attribute) and base.attr == "weight"
+
+
+class StaleCopyWrittenBack(RuleVisitor):
+    """AMP021 in a training script: a copy of a module's weights taken while it is float32, the
+    module then cast to a low-precision dtype, and the copy written back into its weights
+    (sd-scripts' textual inversion restored frozen token embeddings this way under full_fp16)."""
+
+    def run(self):
+        ctx = self.ctx
+        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            copies: dict[str, tuple[int, set[str]]] = {}
+            casts: list[tuple[int, str, str]] = []
+            for st in sorted((n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.Expr))), key=lambda n: n.lineno):
+                if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) \
+                        and _weight_copy(st.value):
+                    copies.setdefault(st.targets[0].id, (st.lineno, {n.id for n in ast.walk(st.value)
+                                                                     if isinstance(n, ast.Name)}))
+                elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and (move := _lowp_move(ctx, st.value)):
+                    casts.append((st.lineno, move[0], move[1]))
+                elif isinstance(st, ast.Assign) and len(st.targets) == 1 and _weight_target(st.targets[0]) \
+                        and isinstance(st.value, ast.Subscript) and isinstance(st.value.value, ast.Name):
+                    copied = copies.get(st.value.value.id)
+                    cast = next((c for c in casts if copied and copied[0] < c[0] < st.lineno and c[1] in copied[1]), None)
+                    if cast is not None:
+                        self.report(st, f"`{st.value.value.id}` was copied from the weights at line {copied[0]}, "
+                                        f"before `{cast[1]}` was cast to `{cast[2]}` at line {cast[0]}: the write "
+                                        "puts the float32 copy into the cast weights")
+        return self.hits
 
 
 RULES: tuple[Rule, ...] = (Float32BesideActivations.rule,)

@@ -10,8 +10,8 @@ import numpy as np
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import _per_module, training_lowp_casts
-from training_profiler.amp_precision import FLOAT16, own_precisions, trains_in
-from training_profiler.amp_rules.base import NO_TRAINING_NOTE, Confidence
+from training_profiler.amp_precision import FLOAT16, in_model_library, own_precisions, trains_in
+from training_profiler.amp_rules.base import LIBRARY_NOTE, NO_TRAINING_NOTE, Confidence
 
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
@@ -142,12 +142,17 @@ def _callee(ctx: FileContext, call: ast.Call) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None) -> tuple[Confidence, str]:
-    """How sure we are that this module's code runs in float16, and a note when not sure."""
+def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None,
+                     library: bool = True) -> tuple[Confidence, str]:
+    """How sure we are that this module's code runs in float16, and a note when not sure.
+    ``library``: a model library's users choosing float16 counts (MEDIUM); not for a pattern
+    that needs the training to be seen to mean anything."""
     scope = ctx.scope_of(node) if node is not None else None
     if (scope is not None and scope.enabled and scope.dtype == FLOAT16) or trains_in(ctx, FLOAT16):
         return Confidence.HIGH, ""
     if any(FLOAT16 in own_precisions(m) for m in ctx.project.modules.values()):
         return Confidence.MEDIUM, " (float16 training elsewhere in the project)"
+    if library and in_model_library(ctx):
+        return Confidence.MEDIUM, LIBRARY_NOTE.format(why="float16 is one they use")
     return Confidence.LOW, NO_TRAINING_NOTE.format(why="float16").replace(
         "no training seen; if this runs under AMP, float16", "no float16 training seen; if this trains in float16")

@@ -58,7 +58,9 @@ class LinearAttentionSum(RuleVisitor):
                 left = dotted(n.args[1])
             if not left or not self._low_precision_here(n):
                 continue
-            conf, note = _fp16_confidence(ctx, n)
+            # a transposed product is also a weight-space one (LoRA's B.T @ B, a weight gradient):
+            # only training seen in float16 makes it a sequence sum worth reporting
+            conf, note = _fp16_confidence(ctx, n, library=False)
             self.report(n, f"`{ast.unparse(n)[:50]}` sums over the sequence (linear attention's context){note}", conf)
             fn = ctx.enclosing_function(n)
             for s in ast.walk(fn):

@@ -180,7 +180,8 @@ class MaskConstantAgainstTraining(RuleVisitor):
             for a in consts:
                 v = _const_value(a)
                 if v is not None and abs(v) > FP16_MAX:
-                    conf, note = _fp16_confidence(ctx, n)
+                    # float32's own limit, named (torch.finfo(torch.float32).min): a float32 tensor by design
+                    conf, note = _fp16_confidence(ctx, n, library=not isinstance(a, ast.Attribute))
                     self.report(a, f"constant {v:g} in {where} is outside the float16 range (±{FP16_MAX:g}){note}", conf)
         return self.hits
 

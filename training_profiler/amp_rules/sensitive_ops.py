@@ -29,10 +29,18 @@ from training_profiler.amp_precision import (
     BFLOAT16,
     FLOAT16,
     expects_lowp_activations,
+    in_model_library,
     own_precisions,
     trains_in,
 )
-from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.base import (
+    LIBRARY_NOTE,
+    Confidence,
+    Rule,
+    RuleVisitor,
+    Severity,
+    declare_rule,
+)
 from training_profiler.amp_rules.helpers import cast_inputs_dtype
 
 _MATMULS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.einsum", "torch.functional.einsum"}
@@ -56,11 +64,24 @@ def _matmul_operands(ctx: FileContext, node: ast.AST) -> list[ast.AST] | None:
     if isinstance(node, ast.Call):
         name = ctx.call_name(node) or ""
         if name in _MATMULS:
+            if "einsum" in name and not _einsum_contracts(node):
+                return None  # an outer product: einsum multiplies elementwise, which autocast leaves in float32
             return [a for a in node.args if not isinstance(a, ast.Constant)]
         if isinstance(node.func, ast.Attribute) and node.func.attr in ("matmul", "mm", "bmm") \
                 and not name.startswith("torch."):
             return [node.func.value, *node.args]
     return None
+
+
+def _einsum_contracts(call: ast.Call) -> bool:
+    """Whether ``torch.einsum("i,j->ij", ...)`` sums over an index: only then does it reach a
+    matmul (bmm) that autocast lowers; with no index summed it is a broadcast multiply. An
+    equation not written out counts as contracting (nothing is known)."""
+    eq = call.args[0] if call.args else None
+    if not (isinstance(eq, ast.Constant) and isinstance(eq.value, str) and "->" in eq.value):
+        return True
+    inputs, output = eq.value.replace(" ", "").split("->", 1)
+    return bool(set(inputs.replace(",", "").replace(".", "")) - set(output.replace(".", "")))
 
 
 def rotary_product(ctx: FileContext, node: ast.AST) -> str | None:
@@ -205,6 +226,8 @@ def _confidence(ctx: FileContext, node: ast.AST, op: SensitiveOp) -> tuple[Confi
         return Confidence.MEDIUM, " (low-precision training elsewhere in the project)"
     if ctx.project_uses_amp:
         return Confidence.MEDIUM, " (code that uses this module trains under autocast)"
+    if in_model_library(ctx):
+        return Confidence.MEDIUM, LIBRARY_NOTE.format(why="under their autocast the op follows its dtype")
     return Confidence.LOW, " (no training seen; if this runs under autocast, the op follows its dtype)"
 
 

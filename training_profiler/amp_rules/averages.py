@@ -1,0 +1,94 @@
+"""AMP025: a moving average of the parameters kept in their own dtype, in a float16 model.
+
+An exponential moving average blends ``(1 - decay) * p`` into the average each step; with decay
+0.999 that term is a thousandth of the average, under float16's resolution (2**-10 relative), so
+a float16 average stops moving. Trainers that cast their model with ``model.half()`` and copy
+its parameters for the average (``[p.detach() for p in model.parameters()]``) keep it in
+float16 (OpenNMT-py until 2019, fixed by a float32 copy).
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import TRAINING, cast_purpose, receiver_root
+from training_profiler.amp_precision import FLOAT16, lowp_parameters
+from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
+
+_AVERAGE = re.compile(r"avg|average|ema|shadow|swa", re.I)
+_MODEL = re.compile(r"model|net|module", re.I)
+_COPIES = {"detach", "clone", "data"}
+
+
+def float16_model_cast(ctx: FileContext) -> tuple[FileContext, ast.Call] | None:
+    """Where the project casts a model (not a tensor) to float16 for training: ``model.half()``
+    as a statement of its own (in place: only a module casts in place), or assigned back to a
+    name that says model. The first such cast, with its module."""
+    key = "_fact_float16_model_cast"
+    project = ctx.project
+    if key not in project.__dict__:
+        project.__dict__[key] = next(
+            ((m, c) for m in project.modules.values() for c in m.manual_lowp_casts
+             if m.lowp_cast_dtype(c) == FLOAT16 and cast_purpose(m, c) == TRAINING and _casts_a_model(m, c)),
+            None)
+    return project.__dict__[key]
+
+
+def _casts_a_model(ctx: FileContext, call: ast.Call) -> bool:
+    parent = ctx.parents.get(call)
+    root = dotted(receiver_root(call)) or ""
+    if isinstance(parent, ast.Expr):
+        return True
+    return isinstance(parent, ast.Assign) and bool(_MODEL.search(root.rsplit(".", 1)[-1]))
+
+
+def _parameter_copy(comp: ast.AST) -> bool:
+    """``[p.detach() for p in m.parameters()]`` / ``{n: p.clone() for n, p in m.named_parameters()}``,
+    with no float32 cast in the element."""
+    if not isinstance(comp, (ast.ListComp, ast.DictComp, ast.GeneratorExp)) or len(comp.generators) != 1:
+        return False
+    it = comp.generators[0].iter
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute)
+            and it.func.attr in ("parameters", "named_parameters")):
+        return False
+    elt = comp.value if isinstance(comp, ast.DictComp) else comp.elt
+    attrs = []
+    cur = elt
+    while isinstance(cur, (ast.Call, ast.Attribute)):
+        if isinstance(cur, ast.Call):
+            cur = cur.func
+            continue
+        attrs.append(cur.attr)
+        cur = cur.value
+    return bool(attrs) and set(attrs) <= _COPIES and isinstance(cur, ast.Name)
+
+
+@declare_rule(
+    "AMP025", "average-in-parameter-dtype", Severity.MEDIUM,
+    explanation=("A moving average of the parameters copied in their own dtype lives in float16 when the model "
+                 "is cast to float16: each step adds (1 - decay) of the parameters, under float16's relative "
+                 "resolution (2**-10) for a decay of 0.999, so the average stops moving."),
+    suggestion=("Keep the average in float32 (`p.detach().float()`), and cast it to the model's dtype only when "
+                "loading it into the model."))
+class AverageInParameterDtype(RuleVisitor):
+    """``copy_params = [p.detach() for p in self.model.parameters()]`` bound to a name that says
+    average (or assigned to one), in a project that casts its model to float16 for training."""
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        ctx = self.ctx
+        if _parameter_copy(node.value):
+            names = [dotted(t) or "" for t in node.targets]
+            fn = ctx.enclosing_function(node)
+            aliases = [dotted(t) or "" for st in ast.walk(fn) if isinstance(st, ast.Assign)
+                       and isinstance(st.value, ast.Name) and st.value.id in names for t in st.targets]
+            average = next((n for n in names + aliases if _AVERAGE.search(n.rsplit(".", 1)[-1])), None)
+            where = float16_model_cast(ctx) if average else None
+            if where is not None or (average and lowp_parameters(ctx)):
+                at = (f" ({where[0].path.rsplit('/', 1)[-1]}:{where[1].lineno})" if where else "")
+                self.report(node.value, f"`{average}` copies the parameters in their own dtype, and the model is "
+                                        f"cast to float16{at}: the average lives in float16")
+        self.generic_visit(node)
+
+
+RULES: tuple[Rule, ...] = (AverageInParameterDtype.rule,)
