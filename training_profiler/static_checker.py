@@ -194,7 +194,8 @@ def check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] |
                 context: Iterable[str | os.PathLike[str]] = (), min_confidence: Confidence | None = None
                 ) -> Report:
     """Findings for every file under ``paths`` at or above ``min_confidence`` (None: every
-    confidence for loose files, HIGH for a project; see ``default_confidence``). All Python
+    confidence for loose files, HIGH for a project, MEDIUM for a model library; see
+    ``default_confidence``). All Python
     files of one call (and those under ``context``, which are read for what they set up but not
     reported) form one project: imports and calls between them are followed."""
     return deep_stack(_check_paths, paths, rules, context, min_confidence)
@@ -353,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-confidence", default=None, choices=["low", "medium", "high"],
                    help="show findings at or above this confidence: high = the training is seen, "
                    "medium = the precision is decided outside the scan, low = no training seen "
-                   "(default: low for one file or a folder of loose scripts, high for a project)")
+                   "(default: low for one file or a folder of loose scripts, high for a project that "
+                   "trains, medium for a model library in which nothing trains)")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
     return p
 
