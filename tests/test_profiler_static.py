@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -195,3 +196,50 @@ def test_rotary_einsum_outer_product_is_not_lowered_by_autocast() -> None:
     assert "AMP020" not in rules("torch.einsum('i , j -> i j', positions, inv_freq)")
     assert "AMP020" in rules("torch.einsum('bi,ij->bj', positions, inv_freq)")
     assert "AMP020" in rules("positions[:, None] @ inv_freq[None, :]")
+
+
+_PRECISION_MODULE = '''
+import contextlib
+import torch
+
+
+@contextlib.contextmanager
+def precision_context(precision):
+    if precision == "fp16":
+        with torch.autocast("cuda", dtype=torch.float16):
+            yield
+    elif precision == "bf16":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            yield
+    else:
+        yield
+'''
+
+_TRAIN_MODULE = '''
+import torch
+from precision import precision_context
+
+
+def train(model, opt, batches, precision):
+    scaler = torch.amp.GradScaler("cuda")
+    for x in batches:
+        with precision_context(precision):
+            loss = model(x).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+'''
+
+
+def test_a_context_with_several_autocasts_is_judged_the_same_whatever_the_hash_seed(tmp_path) -> None:
+    """A context manager (in another module) that yields under float16 autocast on one branch
+    and bfloat16 on another opens a run-time choice: not "every autocast in bfloat16" (AMP015).
+    Which of its values a set yielded first used to decide, so composer's trainer got AMP015 or
+    not with PYTHONHASHSEED."""
+    (tmp_path / "precision.py").write_text(_PRECISION_MODULE)
+    (tmp_path / "train.py").write_text(_TRAIN_MODULE)
+    code = ("from training_profiler import static_checker as sc\n"
+            f"print(sorted((f.path[-8:], f.rule_id) for f in sc.check_paths([{str(tmp_path)!r}]).findings))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(8)}
+    assert len(outs) == 1 and "AMP015" not in outs.pop()

@@ -74,6 +74,18 @@ class AmpScope:
     inherited: bool = False     # not opened here: every call of this function is under it
 
 
+def _one_scope(scopes: list[AmpScope]) -> AmpScope:
+    """The autocast a value that may hold several opens (a context manager yielding under float16
+    autocast on one branch and bfloat16 on another, composer's precision context): the enabled
+    ones, their device and dtype when they agree, else 'unknown' (chosen at run time). Whatever
+    order the values come in, the same answer."""
+    on = [s for s in scopes if s.enabled] or scopes
+    first = min(on, key=lambda s: (s.device, s.dtype, getattr(s.node, "lineno", 0), getattr(s.node, "col_offset", 0)))
+    device = first.device if all(s.device == first.device for s in on) else "unknown"
+    dtype = first.dtype if all(s.dtype == first.dtype for s in on) else "unknown"
+    return replace(first, device=device, dtype=dtype, conditional=first.conditional or len(on) < len(scopes))
+
+
 class FileContext:
     """Aliases, parents and autocast scopes of one module's AST."""
 
@@ -316,7 +328,7 @@ class FileContext:
         scopes = [v.scope for v in vals if v.kind == av.AUTOCAST and v.scope is not None]
         if scopes:
             conditional = any(v.kind == av.NULL_CONTEXT for v in vals) or len(vals) > len(scopes)
-            return replace(scopes[0], node=expr, conditional=conditional)
+            return replace(_one_scope(scopes), node=expr, conditional=conditional)
         f = expr.func if isinstance(expr, ast.Call) else expr
         if isinstance(f, ast.Attribute) and f.attr == "autocast" and all(v.kind == av.EXTERNAL for v in vals):
             return AmpScope("unknown", "unknown", True, expr)

@@ -81,6 +81,11 @@ class DtypeMatchUndone(RuleVisitor):
     """``att_mask = att_mask.to(q.dtype)`` then ``q, k, v = q.half(), k.half(), v.half()`` and
     ``att_mask`` used below (xformers' block-sparse attention, fixed by casting the mask too)."""
 
+    def run(self):
+        if any(_matched_to(c) for c in self.ctx.calls):  # nothing matched to another dtype: nothing to undo
+            self.visit(self.ctx.tree)
+        return self.hits
+
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         assigns = _assignments(node)
         for st, name, value in assigns:

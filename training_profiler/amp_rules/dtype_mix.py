@@ -305,7 +305,9 @@ class BatchIntoLowpModel(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        movers = {id(ctx.enclosing_function(c)) for c in ctx.calls if _lowp_move(ctx, c)}
+        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and id(n) in movers):
             moved: dict[str, tuple[int, str]] = {}
             recast = _recast_targets(ctx, fn)
             calls = sorted((c for c in ast.walk(fn) if isinstance(c, ast.Call) and ctx.enclosing_function(c) is fn),
@@ -353,7 +355,9 @@ class StaleCopyWrittenBack(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        copying = {id(ctx.enclosing_function(n)) for n in ctx.nodes if isinstance(n, ast.Assign) and _weight_copy(n.value)}
+        for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and id(n) in copying):
             copies: dict[str, tuple[int, set[str]]] = {}
             casts: list[tuple[int, str, str]] = []
             for st in sorted((n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.Expr))), key=lambda n: n.lineno):
