@@ -83,7 +83,7 @@ def _one_scope(scopes: list[AmpScope]) -> AmpScope:
     first = min(on, key=lambda s: (s.device, s.dtype, getattr(s.node, "lineno", 0), getattr(s.node, "col_offset", 0)))
     device = first.device if all(s.device == first.device for s in on) else "unknown"
     dtype = first.dtype if all(s.dtype == first.dtype for s in on) else "unknown"
-    return replace(first, device=device, dtype=dtype, conditional=first.conditional or len(on) < len(scopes))
+    return replace(first, device=device, dtype=dtype)  # the caller says whether it is conditional
 
 
 class FileContext:

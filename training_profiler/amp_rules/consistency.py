@@ -15,8 +15,6 @@ from training_profiler.amp_context import FileContext
 from training_profiler.amp_intent import is_float32_cast
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 
-_FIXED_CASTS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "double": "float64"}
-
 
 def _matched_to(call: ast.AST) -> str | None:
     """``x.to(q.dtype)`` / ``x.to(dtype=q.dtype)`` / ``x.type_as(q)``: the name ``q`` whose
@@ -34,18 +32,12 @@ def _matched_to(call: ast.AST) -> str | None:
 
 
 def _fixed_recast(ctx: FileContext, value: ast.AST, name: str) -> str | None:
-    """``name.half()`` / ``name.to(torch.float16)``: the fixed dtype ``name`` is recast to."""
+    """``name.half()`` / ``name.to(torch.float16)`` / ``name.float()``: the fixed dtype ``name``
+    is recast to."""
     if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
             and isinstance(value.func.value, ast.Name) and value.func.value.id == name):
         return None
-    if value.func.attr in _FIXED_CASTS and not value.args:
-        return _FIXED_CASTS[value.func.attr]
-    if value.func.attr == "to":
-        for a in [*value.args, *(k.value for k in value.keywords if k.arg == "dtype")]:
-            d = ctx.dtype_of(a)
-            if d in ("float16", "bfloat16", "float32", "float64"):
-                return d
-    return None
+    return ctx.lowp_cast_dtype(value) or ("float32" if is_float32_cast(ctx, value) else None)
 
 
 def _pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

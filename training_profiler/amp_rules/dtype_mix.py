@@ -73,7 +73,8 @@ def _made_on_activations_device(ctx: FileContext, call: ast.Call) -> bool:
 
 
 def _device_only_move(ctx: FileContext, call: ast.Call) -> bool:
-    """``.to(device)``, ``.to(x.device)``, ``.to(device=...)``, ``.cuda()``: nothing sets a dtype."""
+    """``.to(device)``, ``.to(x.device)``, ``.to("cuda")``, ``.to(device=...)``, ``.cuda()``:
+    nothing sets a dtype."""
     f = call.func
     if not isinstance(f, ast.Attribute):
         return False
@@ -81,6 +82,8 @@ def _device_only_move(ctx: FileContext, call: ast.Call) -> bool:
         return True
     if f.attr != "to" or any(k.arg == "dtype" for k in call.keywords) or len(call.args) > 1:
         return False
+    if call.args and isinstance(call.args[0], ast.Constant):
+        return isinstance(call.args[0].value, str)  # a device by name ("cuda:0"); a dtype is never a string
     if call.args:
         text = ast.unparse(call.args[0])
         return text.split(".")[-1].startswith("device") and ctx.dtype_of(call.args[0]) in (None, "unknown")
@@ -244,23 +247,19 @@ class Float32BesideActivations(RuleVisitor):
                 return
 
 
-_LOWP_MOVES = {"half": "float16", "bfloat16": "bfloat16"}
-
-
 def _lowp_move(ctx: FileContext, call: ast.Call) -> tuple[str, str] | None:
-    """``vae.to(device, dtype=weight_dtype)`` / ``vae.half()`` as a statement: (the module's
-    name, the dtype's text) when the dtype may be float16/bfloat16."""
+    """``vae.to(device, dtype=weight_dtype)`` / ``vae.half()`` as a statement (in place: a
+    module): (the module's name, the dtype as written) when the dtype may be float16/bfloat16."""
     f = call.func
     if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
             and isinstance(ctx.parents.get(call), ast.Expr)):
         return None
-    if f.attr in _LOWP_MOVES and not call.args:
-        return f.value.id, _LOWP_MOVES[f.attr]
-    if f.attr == "to":
-        for d in [*(k.value for k in call.keywords if k.arg == "dtype"), *call.args]:
-            if ctx.dtype_of(d) in ("float16", "bfloat16"):
-                return f.value.id, ast.unparse(d)
-    return None
+    dtype = ctx.lowp_cast_dtype(call)
+    if dtype is None:
+        return None
+    written = next((a for a in [*(k.value for k in call.keywords if k.arg == "dtype"), *call.args]
+                    if ctx.dtype_of(a) == dtype), None)
+    return f.value.id, ast.unparse(written) if written is not None else dtype
 
 
 _NOT_FLOAT_KEYS = re.compile(r"ids?$|_ids|mask|label|token|index|len|caption|text", re.I)
@@ -269,7 +268,7 @@ _NOT_FLOAT_KEYS = re.compile(r"ids?$|_ids|mask|label|token|index|len|caption|tex
 def _loader_tensor(ctx: FileContext, expr: ast.AST) -> ast.Subscript | None:
     """``batch["images"]`` or ``batch["images"].to(device)``: a data-loader tensor, still float32
     (not token ids, masks or labels, which are integers): the subscript."""
-    if isinstance(expr, ast.Call) and (_device_only_move(ctx, expr) or _to_device_name(expr)):
+    if isinstance(expr, ast.Call) and _device_only_move(ctx, expr):
         expr = expr.func.value
     if not (isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name) and "batch" in expr.value.id
             and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, str)):
@@ -289,13 +288,6 @@ def _recast_targets(ctx: FileContext, fn: ast.AST) -> dict[str, int]:
                     or any(ctx.dtype_of(a) not in (None, "unknown") for a in st.value.args)):
             out.setdefault(ast.unparse(st.targets[0]), st.lineno)
     return out
-
-
-def _to_device_name(call: ast.Call) -> bool:
-    """``.to("cuda")`` / ``.to("cuda:0", non_blocking=True)``: a device named by a string."""
-    return isinstance(call.func, ast.Attribute) and call.func.attr == "to" and len(call.args) == 1 \
-        and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str) \
-        and not any(k.arg == "dtype" for k in call.keywords)
 
 
 class BatchIntoLowpModel(RuleVisitor):
