@@ -316,7 +316,6 @@ def run_worker(worker, patched_dir: str, out_dir: Path, name: str) -> dict:
 # -- the pipelining schedule (2 stages, 2 processes) ---------------------------------------------
 def pipeline_worker(rank: int, world: int, patched_dir: str, port: int, out_dir: str) -> None:
     out = Path(out_dir)
-    (out / "pp.yaml").write_text("max_iterations: 3\n")
     _set_env(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(out / "pp"),
              TENSOR_SAVE_CONFIG=str(out / "pp.yaml"))
     _use_tree(patched_dir)
@@ -367,5 +366,7 @@ def run_pipeline(patched_dir: str, out_dir: Path) -> list[dict]:
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    # written here, once: two ranks writing it at once could each read it truncated
+    (out_dir / "pp.yaml").write_text("max_iterations: 3\n")
     mp.spawn(pipeline_worker, args=(2, patched_dir, free_port(), str(out_dir)), nprocs=2, join=True)
     return [torch.load(out_dir / f"result_pp_rank{r}.pt", weights_only=True) for r in range(2)]

@@ -38,12 +38,20 @@ GROWN = "decoder.layers.1.mlp.linear_fc1"
 EMULATED = {"growth": "hifp8", "healthy": "mxfp8"}
 
 
+def _write_configs(out: Path) -> None:
+    """Each scenario's YAML, written once by the parent before the ranks start: were every rank
+    to write it, one rank could read it while another has just truncated it (an empty file is
+    the default configuration: not stats-only, so that rank alone would enter the budget
+    agreement and its peer would hang up on it)."""
+    for scen in SCENARIOS:
+        text = "stats_only: true\nmax_iterations: unlimited\n"
+        if scen == "healthy":
+            text += "whatif_formats: default\nwhatif_budget: unlimited\n"
+        (out / f"{scen}.yaml").write_text(text)
+
+
 def _env(scen: str, out: Path) -> dict[str, str]:
     yaml = out / f"{scen}.yaml"
-    text = "stats_only: true\nmax_iterations: unlimited\n"
-    if scen == "healthy":
-        text += "whatif_formats: default\nwhatif_budget: unlimited\n"
-    yaml.write_text(text)
     env = dict(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(out / scen),
                TENSOR_SAVE_CONFIG=str(yaml))
     if scen in EMULATED:
@@ -168,6 +176,7 @@ def run_diagnose_scenarios(patched_dir: str, out_dir: Path, world: int = 2) -> l
     from training_driver.megatron_env import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    _write_configs(out_dir)
     mp.spawn(diagnose_worker, args=(world, patched_dir, free_port(), str(out_dir)), nprocs=world,
              join=True)
     return [torch.load(out_dir / f"result_diagnose_rank{r}.pt", weights_only=True)
