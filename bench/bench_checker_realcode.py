@@ -14,9 +14,10 @@ which skips blobs a snapshot left out) into ``--cache`` and given to ``check_pat
 so project mode sees the package as a whole. Only findings in the
 listed files count. Labels match findings by (repo, path, line, rule).
 
-bugs_heldout.json beside bugs.json (same format; ``--heldout``) holds real bugs found after the
-rules were written and never used to write them: its recall is printed apart, as the estimate of
-how the rules do on bugs they were not shaped by.
+bugs_heldout*.json beside bugs.json (same format; ``--heldout``) hold real bugs found after the
+rules were written and never used to write them: each set's recall is printed apart, as the
+estimate of how the rules do on bugs they were not shaped by (a set whose missed kinds later
+rules were written for says so in BUGS.md; the newest set is the blind one).
 
 libraries.json beside corpus.json (same format; ``--libraries``) is a second labelled set:
 model-library folders in which nothing trains, where the checker's default shows medium
@@ -425,15 +426,21 @@ def score_bugs(label: str, bugs: list[dict], tree: Callable[[str, str, Sequence[
                        for b in missed]}
 
 
+def heldout_key(path: Path) -> str:
+    """The result key of a held-out set: ``heldout_bugs`` for bugs_heldout.json, and the file's
+    suffix after it for later sets (bugs_heldout2.json -> ``heldout_bugs2``)."""
+    return "heldout_bugs" + path.stem.removeprefix("bugs_heldout")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_checker_realcode", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="corpus.json (repos + labels)")
     p.add_argument("--bugs", type=Path, default=DEFAULT_BUGS, help="bugs.json; recall is skipped when absent")
-    p.add_argument("--heldout", type=Path, default=None,
-                   help="bugs_heldout.json: real bugs chosen after the rules were written, scored apart "
-                   "(default: bugs_heldout.json beside --bugs; skipped when absent)")
+    p.add_argument("--heldout", type=Path, action="append", default=None,
+                   help="a held-out bugs file: real bugs chosen after the rules were written, scored apart "
+                   "(repeatable; default: every bugs_heldout*.json beside --bugs, in name order)")
     p.add_argument("--libraries", type=Path, default=None,
                    help="libraries.json: model-library folders (nothing in them trains) and their labels, in "
                    "corpus.json's format (default: libraries.json beside --corpus; skipped when absent)")
@@ -493,8 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["libraries"], _ = score_labelled_set("model libraries", libraries, lib_repos, lib_labels, tree,
                                                     folders_of, minimum, a.quiet)
 
-    heldout = a.heldout or a.bugs.parent / "bugs_heldout.json"
-    for key, label, path in (("bugs", "real bugs", a.bugs), ("heldout_bugs", "held-out real bugs", heldout)):
+    heldout = a.heldout or sorted(a.bugs.parent.glob("bugs_heldout*.json"))
+    sets = [("bugs", "real bugs", a.bugs)] + [(heldout_key(h), f"held-out real bugs ({h.name})", h) for h in heldout]
+    for key, label, path in sets:
         if not path.exists():
             if key == "bugs":
                 print(f"\nreal bugs: {path} not found; recall skipped")

@@ -214,13 +214,18 @@ def test_heldout_bugs_beside_the_bugs_are_scored_apart(mirror, tmp_path, capsys)
     bugs.write_text(json.dumps({"bugs": [{**record, "id": "seen", "lines": [CLIP_LINE]}]}))
     (tmp_path / "bugs_heldout.json").write_text(json.dumps({"bugs": [
         {**record, "id": "fresh", "lines": [CLIP_LINE]}, {**record, "id": "far", "lines": [CLIP_LINE + 20]}]}))
+    (tmp_path / "bugs_heldout2.json").write_text(json.dumps({"bugs": [
+        {**record, "id": "later", "lines": [CLIP_LINE + 20]}]}))
     out = tmp_path / "out.json"
     assert bench.main(["--corpus", str(corpus), "--bugs", str(bugs), "--mirrors", str(mirrors), "--cache",
                        str(tmp_path / "cache"), "--json", str(out), "--quiet", "--no-timing"]) == 0
     r = json.loads(out.read_text())
     assert r["bugs"]["recall"] == 1.0
     assert r["heldout_bugs"]["recall"] == 0.5 and [m["id"] for m in r["heldout_bugs"]["missed"]] == ["far"]
-    assert "held-out real bugs: 2 scanned of 2, recall 0.50 (1/2)" in capsys.readouterr().out
+    assert r["heldout_bugs2"]["recall"] == 0.0   # every set beside the bugs, each scored apart
+    text = capsys.readouterr().out
+    assert "held-out real bugs (bugs_heldout.json): 2 scanned of 2, recall 0.50 (1/2)" in text
+    assert "held-out real bugs (bugs_heldout2.json): 1 scanned of 1, recall 0.00 (0/1)" in text
 
 
 def test_scan_root_repo_scans_the_whole_repository(mirror, tmp_path) -> None:

@@ -16,7 +16,9 @@ from dataclasses import replace
 from training_profiler import amp_loose as loose
 from training_profiler.amp_rules import (
     BUG_KIND_RULES,
+    AverageCopyCastToLowp,
     BatchIntoLowpModel,
+    CacheKeyedWithoutDtype,
     EpsAgainstParameters,
     EvalLossOutsideAutocast,
     GradsChangedBeforeUnscale,
@@ -44,8 +46,9 @@ EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
     "AMP011": (MaskConstantAgainstTraining,),
     "AMP012": (EpsAgainstParameters,),
     "AMP018": (ScalerSaveNeverRuns,),
-    "AMP021": (BatchIntoLowpModel, StaleCopyWrittenBack),
+    "AMP021": (BatchIntoLowpModel, StaleCopyWrittenBack, CacheKeyedWithoutDtype),
     "AMP024": (LayersOnUpcastInputElsewhere,),
+    "AMP025": (AverageCopyCastToLowp,),
 }
 
 

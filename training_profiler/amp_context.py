@@ -123,7 +123,8 @@ class FileContext:
     def has_gradscaler(self) -> bool:
         """A GradScaler is made, imported or used here (by what it is or how it is used)."""
         return bool(self.scaler_calls) or any(
-            (q := self.qualname(n)) is not None and q.split(".")[-1] in ("GradScaler", "ShardedGradScaler")
+            (q := self.qualname(n)) is not None and (q.split(".")[-1] in ("GradScaler", "ShardedGradScaler")
+                                                     or av.is_scaler_class(q))
             for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute))
         ) or any(
             isinstance(n, ast.ImportFrom) and any(a.name.endswith("GradScaler") for a in n.names)
@@ -188,12 +189,42 @@ class FileContext:
             last = name.rsplit(".", 1)[-1] or (c.func.attr if isinstance(c.func, ast.Attribute) else "")
             for flag in LIBRARY_AMP_FLAGS:
                 value = next((k.value for k in c.keywords if k.arg == flag.keyword), None)
+                if value is None and last in flag.callees:
+                    value = self._unpacked_keyword(c, flag.keyword)
                 if last in flag.callees and value is not None:
                     told = {flag.values[v] for v in self._literals(value) if v in flag.values}
                     if any(how == MIXED for _, how in told):
                         told = {t for t in told if t[1] == MIXED}
                     out |= told
         return out
+
+    def _unpacked_keyword(self, call: ast.Call, keyword: str) -> ast.AST | None:
+        """The value ``call`` gets for ``keyword`` through ``**kwargs`` that its function fills
+        (``fabric_kwargs.update(precision="16-mixed")``, ``kwargs["precision"] = ...``,
+        ``kwargs = dict(precision=...)``) before the call."""
+        names = {k.value.id for k in call.keywords if k.arg is None and isinstance(k.value, ast.Name)}
+        if not names:
+            return None
+        for node in ast.walk(self.enclosing_function(call)):
+            if getattr(node, "lineno", call.lineno) > call.lineno:
+                continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in names:
+                found = next((k.value for k in node.keywords if k.arg == keyword), None)
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                t = node.targets[0]
+                found = None
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in names \
+                        and isinstance(t.slice, ast.Constant) and t.slice.value == keyword:
+                    found = node.value
+                elif isinstance(t, ast.Name) and t.id in names and isinstance(node.value, ast.Call) \
+                        and isinstance(node.value.func, ast.Name) and node.value.func.id == "dict":
+                    found = next((k.value for k in node.value.keywords if k.arg == keyword), None)
+            else:
+                continue
+            if found is not None:
+                return found
+        return None
 
     def _literals(self, expr: ast.AST) -> set[object]:
         """Literal values ``expr`` may hold: a constant, or the strings its value follows to."""

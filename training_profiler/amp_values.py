@@ -81,6 +81,15 @@ STRING = "string"                      # a string literal (name: its text): "bf1
 _NULL_CONTEXTS = {"contextlib.nullcontext", "contextlib.suppress", "contextlib.ExitStack",
                   "torch.no_grad", "torch.enable_grad"}
 _SCALER_CLASSES = ("GradScaler", "ShardedGradScaler")
+#: GradScaler wrappers that libraries ship (their objects scale the loss when called and keep a
+#: GradScaler's state_dict): timm's, which DeiT, MAE, ConvNeXt and Swin train with.
+_EXTERNAL_SCALER_CLASSES = frozenset({"timm.utils.NativeScaler", "timm.utils.cuda.NativeScaler"})
+
+
+def is_scaler_class(qualname: str) -> bool:
+    """torch's GradScaler classes and the library wrappers of :data:`_EXTERNAL_SCALER_CLASSES`."""
+    return ((qualname.rsplit(".", 1)[-1] in _SCALER_CLASSES and qualname.startswith("torch."))
+            or qualname in _EXTERNAL_SCALER_CLASSES)
 _LOSS_CLASS_SUFFIX = "Loss"
 _TORCH_LOSS_FUNCTIONS = {
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -189,7 +198,7 @@ class Evaluator:
             return {Val(OPTIMIZER_CLASS, name=q)}
         if q in _AUTOCAST_QUALS:
             return {Val(AUTOCAST_FACTORY, name=q)}
-        if last in _SCALER_CLASSES and q.startswith("torch."):
+        if is_scaler_class(q):
             return {Val(SCALER_FACTORY, name=q)}
         if is_torch_loss_function(q):
             return {Val(LOSS_FN, name=q)}

@@ -48,3 +48,10 @@ def train(model, loader, optimizer, scaler):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+
+
+class RigidAlign(torch.nn.Module):
+    def forward(self, pred, true, weights):
+        cov = torch.einsum("bni,bnj->bij", weights * true, pred)
+        u, s, v = torch.svd(cov)                         # finding: the covariance is half under autocast
+        return u @ v.transpose(-2, -1)

@@ -50,3 +50,11 @@ def train(model, loader, optimizer, scaler):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+
+
+class RigidAlign(torch.nn.Module):
+    def forward(self, pred, true, weights):
+        with torch.autocast("cuda", enabled=False):     # no finding: covariance and SVD in float32
+            cov = torch.einsum("bni,bnj->bij", (weights * true).float(), pred.float())
+            u, s, v = torch.svd(cov)
+        return u @ v.transpose(-2, -1)

@@ -34,8 +34,10 @@ from training_profiler.amp_rules import (
     long_reduction,
     manual_scaling,
     numerics,
+    positions,
     reductions,
     sensitive_ops,
+    sharding,
 )
 from training_profiler.amp_rules.autocast_scope import (
     AutocastWrappedForward,
@@ -49,7 +51,7 @@ from training_profiler.amp_rules.autograd_function import (
     Float32BufferForKernel,
     PartialDtypeCasts,
 )
-from training_profiler.amp_rules.averages import AverageInParameterDtype
+from training_profiler.amp_rules.averages import AverageCopyCastToLowp, AverageInParameterDtype
 from training_profiler.amp_rules.base import (
     NO_TRAINING_NOTE,
     Confidence,
@@ -69,6 +71,7 @@ from training_profiler.amp_rules.consistency import (
 from training_profiler.amp_rules.deprecated import DeprecatedAmpApi
 from training_profiler.amp_rules.dtype_mix import (
     BatchIntoLowpModel,
+    CacheKeyedWithoutDtype,
     Float32BesideActivations,
     StaleCopyWrittenBack,
 )
@@ -90,15 +93,18 @@ from training_profiler.amp_rules.numerics import (
     MaskConstantAgainstTraining,
     NormStatsInInputPrecision,
 )
+from training_profiler.amp_rules.positions import RotaryAnglesInLowPrecision
 from training_profiler.amp_rules.reductions import (
     ReductionOutsideAutocast,
     SoftmaxNoDtype,
     UnusedUpcastSoftmax,
 )
 from training_profiler.amp_rules.sensitive_ops import SENSITIVE_OPS, SensitiveOpUnderAutocast
+from training_profiler.amp_rules.sharding import GradScalerNotSharded
 
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)
-BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages)
+BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages,
+                     positions, sharding)
 
 
 def _in_id_order(families: tuple) -> tuple[Rule, ...]:
@@ -124,6 +130,6 @@ __all__ = [
     "GradScalerWithBf16", "GradsChangedBeforeUnscale", "OptimizerStepAroundScaler", "LinearAttentionSum", "LossOutsideAutocast",
     "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
-    "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
-    "AverageInParameterDtype", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
+    "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "CacheKeyedWithoutDtype", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
+    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

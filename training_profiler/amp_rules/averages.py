@@ -91,4 +91,69 @@ class AverageInParameterDtype(RuleVisitor):
         self.generic_visit(node)
 
 
+_IN_PLACE_UPDATES = {"mul_", "lerp_", "add_", "sub_", "copy_", "addcmul_"}
+
+
+def _deepcopy_call(node: ast.AST, ctx: FileContext) -> bool:
+    return isinstance(node, ast.Call) and (ctx.qualname(node.func) or "").endswith("deepcopy")
+
+
+def _copied_average(ctx: FileContext, cls: ast.ClassDef) -> dict[str, ast.AST]:
+    """``self.<average> = deepcopy(...)`` (also ``deepcopy(...).eval()`` / ``.half()``) in a class:
+    attribute name -> the assignment's value."""
+    out: dict[str, ast.AST] = {}
+    for st in ast.walk(cls):
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Attribute)):
+            continue
+        cur = st.value
+        while isinstance(cur, ast.Call) and isinstance(cur.func, ast.Attribute) and not _deepcopy_call(cur, ctx):
+            cur = cur.func.value
+        name = st.targets[0].attr
+        if _deepcopy_call(cur, ctx) and _AVERAGE.search(name) and dotted(st.targets[0].value) == "self":
+            out.setdefault(name, st.value)
+    return out
+
+
+def _updates_in_place(cls: ast.ClassDef) -> bool:
+    """The class blends into its copy in place (``v *= d``, ``v.mul_(d)``, ``e.lerp_(p, w)``)."""
+    return any((isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Mult, ast.Add, ast.Sub)))
+               or (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _IN_PLACE_UPDATES)
+               for n in ast.walk(cls))
+
+
+class AverageCopyCastToLowp(RuleVisitor):
+    """AMP025 for a copied model: ``self.ema = deepcopy(model).half()`` (or ``self.ema.half()``
+    later) in a class that updates its copy in place, so the average lives in half precision
+    (yolov5 until 2020; bfloat16 is coarser still, 2**-7 relative)."""
+
+    def run(self):
+        ctx = self.ctx
+        if not any(_deepcopy_call(c, ctx) for c in ctx.calls):
+            return self.hits
+        for cls in (n for n in ctx.nodes if isinstance(n, ast.ClassDef)):
+            copies = _copied_average(ctx, cls)
+            if copies and _updates_in_place(cls):
+                for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call)):
+                    dtype = ctx.lowp_cast_dtype(call)
+                    name = _average_cast(ctx, call, copies) if dtype else None
+                    if name:
+                        self.report(call, f"the moving average `self.{name}` is a copy of the model cast to {dtype}: "
+                                          "its small per-step updates are rounded away")
+        return self.hits
+
+
+def _average_cast(ctx: FileContext, call: ast.Call, copies: dict[str, ast.AST]) -> str | None:
+    """The average a cast applies to: ``self.<name>.half()``, or the cast inside the copy's own
+    assignment (``deepcopy(model).half()``)."""
+    root = call.func.value
+    while isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) and not _deepcopy_call(root, ctx):
+        root = root.func.value
+    return next((n for n, v in copies.items()
+                 if dotted(root) == f"self.{n}" or (_deepcopy_call(root, ctx) and _within(v, root))), None)
+
+
+def _within(tree: ast.AST, node: ast.AST) -> bool:
+    return any(n is node for n in ast.walk(tree))
+
+
 RULES: tuple[Rule, ...] = (AverageInParameterDtype.rule,)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import re
 
-from training_profiler.amp_context import FileContext
+from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import float32_result, is_float32_cast
 from training_profiler.amp_precision import (
     activation_dtype_tests,
@@ -367,6 +367,43 @@ class StaleCopyWrittenBack(RuleVisitor):
                         self.report(st, f"`{st.value.value.id}` was copied from the weights at line {copied[0]}, "
                                         f"before `{cast[1]}` was cast to `{cast[2]}` at line {cast[0]}: the write "
                                         "puts the float32 copy into the cast weights")
+        return self.hits
+
+
+def _self_attrs(nodes) -> set[str]:
+    return {n.attr for node in nodes for n in ast.walk(node)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+class CacheKeyedWithoutDtype(RuleVisitor):
+    """AMP021 for a cache: tables made from a buffer (``emb = t * self.inv_freq``) and kept in
+    plain attributes (``self._cos_cached = emb.cos()``), rebuilt when ``if`` the length or the
+    device changes but not the dtype. ``model.half()`` casts buffers and parameters, not plain
+    attributes, so tables built before the cast stay float32 and meet half activations (and
+    promote them: xformers' rotary embedding until 2022)."""
+
+    def run(self):
+        ctx = self.ctx
+        for cls in (n for n in ctx.nodes if isinstance(n, ast.ClassDef)):
+            buffers = set(_buffers(cls))
+            if not buffers:
+                continue
+            for test_if in (n for n in ast.walk(cls) if isinstance(n, ast.If)):
+                test = test_if.test
+                mentions = {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+                if "device" not in mentions or "dtype" in mentions or not _self_attrs([test]):
+                    continue
+                cached = sorted(t.attr for st in test_if.body for n in ast.walk(st)
+                                if isinstance(n, ast.Assign) and any(isinstance(c, ast.Call) for c in ast.walk(n.value))
+                                for tgt in n.targets for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])
+                                if isinstance(t, ast.Attribute) and dotted(t.value) == "self"
+                                and t.attr not in buffers and t.attr in _self_attrs([test]))
+                if cached and _self_attrs(test_if.body) & buffers:
+                    confidence, why = _confidence(ctx)
+                    self.report(test, f"`self.{cached[0]}` is rebuilt when the length or the device changes, not "
+                                      "the dtype: a plain attribute, which a model cast leaves as it was, so tables "
+                                      f"made before `model.half()` stay float32 beside half activations{why}",
+                                confidence)
         return self.hits
 
 

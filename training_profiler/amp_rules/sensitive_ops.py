@@ -156,6 +156,40 @@ def t5_encoder(ctx: FileContext, node: ast.AST) -> str | None:
     return f"`{ast.unparse(node.func)[:40]}(...)` runs a T5 encoder ({hit})"
 
 
+_DECOMPOSITIONS = {f"torch.{n}" for n in (
+    "svd", "linalg.svd", "linalg.svdvals", "linalg.eig", "linalg.eigh", "linalg.eigvals", "linalg.eigvalsh",
+    "qr", "linalg.qr", "cholesky", "linalg.cholesky", "inverse", "linalg.inv", "linalg.solve", "linalg.lstsq",
+    "det", "linalg.det", "logdet", "linalg.slogdet", "pinverse", "linalg.pinv")}
+_PRODUCT_CALLS = ("einsum", "matmul", "bmm", "mm")
+
+
+def _is_product(ctx: FileContext, expr: ast.AST) -> bool:
+    """A matrix product (``a @ b``, ``torch.einsum``/einops' ``einsum``, ``matmul``), which
+    autocast runs in low precision, anywhere in ``expr``."""
+    return any((isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult))
+               or (isinstance(n, ast.Call) and (ctx.call_name(n) or dotted(n.func) or "").rsplit(".", 1)[-1]
+                   in _PRODUCT_CALLS) for n in ast.walk(expr))
+
+
+def matrix_decomposition(ctx: FileContext, node: ast.AST) -> str | None:
+    """A decomposition or inverse (``torch.svd``, ``torch.linalg.eigh``, ...) of a matrix product
+    made in the same function and not cast to float32: under autocast the product is half."""
+    if not (isinstance(node, ast.Call) and node.args and (ctx.call_name(node) or "") in _DECOMPOSITIONS):
+        return None
+    arg = node.args[0]
+    if float32_result(ctx, arg):
+        return None
+    product = _is_product(ctx, arg)
+    if not product and isinstance(arg, ast.Name):
+        fn = ctx.enclosing_function(node)
+        product = any(isinstance(st, ast.Assign) and st.lineno < node.lineno and _is_product(ctx, st.value)
+                      and not float32_result(ctx, st.value)
+                      and any(isinstance(t, ast.Name) and t.id == arg.id for t in st.targets) for st in ast.walk(fn))
+    if not product:
+        return None
+    return f"`{ctx.call_name(node)}` of the matrix product `{ast.unparse(arg)[:40]}`"
+
+
 @dataclass(frozen=True)
 class SensitiveOp:
     """One row: what it is, how to spot it, the precisions it breaks in, and why."""
@@ -173,6 +207,11 @@ SENSITIVE_OPS: tuple[SensitiveOp, ...] = (
     SensitiveOp("spectral features", spectral_features, (FLOAT16, BFLOAT16),
                 "power spectra pass float16's 65504 and the filterbank matmul runs in low precision "
                 "(inf, then NaN after the log); cuFFT runs half precision only for power-of-two sizes"),
+    SensitiveOp("matrix decomposition", matrix_decomposition, (FLOAT16, BFLOAT16),
+                "autocast makes the product in low precision, and CUDA autocast hands the decomposition that "
+                "half matrix (it has no float32 entry for it): torch's linear-algebra kernels take no "
+                "float16/bfloat16 (an error). CPU autocast upcasts it, after the product was rounded to "
+                "bfloat16's 8 significant bits, which moves small singular values and their vectors"),
     SensitiveOp("T5 encoder", t5_encoder, (FLOAT16,),
                 "T5's feed-forward activations pass float16's 65504 (inf, then NaN); it is trained "
                 "in bfloat16 or float32"),
