@@ -170,3 +170,29 @@ def test_a_plain_scaler_beside_an_fsdp_helper_is_high_and_a_sharded_one_silences
     assert found == [("trainer.py", 6, "AMP027", "HIGH")]
     (pkg / "scaler.py").write_text("from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\n")
     assert not [f for f in sc.check_paths([pkg]).findings if f.rule_id == "AMP027"]
+
+
+def test_a_separate_script_that_uses_fsdp_says_nothing_about_this_one(tmp_path: Path) -> None:
+    """An examples folder: one program shards with FSDP, another trains with DDP and a plain
+    GradScaler; the second is not reported."""
+    (tmp_path / "fsdp_example").mkdir()
+    (tmp_path / "fsdp_example" / "__init__.py").write_text("")
+    (tmp_path / "fsdp_example" / "run.py").write_text(
+        "from torch.distributed.fsdp import FullyShardedDataParallel\n"
+        "def main(model):\n    return FullyShardedDataParallel(model)\n")
+    (tmp_path / "ddp_example").mkdir()
+    (tmp_path / "ddp_example" / "__init__.py").write_text("")
+    (tmp_path / "ddp_example" / "train.py").write_text(textwrap.dedent("""
+        import torch
+        def fit(model, batches, opt):
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            scaler = torch.amp.GradScaler("cuda")
+            for x in batches:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = model(x).sum()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+    """))
+    low = sc.Confidence.parse("low")
+    assert not [f for f in sc.check_paths([tmp_path], min_confidence=low).findings if f.rule_id == "AMP027"]

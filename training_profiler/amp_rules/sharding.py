@@ -52,7 +52,9 @@ def _plain_scalers(ctx: FileContext) -> list[ast.Call]:
                 "the inf/NaN check across ranks (and handles CPU-offloaded gradients)."))
 class GradScalerNotSharded(RuleVisitor):
     """A ``torch.amp.GradScaler(...)`` made in a module that wraps the model in FSDP (itself,
-    or through a project function it calls), in a scan that names no ShardedGradScaler."""
+    or through a project function it calls; medium when another module of the same program
+    does), in a scan that names no ShardedGradScaler. A separate script that uses FSDP (an
+    examples folder) says nothing about this one."""
 
     def run(self):
         ctx = self.ctx
@@ -63,8 +65,12 @@ class GradScalerNotSharded(RuleVisitor):
         if sharded or not wrapping:
             return self.hits
         where, confidence = self._fsdp_here(), Confidence.HIGH
-        if where is None:
-            other = wrapping[0]
+        if where is None:  # FSDP in the same program (a module this one uses, or that uses it), not beside it
+            users = {id(m) for m in ctx.project.users_of(ctx)}
+            other = next((m for m in wrapping if id(m) in users or any(u is ctx for u in ctx.project.users_of(m))),
+                         None)
+            if other is None:
+                return self.hits
             where = f"{other.path.rsplit('/', 1)[-1]}:{_wraps_fsdp(other, other.calls).lineno}"
             confidence = Confidence.MEDIUM
         for c in plain:
