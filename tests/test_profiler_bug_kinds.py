@@ -196,3 +196,24 @@ def test_a_separate_script_that_uses_fsdp_says_nothing_about_this_one(tmp_path: 
     """))
     low = sc.Confidence.parse("low")
     assert not [f for f in sc.check_paths([tmp_path], min_confidence=low).findings if f.rule_id == "AMP027"]
+
+
+def test_a_decomposition_in_set_up_code_is_not_reported() -> None:
+    """An adapter's initialisation (peft's AdaMSS `update_layer`) runs before training, outside
+    its autocast: only a `forward`, or code inside an autocast block, is judged."""
+    source = """
+        import torch
+        class Adapter(torch.nn.Module):
+            def update_layer(self, data, a):
+                q, r = torch.linalg.qr(data.T @ a)
+                return q
+            def forward(self, data, a):
+                q, r = torch.linalg.qr(data.T @ a)
+                return q
+        def train(model, x, a, opt):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x, a).sum()
+            loss.backward()
+            opt.step()
+    """
+    assert [(n, r) for n, r in _rules(source) if r == "AMP020"] == [(8, "AMP020")]

@@ -21,6 +21,7 @@ from training_profiler.amp_rules import (
     CacheKeyedWithoutDtype,
     EpsAgainstParameters,
     EvalLossOutsideAutocast,
+    Float16ChosenOnBf16Path,
     GradsChangedBeforeUnscale,
     LayersOnUpcastInputElsewhere,
     MaskConstantAgainstTraining,
@@ -36,7 +37,7 @@ from training_profiler.amp_rules import RULES as BASE_RULES
 
 # rule id -> visitors run after the rule's own one
 EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
-    "AMP001": (loose.LooseManualCast,),
+    "AMP001": (Float16ChosenOnBf16Path, loose.LooseManualCast),
     "AMP002": (loose.LooseBce,),
     "AMP003": (EvalLossOutsideAutocast,),
     "AMP004": (UnusedUpcastSoftmax, loose.LooseSoftmax),

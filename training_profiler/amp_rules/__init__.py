@@ -61,7 +61,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.casts import ManualCast
+from training_profiler.amp_rules.casts import Float16ChosenOnBf16Path, ManualCast
 from training_profiler.amp_rules.checkpoint import ScalerSaveNeverRuns, ScalerStateNotCheckpointed
 from training_profiler.amp_rules.consistency import (
     DtypeMatchUndone,
@@ -128,7 +128,7 @@ __all__ = [
     "ClipWithoutUnscale", "DeprecatedAmpApi", "EpsAgainstParameters", "EpsUnderflowFp16",
     "EvalLossOutsideAutocast", "Float32BufferForKernel", "Fp16UnsafeConstant", "Fp16WithoutGradScaler",
     "GradScalerWithBf16", "GradsChangedBeforeUnscale", "OptimizerStepAroundScaler", "LinearAttentionSum", "LossOutsideAutocast",
-    "ManualCast", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
+    "ManualCast", "Float16ChosenOnBf16Path", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "CacheKeyedWithoutDtype", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
     "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",

@@ -101,5 +101,38 @@ def _runtime_dtype_note(ctx: FileContext, call: ast.Call) -> str:
     return ""
 
 
+_FLOAT16 = ("torch.float16", "torch.half")
+
+
+class Float16ChosenOnBf16Path(RuleVisitor):
+    """AMP001 for a dtype chosen, not cast: ``torch.float16`` as the value an ``if``/``else``
+    expression or an ``if`` body picks when its test says bfloat16 was asked for
+    (``torch.float16 if cfg.fp16 or cfg.bf16 else torch.float32``: axolotl until 2023).
+    Whatever it is handed to (``torch_dtype=``, ``.to(dtype)``) then runs a bfloat16 model in
+    float16, whose range (65504) bfloat16 models are not trained to stay in."""
+
+    def run(self):
+        ctx = self.ctx
+        for node in ctx.nodes:
+            if isinstance(node, ast.IfExp) and self._float16(node.body) and _selects_bf16(ctx, node.test):
+                self._hit(node.body, node.test)
+            elif isinstance(node, ast.If) and _selects_bf16(ctx, node.test):
+                for st in node.body:
+                    values = [st.value] if isinstance(st, (ast.Assign, ast.AnnAssign, ast.Return)) and st.value else []
+                    values += [k.value for c in ast.walk(st) if isinstance(c, ast.Call) and not ctx.lowp_cast_dtype(c)
+                               for k in c.keywords if k.arg in ("dtype", "torch_dtype")]
+                    for v in values:
+                        if self._float16(v):
+                            self._hit(v, node.test)
+        return self.hits
+
+    def _float16(self, node: ast.AST) -> bool:
+        return isinstance(node, (ast.Attribute, ast.Name)) and self.ctx.qualname(node) in _FLOAT16
+
+    def _hit(self, node: ast.AST, test: ast.AST) -> None:
+        self.report(node, f"float16 chosen on the bfloat16 path (`{ast.unparse(test)[:60]}`): a bfloat16 model "
+                          "run in float16 can pass its range (65504)")
+
+
 # the rules this family declares (the package puts every family's rules in id order)
 RULES: tuple[Rule, ...] = (ManualCast.rule,)

@@ -80,11 +80,14 @@ def _is_accelerator(ctx: FileContext, expr: ast.AST) -> bool:
 
 
 _BF16_WORDS = ("bf16", "bfloat16")
+#: names of boolean switches that say bfloat16 was asked for (``cfg.bf16``, ``args.use_bf16``)
+_BF16_FLAGS = frozenset({"bf16", "bfloat16", "use_bf16", "is_bf16", "bf16_enabled", "enable_bf16"})
 
 
 def _selects_bf16(ctx: FileContext, test: ast.AST) -> bool:
     """An ``if`` test that holds when bfloat16 was chosen (``mode == "bf16"``, ``dtype is
-    torch.bfloat16``, ``dtype in (torch.float16, torch.bfloat16)``), judged per comparison: the
+    torch.bfloat16``, ``dtype in (torch.float16, torch.bfloat16)``, a switch ``cfg.bf16``; one
+    operand of an ``or`` is enough), judged per comparison: the
     one naming bfloat16 must not be negated (``!=``, ``not in``, ``not ...``)."""
     def names_bf16(n: ast.AST) -> bool:
         return any((isinstance(x, ast.Constant) and isinstance(x.value, str) and x.value.lower() in _BF16_WORDS)
@@ -98,7 +101,12 @@ def _selects_bf16(ctx: FileContext, test: ast.AST) -> bool:
             return False
         if isinstance(n, ast.Compare):
             return names_bf16(n) and not any(isinstance(o, (ast.NotEq, ast.IsNot, ast.NotIn)) for o in n.ops)
-        return isinstance(n, (ast.Attribute, ast.Name)) and ctx.qualname(n) == "torch.bfloat16"
+        if not isinstance(n, (ast.Attribute, ast.Name)):
+            return False
+        if ctx.qualname(n) == "torch.bfloat16":
+            return True
+        last = n.attr if isinstance(n, ast.Attribute) else n.id
+        return last in _BF16_FLAGS and not (ctx.qualname(n) or "").startswith("torch.")
 
     return positive(test)
 

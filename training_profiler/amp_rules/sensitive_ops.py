@@ -173,9 +173,13 @@ def _is_product(ctx: FileContext, expr: ast.AST) -> bool:
 
 def matrix_decomposition(ctx: FileContext, node: ast.AST) -> str | None:
     """A decomposition or inverse (``torch.svd``, ``torch.linalg.eigh``, ...) of a matrix product
-    made in the same function and not cast to float32: under autocast the product is half."""
+    made in the same function and not cast to float32, in a ``forward`` or inside an autocast
+    block: under autocast the product is half."""
     if not (isinstance(node, ast.Call) and node.args and (ctx.call_name(node) or "") in _DECOMPOSITIONS):
         return None
+    scope = ctx.scope_of(node)
+    if scope is None and getattr(ctx.enclosing_function(node), "name", "") != "forward":
+        return None  # set-up code (an adapter's initialisation, a merge) runs outside the training autocast
     arg = node.args[0]
     if float32_result(ctx, arg):
         return None
