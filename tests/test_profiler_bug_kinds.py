@@ -217,3 +217,34 @@ def test_a_decomposition_in_set_up_code_is_not_reported() -> None:
             opt.step()
     """
     assert [(n, r) for n, r in _rules(source) if r == "AMP020"] == [(8, "AMP020")]
+
+
+# ---- AMP028 autocast off, inputs not upcast ------------------------------------------------------
+def test_turning_autocast_off_does_not_upcast() -> None:
+    """The rule's premise: inside a disabled region a half input stays half and a product of it
+    stays half (CPU autocast shown; CUDA's behaves the same)."""
+    x = torch.rand(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = x @ x
+        assert h.dtype == torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            assert (h @ h).dtype == torch.bfloat16
+            assert (h.float() @ h.float()).dtype == torch.float32
+
+
+def test_autocast_off_rule_edges() -> None:
+    source = """
+        import torch
+        def score(q, k, temperature):
+            with torch.autocast("cuda", enabled=False):
+                return torch.matmul(q, k.transpose(-1, -2)) / temperature
+    """
+    assert (4, "AMP028") in _rules(source)
+    # an upcast, or any cast its author chose, before the use
+    assert "AMP028" not in {r for _, r in _rules(source.replace("matmul(q,", "matmul(q.float(),").replace(
+        "k.transpose", "k.float().transpose"))}
+    assert "AMP028" not in {r for _, r in _rules(source.replace(
+        '            return', '            q = q.to(k.dtype)\n            return'))}
+    # a value made inside the region (not an input) is not this rule's
+    made = source.replace("torch.matmul(q, k.transpose(-1, -2))", "torch.matmul(torch.ones(2, 2), torch.eye(2))")
+    assert "AMP028" not in {r for _, r in _rules(made)}

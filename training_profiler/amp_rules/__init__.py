@@ -29,6 +29,7 @@ from training_profiler.amp_rules import (
     checkpoint,
     consistency,
     deprecated,
+    disabled_autocast,
     dtype_mix,
     grad_scaler,
     long_reduction,
@@ -69,6 +70,7 @@ from training_profiler.amp_rules.consistency import (
     UpcastSkippedHere,
 )
 from training_profiler.amp_rules.deprecated import DeprecatedAmpApi
+from training_profiler.amp_rules.disabled_autocast import AutocastOffWithoutUpcast
 from training_profiler.amp_rules.dtype_mix import (
     BatchIntoLowpModel,
     CacheKeyedWithoutDtype,
@@ -104,7 +106,7 @@ from training_profiler.amp_rules.sharding import GradScalerNotSharded
 
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)
 BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages,
-                     positions, sharding)
+                     positions, sharding, disabled_autocast)
 
 
 def _in_id_order(families: tuple) -> tuple[Rule, ...]:
@@ -131,5 +133,5 @@ __all__ = [
     "ManualCast", "Float16ChosenOnBf16Path", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "CacheKeyedWithoutDtype", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
-    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
+    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

@@ -31,6 +31,15 @@ def _optimizer_state(ctx: FileContext, expr: ast.AST) -> bool:
     return False
 
 
+def _is_optimizer(ctx: FileContext, expr: ast.AST) -> bool:
+    """The optimizer object itself (``save_checkpoint(model, optimizer, ...)``: the helper saves
+    its state), by value or by name."""
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
+        return False
+    name = (dotted(expr) or "").rsplit(".", 1)[-1].lower()
+    return av.OPTIMIZER in ctx.values.kinds(expr) or name in ("optimizer", "optim", "opt") or name.startswith("optimizer_")
+
+
 def _saved_dict(ctx: FileContext, call: ast.Call) -> list[ast.AST]:
     """What a ``torch.save(obj, ...)`` saves: the dict literal, or a name bound to one plus the
     ``obj[key] = value`` stores into it in the same function."""
@@ -84,8 +93,11 @@ class ScalerStateNotCheckpointed(RuleVisitor):
             if saves and not any(_scalerish(ctx, a) for c in saves for a in [*c.args, *(k.value for k in c.keywords)]):
                 c = saves[0]
                 callee = _callee(ctx, c)
-                what = f"{callee} is given the optimizer" if "Checkpoint" in callee else "checkpoint saves the optimizer's state"
-                self.report(c, f"{what} but not the GradScaler's")
+                given = [*c.args, *(k.value for k in c.keywords)]
+                state = any(_optimizer_state(ctx, p) for p in _saved_dict(ctx, c) or given)
+                what = (f"{callee} is given the optimizer" if "Checkpoint" in callee or not state
+                        else "checkpoint saves the optimizer's state")
+                self.report(c, f"{what} but not the GradScaler" + ("" if "given" in what else "'s"))
         return self.hits
 
     def _saves_optimizer(self, c: ast.Call) -> bool:
@@ -95,8 +107,11 @@ class ScalerStateNotCheckpointed(RuleVisitor):
             return _has_kw(c, "optimizer")
         if "save" not in callee.lower():
             return False
-        parts = _saved_dict(ctx, c) or [*c.args, *(k.value for k in c.keywords)]
-        return any(_optimizer_state(ctx, p) for p in parts) and not any(_scalerish(ctx, p) for p in parts)
+        given = [*c.args, *(k.value for k in c.keywords)]
+        parts = _saved_dict(ctx, c) or given
+        optimizer = any(_optimizer_state(ctx, p) for p in parts) or (
+            not _saved_dict(ctx, c) and callee.rsplit(".", 1)[-1] != "save" and any(_is_optimizer(ctx, p) for p in given))
+        return optimizer and not any(_scalerish(ctx, p) for p in parts)
 
 
 class ScalerSaveNeverRuns(RuleVisitor):

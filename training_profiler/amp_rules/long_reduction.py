@@ -22,6 +22,35 @@ def _transposed_name(expr: ast.AST) -> str | None:
     return None
 
 
+_VALUES = re.compile(r"^v(alues?)?$", re.I)
+_KEYS = re.compile(r"^k(eys?)?$", re.I)
+
+
+def _transposed_through(fn: ast.AST, expr: ast.AST) -> str | None:
+    """:func:`_transposed_name`, also through a name the function bound to a transpose
+    (``trans_k = k.transpose(-1, -2)``; ``torch.matmul(trans_k, v)``)."""
+    found = _transposed_name(expr)
+    if found or not isinstance(expr, ast.Name):
+        return found
+    bound = [st.value for st in ast.walk(fn) if isinstance(st, ast.Assign) and len(st.targets) == 1
+             and isinstance(st.targets[0], ast.Name) and st.targets[0].id == expr.id]
+    return _transposed_name(bound[0]) if len(bound) == 1 else None
+
+
+def _context_operand(fn: ast.AST, left: ast.AST, right: ast.AST) -> str | None:
+    """The keys of a linear-attention context: ``k^T @ v`` (tokens first), or ``v @ k^T`` with
+    tokens last (channel-first layouts: efficientvit's LiteMLA); the second only when the names
+    say values and keys, since ``q @ k^T`` is ordinary attention's score, a sum over the head."""
+    keys = _transposed_through(fn, left)
+    if keys:
+        return keys
+    keys = _transposed_through(fn, right)
+    values = (dotted(left) or "").rsplit(".", 1)[-1]
+    if keys and _VALUES.match(values) and _KEYS.match(keys.rsplit(".", 1)[-1].removeprefix("trans_")):
+        return keys
+    return None
+
+
 def _einsum_context(spec: str) -> bool:
     """'...nd,...ne->...de': one index summed, the second-to-last of both inputs."""
     m = re.fullmatch(r"\s*([\w.]+)\s*,\s*([\w.]+)\s*->\s*([\w.]+)\s*", spec)
@@ -49,9 +78,10 @@ class LinearAttentionSum(RuleVisitor):
         for n in ctx.nodes:
             left = None
             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult):
-                left = _transposed_name(n.left)
-            elif isinstance(n, ast.Call) and (ctx.call_name(n) or "").rsplit(".", 1)[-1] in ("matmul", "bmm") and n.args:
-                left = _transposed_name(n.args[0])
+                left = _context_operand(ctx.enclosing_function(n), n.left, n.right)
+            elif isinstance(n, ast.Call) and (ctx.call_name(n) or "").rsplit(".", 1)[-1] in ("matmul", "bmm") \
+                    and len(n.args) == 2:
+                left = _context_operand(ctx.enclosing_function(n), n.args[0], n.args[1])
             elif isinstance(n, ast.Call) and (ctx.call_name(n) or "").endswith("einsum") and len(n.args) == 3 \
                     and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str) \
                     and _einsum_context(n.args[0].value):
