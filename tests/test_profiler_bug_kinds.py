@@ -248,3 +248,24 @@ def test_autocast_off_rule_edges() -> None:
     # a value made inside the region (not an input) is not this rule's
     made = source.replace("torch.matmul(q, k.transpose(-1, -2))", "torch.matmul(torch.ones(2, 2), torch.eye(2))")
     assert "AMP028" not in {r for _, r in _rules(made)}
+
+
+def test_a_method_of_the_class_is_not_a_layer_for_autocast_off() -> None:
+    """``self.noise_assignment(x_start, noise)`` inside a disabled region is the class's own
+    method (denoising-diffusion-pytorch's q_sample), not a float32 layer meeting a half input."""
+    source = """
+        import torch
+        class Diffusion(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(4, 4)
+            def assign(self, a, b):
+                return a
+            @torch.autocast("cuda", enabled=False)
+            def q_sample(self, x_start, noise):
+                return self.assign(x_start, noise)
+            @torch.autocast("cuda", enabled=False)
+            def project(self, x):
+                return self.proj(x)
+    """
+    assert [(n, r) for n, r in _rules(source) if r == "AMP028"] == [(12, "AMP028")]

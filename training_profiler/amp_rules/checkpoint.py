@@ -61,6 +61,40 @@ def _saved_dict(ctx: FileContext, call: ast.Call) -> list[ast.AST]:
     return out
 
 
+def _project_saves_scaler(ctx: FileContext) -> bool:
+    """Some module of the scan saves a loss scaler's state: a framework whose save helpers take
+    the optimizer (Megatron, Accelerate) saves the scaler through another path, so a helper given
+    the optimizer alone says nothing there."""
+    key = "_fact_project_saves_scaler"
+    project = ctx.project
+    if key not in project.__dict__:
+        project.__dict__[key] = any(_module_saves_scaler(m) or _hands_scaler_to_a_save(m)
+                                    for m in project.modules.values())
+    return project.__dict__[key]
+
+
+def _hands_scaler_to_a_save(ctx: FileContext) -> bool:
+    """A save helper is given the scaler object (``save_accelerator_state(..., self.scaler)``):
+    it saves the state where the scan may not reach."""
+    return bool(_save_calls_given_a_scaler(ctx))
+
+
+def _save_calls_given_a_scaler(ctx: FileContext) -> set[str]:
+    """Names of the save helpers this module hands the scaler (object or state)."""
+    return {_callee(ctx, c) for c in ctx.calls if "save" in _callee(ctx, c).lower()
+            and any(_scalerish(ctx, a) for a in [*c.args, *(k.value for k in c.keywords)])}
+
+
+def _helpers_given_a_scaler(ctx: FileContext) -> set[str]:
+    """Save helpers the scan hands a scaler somewhere: one called without it here leaves the
+    scaler out where the other training scripts put it in (Coqui TTS's vocoder scripts)."""
+    key = "_fact_helpers_given_a_scaler"
+    project = ctx.project
+    if key not in project.__dict__:
+        project.__dict__[key] = set().union(*(_save_calls_given_a_scaler(m) for m in project.modules.values()))
+    return project.__dict__[key]
+
+
 def _module_saves_scaler(ctx: FileContext) -> bool:
     return any(isinstance(c.func, ast.Attribute) and c.func.attr == "state_dict" and _scalerish(ctx, c.func.value)
                for c in ctx.calls)
@@ -110,7 +144,8 @@ class ScalerStateNotCheckpointed(RuleVisitor):
         given = [*c.args, *(k.value for k in c.keywords)]
         parts = _saved_dict(ctx, c) or given
         optimizer = any(_optimizer_state(ctx, p) for p in parts) or (
-            not _saved_dict(ctx, c) and callee.rsplit(".", 1)[-1] != "save" and any(_is_optimizer(ctx, p) for p in given))
+            not _saved_dict(ctx, c) and callee.rsplit(".", 1)[-1] != "save" and any(_is_optimizer(ctx, p) for p in given)
+            and (callee in _helpers_given_a_scaler(ctx) or not _project_saves_scaler(ctx)))
         return optimizer and not any(_scalerish(ctx, p) for p in parts)
 
 

@@ -62,9 +62,10 @@ def _root(expr: ast.AST) -> ast.AST:
     return expr
 
 
-def _uses(ctx: FileContext, stmts: list[ast.stmt]):
+def _uses(ctx: FileContext, stmts: list[ast.stmt], methods: set[str]):
     """(call, operand) for each product or layer call in ``stmts`` and each bare name among its
-    operands: ``torch.matmul(x, w)``, ``x @ w``, ``self.proj(x)``."""
+    operands: ``torch.matmul(x, w)``, ``x @ w``, ``self.proj(x)`` (a layer: not one of the
+    class's own ``methods``)."""
     for st in stmts:
         for n in ast.walk(st):
             operands: list[ast.AST] = []
@@ -72,11 +73,29 @@ def _uses(ctx: FileContext, stmts: list[ast.stmt]):
                 operands = [n.left, n.right]
             elif isinstance(n, ast.Call):
                 callee = ctx.call_name(n) or dotted(n.func) or ""
-                if callee.rsplit(".", 1)[-1] in _PRODUCTS or (callee.startswith("self.") and callee.count(".") == 1):
+                layer = callee.startswith("self.") and callee.count(".") == 1 and callee[5:] not in methods
+                if callee.rsplit(".", 1)[-1] in _PRODUCTS or layer:
                     operands = list(n.args)
             for op in operands:
                 if isinstance(op, ast.Name):
                     yield n, op.id
+
+
+def _derived(ctx: FileContext, fn: ast.AST, params: set[str]) -> set[str]:
+    """``params`` and the names the function binds to a reshaping of one of them with no cast
+    on the way (``flatten = rearrange(x, "b n d -> (b n) d")``, ``h = x[:, 0]``)."""
+    out = set(params)
+    for st in sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign)), key=lambda n: n.lineno):
+        if len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and st.targets[0].id not in params \
+                and any(isinstance(n, ast.Name) and n.id in out for n in ast.walk(st.value)) \
+                and not any(isinstance(n, ast.Call) and (is_float32_cast(ctx, n) or ctx.lowp_cast_dtype(n)
+                                                         or _casts(n)) for n in ast.walk(st.value)):
+            out.add(st.targets[0].id)
+    return out
+
+
+def _casts(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "type", "type_as", "float", "double")
 
 
 @declare_rule(
@@ -101,10 +120,15 @@ class AutocastOffWithoutUpcast(RuleVisitor):
             fn, stmts = found
             params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)
                       if not _NOT_ACTIVATIONS.search(a.arg)} - {"self", "cls"}
-            for use, name in _uses(ctx, stmts):
-                if name in params and not _handled(ctx, fn, name, use.lineno):
+            cls = ctx.values.enclosing_class(fn)
+            methods = {n.name for n in (cls.body if cls is not None else [])
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            inputs = _derived(ctx, fn, params)
+            for use, name in _uses(ctx, stmts, methods):
+                if name in inputs and not _handled(ctx, fn, name, use.lineno):
                     confidence, why = self._confidence()
-                    self.report(scope.node, f"autocast is turned off here, but `{name}` is used as it comes (line "
+                    what = f"`{name}`" if name in params else f"`{name}` (made from an input, not upcast)"
+                    self.report(scope.node, f"autocast is turned off here, but {what} is used as it comes (line "
                                             f"{use.lineno}): under the callers' float16 autocast it is still "
                                             f"float16{why}", confidence)
                     break
