@@ -269,3 +269,17 @@ def test_a_method_of_the_class_is_not_a_layer_for_autocast_off() -> None:
                 return self.proj(x)
     """
     assert [(n, r) for n, r in _rules(source) if r == "AMP028"] == [(12, "AMP028")]
+
+
+def test_tables_made_fresh_inside_the_region_are_not_inputs() -> None:
+    """OLMo's rotary tables: ``torch.arange(seq_len, device=device, dtype=torch.float)`` inside a
+    disabled region is a new float32 tensor, not an input arriving in half."""
+    source = """
+        import torch
+        def rotary(seq_len, device, inv_freq_base):
+            with torch.autocast(device.type, enabled=False):
+                seq = torch.arange(seq_len, device=device, dtype=torch.float)
+                freqs = torch.einsum("i , j -> i j", seq, seq)
+                return freqs @ freqs.T
+    """
+    assert "AMP028" not in {r for _, r in _rules(source)}

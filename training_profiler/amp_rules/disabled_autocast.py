@@ -26,7 +26,10 @@ from training_profiler.amp_rules.base import (
 
 _PRODUCTS = ("matmul", "bmm", "mm", "einsum", "cdist", "linear", "conv1d", "conv2d", "conv3d", "baddbmm")
 #: parameter names that hold no float activations (a text encoder's texts, token ids, masks)
-_NOT_ACTIVATIONS = re.compile(r"text|token|(^|_)ids?$|mask|label|idx|indices|caption|prompt", re.I)
+_NOT_ACTIVATIONS = re.compile(r"text|token|(^|_)ids?$|mask|label|idx|indices|caption|prompt|len|size|device|"
+                              r"shape|(^|_)dims?$|num_|count|steps?$", re.I)
+_FACTORIES = {"arange", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "linspace", "logspace", "eye",
+              "tensor", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like"}
 
 
 def _region(ctx: FileContext, node: ast.AST) -> tuple[ast.AST, list[ast.stmt]] | None:
@@ -95,7 +98,10 @@ def _derived(ctx: FileContext, fn: ast.AST, params: set[str]) -> set[str]:
 
 
 def _casts(call: ast.Call) -> bool:
-    return isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "type", "type_as", "float", "double")
+    """A cast, or a new tensor (a factory, anything given ``dtype=``): not the input any more."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
+    return name in ("to", "type", "type_as", "float", "double") or name in _FACTORIES \
+        or any(k.arg == "dtype" for k in call.keywords)
 
 
 @declare_rule(
