@@ -128,9 +128,11 @@ class AverageCopyCastToLowp(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        if not any(_deepcopy_call(c, ctx) for c in ctx.calls):
-            return self.hits
-        for cls in (n for n in ctx.nodes if isinstance(n, ast.ClassDef)):
+        classes: dict[int, ast.ClassDef] = {}
+        for c in ctx.calls:
+            if _deepcopy_call(c, ctx) and (cls := ctx.values.enclosing_class(c)) is not None:
+                classes.setdefault(id(cls), cls)
+        for cls in sorted(classes.values(), key=lambda n: n.lineno):
             copies = _copied_average(ctx, cls)
             if copies and _updates_in_place(cls):
                 for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call)):

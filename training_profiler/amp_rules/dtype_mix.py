@@ -38,6 +38,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
+from training_profiler.amp_rules.helpers import classes_calling
 
 _FACTORIES = {"torch.linspace", "torch.logspace", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
               "torch.rand", "torch.randn", "torch.eye", "torch.Tensor", "torch.FloatTensor"}
@@ -384,7 +385,7 @@ class CacheKeyedWithoutDtype(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        for cls in (n for n in ctx.nodes if isinstance(n, ast.ClassDef)):
+        for cls in classes_calling(ctx, "register_buffer"):
             buffers = set(_buffers(cls))
             if not buffers:
                 continue

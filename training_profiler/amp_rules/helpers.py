@@ -164,3 +164,15 @@ def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None,
         return Confidence.MEDIUM, LIBRARY_NOTE.format(why="float16 is one they use")
     return Confidence.LOW, NO_TRAINING_NOTE.format(why="float16").replace(
         "no training seen; if this runs under AMP, float16", "no float16 training seen; if this trains in float16")
+
+
+def classes_calling(ctx: FileContext, method: str) -> list[ast.ClassDef]:
+    """The classes whose code calls ``<x>.<method>(...)``, innermost class of each call, in
+    source order: the few a per-class check needs to walk."""
+    out: dict[int, ast.ClassDef] = {}
+    for c in ctx.calls:
+        if isinstance(c.func, ast.Attribute) and c.func.attr == method:
+            cls = ctx.values.enclosing_class(c)
+            if cls is not None:
+                out.setdefault(id(cls), cls)
+    return sorted(out.values(), key=lambda n: n.lineno)

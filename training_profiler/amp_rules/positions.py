@@ -34,6 +34,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
+from training_profiler.amp_rules.helpers import classes_calling
 
 _FREQUENCY = re.compile(r"freq|theta|omega", re.I)
 _ANGLE = re.compile(r"freq|angle|theta|sinusoid|phase", re.I)
@@ -123,7 +124,7 @@ class RotaryAnglesInLowPrecision(RuleVisitor):
         if not any(isinstance(c.func, ast.Attribute) and c.func.attr in _TRIG | {"register_buffer"}
                    or (ctx.qualname(c.func) or "").endswith(("torch.cos", "torch.sin")) for c in ctx.calls):
             return self.hits
-        for cls in (n for n in ctx.nodes if isinstance(n, ast.ClassDef)):
+        for cls in classes_calling(ctx, "register_buffer"):
             self._positions_in_buffer_dtype(cls)
         for fn in (n for n in ctx.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             self._angles_cast_before_trig(fn)
