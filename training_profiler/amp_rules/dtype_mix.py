@@ -38,7 +38,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.helpers import classes_calling
+from training_profiler.amp_rules.helpers import classes_calling, registered_buffers
 
 _FACTORIES = {"torch.linspace", "torch.logspace", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
               "torch.rand", "torch.randn", "torch.eye", "torch.Tensor", "torch.FloatTensor"}
@@ -153,16 +153,6 @@ def _parameter_names(fn: ast.AST) -> set[str]:
 _IN_PLACE_WRITES = ("index_copy_", "index_put_", "scatter_", "copy_", "masked_scatter_")
 
 
-def _buffers(cls: ast.ClassDef) -> dict[str, ast.AST]:
-    """``self.register_buffer("k", <value>)`` in the class: buffer name -> the value it starts as."""
-    out = {}
-    for c in ast.walk(cls):
-        if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "register_buffer" \
-                and len(c.args) >= 2 and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str):
-            out[c.args[0].value] = c.args[1]
-    return out
-
-
 def _recast_before(fn: ast.AST, attr: str, line: int) -> bool:
     """``self.k = self.k.to(k.dtype)`` (or any rebinding of the buffer) earlier in the function."""
     return any(isinstance(st, ast.Assign) and st.lineno < line and any(
@@ -202,7 +192,7 @@ class Float32BesideActivations(RuleVisitor):
                 and isinstance(f.value.value, ast.Name) and f.value.value.id == "self"):
             return
         fn, cls = _model_method(ctx, call), ctx.values.enclosing_class(call)
-        made = _buffers(cls).get(f.value.attr) if cls is not None else None
+        made = registered_buffers(cls).get(f.value.attr) if cls is not None else None
         if fn is None or made is None or _recast_before(fn, f.value.attr, call.lineno):
             return
         written = [a for a in call.args if isinstance(a, ast.Name) and a.id in _parameter_names(fn)]
@@ -386,7 +376,7 @@ class CacheKeyedWithoutDtype(RuleVisitor):
     def run(self):
         ctx = self.ctx
         for cls in classes_calling(ctx, "register_buffer"):
-            buffers = set(_buffers(cls))
+            buffers = set(registered_buffers(cls))
             if not buffers:
                 continue
             for test_if in (n for n in ast.walk(cls) if isinstance(n, ast.If)):

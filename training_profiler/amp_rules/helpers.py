@@ -176,3 +176,13 @@ def classes_calling(ctx: FileContext, method: str) -> list[ast.ClassDef]:
             if cls is not None:
                 out.setdefault(id(cls), cls)
     return sorted(out.values(), key=lambda n: n.lineno)
+
+
+def registered_buffers(cls: ast.ClassDef) -> dict[str, ast.AST]:
+    """``self.register_buffer("k", <value>)`` in the class: buffer name -> the value it starts as."""
+    out = {}
+    for c in ast.walk(cls):
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "register_buffer" \
+                and len(c.args) >= 2 and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str):
+            out[c.args[0].value] = c.args[1]
+    return out

@@ -34,7 +34,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.helpers import classes_calling
+from training_profiler.amp_rules.helpers import classes_calling, registered_buffers
 
 _FREQUENCY = re.compile(r"freq|theta|omega", re.I)
 _ANGLE = re.compile(r"freq|angle|theta|sinusoid|phase", re.I)
@@ -44,18 +44,11 @@ _EXACT_INTEGERS = {BFLOAT16: 256, FLOAT16: 2048}
 
 
 def _frequency_buffers(cls: ast.ClassDef) -> set[str]:
-    """Buffers the class registers that hold frequencies: ``self.register_buffer("inv_freq", ...)``
-    with a name that says so, or a value computed by division or a power (``1.0 / base ** ...``)."""
-    out = set()
-    for c in ast.walk(cls):
-        if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "register_buffer" \
-                and c.args and isinstance(c.args[0], ast.Constant) and isinstance(c.args[0].value, str):
-            name, value = c.args[0].value, (c.args[1] if len(c.args) > 1 else None)
-            computed = value is not None and any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Pow))
-                                                 for n in ast.walk(value))
-            if _FREQUENCY.search(name) or computed:
-                out.add(name)
-    return out
+    """Buffers the class registers that hold frequencies: a name that says so, or a value
+    computed by division or a power (``1.0 / base ** ...``)."""
+    return {name for name, value in registered_buffers(cls).items()
+            if _FREQUENCY.search(name) or any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Pow))
+                                               for n in ast.walk(value))}
 
 
 def _dtype_source(ctx: FileContext, call: ast.Call) -> ast.AST | None:
