@@ -467,6 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry("bench_checker_realcode")
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    for flag, path in [("--heldout", h) for h in a.heldout or []] + [("--libraries", a.libraries)]:
+        if path is not None and not path.is_file():
+            raise UserError(f"{flag} {path}: no such file; give a file in "
+                            f"{'bugs.json' if flag == '--heldout' else 'corpus.json'}'s format")
     repos, labels = load_corpus(a.corpus)
     if a.repo:
         unknown = sorted(set(a.repo) - {r["repo"] for r in repos})

@@ -12,7 +12,7 @@ import torch
 
 from training_profiler import static_checker as sc
 from training_profiler.amp_context import FileContext
-from training_profiler.amp_rules.positions import _EXACT_INTEGERS
+from training_profiler.amp_rules.helpers import EXACT_INTEGERS
 
 
 def _rules(source: str) -> list[tuple[int, str]]:
@@ -56,7 +56,7 @@ def test_positions_in_a_cast_buffer_dtype_round_above_the_exact_integers(dtype: 
             return torch.arange(n).type_as(self.inv_freq)
 
     model = Rotary().to(dtype)                      # the whole model cast: the buffer goes with it
-    last = _EXACT_INTEGERS[str(dtype).split(".")[1]]
+    last = EXACT_INTEGERS[str(dtype).split(".")[1]]
     pos = model.positions(4 * last).float()
     exact = torch.arange(4 * last).float()
     assert torch.equal(pos[:last + 1], exact[:last + 1])
@@ -283,3 +283,13 @@ def test_tables_made_fresh_inside_the_region_are_not_inputs() -> None:
                 return freqs @ freqs.T
     """
     assert "AMP028" not in {r for _, r in _rules(source)}
+
+
+def test_the_rotary_texts_say_the_exact_integer_limits() -> None:
+    """The rule text is declared literally (test_profiler_static_rule_layout); it must still say
+    the one definition's numbers."""
+    from training_profiler.amp_rules.positions import RotaryAnglesInLowPrecision
+    from training_profiler.amp_rules.sensitive_ops import SENSITIVE_OPS
+    text = RotaryAnglesInLowPrecision.rule.explanation
+    assert f"up to {EXACT_INTEGERS['bfloat16']} (float16: {EXACT_INTEGERS['float16']})" in text
+    assert f"up to {EXACT_INTEGERS['bfloat16']} (float16 up to {EXACT_INTEGERS['float16']})" in SENSITIVE_OPS[0].reason

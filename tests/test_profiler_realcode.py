@@ -271,3 +271,14 @@ def test_bad_corpus_is_one_line(tmp_path, capsys, corpus: str, message: str) -> 
     assert bench.main(["--corpus", str(path), "--no-timing"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--heldout", "--libraries"])
+def test_a_named_set_that_is_not_there_is_one_line(tmp_path, capsys, flag: str) -> None:
+    """A set the user names explicitly and mistypes is an error, not silently skipped (only the
+    defaults beside corpus.json/bugs.json may be absent)."""
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text('{"repos": [], "labels": []}')
+    assert bench.main(["--corpus", str(corpus), flag, str(tmp_path / "typo.json"), "--no-timing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{flag} {tmp_path / 'typo.json'}: no such file" in err and len(err.splitlines()) == 1

@@ -10,6 +10,8 @@ from training_profiler.amp_intent import receiver_root, training_lowp_casts
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import _selects_bf16
 
+_FLOAT16 = ("torch.float16", "torch.half")  # a float16 literal, as the code writes it
+
 
 @declare_rule(
     "AMP001", "manual-cast", Severity.HIGH,
@@ -29,7 +31,7 @@ class ManualCast(RuleVisitor):
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
             bf16_if = next((a for a in ctx.parents_chain(node) if isinstance(a, ast.If)
                             and _selects_bf16(ctx, a.test) and _in_body(a, node)), None)
-            literal = attr == "half" or any(ctx.qualname(a) in ("torch.float16", "torch.half") for a in
+            literal = attr == "half" or any(ctx.qualname(a) in _FLOAT16 for a in
                                             [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")])
             if d == "float16" and literal and bf16_if is not None:
                 self.report(node, f"{what} on the bfloat16 path (`{ast.unparse(bf16_if.test)[:60]}`)")
@@ -100,8 +102,6 @@ def _runtime_dtype_note(ctx: FileContext, call: ast.Call) -> str:
             return f" (dtype chosen at run time: one of {', '.join(sorted(choices))})"
     return ""
 
-
-_FLOAT16 = ("torch.float16", "torch.half")
 
 
 class Float16ChosenOnBf16Path(RuleVisitor):

@@ -68,15 +68,9 @@ def _project_saves_scaler(ctx: FileContext) -> bool:
     key = "_fact_project_saves_scaler"
     project = ctx.project
     if key not in project.__dict__:
-        project.__dict__[key] = any(_module_saves_scaler(m) or _hands_scaler_to_a_save(m)
+        project.__dict__[key] = any(_module_saves_scaler(m) or _save_calls_given_a_scaler(m)
                                     for m in project.modules.values())
     return project.__dict__[key]
-
-
-def _hands_scaler_to_a_save(ctx: FileContext) -> bool:
-    """A save helper is given the scaler object (``save_accelerator_state(..., self.scaler)``):
-    it saves the state where the scan may not reach."""
-    return bool(_save_calls_given_a_scaler(ctx))
 
 
 def _save_calls_given_a_scaler(ctx: FileContext) -> set[str]:
@@ -123,30 +117,35 @@ class ScalerStateNotCheckpointed(RuleVisitor):
         for c in ctx.calls:
             by_fn.setdefault(ctx.enclosing_function(c), []).append(c)
         for fn, calls in by_fn.items():
-            saves = sorted((c for c in calls if self._saves_optimizer(c)), key=lambda c: (c.lineno, c.col_offset))
-            if saves and not any(_scalerish(ctx, a) for c in saves for a in [*c.args, *(k.value for k in c.keywords)]):
-                c = saves[0]
-                callee = _callee(ctx, c)
-                given = [*c.args, *(k.value for k in c.keywords)]
-                state = any(_optimizer_state(ctx, p) for p in _saved_dict(ctx, c) or given)
-                what = (f"{callee} is given the optimizer" if "Checkpoint" in callee or not state
-                        else "checkpoint saves the optimizer's state")
-                self.report(c, f"{what} but not the GradScaler" + ("" if "given" in what else "'s"))
+            saves = sorted(((c, what) for c in calls if (what := self._saves_optimizer(c))),
+                           key=lambda cw: (cw[0].lineno, cw[0].col_offset))
+            if saves and not any(_scalerish(ctx, a) for c, _ in saves for a in [*c.args, *(k.value for k in c.keywords)]):
+                c, what = saves[0]
+                self.report(c, what)
         return self.hits
 
-    def _saves_optimizer(self, c: ast.Call) -> bool:
+    def _saves_optimizer(self, c: ast.Call) -> str | None:
+        """What ``c`` does with the optimizer and leaves the scaler out of (the finding's text),
+        or None: a Checkpointer given ``optimizer=``, a save of its state, or a save helper given
+        the optimizer object itself (only where the scan saves no scaler state, or hands this
+        very helper the scaler elsewhere)."""
         ctx = self.ctx
         callee = _callee(ctx, c)
         if "Checkpoint" in callee and callee[:1].isupper():
-            return _has_kw(c, "optimizer")
+            return f"{callee} is given the optimizer but not the GradScaler" if _has_kw(c, "optimizer") else None
         if "save" not in callee.lower():
-            return False
+            return None
         given = [*c.args, *(k.value for k in c.keywords)]
-        parts = _saved_dict(ctx, c) or given
-        optimizer = any(_optimizer_state(ctx, p) for p in parts) or (
-            not _saved_dict(ctx, c) and callee.rsplit(".", 1)[-1] != "save" and any(_is_optimizer(ctx, p) for p in given)
-            and (callee in _helpers_given_a_scaler(ctx) or not _project_saves_scaler(ctx)))
-        return optimizer and not any(_scalerish(ctx, p) for p in parts)
+        saved = _saved_dict(ctx, c)
+        parts = saved or given
+        if any(_scalerish(ctx, p) for p in parts):
+            return None
+        if any(_optimizer_state(ctx, p) for p in parts):
+            return "checkpoint saves the optimizer's state but not the GradScaler's"
+        if not saved and callee != "save" and any(_is_optimizer(ctx, p) for p in given) \
+                and (callee in _helpers_given_a_scaler(ctx) or not _project_saves_scaler(ctx)):
+            return f"{callee} is given the optimizer but not the GradScaler"
+        return None
 
 
 class ScalerSaveNeverRuns(RuleVisitor):

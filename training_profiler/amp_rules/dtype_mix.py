@@ -382,13 +382,14 @@ class CacheKeyedWithoutDtype(RuleVisitor):
             for test_if in (n for n in ast.walk(cls) if isinstance(n, ast.If)):
                 test = test_if.test
                 mentions = {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
-                if "device" not in mentions or "dtype" in mentions or not _self_attrs([test]):
+                keyed = _self_attrs([test])
+                if "device" not in mentions or "dtype" in mentions or not keyed:
                     continue
                 cached = sorted(t.attr for st in test_if.body for n in ast.walk(st)
                                 if isinstance(n, ast.Assign) and any(isinstance(c, ast.Call) for c in ast.walk(n.value))
                                 for tgt in n.targets for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])
                                 if isinstance(t, ast.Attribute) and dotted(t.value) == "self"
-                                and t.attr not in buffers and t.attr in _self_attrs([test]))
+                                and t.attr not in buffers and t.attr in keyed)
                 if cached and _self_attrs(test_if.body) & buffers:
                     confidence, why = _confidence(ctx)
                     self.report(test, f"`self.{cached[0]}` is rebuilt when the length or the device changes, not "

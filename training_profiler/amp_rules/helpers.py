@@ -10,13 +10,22 @@ import numpy as np
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import _per_module, training_lowp_casts
-from training_profiler.amp_precision import FLOAT16, in_model_library, own_precisions, trains_in
+from training_profiler.amp_precision import (
+    BFLOAT16,
+    FLOAT16,
+    in_model_library,
+    own_precisions,
+    trains_in,
+)
 from training_profiler.amp_rules.base import LIBRARY_NOTE, NO_TRAINING_NOTE, Confidence
 
 _FP16 = np.finfo(np.float16)
 FP16_MAX = float(_FP16.max)
 FP16_MIN_SUBNORMAL = float(_FP16.smallest_subnormal)
 FP16_MIN_NORMAL = float(_FP16.smallest_normal)
+#: the largest n up to which every integer is exact: 2 ** (stored mantissa bits + 1), i.e. 2 / eps
+#: (bfloat16 stores 7 mantissa bits; numpy has no bfloat16 to ask)
+EXACT_INTEGERS = {FLOAT16: int(2 / _FP16.eps), BFLOAT16: 2 ** (7 + 1)}
 
 
 _LOSS_NAME = re.compile(r"(loss|crit|cross_entropy|nll|mse|bce|kl_div|huber)", re.I)

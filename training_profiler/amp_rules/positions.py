@@ -34,13 +34,12 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.helpers import classes_calling, registered_buffers
+from training_profiler.amp_rules.helpers import EXACT_INTEGERS, classes_calling, registered_buffers
 
 _FREQUENCY = re.compile(r"freq|theta|omega", re.I)
 _ANGLE = re.compile(r"freq|angle|theta|sinusoid|phase", re.I)
 _TRIG = {"cos", "sin"}
 _DEVICE = re.compile(r"device|dev$|cuda|cpu", re.I)
-_EXACT_INTEGERS = {BFLOAT16: 256, FLOAT16: 2048}
 
 
 def _frequency_buffers(cls: ast.ClassDef) -> set[str]:
@@ -141,7 +140,7 @@ class RotaryAnglesInLowPrecision(RuleVisitor):
                 if buffer.startswith("self.") and buffer[5:] in buffers:
                     confidence, why = _low_precision_model(ctx, cls)
                     self.report(c, f"positions take `{buffer}`'s dtype: a model cast to bfloat16 (float16) rounds "
-                                   f"positions above {_EXACT_INTEGERS[BFLOAT16]} ({_EXACT_INTEGERS[FLOAT16]}), and "
+                                   f"positions above {EXACT_INTEGERS[BFLOAT16]} ({EXACT_INTEGERS[FLOAT16]}), and "
                                    f"the rotary angles with them{why}", confidence)
 
     def _angles_cast_before_trig(self, fn: ast.AST) -> None:

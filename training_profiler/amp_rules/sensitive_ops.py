@@ -41,7 +41,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.helpers import cast_inputs_dtype
+from training_profiler.amp_rules.helpers import EXACT_INTEGERS, cast_inputs_dtype
 
 _MATMULS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.einsum", "torch.functional.einsum"}
 _FREQ = re.compile(r"(^|_)(inv_freq|freqs?|inv_freqs|theta|inv_timescales?)(_|$)", re.I)
@@ -206,7 +206,8 @@ class SensitiveOp:
 
 SENSITIVE_OPS: tuple[SensitiveOp, ...] = (
     SensitiveOp("rotary positions", rotary_product, (BFLOAT16, FLOAT16),
-                "bfloat16 holds integers exactly only up to 256 (float16 up to 2048): larger positions "
+                f"bfloat16 holds integers exactly only up to {EXACT_INTEGERS[BFLOAT16]} (float16 up to "
+                f"{EXACT_INTEGERS[FLOAT16]}): larger positions "
                 "are rounded, so neighbouring tokens get the same rotary angle"),
     SensitiveOp("spectral features", spectral_features, (FLOAT16, BFLOAT16),
                 "power spectra pass float16's 65504 and the filterbank matmul runs in low precision "
