@@ -22,6 +22,7 @@ from training_profiler.amp_rules import (
     EpsAgainstParameters,
     EvalLossOutsideAutocast,
     Float16ChosenOnBf16Path,
+    Float16OverBf16Option,
     GradsChangedBeforeUnscale,
     LayersOnUpcastInputElsewhere,
     MaskConstantAgainstTraining,
@@ -37,7 +38,7 @@ from training_profiler.amp_rules import RULES as BASE_RULES
 
 # rule id -> visitors run after the rule's own one
 EXTENSIONS: dict[str, tuple[type[RuleVisitor], ...]] = {
-    "AMP001": (Float16ChosenOnBf16Path, loose.LooseManualCast),
+    "AMP001": (Float16ChosenOnBf16Path, Float16OverBf16Option, loose.LooseManualCast),
     "AMP002": (loose.LooseBce,),
     "AMP003": (EvalLossOutsideAutocast,),
     "AMP004": (UnusedUpcastSoftmax, loose.LooseSoftmax),

@@ -31,12 +31,14 @@ from training_profiler.amp_rules import (
     deprecated,
     disabled_autocast,
     dtype_mix,
+    grad_norms,
     grad_scaler,
     long_reduction,
     manual_scaling,
     numerics,
     positions,
     reductions,
+    scaler_alone,
     sensitive_ops,
     sharding,
 )
@@ -62,7 +64,11 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.casts import Float16ChosenOnBf16Path, ManualCast
+from training_profiler.amp_rules.casts import (
+    Float16ChosenOnBf16Path,
+    Float16OverBf16Option,
+    ManualCast,
+)
 from training_profiler.amp_rules.checkpoint import ScalerSaveNeverRuns, ScalerStateNotCheckpointed
 from training_profiler.amp_rules.consistency import (
     DtypeMatchUndone,
@@ -77,6 +83,7 @@ from training_profiler.amp_rules.dtype_mix import (
     Float32BesideActivations,
     StaleCopyWrittenBack,
 )
+from training_profiler.amp_rules.grad_norms import GradNormInLowPrecision
 from training_profiler.amp_rules.grad_scaler import (
     ClipWithoutUnscale,
     Fp16WithoutGradScaler,
@@ -101,12 +108,14 @@ from training_profiler.amp_rules.reductions import (
     SoftmaxNoDtype,
     UnusedUpcastSoftmax,
 )
+from training_profiler.amp_rules.scaler_alone import GradScalerWithoutAutocast
 from training_profiler.amp_rules.sensitive_ops import SENSITIVE_OPS, SensitiveOpUnderAutocast
 from training_profiler.amp_rules.sharding import GradScalerNotSharded
 
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)
 BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages,
-                     positions, sharding, disabled_autocast)
+                     positions, sharding, disabled_autocast, grad_norms,
+                     scaler_alone)
 
 
 def _in_id_order(families: tuple) -> tuple[Rule, ...]:
@@ -130,8 +139,8 @@ __all__ = [
     "ClipWithoutUnscale", "DeprecatedAmpApi", "EpsAgainstParameters", "EpsUnderflowFp16",
     "EvalLossOutsideAutocast", "Float32BufferForKernel", "Fp16UnsafeConstant", "Fp16WithoutGradScaler",
     "GradScalerWithBf16", "GradsChangedBeforeUnscale", "OptimizerStepAroundScaler", "LinearAttentionSum", "LossOutsideAutocast",
-    "ManualCast", "Float16ChosenOnBf16Path", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
+    "ManualCast", "Float16ChosenOnBf16Path", "Float16OverBf16Option", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "CacheKeyedWithoutDtype", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
-    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
+    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "GradNormInLowPrecision", "GradScalerWithoutAutocast", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

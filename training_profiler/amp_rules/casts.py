@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import receiver_root, training_lowp_casts
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_rules.helpers import _selects_bf16
+from training_profiler.amp_rules.helpers import _BF16_WORDS, _selects_bf16
 
 _FLOAT16 = ("torch.float16", "torch.half")  # a float16 literal, as the code writes it
 
@@ -132,6 +133,152 @@ class Float16ChosenOnBf16Path(RuleVisitor):
     def _hit(self, node: ast.AST, test: ast.AST) -> None:
         self.report(node, f"float16 chosen on the bfloat16 path (`{ast.unparse(test)[:60]}`): a bfloat16 model "
                           "run in float16 can pass its range (65504)")
+
+
+_MODEL_WORDS = re.compile(r"model|module|net|encoder|decoder|transformer|unet|vae|t5|clip|backbone", re.I)
+_PRECISION_WORDS = re.compile(r"fp16|float16|half|bf16|bfloat16|dtype|precision|amp|mixed", re.I)
+
+
+def _bf16_option(ctx: FileContext) -> str | None:
+    """Where the program this module belongs to offers bfloat16 as a choice: a switch or a
+    value named bf16 (``cfg.bf16``, ``"bf16"``, ``--bf16``, ``use_bf16=``) in the module, a
+    module that uses it (its package included) or one those import. A folder of separate
+    scripts is not one program: one script's ``--bf16`` says nothing of another's casts."""
+    program = {id(m): m for m in ctx.project.users_of(ctx)}
+    for m in list(program.values()):
+        for name in ctx.project._imports_of(m):
+            dep = ctx.project.modules.get(name)
+            if dep is not None:
+                program.setdefault(id(dep), dep)
+    return next((f"{m.path.rsplit('/', 1)[-1]}:{n.lineno}" for m in program.values()
+                 for n in _bf16_choices(m)), None)
+
+
+def _bf16_choices(m: FileContext) -> list[ast.AST]:
+    """The nodes of ``m`` that offer bfloat16 as a choice (cached on the module): a switch
+    (``cfg.bf16``, ``use_bf16=``), a command-line option (``"--bf16"``, ``choices=[..., "bfloat16"]``),
+    and the string "bf16" compared with, keyed in a table or given as a precision or dtype
+    (``dtype == "bf16"``, ``{"bf16": torch.bfloat16}``, ``mixed_precision="bf16"``); not "bf16" as
+    one format of a list."""
+    key = "_fact_bf16_choices"
+    if key not in m.__dict__:
+        keys = {id(k) for n in m.nodes if isinstance(n, ast.Dict) for k in n.keys if k is not None}
+        m.__dict__[key] = [n for n in m.nodes if _names_bf16_choice(m, n, keys)]
+    return m.__dict__[key]
+
+
+def _names_bf16_choice(m: FileContext, n: ast.AST, dict_keys: set[int]) -> bool:
+    if isinstance(n, ast.Attribute):  # a switch, not the dtype (torch.bfloat16) or a cast (x.bfloat16())
+        parent = m.parents.get(n)
+        return _bf16_word(n.attr) and not (isinstance(parent, ast.Call) and parent.func is n) \
+            and not (m.qualname(n) or "").startswith("torch.")
+    if isinstance(n, ast.keyword):
+        return _bf16_word(n.arg or "")
+    if not (isinstance(n, ast.Constant) and isinstance(n.value, str)):
+        return False
+    if n.value.startswith("--"):
+        return _bf16_word(n.value[2:])
+    parent = m.parents.get(n)
+    return _bf16_word(n.value) and (id(n) in dict_keys or isinstance(parent, ast.Compare) or (
+        isinstance(parent, ast.keyword) and any(w in (parent.arg or "") for w in ("precision", "dtype")))
+        or (isinstance(parent, (ast.List, ast.Tuple)) and _is_choices(m, parent)))
+
+
+def _is_choices(m: FileContext, options: ast.AST) -> bool:
+    """``options`` is a command-line option's choices (``choices=[...]``, ``{"choices": [...]}``)."""
+    holder = m.parents.get(options)
+    if isinstance(holder, ast.keyword):
+        return holder.arg == "choices"
+    return isinstance(holder, ast.Dict) and any(
+        v is options and isinstance(k, ast.Constant) and k.value == "choices" for k, v in zip(holder.keys, holder.values))
+
+
+def _bf16_word(word: str) -> bool:
+    word = word.lower().replace("-", "_")
+    return any(word == w or word.startswith(("use_", "pure_", "enable_")) and word.endswith(w) for w in _BF16_WORDS)
+
+
+def _precision_guarded(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` sits under a precision choice: an ``if``/conditional expression whose test
+    names a precision or a dtype, or a function named for one (``convert_to_fp16``)."""
+    for a in ctx.parents_chain(node):
+        if isinstance(a, (ast.If, ast.IfExp, ast.While)) and _PRECISION_WORDS.search(ast.unparse(a.test)):
+            return True
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef)) and _PRECISION_WORDS.search(a.name):
+            return True
+    return False
+
+
+class Float16OverBf16Option(RuleVisitor):
+    """AMP001 for float16 hard-coded in a project that offers bfloat16: a literal ``.half()`` /
+    ``.to(torch.float16)`` of a model, or ``torch.float16`` given as a model's or a compute
+    dtype (``torch_dtype=``, ``bnb_4bit_compute_dtype=``, ``dtype = torch.half``), with no
+    precision choice around it. A run the user configured in bfloat16 gets float16 here
+    (metaseq's generator and its GPU-initialised Linear, axolotl's LoRA merge, Open-Sora's
+    sharded T5)."""
+
+    def run(self):
+        ctx = self.ctx
+        where = None
+        for node in self._float16_literals():
+            if _precision_guarded(ctx, node):
+                continue
+            where = where or _bf16_option(ctx)
+            if where is None:
+                return self.hits
+            what = ast.unparse(node)[:50]
+            self.report(node, f"float16 hard-coded (`{what}`) with no precision choice around it, in a project that "
+                              f"offers bfloat16 ({where}): a bfloat16 run gets float16 here, range 65504")
+        return self.hits
+
+    def _float16_literals(self):
+        """Model casts to a float16 literal, and float16 literals given as a model's or a
+        compute dtype (a ``dtype=`` of a Parameter's tensor, a ``*_dtype`` name not set again)."""
+        ctx = self.ctx
+        for node in ctx.nodes:
+            if isinstance(node, ast.Call) and ctx.lowp_cast_dtype(node) == "float16" and _literal_float16(ctx, node) \
+                    and _MODEL_WORDS.search(_last_word(node.func.value)):
+                yield node
+            elif isinstance(node, ast.keyword) and ctx.qualname(node.value) in _FLOAT16 and _model_dtype_keyword(ctx, node):
+                yield node.value
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id.endswith("dtype") and _set_once(ctx, node):
+                yield from (v for v in ([node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp)
+                                        else [node.value]) if ctx.qualname(v) in _FLOAT16)
+
+
+def _last_word(expr: ast.AST) -> str:
+    """The name a receiver is known by: ``model`` of ``self.model``, ``build_model`` of
+    ``task.build_model(cfg)``, ``in_tensors`` of ``in_tensors[k]``."""
+    while isinstance(expr, (ast.Call, ast.Subscript)):
+        expr = expr.func if isinstance(expr, ast.Call) else expr.value
+    return expr.attr if isinstance(expr, ast.Attribute) else expr.id if isinstance(expr, ast.Name) else ""
+
+
+def _model_dtype_keyword(ctx: FileContext, kw: ast.keyword) -> bool:
+    """``torch_dtype=`` / ``param_dtype=`` / ``*compute_dtype=``, or ``dtype=`` of a tensor
+    made inside ``Parameter(...)``; not a cast (the cast is its own finding)."""
+    call = ctx.parents.get(kw)
+    if not isinstance(call, ast.Call) or ctx.lowp_cast_dtype(call):
+        return False
+    if kw.arg in ("torch_dtype", "param_dtype") or (kw.arg or "").endswith("compute_dtype"):
+        return True
+    return kw.arg == "dtype" and any(isinstance(a, ast.Call) and (ctx.call_name(a) or "").endswith("Parameter")
+                                     for a in ctx.parents_chain(call))
+
+
+def _set_once(ctx: FileContext, assign: ast.Assign) -> bool:
+    """The assigned name gets no other value in its function (``dtype = torch.float16`` then
+    ``dtype = state[k].dtype`` in a loop is a default, not a choice)."""
+    name = assign.targets[0].id
+    fn = ctx.enclosing_function(assign)
+    return sum(isinstance(t, ast.Name) and t.id == name for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) == 1
+
+
+def _literal_float16(ctx: FileContext, call: ast.Call) -> bool:
+    return call.func.attr == "half" or any(ctx.qualname(a) in _FLOAT16 for a in
+                                           [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")])
 
 
 # the rules this family declares (the package puts every family's rules in id order)
