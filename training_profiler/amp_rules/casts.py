@@ -233,7 +233,7 @@ class Float16OverBf16Option(RuleVisitor):
 
     def _float16_literals(self):
         """Model casts to a float16 literal, and float16 literals given as a model's or a
-        compute dtype (a ``dtype=`` of a Parameter's tensor, a ``*_dtype`` name not set again)."""
+        compute dtype (a ``dtype=`` of a Parameter's tensor, a name set once and used so)."""
         ctx = self.ctx
         for node in ctx.nodes:
             if isinstance(node, ast.Call) and ctx.lowp_cast_dtype(node) == "float16" and _literal_float16(ctx, node) \
@@ -242,7 +242,7 @@ class Float16OverBf16Option(RuleVisitor):
             elif isinstance(node, ast.keyword) and ctx.qualname(node.value) in _FLOAT16 and _model_dtype_keyword(ctx, node):
                 yield node.value
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                    and node.targets[0].id.endswith("dtype") and _set_once(ctx, node):
+                    and node.targets[0].id.endswith("dtype") and _set_once(ctx, node) and _model_dtype_name(ctx, node):
                 yield from (v for v in ([node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp)
                                         else [node.value]) if ctx.qualname(v) in _FLOAT16)
 
@@ -265,6 +265,17 @@ def _model_dtype_keyword(ctx: FileContext, kw: ast.keyword) -> bool:
         return True
     return kw.arg == "dtype" and any(isinstance(a, ast.Call) and (ctx.call_name(a) or "").endswith("Parameter")
                                      for a in ctx.parents_chain(call))
+
+
+def _model_dtype_name(ctx: FileContext, assign: ast.Assign) -> bool:
+    """The assigned name is a model's or a compute dtype: named so (``compute_dtype``,
+    ``torch_dtype``, ``param_dtype``) or given as such in its function (``dtype = torch.half``,
+    then ``Parameter(torch.empty(..., dtype=dtype))``); an inputs' dtype is not."""
+    name = assign.targets[0].id
+    if name.endswith(("compute_dtype", "torch_dtype", "param_dtype")):
+        return True
+    return any(isinstance(k, ast.keyword) and isinstance(k.value, ast.Name) and k.value.id == name
+               and _model_dtype_keyword(ctx, k) for k in ast.walk(ctx.enclosing_function(assign)))
 
 
 def _set_once(ctx: FileContext, assign: ast.Assign) -> bool:
