@@ -189,3 +189,16 @@ def test_a_separate_script_offering_bf16_says_nothing_of_another(tmp_path: Path)
         (tmp_path / name).mkdir()
         (tmp_path / name / "run.py").write_text(textwrap.dedent(source))
     assert not [f for f in sc.check_paths([tmp_path], min_confidence=LOW).findings if "hard-coded" in f.message]
+
+
+def test_a_pipeline_part_is_medium_and_a_test_module_is_not_reported(tmp_path: Path) -> None:
+    pkg = _project(tmp_path, {"args.py": "def add(p):\n    p.add_argument('--bf16')\n", "gen.py": """
+        import torch
+        def sample(pipeline, vae):
+            vae.to(dtype=torch.float16)
+            pipeline.transformer = pipeline.transformer.to(torch.float16)
+    """})
+    assert _found(pkg, "AMP001", "hard-coded") == [("gen.py", 4, "MEDIUM"), ("gen.py", 5, "MEDIUM")]
+    (pkg / "tests").mkdir()
+    (pkg / "tests" / "test_merge.py").write_text(textwrap.dedent(_MERGE))
+    assert [f for f in _found(pkg, "AMP001", "hard-coded") if f[0] == "test_merge.py"] == []

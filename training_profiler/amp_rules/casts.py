@@ -8,7 +8,7 @@ import re
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import receiver_root, training_lowp_casts
-from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import _BF16_WORDS, _selects_bf16
 
 _FLOAT16 = ("torch.float16", "torch.half")  # a float16 literal, as the code writes it
@@ -136,7 +136,8 @@ class Float16ChosenOnBf16Path(RuleVisitor):
 
 
 _MODEL_WORDS = re.compile(r"model|module|net|encoder|decoder|transformer|unet|vae|t5|clip|backbone", re.I)
-_PRECISION_WORDS = re.compile(r"fp16|float16|half|bf16|bfloat16|dtype|precision|amp|mixed", re.I)
+_PRECISION_WORDS = re.compile(r"(?<![a-z])(fp16|float16|half|bf16|bfloat16|dtype|precision|amp|mixed)(?![a-z])",
+                              re.I)  # whole words of a name: not the "amp" of "sample"
 
 
 def _bf16_option(ctx: FileContext) -> str | None:
@@ -219,6 +220,8 @@ class Float16OverBf16Option(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
+        if _test_module(ctx):
+            return self.hits  # tests pin precisions on purpose
         where = None
         for node in self._float16_literals():
             if _precision_guarded(ctx, node):
@@ -226,9 +229,12 @@ class Float16OverBf16Option(RuleVisitor):
             where = where or _bf16_option(ctx)
             if where is None:
                 return self.hits
+            part = _component(ctx, node)
             what = ast.unparse(node)[:50]
+            note = f" ({part}: a part whose precision may be its own)" if part else ""
             self.report(node, f"float16 hard-coded (`{what}`) with no precision choice around it, in a project that "
-                              f"offers bfloat16 ({where}): a bfloat16 run gets float16 here, range 65504")
+                              f"offers bfloat16 ({where}): a bfloat16 run gets float16 here, range 65504{note}",
+                        Confidence.MEDIUM if part else Confidence.HIGH)
         return self.hits
 
     def _float16_literals(self):
@@ -245,6 +251,20 @@ class Float16OverBf16Option(RuleVisitor):
                     and node.targets[0].id.endswith("dtype") and _set_once(ctx, node) and _model_dtype_name(ctx, node):
                 yield from (v for v in ([node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp)
                                         else [node.value]) if ctx.qualname(v) in _FLOAT16)
+
+
+def _test_module(ctx: FileContext) -> bool:
+    parts = ctx.path.replace("\\", "/").split("/")
+    return parts[-1].startswith("test_") or any(p in ("tests", "test") for p in parts[:-1])
+
+
+def _component(ctx: FileContext, node: ast.AST) -> str:
+    """The part of a pipeline a cast names when it is not the model itself (``vae``,
+    ``pipeline.transformer``): a VAE kept in float16 on purpose is common; '' for the model."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return ""
+    word = _last_word(node.func.value)
+    return "" if "model" in word.lower() else word
 
 
 def _last_word(expr: ast.AST) -> str:
