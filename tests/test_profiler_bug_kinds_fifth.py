@@ -202,3 +202,32 @@ def test_a_pipeline_part_is_medium_and_a_test_module_is_not_reported(tmp_path: P
     (pkg / "tests").mkdir()
     (pkg / "tests" / "test_merge.py").write_text(textwrap.dedent(_MERGE))
     assert [f for f in _found(pkg, "AMP001", "hard-coded") if f[0] == "test_merge.py"] == []
+
+
+# ---- AMP031 a log that float16 makes -inf -------------------------------------------------------
+def test_float16_rounds_a_sigmoid_and_a_small_eps_to_zero_before_the_log() -> None:
+    margin = torch.tensor([-18.0], dtype=torch.float16)
+    assert torch.sigmoid(margin).item() == 0.0 and torch.isinf(torch.log(torch.sigmoid(margin))).all()
+    assert torch.isfinite(torch.nn.functional.logsigmoid(margin.float())).all()
+    p = torch.zeros(1, dtype=torch.float16)
+    assert torch.isinf((p + 1e-8).log()).all()                      # 1e-8 is below 6e-8: zero in float16
+    assert torch.isfinite((p + 1e-6).log()).all() and torch.isfinite((p.float() + 1e-8).log()).all()
+
+
+def test_log_underflow_follows_named_constants_and_skips_autocast_softmax(tmp_path: Path) -> None:
+    pkg = _project(tmp_path, {"loss.py": """
+        import torch
+        EPS = 1e-8
+        def cost(p, logits):
+            alpha, gamma, eps = 0.25, 2.0, 1e-8
+            a = (p + EPS).log()
+            b = torch.log(1 - p + eps)
+            c = torch.log(torch.softmax(logits, -1) + 1e-9)
+            d = torch.log(p + 1e-6)
+            return a + b + c + d
+        def train(model, x, opt):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = cost(model(x), model(x))
+            loss.backward()
+    """})
+    assert [(line, conf) for _, line, conf in _found(pkg, "AMP031")] == [(6, "HIGH"), (7, "HIGH")]

@@ -33,6 +33,7 @@ from training_profiler.amp_rules import (
     dtype_mix,
     grad_norms,
     grad_scaler,
+    log_domain,
     long_reduction,
     manual_scaling,
     numerics,
@@ -93,6 +94,7 @@ from training_profiler.amp_rules.grad_scaler import (
     UnscaleEveryMicroStep,
 )
 from training_profiler.amp_rules.helpers import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+from training_profiler.amp_rules.log_domain import LogUnderflowFp16
 from training_profiler.amp_rules.long_reduction import LinearAttentionSum
 from training_profiler.amp_rules.manual_scaling import PartialManualUnscale
 from training_profiler.amp_rules.numerics import (
@@ -115,7 +117,7 @@ from training_profiler.amp_rules.sharding import GradScalerNotSharded
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)
 BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages,
                      positions, sharding, disabled_autocast, grad_norms,
-                     scaler_alone)
+                     scaler_alone, log_domain)
 
 
 def _in_id_order(families: tuple) -> tuple[Rule, ...]:
@@ -142,5 +144,5 @@ __all__ = [
     "ManualCast", "Float16ChosenOnBf16Path", "Float16OverBf16Option", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "CacheKeyedWithoutDtype", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
-    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "GradNormInLowPrecision", "GradScalerWithoutAutocast", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
+    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "GradNormInLowPrecision", "GradScalerWithoutAutocast", "LogUnderflowFp16", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

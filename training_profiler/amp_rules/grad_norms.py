@@ -14,9 +14,9 @@ import ast
 
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.helpers import upcast_in
 
 _NORM_FUNCTIONS = ("torch.norm", "torch.linalg.norm", "torch.linalg.vector_norm")
-_FLOAT32_NAMES = ("torch.float32", "torch.float", "torch.float64", "torch.double")
 _FLOAT16_NAMES = ("torch.float16", "torch.half")
 _COMBINERS = ("stack", "cat", "sum")  # a list of norms made into one number
 _PARAM_WORDS = ("param", "grad", "weight")
@@ -34,23 +34,10 @@ def _norm_operand(ctx: FileContext, call: ast.Call) -> ast.AST | None:
     return None
 
 
-def _upcast(ctx: FileContext, expr: ast.AST) -> bool:
-    """``expr`` is made float32 (or wider) on the way: ``.float()``, ``.double()``, ``.to(torch.float32)``."""
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-            if n.func.attr in ("float", "double") and not n.args:
-                return True
-            if n.func.attr in ("to", "type") and any(
-                    (ctx.qualname(a) or "") in _FLOAT32_NAMES
-                    for a in [*n.args, *(k.value for k in n.keywords if k.arg == "dtype")]):
-                return True
-    return False
-
-
 def _grad_source(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> ast.AST | None:
     """The expression naming ``.grad`` that ``expr`` is (directly, or through one local name
     assigned from it), unless it is upcast on the way; None when it is not a gradient."""
-    if _upcast(ctx, expr) or any(isinstance(n, ast.Call) and _norm_operand(ctx, n) is not None
+    if upcast_in(ctx, expr) or any(isinstance(n, ast.Call) and _norm_operand(ctx, n) is not None
                                  for n in ast.walk(expr)):
         return None  # upcast, or a norm of norms (the inner norms are the finding)
     if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(expr)):
@@ -59,7 +46,7 @@ def _grad_source(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> ast.AST | None
         for st in ast.walk(fn):
             if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == expr.id for t in st.targets):
                 if any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(st.value)):
-                    return None if _upcast(ctx, st.value) else st.value
+                    return None if upcast_in(ctx, st.value) else st.value
     return None
 
 

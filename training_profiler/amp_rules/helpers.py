@@ -175,6 +175,22 @@ def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None,
         "no training seen; if this runs under AMP, float16", "no float16 training seen; if this trains in float16")
 
 
+_FLOAT32_OR_WIDER = ("torch.float32", "torch.float", "torch.float64", "torch.double")
+
+
+def upcast_in(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` is made float32 (or wider) on the way: ``.float()``, ``.double()``, ``.to(torch.float32)``."""
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            if n.func.attr in ("float", "double") and not n.args:
+                return True
+            if n.func.attr in ("to", "type") and any(
+                    (ctx.qualname(a) or "") in _FLOAT32_OR_WIDER
+                    for a in [*n.args, *(k.value for k in n.keywords if k.arg == "dtype")]):
+                return True
+    return False
+
+
 def classes_calling(ctx: FileContext, method: str) -> list[ast.ClassDef]:
     """The classes whose code calls ``<x>.<method>(...)``, innermost class of each call, in
     source order: the few a per-class check needs to walk."""
