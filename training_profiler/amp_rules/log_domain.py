@@ -10,6 +10,7 @@ focal cost ``-(1 - p + 1e-8).log()``, fixed with 1e-5 in MaskDINO).
 from __future__ import annotations
 
 import ast
+import re
 
 from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
@@ -22,6 +23,8 @@ from training_profiler.amp_rules.helpers import (
 
 #: a probability's op -> the fused log-domain op that does not round it to zero first
 _FUSED = {"sigmoid": "F.logsigmoid(x)", "softmax": "F.log_softmax(x, dim)"}
+#: names of values that can be exactly zero: what an eps in a log guards
+_PROBABILITY_NAME = re.compile(r"prob|score|conf|likel|^p$|^p_|_p$|^q$", re.I)
 
 
 def _log_operand(ctx: FileContext, call: ast.Call) -> ast.AST | None:
@@ -40,6 +43,13 @@ def _probability(ctx: FileContext, expr: ast.AST) -> str | None:
         return None
     name = (ctx.qualname(expr.func) or dotted(expr.func) or "").rsplit(".", 1)[-1]
     return name if name in _FUSED else None
+
+
+def _a_probability(ctx: FileContext, expr: ast.AST) -> bool:
+    """``expr`` holds a probability: a sigmoid/softmax, or a name that says so (``out_prob``,
+    ``p``, ``scores``); a noise level or a length is not one (``log(sigmas + 1e-44)``)."""
+    return any(_probability(ctx, n) or (isinstance(n, ast.Name) and _PROBABILITY_NAME.search(n.id))
+               or (isinstance(n, ast.Attribute) and _PROBABILITY_NAME.search(n.attr)) for n in ast.walk(expr))
 
 
 def _terms(expr: ast.AST) -> list[ast.AST]:
@@ -80,10 +90,12 @@ def _constant(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> float | None:
     suggestion=("Use the fused op: F.logsigmoid(x), F.log_softmax(x, dim); or an eps float16 holds (>= 1e-7, "
                 "better 1e-6), or compute in float32 (p.float())."))
 class LogUnderflowFp16(RuleVisitor):
-    """``torch.log`` / ``.log()`` of a sigmoid or softmax made without ``dtype=``, or of a sum
-    with a constant (literal or a name given one literal) between 0 and float16's smallest
-    subnormal, not upcast on the way (``1 - p.float() + 1e-8``). Not a softmax's probabilities in a module that uses autocast, which makes them
-    float32. Confidence from where float16 is seen (``helpers._fp16_confidence``)."""
+    """``torch.log`` / ``.log()`` of a sigmoid or softmax made without ``dtype=``, or of a
+    probability (a sigmoid/softmax, or a name that says so) plus a constant (a literal, or a name
+    given one literal) between 0 and float16's smallest subnormal; not upcast on the way
+    (``1 - p.float() + 1e-8``), and not a softmax's probabilities in a module that uses
+    autocast, which makes them float32. Confidence from where float16 is seen
+    (``helpers._fp16_confidence``)."""
 
     def run(self):
         ctx = self.ctx
@@ -95,7 +107,8 @@ class LogUnderflowFp16(RuleVisitor):
             prob = next((p for t in terms if (p := _probability(ctx, t))), None)
             fn = ctx.enclosing_function(call)
             eps = next((v for t in terms[1:] if (v := _constant(ctx, t, fn)) is not None
-                        and 0 < v < FP16_MIN_SUBNORMAL), None) if len(terms) > 1 else None
+                        and 0 < v < FP16_MIN_SUBNORMAL), None) if len(terms) > 1 and _a_probability(
+                ctx, terms[0]) else None
             if (prob is None and eps is None) or upcast_in(ctx, operand):
                 continue
             if ctx.autocast_scopes and any(_probability(ctx, n) == "softmax" for t in terms for n in ast.walk(t)):
