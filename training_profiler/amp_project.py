@@ -153,6 +153,13 @@ class Project:
             seen |= {n for n in self.modules if n.startswith(top)}
         return [self.modules[n] for n in sorted(seen) if n in self.modules]  # a set's order varies per run
 
+    def program_of(self, ctx: FileContext) -> list[FileContext]:
+        """The program ``ctx`` belongs to: its users (``users_of``) and the project modules
+        they import; a folder of separate scripts is not one program."""
+        users = self.users_of(ctx)
+        names = {m.module_name for m in users} | {d for m in users for d in self._imports_of(m)}
+        return [self.modules[n] for n in sorted(names) if n in self.modules]
+
     def is_one_program(self, scanned: list[FileContext]) -> bool:
         """The scanned files are a project, not loose scripts: one of them sits in a package or
         imports another scanned module."""

@@ -145,13 +145,7 @@ def _bf16_option(ctx: FileContext) -> str | None:
     value named bf16 (``cfg.bf16``, ``"bf16"``, ``--bf16``, ``use_bf16=``) in the module, a
     module that uses it (its package included) or one those import. A folder of separate
     scripts is not one program: one script's ``--bf16`` says nothing of another's casts."""
-    program = {id(m): m for m in ctx.project.users_of(ctx)}
-    for m in list(program.values()):
-        for name in ctx.project._imports_of(m):
-            dep = ctx.project.modules.get(name)
-            if dep is not None:
-                program.setdefault(id(dep), dep)
-    return next((f"{m.path.rsplit('/', 1)[-1]}:{n.lineno}" for m in program.values()
+    return next((f"{m.path.rsplit('/', 1)[-1]}:{n.lineno}" for m in ctx.project.program_of(ctx)
                  for n in _bf16_choices(m)), None)
 
 
