@@ -17,6 +17,7 @@ from training_profiler.amp_values import is_scaler_class
 
 #: what makes a forward low precision without the word autocast in this scan
 _LOWP_ENGINES = ("initialize", "Accelerator", "deepspeed", "Fabric", "Trainer")
+_ENGINE_PACKAGES = ("deepspeed", "apex", "accelerate", "lightning", "pytorch_lightning")
 
 
 def _lowp_anywhere(ctx: FileContext) -> bool:
@@ -41,10 +42,9 @@ def _lowp_here(m: FileContext) -> bool:
                 else n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else "")
         if "autocast" in word.lower() or word in _LOWP_ENGINES:
             return True
-        if isinstance(n, (ast.Import, ast.ImportFrom)) and any(
-                a.name.split(".")[0] in ("deepspeed", "apex", "accelerate", "lightning", "pytorch_lightning")
-                for a in n.names) or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in (
-                "deepspeed", "apex", "accelerate", "lightning", "pytorch_lightning"):
+        imported = ([a.name for a in n.names] if isinstance(n, ast.Import)
+                    else [n.module or ""] if isinstance(n, ast.ImportFrom) else [])
+        if any(name.split(".")[0] in _ENGINE_PACKAGES for name in imported):
             return True
     return False
 
