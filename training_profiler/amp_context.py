@@ -305,6 +305,11 @@ class FileContext:
     def call_name(self, call: ast.Call) -> str | None:
         return self.qualname(call.func)
 
+    def literal_dtype(self, expr: ast.AST | None) -> str | None:
+        """'float16' / 'bfloat16' / 'float32' when ``expr`` names a torch dtype itself
+        (``torch.half``), not a variable that may hold one; else None."""
+        return _DTYPE_NAMES.get(self.qualname(expr)) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+
     def dtype_of(self, expr: ast.AST | None) -> str | None:
         """'float16' / 'bfloat16' / 'float32' for a dtype expression, 'unknown' otherwise."""
         if expr is None:

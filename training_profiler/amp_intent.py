@@ -342,6 +342,19 @@ def _per_module(fn):
     return cached
 
 
+def per_project(fn):
+    """Cache a project-wide fact on the project: every module's rules ask it, the answer is one."""
+    key = "_fact_" + fn.__name__
+
+    @functools.wraps(fn)
+    def cached(ctx: FileContext):
+        project = ctx.project
+        if key not in project.__dict__:
+            project.__dict__[key] = fn(ctx)
+        return project.__dict__[key]
+    return cached
+
+
 def trains(ctx: FileContext) -> bool:
     """The module runs a training step (a backward that updates parameters, or loss scaling);
     an inference pipeline or an export script does not, so its casts are not training casts."""

@@ -12,7 +12,7 @@ import ast
 import re
 
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import TRAINING, cast_purpose, receiver_root
+from training_profiler.amp_intent import TRAINING, cast_purpose, per_project, receiver_root
 from training_profiler.amp_precision import FLOAT16, lowp_parameters
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 
@@ -21,18 +21,14 @@ _MODEL = re.compile(r"model|net|module", re.I)
 _COPIES = {"detach", "clone", "data"}
 
 
+@per_project
 def float16_model_cast(ctx: FileContext) -> tuple[FileContext, ast.Call] | None:
     """Where the project casts a model (not a tensor) to float16 for training: ``model.half()``
     as a statement of its own (in place: only a module casts in place), or assigned back to a
     name that says model. The first such cast, with its module."""
-    key = "_fact_float16_model_cast"
-    project = ctx.project
-    if key not in project.__dict__:
-        project.__dict__[key] = next(
-            ((m, c) for m in project.modules.values() for c in m.manual_lowp_casts
-             if m.lowp_cast_dtype(c) == FLOAT16 and cast_purpose(m, c) == TRAINING and _casts_a_model(m, c)),
-            None)
-    return project.__dict__[key]
+    return next(((m, c) for m in ctx.project.modules.values() for c in m.manual_lowp_casts
+                 if m.lowp_cast_dtype(c) == FLOAT16 and cast_purpose(m, c) == TRAINING and _casts_a_model(m, c)),
+                None)
 
 
 def _casts_a_model(ctx: FileContext, call: ast.Call) -> bool:

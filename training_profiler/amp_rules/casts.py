@@ -7,11 +7,10 @@ import re
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import receiver_root, training_lowp_casts
+from training_profiler.amp_intent import _per_module, receiver_root, training_lowp_casts
+from training_profiler.amp_precision import FLOAT16
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_rules.helpers import _BF16_WORDS, _selects_bf16
-
-_FLOAT16 = ("torch.float16", "torch.half")  # a float16 literal, as the code writes it
+from training_profiler.amp_rules.helpers import _BF16_WORDS, _selects_bf16, in_parameter
 
 
 @declare_rule(
@@ -32,8 +31,7 @@ class ManualCast(RuleVisitor):
             what = f".{attr}()" if attr in ("half", "bfloat16") else f".{attr}({d})"
             bf16_if = next((a for a in ctx.parents_chain(node) if isinstance(a, ast.If)
                             and _selects_bf16(ctx, a.test) and _in_body(a, node)), None)
-            literal = attr == "half" or any(ctx.qualname(a) in _FLOAT16 for a in
-                                            [*node.args, *(k.value for k in node.keywords if k.arg == "dtype")])
+            literal = _literal_float16(ctx, node)
             if d == "float16" and literal and bf16_if is not None:
                 self.report(node, f"{what} on the bfloat16 path (`{ast.unparse(bf16_if.test)[:60]}`)")
             elif ctx.uses_amp and node in training_lowp_casts(ctx):
@@ -128,7 +126,7 @@ class Float16ChosenOnBf16Path(RuleVisitor):
         return self.hits
 
     def _float16(self, node: ast.AST) -> bool:
-        return isinstance(node, (ast.Attribute, ast.Name)) and self.ctx.qualname(node) in _FLOAT16
+        return self.ctx.literal_dtype(node) == FLOAT16
 
     def _hit(self, node: ast.AST, test: ast.AST) -> None:
         self.report(node, f"float16 chosen on the bfloat16 path (`{ast.unparse(test)[:60]}`): a bfloat16 model "
@@ -149,17 +147,15 @@ def _bf16_option(ctx: FileContext) -> str | None:
                  for n in _bf16_choices(m)), None)
 
 
+@_per_module
 def _bf16_choices(m: FileContext) -> list[ast.AST]:
-    """The nodes of ``m`` that offer bfloat16 as a choice (cached on the module): a switch
+    """The nodes of ``m`` that offer bfloat16 as a choice: a switch
     (``cfg.bf16``, ``use_bf16=``), a command-line option (``"--bf16"``, ``choices=[..., "bfloat16"]``),
     and the string "bf16" compared with, keyed in a table or given as a precision or dtype
     (``dtype == "bf16"``, ``{"bf16": torch.bfloat16}``, ``mixed_precision="bf16"``); not "bf16" as
     one format of a list."""
-    key = "_fact_bf16_choices"
-    if key not in m.__dict__:
-        keys = {id(k) for n in m.nodes if isinstance(n, ast.Dict) for k in n.keys if k is not None}
-        m.__dict__[key] = [n for n in m.nodes if _names_bf16_choice(m, n, keys)]
-    return m.__dict__[key]
+    keys = {id(k) for n in m.nodes if isinstance(n, ast.Dict) for k in n.keys if k is not None}
+    return [n for n in m.nodes if _names_bf16_choice(m, n, keys)]
 
 
 def _names_bf16_choice(m: FileContext, n: ast.AST, dict_keys: set[int]) -> bool:
@@ -239,12 +235,13 @@ class Float16OverBf16Option(RuleVisitor):
             if isinstance(node, ast.Call) and ctx.lowp_cast_dtype(node) == "float16" and _literal_float16(ctx, node) \
                     and _MODEL_WORDS.search(_last_word(node.func.value)):
                 yield node
-            elif isinstance(node, ast.keyword) and ctx.qualname(node.value) in _FLOAT16 and _model_dtype_keyword(ctx, node):
+            elif isinstance(node, ast.keyword) and ctx.literal_dtype(node.value) == FLOAT16 \
+                    and _model_dtype_keyword(ctx, node):
                 yield node.value
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                     and node.targets[0].id.endswith("dtype") and _set_once(ctx, node) and _model_dtype_name(ctx, node):
                 yield from (v for v in ([node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp)
-                                        else [node.value]) if ctx.qualname(v) in _FLOAT16)
+                                        else [node.value]) if ctx.literal_dtype(v) == FLOAT16)
 
 
 def _test_module(ctx: FileContext) -> bool:
@@ -277,8 +274,7 @@ def _model_dtype_keyword(ctx: FileContext, kw: ast.keyword) -> bool:
         return False
     if kw.arg in ("torch_dtype", "param_dtype") or (kw.arg or "").endswith("compute_dtype"):
         return True
-    return kw.arg == "dtype" and any(isinstance(a, ast.Call) and (ctx.call_name(a) or "").endswith("Parameter")
-                                     for a in ctx.parents_chain(call))
+    return kw.arg == "dtype" and in_parameter(ctx, call)
 
 
 def _model_dtype_name(ctx: FileContext, assign: ast.Assign) -> bool:
@@ -302,7 +298,8 @@ def _set_once(ctx: FileContext, assign: ast.Assign) -> bool:
 
 
 def _literal_float16(ctx: FileContext, call: ast.Call) -> bool:
-    return call.func.attr == "half" or any(ctx.qualname(a) in _FLOAT16 for a in
+    """A cast that names float16 itself (``.half()``, ``.to(torch.float16)``), not a dtype variable."""
+    return call.func.attr == "half" or any(ctx.literal_dtype(a) == FLOAT16 for a in
                                            [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")])
 
 

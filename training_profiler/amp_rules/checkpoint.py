@@ -7,6 +7,7 @@ import re
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import per_project
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import _callee, _has_kw
 
@@ -61,16 +62,12 @@ def _saved_dict(ctx: FileContext, call: ast.Call) -> list[ast.AST]:
     return out
 
 
+@per_project
 def _project_saves_scaler(ctx: FileContext) -> bool:
     """Some module of the scan saves a loss scaler's state: a framework whose save helpers take
     the optimizer (Megatron, Accelerate) saves the scaler through another path, so a helper given
     the optimizer alone says nothing there."""
-    key = "_fact_project_saves_scaler"
-    project = ctx.project
-    if key not in project.__dict__:
-        project.__dict__[key] = any(_module_saves_scaler(m) or _save_calls_given_a_scaler(m)
-                                    for m in project.modules.values())
-    return project.__dict__[key]
+    return any(_module_saves_scaler(m) or _save_calls_given_a_scaler(m) for m in ctx.project.modules.values())
 
 
 def _save_calls_given_a_scaler(ctx: FileContext) -> set[str]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import per_project
+from training_profiler.amp_precision import FLOAT16
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_rules.helpers import upcast_in
+from training_profiler.amp_rules.helpers import in_parameter, names_in, upcast_in
 
 _NORM_FUNCTIONS = ("torch.norm", "torch.linalg.norm", "torch.linalg.vector_norm")
-_FLOAT16_NAMES = ("torch.float16", "torch.half")
 _COMBINERS = ("stack", "cat", "sum")  # a list of norms made into one number
 _PARAM_WORDS = ("param", "grad", "weight")
 
@@ -69,29 +70,22 @@ def _combined(ctx: FileContext, call: ast.Call, fn: ast.AST) -> bool:
         return False
     name = stmt.targets[0].id
     for n in ast.walk(fn):
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and _names(n.left, name):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and name in names_in(n.left):
             return True
-        if isinstance(n, ast.AugAssign) and _names(n.value, name):
+        if isinstance(n, ast.AugAssign) and name in names_in(n.value):
             return True
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append" \
-                and any(_names(a, name) for a in n.args):
+                and any(name in names_in(a) for a in n.args):
             return True
     return False
 
 
-def _names(expr: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(expr))
-
-
+@per_project
 def _float16_gradients(ctx: FileContext) -> str | None:
-    """Where the project shows float16 parameters or gradients (cached on the project): a
-    gradient or parameter data cast to float16, a parameter made with a float16 dtype, or a
-    parameter's dtype compared with float16."""
-    key = "_fact_float16_gradients"
-    project = ctx.project
-    if key not in project.__dict__:
-        project.__dict__[key] = next((w for m in project.modules.values() if (w := _float16_here(m))), None)
-    return project.__dict__[key]
+    """Where the project shows float16 parameters or gradients: a gradient or parameter data
+    cast to float16, a parameter made with a float16 dtype, or a parameter's dtype compared
+    with float16."""
+    return next((w for m in ctx.project.modules.values() if (w := _float16_here(m))), None)
 
 
 def _float16_here(m: FileContext) -> str | None:
@@ -101,12 +95,10 @@ def _float16_here(m: FileContext) -> str | None:
             receiver = n.func.value
             if any(isinstance(a, ast.Attribute) and a.attr in ("grad", "data") for a in ast.walk(receiver)):
                 return f"{ast.unparse(receiver)[:40]} cast to float16 at {where}:{n.lineno}"
-        elif isinstance(n, ast.Call) and (m.call_name(n) or "").rsplit(".", 1)[-1] == "Parameter" and any(
-                isinstance(k, ast.keyword) and k.arg == "dtype" and (m.qualname(k.value) or "") in _FLOAT16_NAMES
-                for c in ast.walk(n) if isinstance(c, ast.Call) for k in c.keywords):
-            return f"a float16 Parameter at {where}:{n.lineno}"
-        elif isinstance(n, ast.Compare) and any((m.qualname(e) or "") in _FLOAT16_NAMES
-                                                for e in [n.left, *n.comparators]):
+        elif isinstance(n, ast.keyword) and n.arg == "dtype" and m.literal_dtype(n.value) == FLOAT16 \
+                and in_parameter(m, n):
+            return f"a float16 Parameter at {where}:{n.value.lineno}"
+        elif isinstance(n, ast.Compare) and any(m.literal_dtype(e) == FLOAT16 for e in [n.left, *n.comparators]):
             sides = [e for e in [n.left, *n.comparators] if isinstance(e, ast.Attribute) and e.attr == "dtype"]
             if any(w in ast.unparse(s.value).lower() or ast.unparse(s.value) == "p" for s in sides for w in _PARAM_WORDS):
                 return f"a parameter dtype checked for float16 at {where}:{n.lineno}"
@@ -139,14 +131,12 @@ class GradNormInLowPrecision(RuleVisitor):
             if source is None or not _combined(ctx, call, fn):
                 continue
             evidence = _float16_gradients(ctx)
+            what = f"gradient norm of {ast.unparse(source)[:40]} in the gradients' dtype, summed into a total norm"
             if evidence:
-                self.report(call, f"gradient norm of {ast.unparse(source)[:40]} in the gradients' dtype, summed into a "
-                                  f"total norm: float16 gradients ({evidence}) make a norm above 65504 inf",
-                            Confidence.HIGH)
+                self.report(call, f"{what}: float16 gradients ({evidence}) make a norm above 65504 inf", Confidence.HIGH)
             else:
-                self.report(call, f"gradient norm of {ast.unparse(source)[:40]} in the gradients' dtype, summed into a "
-                                  "total norm (no float16 gradients seen in the project; a hazard only where "
-                                  "parameters or gradients are float16)", Confidence.LOW)
+                self.report(call, f"{what} (no float16 gradients seen in the project; a hazard only where parameters "
+                                  "or gradients are float16)", Confidence.LOW)
         return self.hits
 
 

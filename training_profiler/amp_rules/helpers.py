@@ -9,7 +9,7 @@ import numpy as np
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import _per_module, training_lowp_casts
+from training_profiler.amp_intent import _per_module, is_float32_cast, training_lowp_casts
 from training_profiler.amp_precision import (
     BFLOAT16,
     FLOAT16,
@@ -175,20 +175,76 @@ def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None,
         "no training seen; if this runs under AMP, float16", "no float16 training seen; if this trains in float16")
 
 
-_FLOAT32_OR_WIDER = ("torch.float32", "torch.float", "torch.float64", "torch.double")
-
-
 def upcast_in(ctx: FileContext, expr: ast.AST) -> bool:
     """``expr`` is made float32 (or wider) on the way: ``.float()``, ``.double()``, ``.to(torch.float32)``."""
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-            if n.func.attr in ("float", "double") and not n.args:
-                return True
-            if n.func.attr in ("to", "type") and any(
-                    (ctx.qualname(a) or "") in _FLOAT32_OR_WIDER
-                    for a in [*n.args, *(k.value for k in n.keywords if k.arg == "dtype")]):
-                return True
-    return False
+    return any(is_float32_cast(ctx, n) for n in ast.walk(expr))
+
+
+def names_in(expr: ast.AST) -> list[str]:
+    """The last part of every name and attribute in ``expr`` (``self.inv_freq[None]`` -> inv_freq)."""
+    return [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(expr)
+            if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def in_parameter(ctx: FileContext, node: ast.AST) -> bool:
+    """``node`` is part of a ``Parameter(...)`` call: what it makes is a trained weight."""
+    return any(isinstance(a, ast.Call) and (ctx.call_name(a) or "").endswith("Parameter")
+               for a in [node, *ctx.parents_chain(node)])
+
+
+def plain_torch_scalers(ctx: FileContext) -> list[ast.Call]:
+    """``torch...GradScaler(...)`` calls of this module that are not the sharded one."""
+    return [c for c in ctx.calls if (q := ctx.qualname(c.func) or "").startswith("torch.")
+            and av.is_scaler_class(q) and not q.endswith("ShardedGradScaler")]
+
+
+def number_in(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef | None = None,
+              fn: ast.AST | None = None) -> float | None:
+    """The number ``expr`` stands for: a literal; with ``cls``, ``self.<attr>`` set to one in the
+    class (or to an ``__init__`` parameter whose default is one); with ``fn``, a name given one
+    literal in ``fn`` (``eps = 1e-8``, ``alpha, eps = 0.25, 1e-8``) or else at module level."""
+    v = _const_value(expr)
+    if v is not None:
+        return v
+    if cls is not None and isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) \
+            and expr.value.id == "self":
+        return _class_attr_number(ctx, cls, expr.attr)
+    if fn is not None and isinstance(expr, ast.Name):
+        return _name_number(ctx, fn, expr.id)
+    return None
+
+
+def _class_attr_number(ctx: FileContext, cls: ast.ClassDef, attr: str) -> float | None:
+    for value, _ in ctx.values.class_attrs.get(cls, {}).get(attr, []):
+        if (c := _const_value(value)) is not None:
+            return c
+        init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        if isinstance(value, ast.Name) and init is not None:
+            a = init.args
+            pos = [*a.posonlyargs, *a.args]
+            defaults = dict(zip([p.arg for p in pos][len(pos) - len(a.defaults):], a.defaults))
+            defaults.update({k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+            if value.id in defaults:
+                return _const_value(defaults[value.id])
+    return None
+
+
+def _name_number(ctx: FileContext, fn: ast.AST, name: str) -> float | None:
+    """The one literal ``name`` is given in ``fn``, else at module level; None if several or none."""
+    for scope in (fn, ctx.tree):
+        found: list[float | None] = []
+        for st in (ast.walk(scope) if scope is fn else scope.body):
+            if not isinstance(st, ast.Assign):
+                continue
+            for t in st.targets:
+                if isinstance(t, ast.Name) and t.id == name:
+                    found.append(_const_value(st.value))
+                elif isinstance(t, ast.Tuple) and isinstance(st.value, ast.Tuple) and len(t.elts) == len(st.value.elts):
+                    found += [_const_value(v) for e, v in zip(t.elts, st.value.elts)
+                              if isinstance(e, ast.Name) and e.id == name]
+        if found:
+            return found[0] if len(found) == 1 else None
+    return None
 
 
 def classes_calling(ctx: FileContext, method: str) -> list[ast.ClassDef]:

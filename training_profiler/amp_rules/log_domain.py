@@ -16,8 +16,8 @@ from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import (
     FP16_MIN_SUBNORMAL,
-    _const_value,
     _fp16_confidence,
+    number_in,
     upcast_in,
 )
 
@@ -59,29 +59,6 @@ def _terms(expr: ast.AST) -> list[ast.AST]:
     return [expr]
 
 
-def _constant(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> float | None:
-    """A number: a literal, or a name given one literal in its function (``eps = 1e-8``,
-    ``alpha, gamma, eps = 0.25, 2.0, 1e-8``) or at module level (``EPS = 1e-8``)."""
-    value = _const_value(expr)
-    if value is not None or not isinstance(expr, ast.Name):
-        return value
-    found: list[float | None] = []
-    for scope in (fn, ctx.tree):
-        body = ast.walk(scope) if scope is fn else iter(scope.body)
-        for st in body:
-            if isinstance(st, ast.Assign):
-                for t in st.targets:
-                    if isinstance(t, ast.Name) and t.id == expr.id:
-                        found.append(_const_value(st.value))
-                    elif isinstance(t, ast.Tuple) and isinstance(st.value, ast.Tuple) \
-                            and len(t.elts) == len(st.value.elts):
-                        found += [_const_value(v) for e, v in zip(t.elts, st.value.elts)
-                                  if isinstance(e, ast.Name) and e.id == expr.id]
-        if found:
-            break
-    return found[0] if len(found) == 1 else None
-
-
 @declare_rule(
     "AMP031", "log-underflow-fp16", Severity.MEDIUM,
     explanation=("A log of a probability made first (log(sigmoid(x)), log(softmax(x))) or guarded by an eps below "
@@ -91,9 +68,9 @@ def _constant(ctx: FileContext, expr: ast.AST, fn: ast.AST) -> float | None:
                 "better 1e-6), or compute in float32 (p.float())."))
 class LogUnderflowFp16(RuleVisitor):
     """``torch.log`` / ``.log()`` of a sigmoid or softmax made without ``dtype=``, or of a
-    probability (a sigmoid/softmax, or a name that says so) plus a constant (a literal, or a name
-    given one literal) between 0 and float16's smallest subnormal; not upcast on the way
-    (``1 - p.float() + 1e-8``), and not a softmax's probabilities in a module that uses
+    probability (a sigmoid/softmax, or a name that says so) plus a constant (``helpers.number_in``:
+    a literal, a name given one literal, a ``self`` attribute set to one) between 0 and float16's
+    smallest subnormal; not upcast on the way (``1 - p.float() + 1e-8``), and not a softmax's probabilities in a module that uses
     autocast, which makes them float32. Confidence from where float16 is seen
     (``helpers._fp16_confidence``)."""
 
@@ -106,7 +83,8 @@ class LogUnderflowFp16(RuleVisitor):
             terms = _terms(operand)
             prob = next((p for t in terms if (p := _probability(ctx, t))), None)
             fn = ctx.enclosing_function(call)
-            eps = next((v for t in terms[1:] if (v := _constant(ctx, t, fn)) is not None
+            cls = ctx.values.enclosing_class(call)
+            eps = next((v for t in terms[1:] if (v := number_in(ctx, t, cls=cls, fn=fn)) is not None
                         and 0 < v < FP16_MIN_SUBNORMAL), None) if len(terms) > 1 and _a_probability(
                 ctx, terms[0]) else None
             if (prob is None and eps is None) or upcast_in(ctx, operand):

@@ -23,6 +23,7 @@ from training_profiler.amp_rules.helpers import (
     _fp16_confidence,
     _fp16_evidence,
     _has_kw,
+    number_in,
 )
 
 _STAT_CALLS = {"mean", "var", "var_mean", "std", "std_mean"}
@@ -101,26 +102,7 @@ def _eps_added_to(ctx: FileContext, fn: ast.FunctionDef, cls: ast.ClassDef, stat
             sides = (n.left, n.right)
             if any((isinstance(x, ast.Name) and x.id in names) or x is stat for x in sides):
                 other = n.right if (n.left is stat or (isinstance(n.left, ast.Name) and n.left.id in names)) else n.left
-                return _number(ctx, other, cls)
-    return None
-
-
-def _number(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef) -> float | None:
-    v = _const_value(expr)
-    if v is not None:
-        return v
-    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
-        for value, _ in ctx.values.class_attrs.get(cls, {}).get(expr.attr, []):
-            if (c := _const_value(value)) is not None:
-                return c
-            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-            if isinstance(value, ast.Name) and init is not None:
-                a = init.args
-                pos = [*a.posonlyargs, *a.args]
-                defaults = dict(zip([p.arg for p in pos][len(pos) - len(a.defaults):], a.defaults))
-                defaults.update({k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
-                if value.id in defaults:
-                    return _const_value(defaults[value.id])
+                return number_in(ctx, other, cls=cls)
     return None
 
 

@@ -12,14 +12,16 @@ import ast
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import per_project
 from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_values import is_scaler_class
+from training_profiler.amp_rules.helpers import plain_torch_scalers
 
 #: what makes a forward low precision without the word autocast in this scan
 _LOWP_ENGINES = ("initialize", "Accelerator", "deepspeed", "Fabric", "Trainer")
 _ENGINE_PACKAGES = ("deepspeed", "apex", "accelerate", "lightning", "pytorch_lightning")
 
 
+@per_project
 def _lowp_anywhere(ctx: FileContext) -> bool:
     """Something in the project can run a forward in low precision (cached on the project):
     the word autocast anywhere (a name, an attribute, a string), a float16 cast, or an engine
@@ -27,11 +29,7 @@ def _lowp_anywhere(ctx: FileContext) -> bool:
     the HF Trainer). A bfloat16 cast does not count: it needs no GradScaler; nor does FSDP's
     MixedPrecision: a plain GradScaler refuses its float16 gradients, and AMP027 asks for the
     sharded one there."""
-    key = "_fact_lowp_anywhere"
-    project = ctx.project
-    if key not in project.__dict__:
-        project.__dict__[key] = any(_lowp_here(m) for m in project.modules.values())
-    return project.__dict__[key]
+    return any(_lowp_here(m) for m in ctx.project.modules.values())
 
 
 def _lowp_here(m: FileContext) -> bool:
@@ -77,8 +75,7 @@ class GradScalerWithoutAutocast(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        made = [c for c in ctx.calls if (q := ctx.qualname(c.func) or "").startswith("torch.")
-                and is_scaler_class(q) and not q.endswith("ShardedGradScaler")]
+        made = plain_torch_scalers(ctx)
         if not made or _lowp_anywhere(ctx):
             return self.hits
         names = {dotted(t) for c in made for st in [ctx.parents.get(c)] if isinstance(st, ast.Assign)

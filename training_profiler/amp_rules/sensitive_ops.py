@@ -41,7 +41,7 @@ from training_profiler.amp_rules.base import (
     Severity,
     declare_rule,
 )
-from training_profiler.amp_rules.helpers import EXACT_INTEGERS, cast_inputs_dtype
+from training_profiler.amp_rules.helpers import EXACT_INTEGERS, cast_inputs_dtype, names_in
 
 _MATMULS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.einsum", "torch.functional.einsum"}
 _FREQ = re.compile(r"(^|_)(inv_freq|freqs?|inv_freqs|theta|inv_timescales?)(_|$)", re.I)
@@ -50,12 +50,6 @@ _SPECTRAL_CALLS = {"torch.stft", "torch.fft.fft", "torch.fft.rfft", "torch.fft.f
                    "torch.fft.fftn", "torch.fft.rfftn"}
 _SPECTRAL_NAME = re.compile(r"(stft|spectrogram|fbanks?$|filterbank|melspec|mel_spec|compute_mel)", re.I)
 _T5_NAME = re.compile(r"^(t5|T5EncoderModel|T5Model|T5ForConditionalGeneration|MT5EncoderModel)$|^t5_", re.I)
-
-
-def _names(expr: ast.AST) -> list[str]:
-    """The last part of every name and attribute in ``expr`` (``self.inv_freq[None]`` -> inv_freq)."""
-    return [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(expr)
-            if isinstance(n, (ast.Name, ast.Attribute))]
 
 
 def _matmul_operands(ctx: FileContext, node: ast.AST) -> list[ast.AST] | None:
@@ -90,8 +84,8 @@ def rotary_product(ctx: FileContext, node: ast.AST) -> str | None:
     ops = _matmul_operands(ctx, node)
     if not ops or len(ops) < 2:
         return None
-    freq = [o for o in ops if any(_FREQ.search(n) for n in _names(o))]
-    pos = [o for o in ops if o not in freq and any(_POSITIONS.search(n) for n in _names(o))]
+    freq = [o for o in ops if any(_FREQ.search(n) for n in names_in(o))]
+    pos = [o for o in ops if o not in freq and any(_POSITIONS.search(n) for n in names_in(o))]
     if freq and pos:
         return f"`{ast.unparse(node)[:50]}` multiplies positions by rotary frequencies"
     return None
@@ -149,7 +143,7 @@ def t5_encoder(ctx: FileContext, node: ast.AST) -> str | None:
     if _constructs(names[0]):
         return None
     for src in _self_attr_sources(ctx, node.func):
-        names += _names(src)
+        names += names_in(src)
     hit = next((n for n in names if n and _T5_NAME.search(n) and "token" not in n.lower()), None)
     if hit is None:
         return None

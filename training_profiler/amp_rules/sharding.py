@@ -12,8 +12,10 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import FileContext, dotted
+from training_profiler.amp_intent import per_project
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_values import FUNCTION, is_scaler_class
+from training_profiler.amp_rules.helpers import plain_torch_scalers
+from training_profiler.amp_values import FUNCTION
 
 _FSDP = "FullyShardedDataParallel"
 _SHARDED = "ShardedGradScaler"
@@ -25,22 +27,15 @@ def _wraps_fsdp(ctx: FileContext, nodes) -> ast.Call | None:
                  and (ctx.qualname(c.func) or dotted(c.func) or "").endswith(_FSDP)), None)
 
 
+@per_project
 def _project_facts(ctx: FileContext) -> tuple[bool, list[FileContext]]:
     """(a ShardedGradScaler is named anywhere in the scan, the modules that wrap with FSDP)."""
-    key = "_fact_fsdp_scalers"
     project = ctx.project
-    if key not in project.__dict__:
-        sharded = any(((isinstance(n, (ast.Name, ast.Attribute)) and (m.qualname(n) or "").endswith(_SHARDED))
-                       or (isinstance(n, ast.ImportFrom) and any(a.name == _SHARDED for a in n.names)))
-                      for m in project.modules.values() for n in m.nodes)
-        wrapping = [m for m in project.modules.values() if _wraps_fsdp(m, m.calls) is not None]
-        project.__dict__[key] = (sharded, wrapping)
-    return project.__dict__[key]
-
-
-def _plain_scalers(ctx: FileContext) -> list[ast.Call]:
-    return [c for c in ctx.calls if (q := ctx.qualname(c.func) or "").startswith("torch.")
-            and is_scaler_class(q) and not q.endswith(_SHARDED)]
+    sharded = any(((isinstance(n, (ast.Name, ast.Attribute)) and (m.qualname(n) or "").endswith(_SHARDED))
+                   or (isinstance(n, ast.ImportFrom) and any(a.name == _SHARDED for a in n.names)))
+                  for m in project.modules.values() for n in m.nodes)
+    wrapping = [m for m in project.modules.values() if _wraps_fsdp(m, m.calls) is not None]
+    return sharded, wrapping
 
 
 @declare_rule(
@@ -58,7 +53,7 @@ class GradScalerNotSharded(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        plain = _plain_scalers(ctx)
+        plain = plain_torch_scalers(ctx)
         if not plain:
             return self.hits
         sharded, wrapping = _project_facts(ctx)
