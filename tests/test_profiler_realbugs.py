@@ -44,19 +44,22 @@ def _markers(path: Path) -> list[tuple[int, str]]:
 HELDOUT = REPO / "bench" / "realcode" / "bugs_heldout.json"
 HELDOUT2 = REPO / "bench" / "realcode" / "bugs_heldout2.json"
 HELDOUT3 = REPO / "bench" / "realcode" / "bugs_heldout3.json"
+HELDOUT4 = REPO / "bench" / "realcode" / "bugs_heldout4.json"
 
 
 def _fixes(path: Path) -> set[tuple[str, str]]:
     return {(b["repo"], b["fix_commit"]) for b in json.loads(path.read_text())["bugs"]}
 
 
-@pytest.mark.parametrize("path", [BUGS, HELDOUT, HELDOUT2, HELDOUT3], ids=["bugs", "heldout", "heldout2", "heldout3"])
+@pytest.mark.parametrize("path", [BUGS, HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4],
+                         ids=["bugs", "heldout", "heldout2", "heldout3", "heldout4"])
 def test_bug_records_are_complete(path: Path) -> None:
     bugs = json.loads(path.read_text())["bugs"]
     rules = _rule_ids()
     assert 15 <= len(bugs) <= 80
     assert len({b["id"] for b in bugs}) == len(bugs)
-    earlier = {BUGS: [], HELDOUT: [BUGS], HELDOUT2: [BUGS, HELDOUT], HELDOUT3: [BUGS, HELDOUT, HELDOUT2]}[path]
+    earlier = {BUGS: [], HELDOUT: [BUGS], HELDOUT2: [BUGS, HELDOUT], HELDOUT3: [BUGS, HELDOUT, HELDOUT2],
+                HELDOUT4: [BUGS, HELDOUT, HELDOUT2, HELDOUT3]}[path]
     for other in earlier:  # chosen apart: no bug of an earlier set again
         assert not _fixes(path) & _fixes(other), other.name
     for b in bugs:

@@ -153,6 +153,13 @@ class Project:
             seen |= {n for n in self.modules if n.startswith(top)}
         return [self.modules[n] for n in sorted(seen) if n in self.modules]  # a set's order varies per run
 
+    def neighbours_of(self, ctx: FileContext) -> list[FileContext]:
+        """``ctx``, the project modules it imports and those that import it, one step each way:
+        the code that hands it its model or takes its outputs, not every module of its package."""
+        self.users_of(ctx)  # builds the importer index
+        names = {ctx.module_name} | self._imports_of(ctx) | self._importers.get(ctx.module_name, set())
+        return [self.modules[n] for n in sorted(names) if n in self.modules]
+
     def program_of(self, ctx: FileContext) -> list[FileContext]:
         """The program ``ctx`` belongs to: its users (``users_of``) and the project modules
         they import; a folder of separate scripts is not one program."""

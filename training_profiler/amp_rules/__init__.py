@@ -34,6 +34,7 @@ from training_profiler.amp_rules import (
     grad_norms,
     grad_scaler,
     log_domain,
+    log_probs,
     long_reduction,
     manual_scaling,
     numerics,
@@ -95,6 +96,7 @@ from training_profiler.amp_rules.grad_scaler import (
 )
 from training_profiler.amp_rules.helpers import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from training_profiler.amp_rules.log_domain import LogUnderflowFp16
+from training_profiler.amp_rules.log_probs import LogProbsOnLowPrecisionLogits
 from training_profiler.amp_rules.long_reduction import LinearAttentionSum
 from training_profiler.amp_rules.manual_scaling import PartialManualUnscale
 from training_profiler.amp_rules.numerics import (
@@ -117,7 +119,7 @@ from training_profiler.amp_rules.sharding import GradScalerNotSharded
 FAMILIES = (casts, autocast_scope, reductions, autograd_function, deprecated, grad_scaler, numerics)
 BUG_KIND_FAMILIES = (checkpoint, long_reduction, sensitive_ops, dtype_mix, manual_scaling, consistency, averages,
                      positions, sharding, disabled_autocast, grad_norms,
-                     scaler_alone, log_domain)
+                     scaler_alone, log_domain, log_probs)
 
 
 def _in_id_order(families: tuple) -> tuple[Rule, ...]:
@@ -144,5 +146,5 @@ __all__ = [
     "ManualCast", "Float16ChosenOnBf16Path", "Float16OverBf16Option", "MaskConstantAgainstTraining", "PartialDtypeCasts", "ScalerSaveNeverRuns", "NormStatsInInputPrecision", "ReductionOutsideAutocast",
     "ScalerStateNotCheckpointed", "SoftmaxNoDtype", "UnscaleEveryMicroStep", "UnusedUpcastSoftmax",
     "Float32BesideActivations", "BatchIntoLowpModel", "StaleCopyWrittenBack", "CacheKeyedWithoutDtype", "PartialManualUnscale", "DtypeMatchUndone", "UpcastSkippedHere", "LayersOnUpcastInputElsewhere",
-    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "GradNormInLowPrecision", "GradScalerWithoutAutocast", "LogUnderflowFp16", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
+    "AverageInParameterDtype", "AverageCopyCastToLowp", "RotaryAnglesInLowPrecision", "GradScalerNotSharded", "AutocastOffWithoutUpcast", "GradNormInLowPrecision", "GradScalerWithoutAutocast", "LogUnderflowFp16", "LogProbsOnLowPrecisionLogits", "SensitiveOpUnderAutocast", "SENSITIVE_OPS",
 ]

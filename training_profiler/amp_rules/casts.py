@@ -10,7 +10,12 @@ from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import _per_module, receiver_root, training_lowp_casts
 from training_profiler.amp_precision import FLOAT16
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_rules.helpers import _BF16_WORDS, _selects_bf16, in_parameter
+from training_profiler.amp_rules.helpers import (
+    _BF16_WORDS,
+    _selects_bf16,
+    in_parameter,
+    test_module,
+)
 
 
 @declare_rule(
@@ -210,7 +215,7 @@ class Float16OverBf16Option(RuleVisitor):
 
     def run(self):
         ctx = self.ctx
-        if _test_module(ctx):
+        if test_module(ctx):
             return self.hits  # tests pin precisions on purpose
         where = None
         for node in self._float16_literals():
@@ -242,11 +247,6 @@ class Float16OverBf16Option(RuleVisitor):
                     and node.targets[0].id.endswith("dtype") and _set_once(ctx, node) and _model_dtype_name(ctx, node):
                 yield from (v for v in ([node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp)
                                         else [node.value]) if ctx.literal_dtype(v) == FLOAT16)
-
-
-def _test_module(ctx: FileContext) -> bool:
-    parts = ctx.path.replace("\\", "/").split("/")
-    return parts[-1].startswith("test_") or any(p in ("tests", "test") for p in parts[:-1])
 
 
 def _component(ctx: FileContext, node: ast.AST) -> str:

@@ -186,6 +186,13 @@ def names_in(expr: ast.AST) -> list[str]:
             if isinstance(n, (ast.Name, ast.Attribute))]
 
 
+def test_module(ctx: FileContext) -> bool:
+    """A test file (``test_*.py``, or under ``tests/``): what it casts or loads says nothing of
+    how the project trains."""
+    parts = ctx.path.replace("\\", "/").split("/")
+    return parts[-1].startswith("test_") or any(p in ("tests", "test") for p in parts[:-1])
+
+
 def in_parameter(ctx: FileContext, node: ast.AST) -> bool:
     """``node`` is part of a ``Parameter(...)`` call: what it makes is a trained weight."""
     return any(isinstance(a, ast.Call) and (ctx.call_name(a) or "").endswith("Parameter")
@@ -209,8 +216,46 @@ def number_in(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef | None = None,
     if cls is not None and isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) \
             and expr.value.id == "self":
         return _class_attr_number(ctx, cls, expr.attr)
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):  # -NEAR_INF
+        v = number_in(ctx, expr.operand, cls=cls, fn=fn)
+        return -v if v is not None else None
     if fn is not None and isinstance(expr, ast.Name):
-        return _name_number(ctx, fn, expr.id)
+        found = _name_number(ctx, fn, expr.id)
+        if found is None and not _assigned_in(fn, expr.id):
+            found = _default_number(fn, expr.id) if fn is not ctx.tree else None
+            found = found if found is not None else _imported_number(ctx, expr.id)
+        return found
+    return None
+
+
+def _assigned_in(fn: ast.AST, name: str) -> bool:
+    return any(isinstance(t, ast.Name) and t.id == name for st in ast.walk(fn)
+               if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign)) for tg in
+               (st.targets if isinstance(st, ast.Assign) else [st.target]) for t in ast.walk(tg))
+
+
+def _default_number(fn: ast.AST, name: str) -> float | None:
+    """The literal default of ``fn``'s parameter ``name`` (``mask_fill_value: float = -1e32``):
+    what the function uses whenever a caller leaves it out."""
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        return None
+    a = fn.args
+    pos = [*a.posonlyargs, *a.args]
+    defaults = dict(zip([p.arg for p in pos][len(pos) - len(a.defaults):], a.defaults))
+    defaults.update({k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    return _const_value(defaults[name]) if name in defaults else None
+
+
+def _imported_number(ctx: FileContext, name: str) -> float | None:
+    """A module constant imported from a project module (``from parlai.utils.torch import
+    NEAR_INF``), given one literal there."""
+    for node in ctx.tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and ctx.project is not None:
+            alias = next((a for a in node.names if (a.asname or a.name) == name), None)
+            source = ctx.project.find_module(ctx.import_qualname(node, name).rsplit(".", 1)[0], ctx) \
+                if alias is not None and ctx.import_qualname(node, name) else None
+            if source is not None and source is not ctx:
+                return _name_number(source, source.tree, alias.name)
     return None
 
 

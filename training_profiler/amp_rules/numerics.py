@@ -130,8 +130,9 @@ class Fp16UnsafeConstant(RuleVisitor):
         ctx = self.ctx
         name = (ctx.call_name(node) or "").split(".")[-1]
         if name in _FILL_CALLS and _fp16_evidence(ctx):
+            fn, cls = ctx.enclosing_function(node), ctx.values.enclosing_class(node)
             for a in list(node.args) + [k.value for k in node.keywords]:
-                v = _const_value(a)
+                v = number_in(ctx, a, cls=cls, fn=fn)
                 if v is not None and abs(v) > FP16_MAX:
                     self.report(a, f"constant {v:g} in {name}() is outside the float16 range (±{FP16_MAX:g})")
         self.generic_visit(node)
@@ -159,8 +160,9 @@ class MaskConstantAgainstTraining(RuleVisitor):
                 where = _callee(ctx, n) + "()"
             elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _mentions_mask(n):
                 consts, where = [n.left, n.right], "an additive mask"
+            fn, cls = ctx.enclosing_function(n), ctx.values.enclosing_class(n)
             for a in consts:
-                v = _const_value(a)
+                v = number_in(ctx, a, cls=cls, fn=fn)
                 if v is not None and abs(v) > FP16_MAX:
                     # float32's own limit, named (torch.finfo(torch.float32).min): a float32 tensor by design
                     conf, note = _fp16_confidence(ctx, n, library=not isinstance(a, ast.Attribute))
