@@ -136,15 +136,11 @@ class Project:
         precision a library module runs in (YOLOX's trainer gets its head through an experiment
         object, not an import). A folder of unrelated scripts is not one program, so its
         modules do not vouch for each other."""
-        if self._importers is None:
-            self._importers = {}
-            for m in list(self.modules.values()):
-                for dep in self._imports_of(m):
-                    self._importers.setdefault(dep, set()).add(m.module_name)
+        importers = self._importer_index()
         seen = {ctx.module_name}
         todo = [ctx.module_name]
         while todo:
-            for user in self._importers.get(todo.pop(), ()):
+            for user in importers.get(todo.pop(), ()):
                 if user not in seen:
                     seen.add(user)
                     todo.append(user)
@@ -153,11 +149,19 @@ class Project:
             seen |= {n for n in self.modules if n.startswith(top)}
         return [self.modules[n] for n in sorted(seen) if n in self.modules]  # a set's order varies per run
 
+    def _importer_index(self) -> dict[str, set[str]]:
+        """Module name -> the project modules that import it, built once."""
+        if self._importers is None:
+            self._importers = {}
+            for m in list(self.modules.values()):
+                for dep in self._imports_of(m):
+                    self._importers.setdefault(dep, set()).add(m.module_name)
+        return self._importers
+
     def neighbours_of(self, ctx: FileContext) -> list[FileContext]:
         """``ctx``, the project modules it imports and those that import it, one step each way:
         the code that hands it its model or takes its outputs, not every module of its package."""
-        self.users_of(ctx)  # builds the importer index
-        names = {ctx.module_name} | self._imports_of(ctx) | self._importers.get(ctx.module_name, set())
+        names = {ctx.module_name} | self._imports_of(ctx) | self._importer_index().get(ctx.module_name, set())
         return [self.modules[n] for n in sorted(names) if n in self.modules]
 
     def program_of(self, ctx: FileContext) -> list[FileContext]:
