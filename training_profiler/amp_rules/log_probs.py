@@ -31,7 +31,7 @@ _LOG_PROBS = re.compile(r"logp|log_prob|logprob|lprob|log_?ratio", re.I)
 _MODEL_WORDS = re.compile(r"model|net|module|actor|critic|policy|transformer|unet|encoder|decoder", re.I)
 _WEIGHT_WORDS = re.compile(r"weight|param|model", re.I)
 _TESTED = "a weight's dtype tested for low precision"
-_DEEPSPEED_SECTIONS = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16"}
+_DEEPSPEED_SECTIONS = ("bf16", "bfloat16", "fp16")  # a DeepSpeed config's precision sections
 
 
 def _log_prob_op(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST] | None:
@@ -48,8 +48,9 @@ def _log_prob_op(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST] | None
     if last in _TENSOR_METHODS and isinstance(call.func, ast.Attribute) \
             and (dotted(call.func.value) or "").split(".")[0] not in ctx.aliases:  # x.log_softmax(dim=-1)
         return last, call.func.value
-    if call.args and _logits_in(call.args[0]) and any(v.kind == av.LOSS_FN and v.name.rsplit(".", 1)[-1] in _CROSS_ENTROPY_MODULES
-                         for v in ctx.values.value(call.func)):
+    if call.args and _logits_in(call.args[0]) and any(
+            v.kind == av.LOSS_FN and v.name.rsplit(".", 1)[-1] in _CROSS_ENTROPY_MODULES
+            for v in ctx.values.value(call.func)):
         return "cross_entropy", call.args[0]
     return None
 
