@@ -8,24 +8,9 @@ import textwrap
 from pathlib import Path
 
 import torch
+from amp_project_helpers import LOW, found, make_project
 
 from training_profiler import static_checker as sc
-
-LOW = sc.Confidence.parse("low")
-
-
-def _project(tmp_path: Path, files: dict[str, str]) -> Path:
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name, source in files.items():
-        (pkg / name).write_text(textwrap.dedent(source))
-    return pkg
-
-
-def _found(pkg: Path, rule: str, words: str = "") -> list[tuple[str, int, str]]:
-    return [(Path(f.path).name, f.line, f.confidence.name) for f in sc.check_paths([pkg], min_confidence=LOW).findings
-            if f.rule_id == rule and words in f.message]
 
 
 # ---- AMP029 gradient norm in float16 ------------------------------------------------------------
@@ -51,15 +36,15 @@ _NORM = """
 
 
 def test_a_gradient_norm_is_high_with_float16_parameters_in_the_project_and_low_without(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"clip.py": _NORM})
-    assert _found(pkg, "AMP029") == [("clip.py", 4, "LOW")]       # the inner norm, not the norm of norms
+    pkg = make_project(tmp_path, {"clip.py": _NORM})
+    assert found(pkg, "AMP029") == [("clip.py", 4, "LOW")]       # the inner norm, not the norm of norms
     (pkg / "fp16.py").write_text("import torch\ndef init(shape):\n"
                                  "    return torch.nn.Parameter(torch.empty(shape, dtype=torch.float16))\n")
-    assert _found(pkg, "AMP029") == [("clip.py", 4, "HIGH")]
+    assert found(pkg, "AMP029") == [("clip.py", 4, "HIGH")]
 
 
 def test_a_single_logged_norm_and_an_upcast_norm_are_not_reported(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"log.py": """
+    pkg = make_project(tmp_path, {"log.py": """
         import torch
         def log_norms(model, log):
             for name, p in model.named_parameters():
@@ -71,7 +56,7 @@ def test_a_single_logged_norm_and_an_upcast_norm_are_not_reported(tmp_path: Path
                 norms.append(g.norm(2))
             return torch.stack(norms).norm(2)
     """})
-    assert _found(pkg, "AMP029") == []
+    assert found(pkg, "AMP029") == []
 
 
 # ---- AMP030 GradScaler without autocast ---------------------------------------------------------
@@ -97,25 +82,25 @@ _LOOP = """
 
 
 def test_a_scaler_alone_is_reported_at_the_forward_and_autocast_anywhere_silences_it(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"train.py": _LOOP})
-    assert _found(pkg, "AMP030") == [("train.py", 6, "HIGH")]
+    pkg = make_project(tmp_path, {"train.py": _LOOP})
+    assert found(pkg, "AMP030") == [("train.py", 6, "HIGH")]
     (pkg / "model.py").write_text("import torch\nclass M(torch.nn.Module):\n"
                                   "    @torch.autocast('cuda', dtype=torch.float16)\n"
                                   "    def forward(self, x):\n        return x\n")
-    assert _found(pkg, "AMP030") == []
+    assert found(pkg, "AMP030") == []
 
 
 def test_a_bfloat16_cast_does_not_silence_it_and_a_float16_cast_does(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"train.py": _LOOP,
+    pkg = make_project(tmp_path, {"train.py": _LOOP,
                               "load.py": "import torch\ndef load(model):\n    return model.to(torch.bfloat16)\n"})
-    assert _found(pkg, "AMP030") == [("train.py", 6, "HIGH")]
+    assert found(pkg, "AMP030") == [("train.py", 6, "HIGH")]
     (pkg / "load.py").write_text("import torch\ndef load(model):\n    return model.to(torch.float16)\n")
-    assert _found(pkg, "AMP030") == []
+    assert found(pkg, "AMP030") == []
 
 
 def test_a_scaler_wrapper_given_the_loss_is_not_reported(tmp_path: Path) -> None:
     """timm's NativeScaler: the loss arrives as a parameter; the forward is elsewhere."""
-    pkg = _project(tmp_path, {"scaler.py": """
+    pkg = make_project(tmp_path, {"scaler.py": """
         import torch
         class NativeScaler:
             def __init__(self):
@@ -125,7 +110,7 @@ def test_a_scaler_wrapper_given_the_loss_is_not_reported(tmp_path: Path) -> None
                 self._scaler.step(optimizer)
                 self._scaler.update()
     """})
-    assert _found(pkg, "AMP030") == []
+    assert found(pkg, "AMP030") == []
 
 
 # ---- AMP001 float16 hard-coded where the project offers bfloat16 ---------------------------------
@@ -146,14 +131,14 @@ _MERGE = """
 
 
 def test_a_hard_coded_model_cast_is_reported_only_where_bf16_is_offered(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"merge.py": _MERGE})
-    assert _found(pkg, "AMP001", "hard-coded") == []
+    pkg = make_project(tmp_path, {"merge.py": _MERGE})
+    assert found(pkg, "AMP001", "hard-coded") == []
     (pkg / "args.py").write_text("def add(parser):\n    parser.add_argument('--bf16', action='store_true')\n")
-    assert _found(pkg, "AMP001", "hard-coded") == [("merge.py", 5, "HIGH")]
+    assert found(pkg, "AMP001", "hard-coded") == [("merge.py", 5, "HIGH")]
 
 
 def test_a_guarded_cast_a_tensor_cast_and_a_default_dtype_are_not_hard_coded(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"args.py": "def add(parser):\n    parser.add_argument('--bf16')\n", "m.py": """
+    pkg = make_project(tmp_path, {"args.py": "def add(parser):\n    parser.add_argument('--bf16')\n", "m.py": """
         import torch
         def build(task, cfg):
             model = task.build_model(cfg.model)
@@ -170,18 +155,18 @@ def test_a_guarded_cast_a_tensor_cast_and_a_default_dtype_are_not_hard_coded(tmp
         def to_fp16(model):
             return model.half()
     """})
-    assert _found(pkg, "AMP001", "hard-coded") == []
+    assert found(pkg, "AMP001", "hard-coded") == []
 
 
 def test_bfloat16_is_offered_by_a_switch_or_a_choice_not_by_a_format_list_or_a_cast(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"merge.py": _MERGE, "report.py": """
+    pkg = make_project(tmp_path, {"merge.py": _MERGE, "report.py": """
         def formats(analyze, x):
             rows = x.bfloat16()
             return analyze(rows, formats=["bf16", "fp8_e4m3"])
     """})
-    assert _found(pkg, "AMP001", "hard-coded") == []
+    assert found(pkg, "AMP001", "hard-coded") == []
     (pkg / "args.py").write_text('FIELDS = {"torch_dtype": {"choices": ["auto", "bfloat16", "float16"]}}\n')
-    assert _found(pkg, "AMP001", "hard-coded") == [("merge.py", 5, "HIGH")]
+    assert found(pkg, "AMP001", "hard-coded") == [("merge.py", 5, "HIGH")]
 
 
 def test_a_separate_script_offering_bf16_says_nothing_of_another(tmp_path: Path) -> None:
@@ -192,16 +177,16 @@ def test_a_separate_script_offering_bf16_says_nothing_of_another(tmp_path: Path)
 
 
 def test_a_pipeline_part_is_medium_and_a_test_module_is_not_reported(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"args.py": "def add(p):\n    p.add_argument('--bf16')\n", "gen.py": """
+    pkg = make_project(tmp_path, {"args.py": "def add(p):\n    p.add_argument('--bf16')\n", "gen.py": """
         import torch
         def sample(pipeline, vae):
             vae.to(dtype=torch.float16)
             pipeline.transformer = pipeline.transformer.to(torch.float16)
     """})
-    assert _found(pkg, "AMP001", "hard-coded") == [("gen.py", 4, "MEDIUM"), ("gen.py", 5, "MEDIUM")]
+    assert found(pkg, "AMP001", "hard-coded") == [("gen.py", 4, "MEDIUM"), ("gen.py", 5, "MEDIUM")]
     (pkg / "tests").mkdir()
     (pkg / "tests" / "test_merge.py").write_text(textwrap.dedent(_MERGE))
-    assert [f for f in _found(pkg, "AMP001", "hard-coded") if f[0] == "test_merge.py"] == []
+    assert [f for f in found(pkg, "AMP001", "hard-coded") if f[0] == "test_merge.py"] == []
 
 
 # ---- AMP031 a log that float16 makes -inf -------------------------------------------------------
@@ -215,7 +200,7 @@ def test_float16_rounds_a_sigmoid_and_a_small_eps_to_zero_before_the_log() -> No
 
 
 def test_log_underflow_follows_named_constants_and_skips_autocast_softmax(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"loss.py": """
+    pkg = make_project(tmp_path, {"loss.py": """
         import torch
         EPS = 1e-8
         def cost(p, logits):
@@ -230,4 +215,4 @@ def test_log_underflow_follows_named_constants_and_skips_autocast_softmax(tmp_pa
                 loss = cost(model(x), model(x))
             loss.backward()
     """})
-    assert [(line, conf) for _, line, conf in _found(pkg, "AMP031")] == [(6, "HIGH"), (7, "HIGH")]
+    assert [(line, conf) for _, line, conf in found(pkg, "AMP031")] == [(6, "HIGH"), (7, "HIGH")]

@@ -7,24 +7,11 @@ import textwrap
 from pathlib import Path
 
 import torch
-
-from training_profiler import static_checker as sc
-
-LOW = sc.Confidence.parse("low")
-
-
-def _project(tmp_path: Path, files: dict[str, str]) -> Path:
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name, source in files.items():
-        (pkg / name).write_text(textwrap.dedent(source))
-    return pkg
+from amp_project_helpers import found, make_project
 
 
 def _found(pkg: Path, rule: str = "AMP032") -> list[tuple[str, int, str]]:
-    return [(Path(f.path).name, f.line, f.confidence.name) for f in sc.check_paths([pkg], min_confidence=LOW).findings
-            if f.rule_id == rule]
+    return found(pkg, rule)
 
 
 def test_bfloat16_log_probs_are_off_by_enough_to_move_a_ppo_ratio() -> None:
@@ -59,14 +46,14 @@ _LOSS = """
 
 
 def test_a_loss_on_a_bfloat16_models_logits_is_high_and_silent_without_low_precision_weights(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"model.py": _MODEL, "loss.py": _LOSS})
+    pkg = make_project(tmp_path, {"model.py": _MODEL, "loss.py": _LOSS})
     assert _found(pkg) == [("loss.py", 7, "HIGH")]
     (pkg / "model.py").write_text(textwrap.dedent(_MODEL).replace("torch_dtype=torch.bfloat16", "torch_dtype=torch.float32"))
     assert _found(pkg) == []
 
 
 def test_a_deepspeed_bf16_section_is_low_precision_weights(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"loss.py": _LOSS.replace("from pkg.model import load", "from pkg.config import load"),
+    pkg = make_project(tmp_path, {"loss.py": _LOSS.replace("from pkg.model import load", "from pkg.config import load"),
                               "config.py": """
         def ds_config():
             return {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
@@ -77,7 +64,7 @@ def test_a_deepspeed_bf16_section_is_low_precision_weights(tmp_path: Path) -> No
 
 
 def test_an_upcast_a_dtype_or_autocast_silences_it_and_autocast_elsewhere_lowers_it(tmp_path: Path) -> None:
-    pkg = _project(tmp_path, {"model.py": _MODEL, "loss.py": _LOSS.replace(".logits\n", ".logits.float()\n")})
+    pkg = make_project(tmp_path, {"model.py": _MODEL, "loss.py": _LOSS.replace(".logits\n", ".logits.float()\n")})
     assert _found(pkg) == []
     (pkg / "loss.py").write_text(textwrap.dedent(_LOSS).replace(
         "F.cross_entropy(logits.flatten(0, 1), ids.flatten())", "F.log_softmax(logits, -1, dtype=torch.float32)"))
@@ -108,7 +95,7 @@ def test_logsigmoid_is_not_protected_by_autocast_and_names_without_logits_are_no
                 hidden = F.log_softmax(model(a).hidden_states, -1)
             return margin, hidden
     """
-    pkg = _project(tmp_path, {"model.py": _MODEL, "rm.py": source})
+    pkg = make_project(tmp_path, {"model.py": _MODEL, "rm.py": source})
     assert _found(pkg) == [("rm.py", 9, "MEDIUM")]
 
 
@@ -126,7 +113,7 @@ def test_a_helper_that_upcasts_its_parameter_is_not_a_finding_at_its_callers(tmp
             out = load(path)(seq)
             return log_probs_from_logits(out["logits"], seq)
     """
-    pkg = _project(tmp_path, {"model.py": _MODEL, "helper.py": helper, "actor.py": caller})
+    pkg = make_project(tmp_path, {"model.py": _MODEL, "helper.py": helper, "actor.py": caller})
     assert _found(pkg) == []
     (pkg / "helper.py").write_text(textwrap.dedent(helper).replace("    logits = logits.float()\n", ""))
     assert _found(pkg) == [("actor.py", 6, "HIGH")]     # the helper's own op: no low-precision model next to it
@@ -143,7 +130,7 @@ def test_autocast_in_the_program_or_only_a_dtype_test_as_evidence_is_medium(tmp_
         def evaluate(path, ids):
             return step(path, ids)
     """
-    pkg = _project(tmp_path, {"model.py": _MODEL, "loss.py": _LOSS, "train.py": train})
+    pkg = make_project(tmp_path, {"model.py": _MODEL, "loss.py": _LOSS, "train.py": train})
     assert _found(pkg) == [("loss.py", 7, "MEDIUM")]               # the trainer's autocast may cover it
     (pkg / "train.py").write_text(textwrap.dedent(train).split("def evaluate")[0])
     assert _found(pkg) == []                                       # every call is under autocast: float32 there
@@ -158,7 +145,7 @@ def test_autocast_in_the_program_or_only_a_dtype_test_as_evidence_is_medium(tmp_
             ...
     """
     (tmp_path / "two").mkdir()
-    pkg2 = _project(tmp_path / "two", {"model.py": tested, "loss.py": _LOSS})
+    pkg2 = make_project(tmp_path / "two", {"model.py": tested, "loss.py": _LOSS})
     assert _found(pkg2) == [("loss.py", 7, "MEDIUM")]              # written to allow half weights, not a run
     (pkg2 / "model.py").write_text(textwrap.dedent(tested).replace("self.weight.dtype in", "x.dtype in"))
     assert _found(pkg2) == []                                      # an activation test is not a weight's
@@ -191,5 +178,5 @@ def test_a_fill_constant_reached_through_a_default_or_an_import_is_judged_like_a
             fill = torch.finfo(scores.dtype).min
             return scores.masked_fill(mask, fill)
     """
-    pkg = _project(tmp_path, {"consts.py": "NEAR_INF = 1e20\n", "layers.py": layers, "train.py": _FP16_TRAINER})
+    pkg = make_project(tmp_path, {"consts.py": "NEAR_INF = 1e20\n", "layers.py": layers, "train.py": _FP16_TRAINER})
     assert _found(pkg, "AMP011") == [("layers.py", 5, "HIGH"), ("layers.py", 7, "HIGH")]

@@ -207,9 +207,11 @@ def plain_torch_scalers(ctx: FileContext) -> list[ast.Call]:
 
 def number_in(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef | None = None,
               fn: ast.AST | None = None) -> float | None:
-    """The number ``expr`` stands for: a literal; with ``cls``, ``self.<attr>`` set to one in the
-    class (or to an ``__init__`` parameter whose default is one); with ``fn``, a name given one
-    literal in ``fn`` (``eps = 1e-8``, ``alpha, eps = 0.25, 1e-8``) or else at module level."""
+    """The number ``expr`` stands for: a literal (negated too: ``-NEAR_INF``); with ``cls``,
+    ``self.<attr>`` set to one in the class (or to an ``__init__`` parameter whose default is one);
+    with ``fn``, a name given one literal in ``fn`` (``eps = 1e-8``, ``alpha, eps = 0.25, 1e-8``) or
+    else at module level, or, when ``fn`` never rebinds it, its parameter default
+    (``mask_fill_value: float = -1e32``) or a constant imported from a project module."""
     v = _const_value(expr)
     if v is not None:
         return v
@@ -221,17 +223,19 @@ def number_in(ctx: FileContext, expr: ast.AST, cls: ast.ClassDef | None = None,
         return -v if v is not None else None
     if fn is not None and isinstance(expr, ast.Name):
         found = _name_number(ctx, fn, expr.id)
-        if found is None and not _assigned_in(fn, expr.id):
-            found = _default_number(fn, expr.id) if fn is not ctx.tree else None
+        if found is None and not assigned_values(ctx, fn, {expr.id}):
+            found = _default_number(fn, expr.id)
             found = found if found is not None else _imported_number(ctx, expr.id)
         return found
     return None
 
 
-def _assigned_in(fn: ast.AST, name: str) -> bool:
-    return any(isinstance(t, ast.Name) and t.id == name for st in ast.walk(fn)
-               if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign)) for tg in
-               (st.targets if isinstance(st, ast.Assign) else [st.target]) for t in ast.walk(tg))
+def assigned_values(ctx: FileContext, fn: ast.AST, names: set[str]) -> list[ast.AST]:
+    """What ``fn``'s own scope assigns to any of ``names`` (the evaluator's bindings: ``x = ...``,
+    ``a, b = ...`` as an element, ``x: T = ...``; a nested function is its own scope)."""
+    scope = ctx.values.scopes.get(fn)
+    return [] if scope is None else [expr for name in names for how, expr in scope.names.get(name, ())
+                                     if how in ("assign", "unpack")]
 
 
 def _default_number(fn: ast.AST, name: str) -> float | None:
@@ -250,12 +254,12 @@ def _imported_number(ctx: FileContext, name: str) -> float | None:
     """A module constant imported from a project module (``from parlai.utils.torch import
     NEAR_INF``), given one literal there."""
     for node in ctx.tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module and ctx.project is not None:
-            alias = next((a for a in node.names if (a.asname or a.name) == name), None)
-            source = ctx.project.find_module(ctx.import_qualname(node, name).rsplit(".", 1)[0], ctx) \
-                if alias is not None and ctx.import_qualname(node, name) else None
-            if source is not None and source is not ctx:
-                return _name_number(source, source.tree, alias.name)
+        alias = next((a for a in node.names if (a.asname or a.name) == name), None) \
+            if isinstance(node, ast.ImportFrom) and ctx.project is not None else None
+        qualname = ctx.import_qualname(node, name) if alias is not None else None
+        source = ctx.project.find_module(qualname.rsplit(".", 1)[0], ctx) if qualname else None
+        if source is not None and source is not ctx:
+            return _name_number(source, source.tree, alias.name)
     return None
 
 
@@ -264,13 +268,8 @@ def _class_attr_number(ctx: FileContext, cls: ast.ClassDef, attr: str) -> float 
         if (c := _const_value(value)) is not None:
             return c
         init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-        if isinstance(value, ast.Name) and init is not None:
-            a = init.args
-            pos = [*a.posonlyargs, *a.args]
-            defaults = dict(zip([p.arg for p in pos][len(pos) - len(a.defaults):], a.defaults))
-            defaults.update({k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
-            if value.id in defaults:
-                return _const_value(defaults[value.id])
+        if isinstance(value, ast.Name) and init is not None and (d := _default_number(init, value.id)) is not None:
+            return d
     return None
 
 

@@ -20,7 +20,7 @@ from training_profiler.amp_context import FileContext, dotted
 from training_profiler.amp_intent import _per_module, training_lowp_casts
 from training_profiler.amp_precision import BFLOAT16, FLOAT16, loaded_lowp_models
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
-from training_profiler.amp_rules.helpers import names_in, test_module, upcast_in
+from training_profiler.amp_rules.helpers import assigned_values, names_in, test_module, upcast_in
 
 #: the log-domain ops -> whether CUDA autocast runs them in float32 (so autocast protects them)
 LOG_PROB_OPS = {"log_softmax": True, "cross_entropy": True, "logsumexp": True, "logsigmoid": False}
@@ -55,20 +55,21 @@ def _log_prob_op(ctx: FileContext, call: ast.Call) -> tuple[str, ast.AST] | None
     return None
 
 
-def _reaching(fn: ast.AST, expr: ast.AST, depth: int = 3) -> list[str]:
+def _reaching(ctx: FileContext, fn: ast.AST, expr: ast.AST, depth: int = 3) -> list[str]:
     """Every name ``expr`` is made of, and (within ``depth`` assignments in ``fn``) the names its
     local names were made of: ``chosen_scores`` -> ``chosen_rewards`` -> ``values``."""
     out: list[str] = []
     frontier = [expr]
     for level in range(depth + 1):
-        names = {n.id for e in frontier for n in ast.walk(e) if isinstance(n, ast.Name)}
         out += [t for e in frontier for n in ast.walk(e) if (t := _text(n))]
-        if level == depth or fn is None:
+        if level == depth:
             break
-        frontier = [st.value for st in ast.walk(fn) if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-                    and st.value is not None and st.value not in frontier
-                    and any(isinstance(t, ast.Name) and t.id in names for tg in _targets(st) for t in ast.walk(tg))]
+        frontier = [v for v in assigned_values(ctx, fn, _local_names(frontier)) if v not in frontier]
     return out
+
+
+def _local_names(exprs: list[ast.AST]) -> set[str]:
+    return {n.id for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name)}
 
 
 def _text(n: ast.AST) -> str:
@@ -76,12 +77,13 @@ def _text(n: ast.AST) -> str:
         n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) else ""
 
 
-def _logits_in(expr: ast.AST, fn: ast.AST | None = None) -> str | None:
+def _logits_in(expr: ast.AST, ctx: FileContext | None = None, fn: ast.AST | None = None) -> str | None:
     """The name that says ``expr`` is a model's logits or scores (``shift_logits``,
     ``out["logits"]``, ``chosen_rewards``), followed through ``fn``'s assignments; None when it
     was made from log-probabilities (a DPO log-ratio named ``logits``: their precision was
     decided where the log-probabilities were)."""
-    texts = _reaching(fn, expr) if fn is not None else [t for n in ast.walk(expr) if (t := _text(n))]
+    texts = _reaching(ctx, fn, expr) if fn is not None and ctx is not None \
+        else [t for n in ast.walk(expr) if (t := _text(n))]
     if any(_LOG_PROBS.search(t) for t in texts):
         return None
     return next((t for t in texts if _LOGITS.search(t)), None)
@@ -93,17 +95,8 @@ def _upcast_before(ctx: FileContext, fn: ast.AST, expr: ast.AST, depth: int = 4)
     ``model_losses = F.mse_loss(pred.float(), ...)``)."""
     if upcast_in(ctx, expr):
         return True
-    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
-    if depth == 0 or not names:
-        return False
-    sources = [st.value for st in ast.walk(fn) if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-               and st.value is not None and any(isinstance(t, ast.Name) and t.id in names
-                                                for tg in _targets(st) for t in ast.walk(tg))]
-    return any(_upcast_before(ctx, fn, v, depth - 1) for v in sources if v is not expr)
-
-
-def _targets(st: ast.stmt) -> list[ast.AST]:
-    return list(st.targets) if isinstance(st, ast.Assign) else [st.target]
+    return depth > 0 and any(_upcast_before(ctx, fn, v, depth - 1)
+                             for v in assigned_values(ctx, fn, _local_names([expr])) if v is not expr)
 
 
 def _callers_upcast(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> bool:
@@ -112,7 +105,7 @@ def _callers_upcast(ctx: FileContext, fn: ast.AST, expr: ast.AST) -> bool:
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     params = [a.arg for a in fn.args.args]
-    used = set(_reaching(fn, expr)) & set(params)
+    used = set(_reaching(ctx, fn, expr)) & set(params)
     sites = ctx.project.calls_to(fn, ctx) if used else []
     if not sites:
         return False
@@ -206,7 +199,7 @@ def _helper_log_prob(ctx: FileContext, call: ast.Call) -> tuple[str, str] | None
         params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
         taken = _param_log_probs(mod, fn)
         for i in named:
-            if i < len(params) and params[i] in taken and _logits_in(call.args[i], caller) \
+            if i < len(params) and params[i] in taken and _logits_in(call.args[i], ctx, caller) \
                     and not _upcast_before(ctx, caller, call.args[i]):
                 return taken[params[i]], fn.name
     return None
@@ -250,7 +243,7 @@ class LogProbsOnLowPrecisionLogits(RuleVisitor):
             found = _log_prob_op(ctx, call)
             if found is not None:
                 op, operand = found
-                if not (named := _logits_in(operand, fn)) or _upcast_before(ctx, fn, operand) \
+                if not (named := _logits_in(operand, ctx, fn)) or _upcast_before(ctx, fn, operand) \
                         or _callers_upcast(ctx, fn, operand):
                     continue
                 what = f"{op} of `{named}` in the model output's own dtype"

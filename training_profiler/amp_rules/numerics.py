@@ -160,6 +160,8 @@ class MaskConstantAgainstTraining(RuleVisitor):
                 where = _callee(ctx, n) + "()"
             elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and _mentions_mask(n):
                 consts, where = [n.left, n.right], "an additive mask"
+            if not consts:
+                continue
             fn, cls = ctx.enclosing_function(n), ctx.values.enclosing_class(n)
             for a in consts:
                 v = number_in(ctx, a, cls=cls, fn=fn)
