@@ -20,7 +20,8 @@ from typing import Any
 
 from lowp_common import UserError
 from tensor_capture import schema
-from tensor_viz import columnar
+from tensor_capture.stats import merged_std_sql
+from tensor_viz import columnar, diagnose_format
 from tensor_viz import diagnose_rules as rules
 from tensor_viz.diagnose_rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
 
@@ -28,6 +29,9 @@ from tensor_viz.diagnose_rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
 #: non-finite); a finding of another kind that starts at most LOSS_LEAD iterations before the
 #: spike is named as its likely cause
 LOSS_WINDOW, LOSS_SIGMAS, LOSS_LEAD = 100, 6.0, 50
+#: loss divergence by level: above DIVERGE_FACTOR x the lowest of the first LOSS_EARLY losses
+#: or x ln(vocabulary); not decreasing: judged with at least 4 x LOSS_FLAT losses
+DIVERGE_FACTOR, LOSS_EARLY, LOSS_FLAT = 1.5, 5, 4
 _LOSS_LINE = re.compile(r"iter(?:ation)?\s*[:=]?\s*(\d+).*?\b(?:lm[ _]loss|loss)\s*[:=]?\s*"
                         r"([-+0-9.eE]+|nan|inf|-inf)", re.IGNORECASE)
 
@@ -50,6 +54,10 @@ def _on_narrow(query):
 KINDS: dict[str, tuple[Callable[..., list[Finding]], str]] = {
     "first_nonfinite": (_on_narrow(rules.first_nonfinite),
                         "NaN/Inf counts of every record, in execution order across ranks"),
+    diagnose_format.KIND: (diagnose_format.run_format_loss,
+                           "flush-to-zero (gradients: elements; forward operands: energy) and "
+                           "saturation of every GEMM operand in the run's own format "
+                           "(stats.range[quant_type], quant.analysis' definitions)"),
     "range_drift": (_on_narrow(rules.range_drift),
                     "absmax, flush-to-zero and overflow of each tensor over iterations against "
                     "its format's limits"),
@@ -63,7 +71,8 @@ KINDS: dict[str, tuple[Callable[..., list[Finding]], str]] = {
                                                                       view),
                      "each rank against the median of the ranks (tensor_viz.rank_tables)"),
 }
-_KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "reference_gap"])}
+_KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "loss_divergence",
+                                            "reference_gap"])}
 
 
 @dataclass
@@ -98,9 +107,39 @@ class Diagnosis:
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
+    """The cause first: a HIGH or MEDIUM finding by the iteration it starts (one present from
+    the first iteration outranks a consequence that starts later), then severity, kind and
+    execution position; LOW findings after them."""
     return sorted(findings, key=lambda f: (
-        SEVERITY_ORDER[f.severity], f.onset if f.onset is not None else math.inf,
-        _KIND_ORDER.get(f.kind, 99), f.position))
+        f.severity == LOW, f.onset if f.onset is not None else math.inf,
+        SEVERITY_ORDER[f.severity], _KIND_ORDER.get(f.kind, 99), f.position))
+
+
+def relate(findings: list[Finding]) -> None:
+    """A range_drift whose tensors a run_format_loss finding also names says so: the flush /
+    saturation is the cause (or the same fact seen as a level), the drift its effect there.
+    When the tensor that grades the drift is one of them, the drift yields to it: severity
+    capped at MEDIUM, starting no earlier than the cause."""
+    causes = rank([f for f in findings if f.kind == diagnose_format.KIND])
+    for drift in (f for f in findings if f.kind == "range_drift"):
+        mine = {rules._label(drift.where)} | {m["tensor"] for m in
+                                               drift.evidence.get("moves_with_it", [])}
+        for cause in causes:
+            covered = {rules._label(cause.where)} | {m["tensor"] for m in
+                                                      cause.evidence.get("operands", [])}
+            if not mine & covered:
+                continue
+            drift.evidence["follows"] = cause.to_dict()
+            drift.summary = (drift.summary.rstrip(".") + f"; {cause.kind} names "
+                             f"{', '.join(sorted(mine & covered)[:3])} from iteration "
+                             f"{cause.onset}: this drift is its effect there.")
+            if drift.evidence.get("severity_from") in covered:     # graded by the same fact
+                if SEVERITY_ORDER[drift.severity] < SEVERITY_ORDER[MEDIUM]:
+                    drift.severity = MEDIUM
+                if cause.onset is not None:
+                    drift.onset = max(drift.onset if drift.onset is not None else 0,
+                                      cause.onset)
+            break
 
 
 def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
@@ -131,8 +170,8 @@ def _modules(con, src: str) -> set[str]:
 
 
 def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Finding]:
-    """The first tensor (execution order) whose std differs from the reference capture's by
-    more than REF_GAP; refuses a reference of another model (other module paths)."""
+    """The first tensor (execution order) whose std (over ranks and micro-batches, merged from
+    counts, sums and sums of squares) differs from the reference capture's by more than REF_GAP; refuses a reference of another model (other module paths)."""
     mine, theirs = _modules(con, src), _modules(ref_con, ref_src)
     if mine and theirs and mine != theirs:
         only = sorted(mine ^ theirs)[:2]
@@ -140,8 +179,8 @@ def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Findi
                         f"module path(s) differ, e.g. {', '.join(only)}); give a capture of the "
                         "same model")
     key = ", ".join(rules.TENSOR_KEY)
-    q = (f"SELECT {key}, iteration, avg(std) AS std FROM {{src}} WHERE "
-         f"variant = 'hp' GROUP BY {key}, iteration")
+    q = (f"SELECT {key}, iteration, {merged_std_sql()} AS std FROM {{src}} WHERE "
+         f"variant = 'hp' AND {rules.FINITE_MOMENTS} GROUP BY {key}, iteration")
     ref = {tuple(r[:-1]): r[-1] for r in ref_con.execute(q.format(src=ref_src)).fetchall()}
     pos = rules.positions(con, src)
     gaps = []
@@ -229,6 +268,69 @@ def loss_spikes(losses: list[tuple[int, float]], others: list[Finding]) -> list[
     return out
 
 
+def vocab_size(con, src: str) -> int | None:
+    """The vocabulary, from the output layer's captured logits (their last axis: under tensor
+    parallelism one shard, so ln of it is lower by ln(tp)); None without an output layer."""
+    row = con.execute(f"""SELECT max(last_dim) FROM {src}
+        WHERE module_path LIKE '%output_layer' AND operation = 'forward'
+          AND tensor_name = 'output'""").fetchone()
+    return int(row[0]) if row and row[0] else None
+
+
+def loss_divergence(losses: list[tuple[int, float]], others: list[Finding],
+                    vocab: int | None) -> list[Finding]:
+    """The loss by level (docs/diagnose.md): from the first iteration whose loss is above
+    DIVERGE_FACTOR x the lowest of its first LOSS_EARLY values or above DIVERGE_FACTOR x
+    ln(vocabulary); else, with 4 x LOSS_FLAT values or more, a last quarter whose mean is not
+    below the first quarter's (not decreasing). Non-finite losses are loss_spike's."""
+    seq = [(it, v) for it, v in sorted(losses) if math.isfinite(v)]
+    if len(seq) < 2:
+        return []
+    ln_v = math.log(vocab) if vocab and vocab > 1 else None
+    hit, rule = None, ""
+    for k, (it, v) in enumerate(seq[1:], 1):
+        early = min(x for _, x in seq[:min(k, LOSS_EARLY)])
+        if v > DIVERGE_FACTOR * early:
+            hit, rule = (it, v, early), f"above {DIVERGE_FACTOR:g} x its early minimum {early:.4g}"
+        elif ln_v is not None and v > DIVERGE_FACTOR * ln_v:
+            hit, rule = (it, v, early), (f"above {DIVERGE_FACTOR:g} x ln(vocabulary {vocab}) = "
+                                         f"{DIVERGE_FACTOR * ln_v:.4g}")
+        if hit:
+            break
+    q = len(seq) // 4
+    flat = None
+    if len(seq) >= 4 * LOSS_FLAT:
+        head = sum(v for _, v in seq[:q]) / q
+        tail = sum(v for _, v in seq[-q:]) / q
+        if tail >= head:
+            flat = (head, tail)
+    if hit is None and flat is None:
+        return []
+    if hit is None:
+        it, v, early = seq[-q][0], seq[-q][1], min(x for _, x in seq[:LOSS_EARLY])
+        rule = f"not decreasing: mean of the last quarter {flat[1]:.4g} >= first quarter's {flat[0]:.4g}"
+    else:
+        it, v, early = hit
+    near = [f for f in others if f.onset is not None and it - LOSS_LEAD <= f.onset <= it
+            and f.severity != LOW]
+    cause = rank(near)[0] if near else None
+    after = [x for i, x in seq if i >= it]
+    summary = (f"The loss diverges from iteration {it}: {v:.4g}, {rule}; it stays "
+               f"{min(after):.4g}..{max(after):.4g} to iteration {seq[-1][0]}"
+               + (f"; it follows {cause.kind} at iteration {cause.onset} "
+                  f"({rules._label(cause.where)})" if cause else
+                  "; no captured finding precedes it") + ".")
+    return [Finding(
+        "loss_divergence", MEDIUM if hit is None else HIGH, summary, {"iteration": it},
+        {"loss": v, "rule": rule, "early_minimum": early, "ln_vocabulary": ln_v,
+         "vocabulary": vocab, "max_after": max(after), "last": seq[-1][1],
+         "not_decreasing": flat is not None, "follows": cause.to_dict() if cause else None},
+        "the training log / TensorBoard",
+        (f"Start from the finding it follows ({cause.kind}: {cause.action})" if cause else
+         "Lower the learning rate or clip the gradients; capture the iterations before it "
+         "(stats_only: true)."), onset=it)]
+
+
 def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: Any = None,
              cache_dir: Any = None, skip_bad_lines: bool = False,
              say: Callable[[str], None] | None = None, con: Any = None,
@@ -251,9 +353,13 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
         found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
         result.checked["reference_gap"] = f"std of each tensor against {reference}"
     if losses is not None:
-        found += loss_spikes(losses, found)
+        found += loss_spikes(losses, found) + loss_divergence(losses, found,
+                                                               vocab_size(con, src))
         result.checked["loss_spike"] = (f"{len(losses)} loss values, spike above mean + "
                                         f"{LOSS_SIGMAS:g} std of the last {LOSS_WINDOW}")
+        result.checked["loss_divergence"] = (f"the loss by level: above {DIVERGE_FACTOR:g} x its "
+                                             f"early minimum or ln(vocabulary), or not decreasing")
+    relate(found)
     result.findings = rank(found)
     return result
 

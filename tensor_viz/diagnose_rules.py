@@ -38,6 +38,11 @@ MIN_RATIO_FACTOR = 2.0          # ... and at least twice its first value
 HIGH_SPAN, MEDIUM_SPAN = 1.0, 10.0
 #: the ratio a flush / overflow trend is projected to reach (quant.analysis' "high")
 RATIO_LIMIT = 0.01
+#: the captured (operation, tensor_name) of the GEMM operands the run's format casts (outputs
+#: such as grad_weight are not cast: their flush / overflow ratios describe nothing lost)
+CAST = frozenset({("forward", "input"), ("forward", "weight"), ("backward", "grad_output"),
+                  ("backward", "weight"), ("forward", "query"), ("forward", "key"),
+                  ("forward", "value"), ("forward", "attention_probs")})
 #: attention: max |q.k|/sqrt(d) bound above which softmax is a one-hot (e^30 ~ 1e13)
 LOGIT_HIGH = 30.0
 
@@ -101,7 +106,7 @@ def materialize(con: Any, state: IndexState | None, relation: str | None = None)
         rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase,
         tensor_name, quant_type, emulated_format, coalesce(variant, 'hp') AS variant,
         {d['last_dim']} AS last_dim,
-        stats.absmax AS absmax, stats.std AS std, stats.numel AS numel,
+        stats.absmax AS absmax, stats.std AS std, stats.mean AS mean, stats.numel AS numel,
         coalesce(stats.nan_count, 0) AS nan_count, coalesce(stats.inf_count, 0) AS inf_count,
         stats.range[quant_type].max_normal AS max_normal,
         stats.range[quant_type].flush_to_zero_ratio AS flush,
@@ -127,6 +132,8 @@ def _rows(con: Any, sql: str, params: list | None = None) -> list[dict[str, Any]
 
 
 _NONFINITE = "(nan_count + inf_count)"
+#: records whose mean and std merge (diagnose.reference_gap): finite statistics of a nonempty tensor
+FINITE_MOMENTS = f"numel > 0 AND {_NONFINITE} = 0 AND isfinite(mean) AND isfinite(std)"
 _NONFINITE_NESTED = "(coalesce(stats.nan_count, 0) + coalesce(stats.inf_count, 0))"
 _COLS = ("rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase, "
          "tensor_name, quant_type, variant")
@@ -303,9 +310,11 @@ def range_drift(con: Any, src: str) -> list[Finding]:
     for key, rows in series.items():
         its = [r["iteration"] for r in rows]
         trends = [absmax_trend(list(zip(its, [r["absmax"] for r in rows])),
-                               rows[-1]["max_normal"]),
-                  ratio_trend("flush_to_zero_ratio", list(zip(its, [r["flush"] for r in rows]))),
-                  ratio_trend("overflow_ratio", list(zip(its, [r["overflow"] for r in rows])))]
+                               rows[-1]["max_normal"])]
+        if (key[TENSOR_KEY.index("operation")], key[TENSOR_KEY.index("tensor_name")]) in CAST:
+            # only an operand the run's format casts loses what its ratios count
+            trends += [ratio_trend("flush_to_zero_ratio", list(zip(its, [r["flush"] for r in rows]))),
+                       ratio_trend("overflow_ratio", list(zip(its, [r["overflow"] for r in rows])))]
         trends = [t for t in trends if t is not None]
         if trends:
             worst = min(trends, key=lambda t: SEVERITY_ORDER[t.severity])
@@ -323,15 +332,21 @@ def range_drift(con: Any, src: str) -> list[Finding]:
         cross = ("" if trend.crossing is None else
                  f", projected to reach {fmt}'s limit ({trend.limit:.4g}) at iteration "
                  f"{trend.crossing:.0f}")
+        graded = min(members, key=lambda h: (SEVERITY_ORDER[h[2].severity],
+                                              pos.get(h[0], math.inf)))
+        why = ("" if graded is members[0] or graded[2].severity == trend.severity else
+               f"; {graded[2].severity} from {_label(dict(zip(TENSOR_KEY, graded[0])))}'s "
+               f"{graded[2].metric} {graded[2].first:.3g} -> {graded[2].last:.3g}")
         summary = (f"{_label(where)} drifts: {trend.metric} {trend.first:.3g} -> {trend.last:.3g} "
                    f"over iterations {onset}..{rows[-1]['iteration']}{cross}"
                    + (f"; {len(members) - 1} downstream tensor(s) drift with it" if len(members) > 1
-                      else "") + ".")
+                      else "") + why + ".")
         evidence = {"format": fmt, "trends": [_trend_dict(t) for t in trends],
                     "moves_with_it": [{"tensor": _label(dict(zip(TENSOR_KEY, h[0]))),
                                        "severity": h[2].severity, **_trend_dict(h[2])}
                                       for h in members[1:11]],
-                    "moving_tensors": len(members)}
+                    "moving_tensors": len(members),
+                    "severity_from": _label(dict(zip(TENSOR_KEY, graded[0])))}
         action = (f"Look at what makes {_label(where)} grow (learning rate, weight decay, a "
                   f"missing norm); until then keep it out of {fmt} or give it a scale "
                   "(a per-tensor / block-scaled format) before it crosses.")

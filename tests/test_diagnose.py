@@ -30,7 +30,8 @@ def _record(rank, it, sample, counter, path, layer, op, phase, name, absmax=1.0,
             "rank": rank, "sample_idx": sample, "counter": counter, "schema_version": 3,
             "shape": [16, 64], "module_path": path, "submodule": path.rsplit(".", 1)[-1],
             "variant": "hp", "emulated_format": fmt, "file": None,
-            "stats": {"numel": 1024, "absmax": absmax, "std": absmax / 3, "nan_count": nan,
+            "stats": {"numel": 1024, "absmax": absmax, "mean": 0.0, "std": absmax / 3,
+                      "nan_count": nan,
                       "inf_count": 0, "range": {fmt: {"max_normal": 32768.0, "min_normal": 3e-5,
                                                       "overflow_ratio": 0.0, "underflow_ratio": 0.0,
                                                       "flush_to_zero_ratio": flush}}}}
@@ -108,9 +109,14 @@ def test_flush_drift_counts_what_is_lost(tmp_path):
         return rec
 
     fs = diagnose(write_capture(tmp_path / "flush", change=change)).findings
-    assert fs and fs[0].kind == "range_drift"
-    assert fs[0].evidence["trends"][0]["metric"] == "flush_to_zero_ratio"
-    assert fs[0].evidence["trends"][0]["projected_crossing_iteration"] == pytest.approx(9.0)
+    # the level first: hifp8 flushes 0.2 % of this gradient from iteration 1 (above 0.1 %)
+    assert fs and (fs[0].kind, fs[0].severity, fs[0].onset) == ("run_format_loss", "MEDIUM", 1)
+    assert fs[0].evidence["gemms"] == ["dgrad", "wgrad"]
+    # the trend says where it goes, and that it is the same gradient's flush
+    drift = [f for f in fs if f.kind == "range_drift"]
+    assert len(drift) == 1 and drift[0].evidence["follows"]["kind"] == "run_format_loss"
+    assert drift[0].evidence["trends"][0]["metric"] == "flush_to_zero_ratio"
+    assert drift[0].evidence["trends"][0]["projected_crossing_iteration"] == pytest.approx(9.0)
 
 
 def test_rank_outlier_and_attention_logit_growth(tmp_path):
