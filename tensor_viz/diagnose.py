@@ -288,9 +288,9 @@ def loss_divergence(losses: list[tuple[int, float]], others: list[Finding],
         return []
     ln_v = math.log(vocab) if vocab and vocab > 1 else None
     hit, rule = None, ""
-    for k, (it, v) in enumerate(seq[1:], 1):
-        early = min(x for _, x in seq[:min(k, LOSS_EARLY)])
-        if v > DIVERGE_FACTOR * early:
+    for k, (it, v) in enumerate(seq):
+        early = min(x for _, x in seq[:max(min(k, LOSS_EARLY), 1)])
+        if k and v > DIVERGE_FACTOR * early:
             hit, rule = (it, v, early), f"above {DIVERGE_FACTOR:g} x its early minimum {early:.4g}"
         elif ln_v is not None and v > DIVERGE_FACTOR * ln_v:
             hit, rule = (it, v, early), (f"above {DIVERGE_FACTOR:g} x ln(vocabulary {vocab}) = "

@@ -41,6 +41,7 @@ SLOW_TIERS = {
     "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
     "test_capture_schedule.py::sched": ("megatron", "multiprocess"),
     "test_diagnose_runtime.py": ("megatron", "multiprocess"),  # 2 ranks x 4 scenarios, ~60 s
+    "test_diagnose_training.py": ("megatron", "multiprocess"),  # 3 llama-train runs, ~65 s
     "test_diagnose_spark.py": ("multiprocess",),             # a local Spark JVM, ~20 s
     "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),
     "test_emulation_consistency.py::both_paths": ("megatron", "multiprocess"),

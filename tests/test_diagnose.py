@@ -268,3 +268,65 @@ def test_the_report_tables_mark_a_cell_by_the_same_judgment():
     assert _loss_mark(dict(cell, sqnr_db=base - 1)) == ""
     assert _loss_mark(dict(cell, sqnr_db=base - 8)).endswith("below Gaussian: MEDIUM)")
     assert _loss_mark(dict(cell, sqnr_db=base - 20)) == " (20.0 dB below Gaussian: HIGH)"
+
+
+def test_a_merged_std_is_the_std_of_the_concatenated_tensors(tmp_path):
+    import duckdb
+    import torch
+
+    from tensor_capture.stats import merge_moments, merged_std_sql, tensor_stats
+
+    gen = torch.Generator().manual_seed(3)
+    parts = [torch.randn(n, generator=gen) * s + m
+             for n, s, m in ((4096, 1.0, 0.0), (300, 0.2, 3.0), (1000, 5.0, -2.0), (7, 1e-3, 1.0))]
+    whole = torch.cat(parts).double()
+    st = [tensor_stats(p) for p in parts]
+    rows = [(s["numel"], s["mean"], s["std"]) for s in st]
+    n, mean, std = merge_moments(rows)
+    assert n == whole.numel() and mean == pytest.approx(whole.mean().item(), rel=1e-6)
+    assert std == pytest.approx(whole.std().item(), rel=1e-6)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (numel BIGINT, mean DOUBLE, std DOUBLE)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    assert con.execute(f"SELECT {merged_std_sql()} FROM t").fetchone()[0] == pytest.approx(std)
+    # what reference_gap used to compute is another number
+    assert abs(sum(r[2] for r in rows) / len(rows) - whole.std().item()) > 0.5
+
+
+def test_reference_gap_sees_micro_batches_that_move_apart(tmp_path):
+    # same std in every micro-batch, means moving apart from iteration 2: the union's std grows
+    def change(rec):
+        if rec["iteration"] >= 2 and rec["tensor_name"] == "output":
+            rec["stats"]["mean"] = 3.0 if rec["sample_idx"] else -3.0
+        return rec
+
+    ref = write_capture(tmp_path / "ref")
+    fs = diagnose(write_capture(tmp_path / "run", change=change), reference=ref).findings
+    gap = [f for f in fs if f.kind == "reference_gap"]
+    assert gap and (gap[0].where["iteration"], gap[0].where["tensor_name"]) == (2, "output")
+
+
+def test_loss_divergence_by_level():
+    from tensor_viz.diagnose import loss_divergence
+
+    falling = [(i, 6.0 - 0.1 * i) for i in range(1, 20)]
+    assert loss_divergence(falling, [], 384) == []
+    up = [(1, 6.0), (2, 6.3), (3, 9.2), (4, 20.0), (5, 30.0)]
+    (f,) = loss_divergence(up, [], None)
+    assert (f.kind, f.severity, f.onset) == ("loss_divergence", "HIGH", 3)    # 9.2 > 1.5 x 6.0
+    (f,) = loss_divergence([(i, 9.5) for i in range(1, 4)], [], 384)          # 1.5 ln 384 = 8.9
+    assert f.onset == 1 and "ln(vocabulary 384)" in f.evidence["rule"]
+    (f,) = loss_divergence([(i, 6.0 + 0.01 * (i % 3)) for i in range(1, 20)], [], 384)
+    assert (f.severity, f.evidence["not_decreasing"]) == ("MEDIUM", True)
+
+
+def test_the_run_format_operands_are_the_operands_the_format_casts():
+    from quant.gemm_plan import PLAN
+    from tensor_viz.diagnose_format import OPERANDS, gemms
+    from tensor_viz.diagnose_rules import CAST
+
+    assert set(OPERANDS) == CAST
+    assert {OPERANDS[k] for k in OPERANDS} == {p.operand for p in PLAN}
+    assert gemms("forward", "input") == ["fprop", "wgrad"]
+    assert gemms("backward", "grad_output") == ["dgrad", "wgrad"]
+    assert gemms("backward", "weight") == ["dgrad"] and gemms("forward", "weight") == ["fprop"]
