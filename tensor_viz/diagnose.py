@@ -117,7 +117,8 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def relate(findings: list[Finding]) -> None:
     """A range_drift whose tensors a run_format_loss finding also names says so: the flush /
-    saturation is the cause (or the same fact seen as a level), the drift its effect there.
+    saturation is the cause (or the same fact seen as a level), the drift its effect there; one
+    that starts later than the drift is the drift's consequence ("leads_to").
     When the tensor that grades the drift is one of them, the drift yields to it: severity
     capped at MEDIUM, starting no earlier than the cause."""
     causes = rank([f for f in findings if f.kind == diagnose_format.KIND])
@@ -128,6 +129,12 @@ def relate(findings: list[Finding]) -> None:
             covered = {rules._label(cause.where)} | {m["tensor"] for m in
                                                       cause.evidence.get("operands", [])}
             if not mine & covered:
+                continue
+            if cause.onset is not None and drift.onset is not None and cause.onset > drift.onset:
+                drift.evidence.setdefault("leads_to", cause.to_dict())
+                drift.summary = (drift.summary.rstrip(".") + f"; it leads to {cause.kind} of "
+                                 f"{', '.join(sorted(mine & covered)[:3])} from iteration "
+                                 f"{cause.onset}.")
                 continue
             drift.evidence["follows"] = cause.to_dict()
             drift.summary = (drift.summary.rstrip(".") + f"; {cause.kind} names "

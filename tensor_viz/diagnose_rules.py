@@ -43,6 +43,9 @@ RATIO_LIMIT = 0.01
 CAST = frozenset({("forward", "input"), ("forward", "weight"), ("backward", "grad_output"),
                   ("backward", "weight"), ("forward", "query"), ("forward", "key"),
                   ("forward", "value"), ("forward", "attention_probs")})
+#: format_loss: a tensor with at least this fraction below the format's smallest normal loses
+#: to the range (a scale is the remedy), not to the precision (a finer format)
+UNDERFLOW_CAUSE = 0.5
 #: attention: max |q.k|/sqrt(d) bound above which softmax is a one-hot (e^30 ~ 1e13)
 LOGIT_HIGH = 30.0
 
@@ -376,7 +379,9 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
                           unnest(map_entries(whatif.formats)) AS f
                    FROM {source(state)} WHERE whatif IS NOT NULL AND {_NONFINITE_NESTED} = 0)
         SELECT {key}, f.key AS format, min(f.value.sqnr_db) AS sqnr_db,
-               arg_min(struct_pack(iteration, rank, sample_idx, shape, axis), f.value.sqnr_db) AS at
+               arg_min(struct_pack(iteration, rank, sample_idx, shape, axis,
+                                   underflow := f.value.underflow_ratio,
+                                   flush := f.value.flush_ratio), f.value.sqnr_db) AS at
         FROM w WHERE f.value.sqnr_db IS NOT NULL AND isfinite(f.value.sqnr_db)
         GROUP BY {key}, format""")
     per_format: dict[str, list] = {}
@@ -403,8 +408,22 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
                     "deficit_db": deficit, "tensors_beyond_margin": len(items),
                     "others": [{"tensor": _label(dict(zip(TENSOR_KEY, [x[1][k] for k in TENSOR_KEY]))),
                                 "deficit_db": x[0]} for x in items[1:11]]}
-        action = (f"Keep {_label(where)} out of {fmt} (a per-module recipe override), or use a "
-                  "format with finer scaling for it; the per-layer table ranks the formats.")
+        under = r["at"]["underflow"] or 0.0
+        evidence.update(underflow_ratio=under, flush_ratio=r["at"]["flush"],
+                        cause="range" if under >= UNDERFLOW_CAUSE else "precision")
+        if under >= UNDERFLOW_CAUSE and where["operation"] == "backward":
+            action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
+                      "scale the gradients (a loss scale) or give them a scaled format "
+                      "(fp8_e4m3_tensor, mxfp8); a finer format does not help values the scale "
+                      "leaves below the range; or keep this GEMM in high precision (a precision "
+                      "plan).")
+        elif under >= UNDERFLOW_CAUSE:
+            action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
+                      "give it a scale (a per-tensor or block-scaled format) or keep it out of "
+                      f"{fmt} (a precision plan).")
+        else:
+            action = (f"Keep {_label(where)} out of {fmt} (a per-module recipe override), or use "
+                      "a format with finer scaling for it; the per-layer table ranks the formats.")
         out.append(Finding("format_loss", level, summary, where, evidence,
                            "index.html: the per-layer quantization error table; whatif_numerics",
                            action, onset=r["at"]["iteration"]))
