@@ -6,6 +6,8 @@
 - ``atomic_write_text`` / ``atomic_write_bytes`` / ``atomic_write_json`` / ``atomic_path``:
   write a temporary name in the target's directory, then ``os.replace`` it over the target,
   so readers see the old file or the new one, never half of one.
+- ``CommandParser``: every command's ``argparse`` parser: no abbreviated options (a typo
+  ``--step`` must not run as ``--steps``) and a mistake is one line, not usage plus a line.
 - ``json_safe`` / ``json_dumps``: JSON has no NaN or Infinity and no numpy/torch scalars;
   convert them in one place so every report stays valid JSON.
 
@@ -14,7 +16,9 @@ duck typing), so every package of the project may import it.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import functools
 import itertools
 import json
@@ -92,16 +96,76 @@ def cli_entry(prog: str, user_errors: tuple[type[BaseException], ...] = ()) -> C
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 with honour_ctrl_c():
-                    return func(*args, **kwargs)
+                    code = func(*args, **kwargs)
+                    sys.stdout.flush()        # a closed pipe shows here, not at exit
+                    return code
             except caught as exc:
                 return fail(str(exc), prog)
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted", file=sys.stderr, flush=True)
                 return EXIT_INTERRUPTED
+            except BrokenPipeError:
+                return quiet_closed_stdout()
 
         return wrapper
 
     return decorate
+
+
+def quiet_closed_stdout() -> int:
+    """The reader of stdout went away (``cmd | head -1``): exit 0 without a word.
+
+    Why: the reader got what it wanted; a traceback, or the interpreter's own "Exception
+    ignored ... BrokenPipeError" (or a native library's abort when it flushes at exit, as
+    pyarrow / DuckDB's nanobind did: "terminate called after throwing ...") is noise. Pointing
+    stdout at /dev/null makes every later flush succeed.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 0
+
+
+class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` names a default only where it says something: not for on/off flags (a
+    ``--no-verify`` reading "(default: True)" misleads) and not for an unset ``None``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The argument parser of every command of the project (one definition).
+
+    Why: argparse takes ``--step 10`` for ``--steps 10`` by default; a typo then runs a
+    different experiment and replaces a result (issue 40), so abbreviations are off
+    (``allow_abbrev=False``, also for sub-commands, which get this class). A mistake is one
+    line ``prog: error: ...`` (with the option meant, when a misspelt one is close) and exit 2,
+    as every other user error of the project; ``--help`` shows the usage.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:    # argparse's signature: NoReturn
+        hint = self._close_option(message)
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {' '.join(message.split())}{hint}"
+                  f" (see {self.prog} --help)\n")
+
+    def _close_option(self, message: str) -> str:
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            if word.startswith("--"):
+                near = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.75)
+                if near:
+                    return f"; did you mean {near[0]}?"
+        return ""
 
 
 # --------------------------------------------------------------------------------------

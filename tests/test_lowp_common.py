@@ -82,6 +82,35 @@ def test_process_exit_status_and_no_traceback(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("when", ["while printing", "at the last flush"])
+def test_a_closed_stdout_is_a_quiet_exit(tmp_path, when):
+    """``cmd | head -1``: the reader is gone; exit 0 with nothing on stderr (no traceback, no
+    "Exception ignored ... BrokenPipeError" from the interpreter's own flush at exit)."""
+    lines = 200_000 if when == "while printing" else 40
+    script = tmp_path / "cmd.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from lowp_common import cli_entry
+
+        @cli_entry("cmd")
+        def main():
+            print("row 0", flush=True)
+            time.sleep(1)             # the reader takes its line and goes
+            for i in range(1, {lines}):
+                print("row", i)       # a pipe's worth fails here; a few lines at the exit flush
+            return 0
+
+        sys.exit(main())
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.readline() == b"row 0\n"
+    proc.stdout.close()                     # what head -1 does after its line
+    err = proc.stderr.read().decode()
+    assert (proc.wait(), err) == (0, "")
+
+
 @pytest.mark.parametrize("inherited", ["ignored", "blocked"])
 def test_ctrl_c_is_honoured_when_inherited_ignored_or_blocked(tmp_path, inherited):
     """A command started in the background of a script inherits SIGINT ignored, and
