@@ -11,14 +11,23 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from lowp_common import UserError, atomic_write_json, atomic_write_text, cli_entry
+from lowp_common import (
+    CommandParser,
+    HelpWithDefaults,
+    UserError,
+    atomic_write_json,
+    atomic_write_text,
+    check_writable,
+    cli_entry,
+    refuse_overwrite,
+)
 
 PROG = "lowp-attribute"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = CommandParser(
+        prog=PROG, formatter_class=HelpWithDefaults,
         description="Train the reference and the low-precision format, then ablations keeping "
                     "one part in high precision (each GEMM role, the backward GEMMs, layer "
                     "groups, then bisection), each over seeds; report which part costs the loss "
@@ -50,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default runs/attribute/"
                    "FORMAT_vs_AGAINST)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the result here")
+    p.add_argument("--force", action="store_true",
+                   help="replace the plan and results an earlier run wrote into --out (and "
+                        "--json); without it such a run refuses before training anything")
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     return p
@@ -91,6 +103,26 @@ def _check_args(args) -> None:
         raise UserError(f"--target {args.target}: a share in (0, 1]")
     if args.resume and not Path(args.resume).is_dir():
         raise UserError(f"--resume {args.resume}: no such checkpoint folder")
+
+
+#: what a run writes into --out: an earlier run's are its result, never replaced silently
+RESULT_FILES = ("precision_plan.yaml", "attribution.json", "attribution.png",
+                "te_precision_config.yaml")
+
+
+def _out_dir(args) -> Path:
+    """--out (default runs/attribute/FORMAT_vs_AGAINST), refused before any training when it
+    holds an earlier run's plan or results and --force is not given (issue 40: a typo re-ran
+    the experiment and replaced a 150-step plan)."""
+    out = Path(args.out or f"runs/attribute/{args.format}_vs_{args.against}")
+    check_writable(out, "--out", folder=True)
+    earlier = [out / name for name in RESULT_FILES]
+    if args.json:
+        check_writable(args.json, "--json")
+        earlier.append(Path(args.json))
+    refuse_overwrite(earlier, what="a lowp-attribute result", force=args.force,
+                     elsewhere="give another --out DIR" + (" / --json FILE" if args.json else ""))
+    return out
 
 
 def _data(args) -> tuple[str, str]:
@@ -143,6 +175,7 @@ def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     seeds = _seeds(args.seeds)
+    out = _out_dir(args)
 
     def say(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
@@ -155,7 +188,6 @@ def main(argv: Optional[list] = None) -> int:
 
     data_path, tokenizer = _data(args)
     shape = _shape(args, tokenizer)
-    out = Path(args.out or f"runs/attribute/{args.format}_vs_{args.against}")
     out.mkdir(parents=True, exist_ok=True)
     ready = os.environ.get(PATCHED_DIR_ENV)      # a launcher prepared one already
     patched = Path(ready) if ready else prepare_patched_tree("runs/.patched_megatron")

@@ -14,7 +14,6 @@ parent then asks them in turn for a few timed steps, round after round, and comp
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+
+from lowp_common import CommandParser, HelpWithDefaults
 
 MODES = ("disabled", "stats_only", "stats_whatif_all", "stats_no_whatif", "full")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
@@ -131,8 +132,8 @@ def off_cost(fmt: str, reps: int = 40) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0],
+                       formatter_class=HelpWithDefaults)
     ap.add_argument("--hidden", type=int, default=512, help="hidden size")
     ap.add_argument("--layers", type=int, default=2, help="transformer layers")
     ap.add_argument("--seq", type=int, default=256, help="sequence length")

@@ -47,7 +47,7 @@ from typing import Callable, Iterable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lowp_common import UserError, atomic_write_json, cli_entry
+from lowp_common import CommandParser, UserError, atomic_write_json, cli_entry
 from training_profiler.amp_rules import Confidence
 from training_profiler.static_checker import check_paths
 
@@ -433,9 +433,9 @@ def heldout_key(path: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_checker_realcode", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p = CommandParser(prog="bench_checker_realcode", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="corpus.json (repos + labels)")
     p.add_argument("--bugs", type=Path, default=DEFAULT_BUGS, help="bugs.json; recall is skipped when absent")
     p.add_argument("--heldout", type=Path, action="append", default=None,

@@ -14,7 +14,6 @@ time and the child's peak RSS of each, against the issue's goal (1M records: <= 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lowp_common import CommandParser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -87,7 +88,7 @@ def run_diagnose(capture: Path, out_json: Path) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000, help="manifest records to write")
     ap.add_argument("--iterations", type=int, default=25, help="iterations per rank")
     ap.add_argument("--keep", default=None, help="folder to keep the capture in (default: a "

@@ -15,7 +15,6 @@ Three measurements, each a ratio against a baseline taken in the same run:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from lowp_common import CommandParser, HelpWithDefaults
 
 DEFAULT_FORMATS = ("mxfp8", "hifp8", "nvfp4")
 
@@ -149,8 +150,7 @@ def cold_compile(fmt: str, size: int) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0], formatter_class=HelpWithDefaults)
     ap.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), help="formats")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--layers", type=int, default=4, help="transformer layers")

@@ -9,7 +9,6 @@ ms/step for each, the absolute overhead in ms/step and the ratio. Goal: overhead
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 
+from lowp_common import CommandParser
 from training_profiler import watch_training
 
 
@@ -47,7 +47,7 @@ def make_step(model: torch.nn.Module, clip: bool = False):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = CommandParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=1000, help="timed steps per variant")
     p.add_argument("--layers", type=int, default=4, help="hidden Linear layers")
     p.add_argument("--width", type=int, default=256)

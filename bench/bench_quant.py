@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from lowp_common import CommandParser
+
 DEFAULT_FORMATS = ("mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -136,8 +138,8 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS),
                     help="format names (default: %(default)s)")
     ap.add_argument("--rows", type=int, default=4096, help="tensor rows (default 4096)")

@@ -30,6 +30,8 @@ import time
 import zlib
 from pathlib import Path
 
+from lowp_common import CommandParser, HelpWithDefaults
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -203,8 +205,8 @@ def baseline(tensor_dir: str, out_dir: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0],
+                       formatter_class=HelpWithDefaults)
     ap.add_argument("--files", type=int, default=2000, help="tensor files to generate")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds allowed to each side")
     ap.add_argument("--keep", action="store_true", help="keep the generated directory and outputs")

@@ -16,7 +16,6 @@ peak RSS of each run, against the issue's goals.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lowp_common import CommandParser, HelpWithDefaults
 
 ROOT = Path(__file__).resolve().parents[1]
 #: records -> (first report s, again s, peak RSS GiB): the issue's goals on a 2-core CPU
@@ -104,8 +105,8 @@ def report(capture: Path, out: Path) -> tuple[float, float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0],
+                       formatter_class=HelpWithDefaults)
     ap.add_argument("--records", type=int, default=500_000, help="manifest records to write")
     ap.add_argument("--iterations", type=int, default=25, help="iterations per rank")
     ap.add_argument("--whatif", action="store_true",

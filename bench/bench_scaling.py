@@ -12,7 +12,6 @@ is timed on k levels and scaled to all levels (said in the output).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 import quant
+from lowp_common import CommandParser
 from quant import scaling_sweep as ss
 
 METRICS = (quant.metrics.mse, quant.metrics.rmse, quant.metrics.cosine_similarity,
@@ -41,7 +41,7 @@ def baseline_level(x: torch.Tensor, f: torch.Tensor, fmt: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = CommandParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=4096, help="tensor is SIZE x SIZE (default 4096)")
     p.add_argument("--levels", type=int, default=21, help="scale levels (default 21)")
     p.add_argument("--format", default="fp8_e4m3", choices=ss.ELEMENT_FORMATS)

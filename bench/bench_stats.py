@@ -8,12 +8,13 @@ ratio to clone (which reads and writes it once).
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import torch
+
+from lowp_common import CommandParser, HelpWithDefaults
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,8 +33,8 @@ def _timer(fn, device: str, inner: int):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0],
+                       formatter_class=HelpWithDefaults)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--cols", type=int, default=8192)

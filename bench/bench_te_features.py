@@ -12,7 +12,6 @@ it); ``max_elements`` caps the what-if work.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from lowp_common import CommandParser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +74,7 @@ def run(tokens: int, hidden: int, ffn: int, device: str, repeats: int,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = CommandParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--ffn", type=int, default=2048)

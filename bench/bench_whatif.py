@@ -12,13 +12,14 @@ take from training (bench_capture.py measures the step itself).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
 import torch
+
+from lowp_common import CommandParser, HelpWithDefaults
 
 #: (shape, axis, count) of the what-if inputs of one step of bench_capture's default model
 STEP_TENSORS = [((8, 4, 512), -1, 26), ((32, 512), -1, 14), ((4, 4, 1024), -1, 6),
@@ -29,8 +30,8 @@ STEP_TENSORS = [((8, 4, 512), -1, 26), ((32, 512), -1, 14), ((4, 4, 1024), -1, 6
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = CommandParser(description=__doc__.split("\n\n")[0],
+                       formatter_class=HelpWithDefaults)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)

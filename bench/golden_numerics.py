@@ -24,6 +24,8 @@ import sys
 
 import torch
 
+from lowp_common import CommandParser
+
 
 def _digest_tensor(t: torch.Tensor) -> str:
     t = t.detach().contiguous().cpu()
@@ -250,7 +252,7 @@ def run_triton() -> dict[str, str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = CommandParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the fingerprints (JSON) here")
     ap.add_argument("--compare", help="a fingerprint file to compare with (exit 1 on a mismatch)")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton interpreter part")

@@ -8,10 +8,11 @@ Python with a stub extension, is tests/test_te_real.py.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
+
+from lowp_common import CommandParser
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -54,7 +55,7 @@ def check(fmt: str, tokens: int = 256, n_in: int = 512, n_out: int = 384) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = CommandParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fmt", default="mxfp8", help="a quant.FORMATS name (default mxfp8)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -8,15 +8,16 @@ tiles) and warps per program, by setting quant.triton_kernels' launch constants,
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 
 import torch
 
+from lowp_common import CommandParser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", nargs="+", default=["mxfp8", "mxfp4", "nvfp4", "hifp8",
                                                      "fp8_e4m3"])
     ap.add_argument("--size", type=int, default=8192)

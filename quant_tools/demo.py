@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from lowp_common import UserError, cli_entry, json_dumps
+from lowp_common import CommandParser, UserError, cli_entry, json_dumps
 from quant import FORMATS, analyze_quantization, metrics, quantize
 
 
@@ -65,8 +65,8 @@ def load_input(path: str) -> torch.Tensor:
 
 @cli_entry("quant-demo")
 def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="quant-demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(prog="quant-demo", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", help="a captured tensor file (.pt); default: a built-in "
                     "captured-like activation")
     ap.add_argument("--formats", nargs="+", default=[n for n in FORMATS if n != "fp32"],

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from lowp_common import UserError, atomic_write_text, cli_entry, json_dumps
+from lowp_common import (
+    EXIT_USER_ERROR,
+    CommandParser,
+    UserError,
+    atomic_write_text,
+    cli_entry,
+    json_dumps,
+)
 
 DEFAULT_ROOT = os.path.join("draw", "scaling_analysis")
 LOG_FORMAT = "%(asctime)s - %(levelname)s - %(message)s"
@@ -38,7 +45,7 @@ class InputError(UserError):
 def build_parser() -> argparse.ArgumentParser:
     from quant.scaling_sweep import ELEMENT_FORMATS
 
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="mxfp-scaling-test",
         description="Test how one power-of-two scale per tensor affects quantization to an MX "
                     "element format: sweep scale exponents from max alignment "
@@ -47,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "error/relative error and overflow/underflow per level, and recommend one.",
         epilog="Inputs: tensor-saver files (dict with 'tensor'), plain saved tensors (.pt), "
                ".npy or .safetensors (one tensor); bf16 expected, any float accepted. "
-               "Exit code 0 when every file succeeded, 1 when any failed.")
+               "Exit code 0 when every file succeeded, 2 when a file or an argument was the "
+               "problem (one line on stderr), 1 when the tool failed.")
     p.add_argument("input_tensor", nargs="+", help="tensor file(s) to test")
     p.add_argument("--output-dir", default=None,
                    help=f"output directory (default {DEFAULT_ROOT}/<tensor_name>/; with several "
@@ -67,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write all results as JSON to PATH ('-' for stdout; the console "
                         "log then goes to stderr)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the results, log and figures an earlier sweep of the same "
+                        "tensor and format wrote (and --json PATH); without it such a run refuses")
     p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -88,6 +99,37 @@ def validate_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if lo is not None and hi is not None and lo > hi:
         parser.error(f"--min-scale-exp {lo:g} is greater than --max-scale-exp {hi:g}; "
                      "swap them or widen the range")
+
+
+def output_files(name: str, fmt: str) -> tuple[str, ...]:
+    """The files one sweep writes into its output directory (the log, results, figures)."""
+    return (f"mxfp_scaling_test_{name}_{fmt}.log", f"mxfp_scaling_results_{fmt}.txt",
+            f"mxfp_scaling_test_{fmt}.png", f"mxfp_scaling_summary_{fmt}.png")
+
+
+def check_inputs_and_outputs(args: argparse.Namespace) -> None:
+    """Every mistake that needs no sweep, before the first banner line: (one input) a missing,
+    unreadable or unloadable file, an output that cannot be written, and a result an earlier
+    sweep wrote (replaced only with --force: issue 40). One input is loaded here once and kept
+    for the sweep (``args.loaded``), so a corrupt file is one line, not a summary."""
+    from lowp_common import check_writable, refuse_overwrite
+
+    several = len(args.input_tensor) > 1
+    if not several:     # several: a bad file is one row of the summary; the others go on
+        check_readable(args.input_tensor[0])
+    earlier = []
+    for name in tensor_names(args.input_tensor):
+        out_dir = output_dir_for(name, args.output_dir, several)
+        check_writable(out_dir, "--output-dir", folder=True)
+        earlier += [os.path.join(out_dir, f) for f in output_files(name, args.elem_format)]
+    if args.json not in (None, "-"):
+        check_writable(args.json, "--json")
+        earlier.append(args.json)
+    refuse_overwrite(earlier, what="a sweep's result", force=args.force,
+                     elsewhere="give another --output-dir / --json")
+    args.loaded = {}
+    if not several:
+        args.loaded[args.input_tensor[0]] = load_input(args.input_tensor[0])
 
 
 # --------------------------------------------------------------------------------------
@@ -181,6 +223,7 @@ class Outcome:
     files: dict[str, str] = field(default_factory=dict)
     result: Any = None
     seconds: float = 0.0
+    user_error: bool = False     # the file was the problem (exit 2), not the tool (exit 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.path, "tensor_name": self.tensor_name, "ok": self.ok,
@@ -253,7 +296,7 @@ def process_tensor(idx: int, path: str, name: str, args: argparse.Namespace, str
     try:
         check_readable(path)
     except InputError as exc:  # nothing to log about a file that is not there
-        outcome.error = str(exc)
+        outcome.error, outcome.user_error = str(exc), True
         return outcome
     start = time.perf_counter()
     try:
@@ -277,7 +320,7 @@ def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Name
 
     out_dir, fmt = outcome.output_dir, args.elem_format
     final = lambda fname: os.path.join(out_dir, fname)  # noqa: E731
-    log_name = f"mxfp_scaling_test_{name}_{fmt}.log"
+    log_name, results_name = output_files(name, fmt)[:2]
     logger = _make_logger(idx, str(stage / log_name), stream)
     start = time.perf_counter()
     try:
@@ -285,7 +328,8 @@ def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Name
         logger.info(f"MXFP scaling test started: {path}")
         logger.info(f"Start time: {time.strftime('%Y-%m-%d %H:%M:%S')}")
         logger.info(f"Output directory: {out_dir}")
-        tensor = load_input(path)
+        loaded = getattr(args, "loaded", None) or {}
+        tensor = loaded.pop(path) if path in loaded else load_input(path)
         dtype = str(getattr(tensor, "dtype", "?")).replace("torch.", "")
         if dtype != "bfloat16" and hasattr(tensor, "is_floating_point") and \
                 tensor.is_floating_point():
@@ -310,7 +354,6 @@ def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Name
             logger.info(report.format_level_line(i, lv, len(res.levels)))
         for line in report.format_analysis(res) + report.format_overflow_summary(res):
             logger.info(line)
-        results_name = f"mxfp_scaling_results_{fmt}.txt"
         atomic_write_text(stage / results_name, report.results_text(res, path))
         files = {"log": final(log_name), "results": final(results_name)}
         logger.info(f"Results saved to: {files['results']}")
@@ -329,7 +372,7 @@ def _sweep_into(stage: Path, idx: int, path: str, name: str, args: argparse.Name
                     f"in {time.perf_counter() - start:.2f} s")
         outcome.ok, outcome.result, outcome.files = True, res, files
     except (InputError, ss.SweepInputError) as exc:
-        outcome.error = str(exc)
+        outcome.error, outcome.user_error = str(exc), True
         logger.error(f"❌ {exc}")
         raise _Discard from None
     except (OSError, MemoryError) as exc:
@@ -349,7 +392,7 @@ def _plots_into(stage: Path, res, name: str, fmt: str, final, logger) -> dict[st
     """The sweep's two figures written into ``stage``; their final paths, logged."""
     from tensor_viz.scaling_plots import plot_summary, plot_sweep
 
-    plot_name, summary_name = f"mxfp_scaling_test_{fmt}.png", f"mxfp_scaling_summary_{fmt}.png"
+    plot_name, summary_name = output_files(name, fmt)[2:]
     plot_sweep(res, stage / plot_name, name)
     logger.info(f"Plot saved to: {final(plot_name)}")
     plot_summary(res, stage / summary_name, name)
@@ -410,7 +453,9 @@ def run(args: argparse.Namespace, stream=None) -> tuple[int, list[Outcome]]:
         for o in outcomes:
             if not o.ok:
                 say(f"   ❌ {o.error}")
-    return (0 if ok == len(outcomes) else 1), outcomes
+    failed = [o for o in outcomes if not o.ok]
+    code = 0 if not failed else EXIT_USER_ERROR if all(o.user_error for o in failed) else 1
+    return code, outcomes
 
 
 def json_document(args: argparse.Namespace, outcomes: Sequence[Outcome]) -> dict[str, Any]:
@@ -431,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     validate_args(args, parser)
+    check_inputs_and_outputs(args)
     to_stdout = args.json == "-"
     code, outcomes = run(args, sys.stderr if to_stdout else sys.stdout)
     if args.json is not None:
@@ -446,6 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"mxfp-scaling-test: --json {args.json}: cannot write ({_reason(exc)})",
                       file=sys.stderr)
                 return 1
+    if code == EXIT_USER_ERROR:
+        bad = [o for o in outcomes if not o.ok]
+        raise UserError(f"{len(bad)} of {len(outcomes)} files could not be swept; the first: "
+                        f"{bad[0].error}")
     return code
 
 

@@ -6,12 +6,11 @@ and prints the feature folders to pass (ours and, where TE imports, TE's).
 """
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lowp_common import UserError, cli_entry
+from lowp_common import CommandParser, UserError, cli_entry
 
 from . import inspect_support, options
 
@@ -49,7 +48,7 @@ def check(path: str) -> str:
 
 @cli_entry("lowp-te-check")
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="lowp-te-check", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="lowp-te-check", description=__doc__.split("\n\n")[0])
     p.add_argument("config", help="the debug-API YAML (nvdlfw-inspect config_file)")
     args = p.parse_args(argv)
     print(check(args.config))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
 
-from lowp_common import UserError
+from lowp_common import CommandParser, UserError
 
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_ROLE_FORMATS = "LOWP_TE_ROLE_FORMATS"
@@ -357,16 +357,15 @@ def check_environment(env: Optional[Mapping[str, str]] = None) -> str:
 
 def main(argv: Optional[list] = None) -> int:
     """``python -m te_integration.factory --check``: the launcher's check before torchrun."""
-    import argparse
 
     from lowp_common import cli_entry
 
     @cli_entry("te_integration.factory")
     def run(argv):
-        p = argparse.ArgumentParser(prog="python -m te_integration.factory",
-                                    description="Check that TE's custom recipe with our quantizer "
-                                                "factory can run here (TE version, "
-                                                "CUSTOM_QUANT_TYPE, LOWP_TE_ROLE_FORMATS).")
+        p = CommandParser(prog="python -m te_integration.factory",
+                          description="Check that TE's custom recipe with our quantizer "
+                                      "factory can run here (TE version, "
+                                      "CUSTOM_QUANT_TYPE, LOWP_TE_ROLE_FORMATS).")
         p.add_argument("--check", action="store_true", required=True,
                        help="check and print a summary line (exit 2 with one line on a problem)")
         p.parse_args(argv)

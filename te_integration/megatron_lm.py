@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from lowp_common import UserError, cli_entry
+from lowp_common import CommandParser, UserError, cli_entry
 
 from . import check_cli, inspect_support
 
@@ -154,7 +154,7 @@ def _custom_recipe(script_args: Sequence[str]) -> bool:
 
 @cli_entry("te_integration.megatron_lm")
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--inspect-config", help="the debug-API YAML (our features, TE's)")
     p.add_argument("--inspect-log-dir", default="inspect_logs",
                    help="where nvdlfw-inspect writes its logs (default: inspect_logs)")

@@ -224,7 +224,7 @@ def _quant(value: Any) -> str | None:
         raise ConfigError(f"{ENV_QUANT}={text!r} needs the quant package, which failed to import: {exc}") from None
     if text not in names:
         raise ConfigError(f"{ENV_QUANT}={text!r} is not a known format or recipe; valid names: "
-                          + ", ".join(names + ["fp32 (no quantization)"]))
+                          + ", ".join([n for n in names if n != "fp32"] + ["fp32 (no quantization)"]))
     return text
 
 

@@ -13,7 +13,6 @@ Command line: ``megatron-tensor-patch MEGATRON_TREE [--check | --revert | --dete
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import importlib.util
@@ -24,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lowp_common import atomic_write_text, cli_entry, fail
+from lowp_common import CommandParser, atomic_write_text, cli_entry, fail
 
 from .patch_edits import (
     FAMILIES,
@@ -417,7 +416,7 @@ def _version_table() -> str:
 
 @cli_entry("megatron-tensor-patch", user_errors=(PatchError,))
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="megatron-tensor-patch",
         description="Insert tensor capture / CUSTOM_QUANT_TYPE emulation calls into a Megatron "
                     "tree. Idempotent; --revert undoes it byte for byte. The edit set follows "

@@ -1,14 +1,22 @@
 """The shared command line of quick-visualize, visualize-tensors and enhanced-tensor-visualizer.
 
-Exit codes: 0 = figures drawn (problems, if any, are listed), 1 = nothing could be drawn,
-2 = a usage error (one line on stderr naming the argument and the fix).
+Exit codes: 0 = figures drawn (problems, if any, are listed), 2 = a usage error or a folder with
+nothing readable to draw (one line on stderr naming the argument or folder and the fix), 1 = the
+tool failed.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 
-from lowp_common import UserError, cli_entry
+from lowp_common import (
+    CommandParser,
+    HelpWithDefaults,
+    UserError,
+    check_writable,
+    claim_folder,
+    cli_entry,
+    mark_folder,
+)
 from tensor_viz import options as defaults
 
 
@@ -19,8 +27,8 @@ def _formats(text: str) -> tuple[str, ...]:
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = CommandParser(prog=prog, description=description,
+                      formatter_class=HelpWithDefaults)
     p.add_argument("--tensor_dir", "--tensor-dir", required=True,
                    help="folder the capture wrote (.pt files, manifest_rank*.jsonl)")
     p.add_argument("--output_dir", "--output-dir", default="./draw", help="where figures and index.html go")
@@ -44,6 +52,9 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--index-dir", default=None,
                    help="where the columnar index of the manifests goes (default: "
                         "TENSOR_DIR/.tensor_index, or a temporary folder when TENSOR_DIR is read-only)")
+    p.add_argument("--force", action="store_true",
+                   help="draw into OUTPUT_DIR even when it holds a report of another capture "
+                        "(a report of the same capture is refreshed without it)")
     p.add_argument("--max-records", type=int, default=defaults.Options.max_records,
                    help="above this many manifest records, figures drawn per record use a "
                         "selection of ranks and iterations (tables and numerics.csv cover all)")
@@ -75,6 +86,20 @@ def options(args: argparse.Namespace) -> defaults.Options:
                             max_records=args.max_records, worker_timeout=args.worker_timeout)
 
 
+#: files that make a folder a report (of quick-visualize or a full report)
+REPORT_FILES = ("index.html", "quick_analysis.png", "tensor_stats.txt", ".report_stamp.json")
+
+
+def claim_output(args: argparse.Namespace) -> None:
+    """Refuse, before reading anything, an OUTPUT_DIR that cannot be written or that holds a
+    report of another capture (its figures would be replaced by this one's; issue 40). The
+    report of the same capture into the folder it wrote is a refresh of a derived view: it goes
+    ahead, and is not even redrawn when nothing new was captured (tensor_viz.report_stamp)."""
+    check_writable(args.output_dir, "--output_dir", folder=True)
+    claim_folder(args.output_dir, args.tensor_dir, REPORT_FILES, force=args.force,
+                 what="a report", elsewhere="give another --output_dir")
+
+
 def run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bool, report: bool,
         description: str) -> int:
     """Parse, build, print the summary; a UserError is one line and exit 2, Ctrl-C exits 130."""
@@ -87,9 +112,11 @@ def _run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bo
     from tensor_viz import pipeline  # heavy (torch, matplotlib): only once the arguments parse
 
     opts = options(args)
+    claim_output(args)
     if not sections:  # the quick view needs neither quantization errors nor maps
         opts.whatif, opts.max_pairs = (), 0
     result = pipeline.build(args.tensor_dir, args.output_dir, sections, opts, quick=quick, report=report)
+    mark_folder(args.output_dir, args.tensor_dir)
     cat = result.catalog
     if result.reused is not None:
         from tensor_viz.report_stamp import STAMP_FILE
@@ -112,8 +139,9 @@ def _run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bo
               + f"); details in {args.output_dir}/problems.txt")
     if cat.ignored:
         print(f"{prog}: ignored {cat.ignored} files that are neither .pt tensors nor manifests")
-    if result.drawn == 0:
-        print(f"{prog}: nothing could be drawn (no readable captured tensors in {cat.directory})", file=sys.stderr)
-    elif report:
+    if result.drawn == 0:     # the folder is the problem (wrong one, or the capture saved nothing)
+        raise UserError(f"nothing could be drawn: no readable captured tensors in {cat.directory}; "
+                        "give the folder the run's TENSOR_SAVE_DIR names")
+    if report:
         print(f"{prog}: open {args.output_dir}/index.html in a browser")
-    return result.exit_code
+    return 0

@@ -9,11 +9,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lowp_common import UserError, atomic_write_text, cli_entry, json_dumps
+from lowp_common import CommandParser, UserError, atomic_write_text, cli_entry, json_dumps
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="lowp-diagnose",
         description="Name the cause of a low-precision run's trouble from its capture: the "
                     "first NaN/Inf and where it was born, tensors drifting toward the format's "

@@ -41,7 +41,7 @@ SLOW_TIERS = {
     "test_capture_fusion.py::fusion": ("megatron", "multiprocess"),
     "test_capture_schedule.py::sched": ("megatron", "multiprocess"),
     "test_diagnose_runtime.py": ("megatron", "multiprocess"),  # 2 ranks x 4 scenarios, ~60 s
-    "test_diagnose_training.py": ("megatron", "multiprocess"),  # 3 llama-train runs, ~65 s
+    "test_diagnose_training.py": ("megatron", "multiprocess"),  # 4 llama-train runs, ~80 s
     "test_diagnose_spark.py": ("multiprocess",),             # a local Spark JVM, ~20 s
     "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),
     "test_emulation_consistency.py::both_paths": ("megatron", "multiprocess"),
@@ -66,6 +66,8 @@ SLOW_TIERS = {
     "test_attribution_run.py": ("megatron", "multiprocess"),
     "test_quant_compiled.py::test_exit_during_*": ("multiprocess",),
     "test_viz_workers.py": ("multiprocess",),     # worker pools, report commands, signals
+    "test_cli_processes.py": ("multiprocess",),   # every installed command as a process, ~80 s
+    "test_readme_order.py::test_readme_commands_pass_in_a_fresh_clone": ("multiprocess",),
 }
 
 

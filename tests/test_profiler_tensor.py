@@ -199,7 +199,7 @@ def test_cli_on_saved_files(tmp_path, capsys) -> None:
     assert [d["risk_level"] for d in data] == ["HIGH", "CANNOT JUDGE"]   # 128 values: too few
     assert set(data[0]["formats"]) == {"bf16", "mxfp8"}
     r = run(str(a), str(bad))
-    assert r.returncode == 1 and f"{bad}: cannot be read" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and f"{bad}: cannot be read" in r.stderr and "Traceback" not in r.stderr
     assert "Risk: HIGH" in r.stdout and "Suggestion:" in r.stdout
     r = run(str(a), "--formats", "fp7")
     assert r.returncode == 2 and "--formats" in r.stderr and "Traceback" not in r.stderr

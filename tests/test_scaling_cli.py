@@ -92,7 +92,7 @@ def test_failures_do_not_stop_the_others_and_set_the_exit_code(inputs, tmp_path)
     names = ["ints.pt", "saver.pt", "garbage.pt", "missing.pt", "empty.pt", "notensor.pt"]
     code, out, _ = _run([*(inputs / n for n in names), "--no-plots", "--num-levels", "3"],
                         tmp_path)
-    assert code == 1
+    assert code == 2        # every failure was a bad file: a user mistake, not the tool's
     assert "Successful: 1\nFailed: 5" in out
     assert f"✅ Successfully processed: {inputs / 'saver.pt'}" in out
     expected = {"ints.pt": "int64 tensor; the sweep needs floating-point",
@@ -193,7 +193,7 @@ def test_failed_sweeps_leave_nothing_behind(inputs, tmp_path):
     names = ["ints.pt", "garbage.pt", "notensor.pt", "nan.pt"]
     code, out, _ = _run([*(inputs / n for n in names), "--num-levels", "3",
                          "--min-scale-exp", "5", "--max-scale-exp", "5"], tmp_path)
-    assert code == 1 and "Successful: 1\nFailed: 3" in out      # nan.pt sweeps fine
+    assert code == 2 and "Successful: 1\nFailed: 3" in out      # nan.pt sweeps fine
     root = tmp_path / "draw" / "scaling_analysis"
     assert sorted(p.name for p in root.iterdir()) == ["nan"]
     assert not list(root.rglob(".partial-*"))
@@ -205,7 +205,7 @@ def test_failed_sweeps_leave_nothing_behind(inputs, tmp_path):
     before = {p.name: p.read_bytes() for p in keep.iterdir()}
     (inputs / "saver2.pt").write_bytes(b"not a tensor file at all")
     code, _, _ = _run([inputs / "saver2.pt", "--output-dir", keep], tmp_path)
-    assert code == 1
+    assert code == 2
     assert {p.name: p.read_bytes() for p in keep.iterdir()} == before
 
 

@@ -47,8 +47,8 @@ def test_empty_directory_draws_nothing_and_says_so(tmp_path, capsys):
     out = tmp_path / "out"
     code = enhanced_visualizer.main(["--tensor_dir", str(tmp_path / "empty"), "--output_dir", str(out)] + FAST)
     captured = capsys.readouterr()
-    assert code == 1
-    assert "nothing could be drawn" in captured.err
+    assert code == 2 and len(captured.err.strip().splitlines()) == 1
+    assert "error: nothing could be drawn" in captured.err
     for section in pipeline.ENHANCED_SECTIONS:   # every folder says why it is empty
         assert [p.name for p in (out / section).glob("*.png")] == ["no_data.png"]
     assert "Nothing to draw" in (out / "index.html").read_text()

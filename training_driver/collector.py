@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from lowp_common import atomic_write_text
+from lowp_common import CommandParser, HelpWithDefaults, atomic_write_text
 
 from .errors import UserError, cli_entry
 from .tensor_summary import TensorSummary, format_summary, summarize, tensor_files
@@ -239,7 +239,7 @@ def watch(proc: subprocess.Popen, tensor_dir: Path, progress_file: Path, before:
 # Command line
 # ---------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="run_wikipedia_tensor_collection.sh",
         description="Collect tensors from a training run: set TENSOR_SAVE_*, launch training, "
                     "watch the tensor directory, stop after one full iteration is saved (or the "
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "embedded default (tiny Llama on CPU, corpus built from Python's own "
                     "documentation, nothing downloaded).",
         epilog="Arguments after '--' go to llama-train unchanged.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpWithDefaults)
     p.add_argument("--data-path", default=None,
                    help="indexed dataset prefix (preprocess-corpus output); default: the "
                         "embedded corpus")

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any, Mapping, Sequence
 
-from .errors import cli_entry
+from .errors import CommandParser, cli_entry
 from .preflight import (
     REMEDY,
     RunEstimate,
@@ -38,8 +38,8 @@ def check_training_args(train_args: Sequence[str], ranks: int, remedy: str = "",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="preflight", description="Checks before training starts "
-                                "(used by examples/llama/train_llama32_1b_h100_fp8.sh).")
+    p = CommandParser(prog="preflight", description="Checks before training starts "
+                      "(used by examples/llama/train_llama32_1b_h100_fp8.sh).")
     sub = p.add_subparsers(dest="what", required=True)
     inputs = sub.add_parser("inputs", help="capture settings, tokenizer, data; prints "
                                            "'ok CAPTURE QUANT'")

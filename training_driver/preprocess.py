@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from lowp_common import atomic_path, atomic_write_json
+from lowp_common import CommandParser, atomic_path, atomic_write_json
 
 from .errors import UserError, cli_entry
 from .tokenizer import Tokenizer, load_tokenizer, save_tokenizer, train_bpe
@@ -136,7 +136,7 @@ def preprocess(inputs: list[str], output_prefix: str, tokenizer: str | None = No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="preprocess-corpus",
         description="Tokenize a corpus (JSON Lines with a text field, e.g. a Wikipedia dump, or "
                     "plain text with blank lines between documents) into Megatron's indexed "
@@ -157,12 +157,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size of a trained tokenizer (default 1024)")
     p.add_argument("--json-key", default="text", help="JSON field holding the text (default text)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--force", action="store_true",
+                   help="replace a dataset (and a trained tokenizer) written earlier at these "
+                        "paths; without it such a run refuses")
+    p.epilog = ("Example, the corpus the main job builds (text from the documentation Python "
+                "ships): preprocess-corpus --input runs/default/corpus/python_docs.jsonl "
+                "--output-prefix dataset/mine/mine  (then llama-train --data-path "
+                "dataset/mine/mine_text_document --tokenizer dataset/mine/tokenizer). Your own "
+                "text: one JSON object per line with a \"text\" field, or plain text with a "
+                "blank line between documents.")
     return p
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """The dataset, and the tokenizer a run would train, are results other runs are made of:
+    one written earlier is replaced only with --force (issue 40), and an output that cannot be
+    written is refused before the corpus is read."""
+    from lowp_common import check_writable, refuse_overwrite
+
+    from .tokenizer import TOKENIZER_FILE
+
+    prefix = args.output_prefix
+    prefix = prefix if prefix.endswith(DOCUMENT_SUFFIX) else prefix + DOCUMENT_SUFFIX
+    check_writable(prefix + ".bin", "--output-prefix")
+    earlier = [prefix + ".bin", prefix + ".idx"]
+    if not args.tokenizer:
+        tok_dir = args.tokenizer_out or str(Path(args.output_prefix).parent / "tokenizer")
+        check_writable(tok_dir, "--tokenizer-out", folder=True)
+        earlier.append(os.path.join(tok_dir, TOKENIZER_FILE))
+    refuse_overwrite(earlier, what="a dataset or tokenizer", force=args.force,
+                     elsewhere="give another --output-prefix")
 
 
 @cli_entry("preprocess-corpus")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_outputs(args)
     from .megatron_env import quiet_megatron_warnings
 
     quiet_megatron_warnings()

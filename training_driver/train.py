@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from lowp_common import CommandParser, HelpWithDefaults
+
 from .errors import UserError, cli_entry
 from .train_config import (
     DTYPES,
@@ -373,12 +375,12 @@ def _close_after_interrupt(plan: RunPlan, saver: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="llama-train",
         description="Train a Llama-style GPT on megatron-core (CPU gloo or CUDA nccl). Set "
                     "TENSOR_SAVE_ENABLED=true and CUSTOM_QUANT_TYPE to capture tensors through "
                     "the patched megatron-core. Launch several processes with torchrun.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpWithDefaults)
     d = TrainConfig("", "")
     p.add_argument("--data-path", required=True,
                    help="indexed dataset prefix from preprocess-corpus (…_text_document)")

@@ -14,7 +14,6 @@ outputs, at the price of 2 passes per group.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lowp_common import UserError, cli_entry, json_dumps
+from lowp_common import CommandParser, UserError, cli_entry, json_dumps
 from training_profiler._tensors import first_tensor
 from training_profiler.lowp_emulation import AUTOCAST_MODES, is_linear, precision
 
@@ -255,8 +254,8 @@ def _tiny_gpt(seed: int, num_layers: int) -> tuple[torch.nn.Module, Callable, Ca
 
 @cli_entry("precision-diff")
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="precision-diff", description="Layer-wise fp32 vs low-precision diff: "
-                                "names the first layer where the error jumps.")
+    p = CommandParser(prog="precision-diff", description="Layer-wise fp32 vs low-precision diff: "
+                      "names the first layer where the error jumps.")
     p.add_argument("--model", choices=("tiny-gpt", "mlp"), default="tiny-gpt",
                    help="tiny-gpt: a small megatron-core GPTModel (TP=1); mlp: a 5-layer MLP")
     p.add_argument("--mode", default="mxfp8", help="a CUSTOM_QUANT_TYPE format, or autocast_bf16 / autocast_fp16")

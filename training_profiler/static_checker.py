@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from lowp_common import UserError, cli_entry
+from lowp_common import CommandParser, UserError, cli_entry
 from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_context import FileContext
 from training_profiler.amp_precision import in_model_library
@@ -336,7 +336,7 @@ def exit_code(report: Report, fail_on: Severity) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="amp-static-check",
         description="Static checker for PyTorch automatic-mixed-precision mistakes (never runs the code).",
         epilog="Rules: " + "; ".join(f"{r.id} {r.name} [{r.severity.name}]" for r in _ALL_RULES)

@@ -10,15 +10,15 @@ inside blocks of 32, and the overflow / flush-to-zero fractions per quant/ forma
 """
 from __future__ import annotations
 
-import argparse
 import math
+import os
 import sys
 from typing import Any, Sequence
 
 import torch
 
 import quant
-from lowp_common import UserError, cli_entry, json_dumps
+from lowp_common import EXIT_USER_ERROR, CommandParser, UserError, cli_entry, json_dumps
 from quant.formats import FORMATS, SCALING_MX, SURVEY_FORMATS
 from training_profiler.tensor_verdict import HIGH_RATIO, MEDIUM_RATIO, judge  # noqa: F401
 
@@ -165,8 +165,8 @@ def format_report(r: dict[str, Any], top: int = 8) -> str:
 
 @cli_entry("analyze-tensor")
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="analyze-tensor", description="Analyze saved tensor files for "
-                                "dimension imbalance and low-precision overflow/underflow risk.")
+    p = CommandParser(prog="analyze-tensor", description="Analyze saved tensor files for "
+                      "dimension imbalance and low-precision overflow/underflow risk.")
     p.add_argument("files", nargs="+", help="tensor files written by the capture (or plain torch.save tensors)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
@@ -184,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             quant.get_format(f)
     except (KeyError, ValueError) as exc:
         raise UserError(f"--formats: {exc}") from None
+    missing = [f for f in args.files if not os.path.isfile(f)]
+    if missing:
+        raise UserError(f"{missing[0]}: no such file; pass tensor files the capture wrote")
     reports, failed = [], 0
     for path in tqdm(args.files, desc="analyzing", unit="file", disable=len(args.files) < 3, file=sys.stderr):
         try:
@@ -197,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json_dumps(reports, indent=2))  # NaN/Inf as "nan"/"inf"
     else:
         print("\n\n".join(format_report(r) for r in reports))
-    return 1 if failed else 0
+    return EXIT_USER_ERROR if failed else 0     # the files were the problem, not the tool
 
 
 if __name__ == "__main__":

@@ -8,15 +8,14 @@ GEMM (quant.gemm_plan with quant.quantize): ~0 means TE ran our numerics.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
-from lowp_common import UserError, cli_entry
+from lowp_common import CommandParser, UserError, cli_entry
 
 
 @cli_entry("te_linear_custom_recipe")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = CommandParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--format", default=os.environ.get("CUSTOM_QUANT_TYPE", "mxfp8"),
                    help="a quant.FORMATS name (default: CUSTOM_QUANT_TYPE, else mxfp8)")
     args = p.parse_args(argv)
