@@ -5,9 +5,28 @@ Static (AST) scan of every import statement, including imports inside functions;
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def source_files(under: str = "", root: Path = REPO) -> list[Path]:
+    """The repository's Python files as git knows them (tracked, or new and not ignored).
+
+    Why: run outputs (``runs/``, ``enhanced_tensor_logs/``, ``draw/``, the patched megatron-core
+    copies the main job leaves) live in the working tree too; a check of *our* source must not
+    read them (issue 40: the README's main job made this module fail). Outside a git checkout
+    (an unpacked sdist) every ``.py`` file under the packages' folders is read instead.
+    """
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                              "--", f"{under or '.'}"], cwd=root, capture_output=True, check=True)
+        names = [n for n in out.stdout.decode().split("\0") if n.endswith(".py")]
+        return sorted(root / n for n in names if (root / n).is_file())
+    except (OSError, subprocess.CalledProcessError):
+        roots = [root / under] if under else [root / p.split("/")[0] for p in MAY_IMPORT]
+        return sorted(f for r in roots if r.is_dir() for f in r.rglob("*.py"))
 
 #: package -> project packages it may import ("megatron" = megatron-core and the in-tree facade).
 #: The table of docs/architecture.md; change both together.
@@ -56,7 +75,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _files(package: str) -> list[Path]:
-    return sorted((REPO / package).rglob("*.py")) if (REPO / package).is_dir() else []
+    return source_files(package) if (REPO / package).is_dir() else []
 
 
 def test_every_package_imports_only_the_layers_below() -> None:
@@ -105,7 +124,7 @@ MAX_FUNCTION_LINES, MAX_MODULE_LINES = 80, 600
 
 def _library_files() -> list[Path]:
     skip = {"tests", "bench", "build"}
-    return [p for p in sorted(REPO.rglob("*.py"))
+    return [p for p in source_files()
             if not ({*p.relative_to(REPO).parts[:-1]} & skip or p.relative_to(REPO).parts[0].startswith("."))
             and "egg-info" not in str(p)]
 
@@ -123,3 +142,18 @@ def test_no_module_or_function_too_long_to_read() -> None:
                 if n > MAX_FUNCTION_LINES:
                     too_long.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
     assert not too_long, "split these into named steps or families:\n" + "\n".join(too_long)
+
+
+def test_source_checks_read_what_git_knows_never_run_outputs(tmp_path: Path) -> None:
+    """A patched megatron copy under an ignored runs/ is not our source; a new file is."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/runs/\n")
+    (tmp_path / "quant").mkdir()
+    (tmp_path / "quant" / "tracked.py").write_text("x = 1\n")
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    (tmp_path / "quant" / "new.py").write_text("y = 2\n")
+    (tmp_path / "runs" / "patched" / "megatron").mkdir(parents=True)
+    (tmp_path / "runs" / "patched" / "megatron" / "long.py").write_text("z = 3\n" * 900)
+    found = [p.relative_to(tmp_path).as_posix() for p in source_files(root=tmp_path)]
+    assert found == ["quant/new.py", "quant/tracked.py"]
+    assert [p.name for p in source_files("quant", root=tmp_path)] == ["new.py", "tracked.py"]
