@@ -6,7 +6,9 @@ small corpus with AdamW, a stats-only capture of every iteration; nothing plante
   (GEMM, operand, iteration) and the remedy;
 - the same at lr 0.5 without clipping: the loss diverges (above 1.5 x its early values); the
   flush stays first and ``--loss`` adds the divergence, tied to it;
-- bf16 at the default learning rate (the control): neither finding.
+- bf16 at lr 0.05 (no QK-norm in the tiny Llama): the attention logits grow (the bound on
+  max |q.k|/sqrt(d) from ~1.5 past 30 in 5 iterations), named as attention_logit_growth;
+- bf16 at the default learning rate (the control): none of these findings.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from tensor_viz.diagnose import diagnose
 #: scenario -> (CUSTOM_QUANT_TYPE, iterations, extra llama-train options)
 RUNS = {"fp8": ("fp8_e4m3", 3, []),
         "fp8_lr": ("fp8_e4m3", 5, ["--lr", "0.5", "--clip-grad", "0"]),
-        "bf16": ("bf16", 3, [])}
+        "bf16": ("bf16", 5, []),
+        "bf16_lr": ("bf16", 5, ["--lr", "0.05"])}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,17 @@ def test_a_diverging_fp8_run_gives_the_flush_first_and_the_divergence(trained, c
     assert findings.index(div[0]) > 0
 
 
-def test_bf16_has_neither_the_flush_nor_a_divergence(trained):
+def test_a_high_learning_rate_without_qk_norm_grows_the_attention_logits(trained):
+    cap, _ = trained["bf16_lr"]
+    findings = diagnose(cap).findings
+    first = findings[0]
+    assert (first.kind, first.severity) == ("attention_logit_growth", "HIGH"), first.summary
+    growth = [f for f in findings if f.kind == "attention_logit_growth"]
+    assert all(f.evidence["bound_last"] > 30 > 4 * f.evidence["bound_first"] for f in growth)
+    assert "qk-layernorm" in first.action
+
+
+def test_bf16_at_the_default_learning_rate_has_none_of_them(trained):
     cap, log = trained["bf16"]
     kinds = {f.kind for f in diagnose(cap, loss=log).findings}
-    assert not kinds & {"run_format_loss", "loss_divergence"}, kinds
+    assert not kinds & {"run_format_loss", "loss_divergence", "attention_logit_growth"}, kinds
