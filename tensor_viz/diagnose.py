@@ -20,7 +20,7 @@ from typing import Any
 
 from lowp_common import UserError
 from tensor_capture import schema
-from tensor_capture.stats import merged_std_sql
+from tensor_capture.stats_read import merged_std_sql
 from tensor_viz import columnar, diagnose_format
 from tensor_viz import diagnose_rules as rules
 from tensor_viz.diagnose_rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding

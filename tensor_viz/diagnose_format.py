@@ -22,9 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from quant.analysis import SEVERITY_HIGH, SEVERITY_NONE, cast_limits, severity
-from quant.gemm_plan import PLAN
-from tensor_capture.stats import fraction_below
+from tensor_capture.stats_read import fraction_below
 from tensor_viz.diagnose_rules import (
     HIGH,
     MEDIUM,
@@ -49,9 +47,19 @@ GRADIENT_FORMAT = "fp8_e5m2"
 SCALED_FORMATS = ("fp8_e4m3_tensor", "mxfp8")
 
 
+def _qa() -> Any:
+    """quant.analysis (the one definition of flush, overflow and severity), imported when there
+    is something to judge: it imports torch, which a capture without emulation never needs."""
+    from quant import analysis
+
+    return analysis
+
+
 def gemms(operation: str, operand: str) -> list[str]:
     """The GEMMs (quant.gemm_plan) that quantize this captured operand: a forward record feeds
     fprop (and, for the input, wgrad, which reuses it); a backward record dgrad / wgrad."""
+    from quant.gemm_plan import PLAN  # torch: only once there is something to judge
+
     skip = "dgrad" if operation == "forward" else "fprop"
     return [p.gemm for p in PLAN if p.operand == operand and p.gemm != skip]
 
@@ -86,12 +94,12 @@ def _query(con: Any, src: str) -> list[dict[str, Any]]:
 def _judge(op: _Operand, row: dict[str, Any], problem: str) -> tuple[str, float]:
     """(quant.analysis severity, the ratio judged) of one iteration."""
     if problem == "saturation":
-        return severity(row["overflow"] or 0.0), row["overflow"] or 0.0
+        return _qa().severity(row["overflow"] or 0.0), row["overflow"] or 0.0
     if op.gradient:
-        return severity(row["flush"] or 0.0), row["flush"] or 0.0
-    lost = fraction_below(row["hist"], cast_limits(op.fmt).flush_to, energy=True)
+        return _qa().severity(row["flush"] or 0.0), row["flush"] or 0.0
+    lost = fraction_below(row["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True)
     row["energy_flushed"] = lost
-    return severity(lost), lost
+    return _qa().severity(lost), lost
 
 
 @dataclass
@@ -111,9 +119,9 @@ def _hits(ops: list[_Operand]) -> list[_Hit]:
         for problem in ("flush", "saturation"):
             judged = [(_judge(op, r, problem), r) for r in op.series]
             levels = [j[0][0] for j in judged]
-            if all(lv == SEVERITY_NONE for lv in levels):
+            if all(lv == _qa().SEVERITY_NONE for lv in levels):
                 continue
-            level = SEVERITY_HIGH if SEVERITY_HIGH in levels else "medium"
+            level = _qa().SEVERITY_HIGH if _qa().SEVERITY_HIGH in levels else _qa().SEVERITY_MEDIUM
             at = [(r, j[1]) for j, r in judged if j[0] == level]
             out.append(_Hit(op, problem, level, at[0][0]["iteration"], at[0][0],
                             max(v for _, v in at), len(at)))
@@ -135,11 +143,11 @@ def _remedy(hit: _Hit, members: list[_Hit]) -> str:
                 f"{plan}.")
     if hit.op.gradient:
         absmax = hit.at_onset["absmax"] or 0.0
-        scale = (2 ** math.floor(math.log2(cast_limits(fmt).max_normal / absmax))
+        scale = (2 ** math.floor(math.log2(_qa().cast_limits(fmt).max_normal / absmax))
                  if absmax > 0 else None)
-        wide = fraction_below(hit.at_onset["hist"], cast_limits(GRADIENT_FORMAT).flush_to)
+        wide = fraction_below(hit.at_onset["hist"], _qa().cast_limits(GRADIENT_FORMAT).flush_to)
         return ((f"Scale the gradients: a loss scale (up to {scale:g} keeps this gradient's "
-                 f"largest value {absmax:.3g} below {fmt}'s max {cast_limits(fmt).max_normal:g}), "
+                 f"largest value {absmax:.3g} below {fmt}'s max {_qa().cast_limits(fmt).max_normal:g}), "
                  if scale else "Scale the gradients (a loss scale), ")
                 + f"or a scaled format for them ({scaled}); {GRADIENT_FORMAT} for gradients "
                 f"would still flush {100 * wide:.1f}% of this one; or {plan}.")
@@ -156,7 +164,7 @@ def run_format_loss(con: Any, state: Any, src: str, view: Any = None) -> list[Fi
         if key not in ops:
             fmt = row["fmt"]
             try:
-                cast_limits(fmt)
+                _qa().cast_limits(fmt)
             except (KeyError, ValueError):
                 continue
             ops[key] = _Operand(key, fmt, row["operation"], row["tensor_name"] == "grad_output")
@@ -184,7 +192,7 @@ def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
                else "of its energy")
     value = (r["overflow"] if hit.problem == "saturation" else
              r["flush"] if op.gradient else r.get("energy_flushed", 0.0))
-    sev = HIGH if hit.level == SEVERITY_HIGH else MEDIUM
+    sev = HIGH if hit.level == _qa().SEVERITY_HIGH else MEDIUM
     summary = (f"The run's format {op.fmt} {'saturates' if hit.problem == 'saturation' else 'flushes'}"
                f" {'gradient ' if op.gradient else ''}{_label(where)} (operand {OPERANDS[(op.operation, name)]}"
                f" of {'/'.join(roles)}) from iteration {hit.onset}: {100 * value:.2f}% {measure} "
@@ -196,7 +204,7 @@ def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
         "operand": OPERANDS[(op.operation, name)], "gradient": op.gradient,
         "flush_to_zero_ratio": r["flush"], "underflow_ratio": r["underflow"],
         "overflow_ratio": r["overflow"], "energy_flushed": fraction_below(
-            r["hist"], cast_limits(op.fmt).flush_to, energy=True),
+            r["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True),
         "absmax": r["absmax"], "worst": hit.worst, "iterations_at_level": hit.iterations,
         "operands": [{"tensor": _label(dict(zip(TENSOR_KEY, m.op.key))), "onset": m.onset,
                       "gemms": gemms(m.op.operation, OPERANDS[(

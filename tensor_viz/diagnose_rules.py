@@ -101,6 +101,7 @@ def materialize(con: Any, state: IndexState | None, relation: str | None = None)
     d = dialect(con)
     ranks_view = "" if getattr(con, "dialect", "duckdb") != "duckdb" else """,
         submodule, struct_pack(absmax := stats.absmax, std := stats.std,
+            numel := stats.numel, mean := stats.mean,
             nan_count := stats.nan_count, inf_count := stats.inf_count,
             range := map_from_entries([struct_pack(k := quant_type, v := struct_pack(
                 underflow_ratio := stats.range[quant_type].underflow_ratio,

@@ -19,17 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from tensor_capture import schema
+from tensor_capture.stats_read import merged_std_sql
 from tensor_viz.columnar import IndexState, sql_string
 
 #: robust z-score above which a rank is an outlier of its layer x tensor x iteration
 OUTLIER_Z = 3.5
 #: the deviation scale never falls below this share of |median|
 REL_FLOOR = 0.05
-#: metric -> (SQL over one record, how a rank's micro-batches fold); ratios are of the
-#: tensor's own quant type (stats.range), as the overflow table reads them
+#: metric -> (SQL over one record, how a rank's micro-batches fold: an aggregate, or "merge":
+#: the std of their union from counts, means and stds, tensor_capture.stats_read); ratios are of
+#: the tensor's own quant type (stats.range), as the overflow table reads them
 METRICS: dict[str, tuple[str, str]] = {
     "absmax": ("stats.absmax", "max"),
-    "std": ("stats.std", "avg"),
+    "std": ("stats.std", "merge"),        # the std of the rank's micro-batches together
     "underflow_ratio": ("stats.range[quant_type].underflow_ratio", "max"),
     "overflow_ratio": ("stats.range[quant_type].overflow_ratio", "max"),
     "nonfinite": ("stats.nan_count + stats.inf_count", "max"),
@@ -86,6 +88,14 @@ def header(con: Any, state: IndexState) -> Header:
 def _per_rank_sql(state: IndexState, metric: str) -> str:
     expr, fold = METRICS[metric]
     key = ", ".join(_KEY)
+    if fold == "merge":
+        return f"""
+        SELECT {key}, iteration, rank, {merged_std_sql("n", "m", "s")} AS v FROM (
+            SELECT {key}, iteration, rank, CAST(stats.numel AS DOUBLE) AS n,
+                   CAST(stats.mean AS DOUBLE) AS m, CAST({expr} AS DOUBLE) AS s
+            FROM {_source(state)} WHERE coalesce(variant, 'hp') = 'hp')
+        WHERE n > 0 AND isfinite(m) AND isfinite(s)
+        GROUP BY {key}, iteration, rank"""
     return f"""
         SELECT {key}, iteration, rank, {fold}(v) AS v FROM (
             SELECT {key}, iteration, rank, CAST({expr} AS DOUBLE) AS v FROM {_source(state)}

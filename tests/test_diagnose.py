@@ -275,7 +275,8 @@ def test_a_merged_std_is_the_std_of_the_concatenated_tensors(tmp_path):
     import duckdb
     import torch
 
-    from tensor_capture.stats import merge_moments, merged_std_sql, tensor_stats
+    from tensor_capture.stats import tensor_stats
+    from tensor_capture.stats_read import merge_moments, merged_std_sql
 
     gen = torch.Generator().manual_seed(3)
     parts = [torch.randn(n, generator=gen) * s + m
@@ -331,3 +332,17 @@ def test_the_run_format_operands_are_the_operands_the_format_casts():
     assert gemms("forward", "input") == ["fprop", "wgrad"]
     assert gemms("backward", "grad_output") == ["dgrad", "wgrad"]
     assert gemms("backward", "weight") == ["dgrad"] and gemms("forward", "weight") == ["fprop"]
+
+
+def test_the_rank_table_merges_a_ranks_micro_batches_by_their_moments(tmp_path):
+    # rank 2's two micro-batches keep every std but move their means apart from iteration 2:
+    # the std of that rank's data grows (an average of the stds would not move)
+    def change(rec):
+        if rec["rank"] == 2 and rec["iteration"] >= 2 and rec["tensor_name"] == "output":
+            rec["stats"]["mean"] = 2.0 if rec["sample_idx"] else -2.0
+        return rec
+
+    fs = diagnose(write_capture(tmp_path / "ranks", ranks=4, change=change)).findings
+    std = [f for f in fs if f.kind == "rank_outlier" and f.evidence["metric"] == "std"]
+    assert std and {f.where["rank"] for f in std} == {2}
+    assert {f.where["iteration"] for f in std} == {2}
