@@ -16,9 +16,11 @@ def _parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="lowp-diagnose",
         description="Name the cause of a low-precision run's trouble from its capture: the "
-                    "first NaN/Inf and where it was born, tensors drifting toward the format's "
+                    "first NaN/Inf and where it was born, the GEMM operands the run's own "
+                    "format flushes or saturates, tensors drifting toward the format's "
                     "limits, tensors a format handles worse than Gaussian data, outlier ranks, "
-                    "attention logit growth, loss spikes. Findings ranked, the cause first; "
+                    "attention logit growth, loss spikes and divergence. Findings ranked, the "
+                    "cause first; "
                     "docs/diagnose.md has the rules and the JSON schema.")
     p.add_argument("capture_dir", metavar="CAPTURE_DIR",
                    help="the folder the capture wrote (TENSOR_SAVE_DIR, with manifest_rank*.jsonl)")
@@ -26,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a capture of the same model in a reference precision: adds the first "
                         "tensor that departs from it")
     p.add_argument("--loss", metavar="LOG|TB_DIR", default=None,
-                   help="the run's training log or TensorBoard folder: adds loss spikes and the "
-                        "finding each follows")
+                   help="the run's training log or TensorBoard folder: adds loss spikes, a "
+                        "divergence by level and the finding each follows")
     p.add_argument("--json", metavar="FILE|-", default=None,
                    help="also write {findings, checked, records} as JSON to FILE ('-': stdout only)")
     p.add_argument("--index-dir", metavar="DIR", default=None,
