@@ -6,9 +6,17 @@
 #
 #   DTYPE       bf16 (local linears), or fp8 (Transformer Engine linears with the hybrid FP8
 #               recipe; needs TE and a GPU)
-#   TOKENIZER_PATH  tokenizer directory: the one preprocess-corpus wrote, or a local Hugging
-#               Face one (e.g. model/llama3.2-1b); Megatron-LM loads it with AutoTokenizer
-#   DATA_PATH   indexed dataset prefix (preprocess-corpus output, ..._text_document)
+#   TOKENIZER_PATH  a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json);
+#               Megatron-LM loads it with AutoTokenizer. Llama-3.2's, on a machine with
+#               access to the gated model: huggingface-cli download meta-llama/Llama-3.2-1B
+#               --include "tokenizer*" --local-dir model/llama3.2-1b. Or the one
+#               preprocess-corpus trains on your corpus (PREFIX's folder/tokenizer)
+#   DATA_PATH   indexed dataset prefix (..._text_document, beside it .bin and .idx), made
+#               from your own text: preprocess-corpus --input my_corpus.jsonl --tokenizer
+#               model/llama3.2-1b --output-prefix dataset/mine/mine (JSON Lines with a
+#               "text" field, or plain text with a blank line between documents; the
+#               main job's corpus runs/default/corpus/python_docs.jsonl is an example);
+#               DATA_PATH is then dataset/mine/mine_text_document
 #
 # Environment:
 #   TENSOR_SAVE_ENABLED, TENSOR_SAVE_DIR, TENSOR_SAVER_ITERATION, CUSTOM_QUANT_TYPE
@@ -76,9 +84,9 @@ case "$DTYPE" in
     bf16|fp8) ;;
     *) die "DTYPE must be bf16 or fp8, got '$DTYPE'" ;;
 esac
-[[ -e "$TOKENIZER_PATH" ]] || die "TOKENIZER_PATH $TOKENIZER_PATH does not exist: give a tokenizer directory (e.g. model/llama3.2-1b, or the one preprocess-corpus wrote)"
+[[ -e "$TOKENIZER_PATH" ]] || die "TOKENIZER_PATH $TOKENIZER_PATH does not exist: give a Hugging Face tokenizer folder; Llama-3.2's: huggingface-cli download meta-llama/Llama-3.2-1B --include 'tokenizer*' --local-dir $TOKENIZER_PATH (or the one preprocess-corpus wrote; see --help)"
 DATA_PATH="${DATA_PATH%.bin}"; DATA_PATH="${DATA_PATH%.idx}"
-[[ -f "${DATA_PATH}.bin" && -f "${DATA_PATH}.idx" ]] || die "DATA_PATH ${DATA_PATH} has no .bin/.idx: run preprocess-corpus --input CORPUS --output-prefix PREFIX first"
+[[ -f "${DATA_PATH}.bin" && -f "${DATA_PATH}.idx" ]] || die "DATA_PATH ${DATA_PATH} has no .bin/.idx: make it from your text with preprocess-corpus --input CORPUS.jsonl --tokenizer $TOKENIZER_PATH --output-prefix ${DATA_PATH%_text_document} (see --help)"
 
 # FP8_RECIPE / FP4_RECIPE: natively with DTYPE fp8 where the GPU has the recipe, else emulated
 # (DTYPE bf16: CUSTOM_QUANT_TYPE names the matching quant.recipes recipe). One line, exit 2.
