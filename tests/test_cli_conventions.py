@@ -233,3 +233,13 @@ def test_help_names_no_default_for_a_flag(capsys: pytest.CaptureFixture) -> None
     text = " ".join(build_parser().format_help().split())
     assert "do not run the written plan again on fresh seeds (default" not in text
     assert "--steps STEPS training steps per run (default: 150)" in text
+
+
+def test_the_valid_format_list_names_fp32_once() -> None:
+    """It read "..., fp32, fp32 (no quantization)" (issue 40)."""
+    from tensor_capture.config import ConfigError, _quant
+
+    with pytest.raises(ConfigError) as exc:
+        _quant("fp9")
+    names = str(exc.value).split("valid names: ", 1)[1]
+    assert names.count("fp32") == 1 and names.endswith("fp32 (no quantization)")

@@ -141,3 +141,18 @@ def test_preprocess_corpus_keeps_an_earlier_dataset(tmp_path: Path, capsys) -> N
     assert (tmp_path / "d" / "mine_text_document.idx").read_bytes() == b"earlier"
     args = preprocess.build_parser().parse_args([*argv, "--force"])
     preprocess.check_outputs(args)          # --force: goes ahead
+
+
+def test_llama_train_no_resume_keeps_earlier_checkpoints(tmp_path: Path, capsys) -> None:
+    from training_driver import train
+    from training_driver.checkpoint import LATEST_FILE
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / LATEST_FILE).write_text("5\n")
+    argv = ["--data-path", "d", "--tokenizer", "t", "--checkpoint-dir", str(ckpt), "--no-resume"]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds checkpoints written earlier; pass --force" in err[0]
+    train.check_restart(train.build_parser().parse_args([*argv, "--force"]))
+    train.check_restart(train.build_parser().parse_args(argv[:-1]))     # resuming: fine

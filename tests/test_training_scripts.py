@@ -240,8 +240,10 @@ def _example_args(tmp_path: Path, data: dict, dtype: str = "bf16") -> list[str]:
 @pytest.mark.parametrize("mutate,env,message", [
     (lambda a: a[:3], {}, "expected 5 arguments"),
     (lambda a: a[:4] + ["fp16"], {}, "DTYPE must be bf16 or fp8"),
-    (lambda a: a[:2] + ["no/such/tokenizer"] + a[3:], {}, "TOKENIZER_PATH no/such/tokenizer does not exist"),
-    (lambda a: a[:3] + ["no/such/data"] + a[4:], {}, "has no .bin/.idx"),
+    (lambda a: a[:2] + ["no/such/tokenizer"] + a[3:], {}, "TOKENIZER_PATH no/such/tokenizer does not exist: give a Hugging Face tokenizer folder; "
+     "Llama-3.2's: huggingface-cli download meta-llama/Llama-3.2-1B"),
+    (lambda a: a[:3] + ["no/such/data"] + a[4:], {}, "has no .bin/.idx: make it from your text with "
+     "preprocess-corpus --input CORPUS.jsonl --tokenizer"),
     (lambda a: a[:4] + ["fp8"], {}, "fp8 needs"),
     (lambda a: a, {"MEGATRON_LM_DIR": "/no/such/Megatron-LM"}, "MEGATRON_LM_DIR=/no/such/Megatron-LM is not a directory"),
 ])

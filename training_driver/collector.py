@@ -567,8 +567,9 @@ def report_collection(c: Collection, result: CollectionResult) -> int:
             "runs; the summary counts this run's only"
             + (", the visualization shows all" if c.visualize else ""))
     draw_dir = c.request.draw_dir
-    if c.visualize and run_visualization(tensor_dir, Path(draw_dir)) != 0:
-        return 1
+    rc = run_visualization(tensor_dir, Path(draw_dir)) if c.visualize else 0
+    if rc != 0:
+        return rc       # 2: its one line named the mistake (e.g. a report of another capture)
     say(f"done; tensors in {tensor_dir}"
         + (f", plots in {draw_dir}" if c.visualize and VISUALIZE_SCRIPT.is_file() else ""))
     return 0

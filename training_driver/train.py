@@ -416,7 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-interval", type=int, default=0,
                    help="stop (after saving a checkpoint) once the iteration is a multiple of N")
     p.add_argument("--no-resume", dest="resume", action="store_false",
-                   help="ignore an existing checkpoint in --checkpoint-dir")
+                   help="ignore an existing checkpoint in --checkpoint-dir (with --force: "
+                        "start over there, replacing its checkpoints as this run saves)")
+    p.add_argument("--force", action="store_true",
+                   help="let --no-resume replace the checkpoints an earlier run saved")
     p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--log-interval", type=int, default=d.log_interval)
     p.add_argument("--progress-file", default=None,
@@ -450,9 +453,24 @@ def port_free(port: int) -> bool:
     return True
 
 
+def check_restart(args: argparse.Namespace) -> None:
+    """--no-resume in a --checkpoint-dir holding an earlier run's checkpoints would replace them
+    as this run saves: refused without --force (issue 40: no result replaced silently)."""
+    from lowp_common import refuse_overwrite
+
+    from .checkpoint import LATEST_FILE
+
+    ckpt = args.checkpoint_dir
+    if ckpt and not args.resume and os.path.isfile(os.path.join(ckpt, LATEST_FILE)):
+        refuse_overwrite([ckpt], what="checkpoints", force=args.force,
+                         elsewhere="give another --checkpoint-dir, or drop --no-resume to "
+                                   "continue them")
+
+
 @cli_entry("llama-train")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_restart(args)
     from .megatron_env import quiet_megatron_warnings
 
     quiet_megatron_warnings()
