@@ -18,19 +18,23 @@ def _bins(log2_hist: dict[str, Any] | None) -> list[tuple[int, int]]:
     return [(lo + i, int(c)) for i, c in enumerate(log2_hist["counts"]) if c]
 
 
-def fraction_below(log2_hist: dict[str, Any] | None, bound: float, energy: bool = False) -> float:
+def fraction_below(log2_hist: dict[str, Any] | None, bound: float, energy: bool = False,
+                   within: int | None = None) -> float:
     """The fraction of a tensor's nonzero elements (``energy``: of its energy, sum of x^2)
     whose magnitude lies wholly below ``bound``, read from its captured log2 histogram: the
     binades [2^e, 2^(e+1)) with 2^(e+1) <= bound (exact for a power-of-two bound, a lower bound
     otherwise). The energy of a binade is its count x 4^e x 7/3 (the mean of x^2 over a binade);
-    the constant cancels in the ratio."""
+    the constant cancels in the ratio. ``within``: count only the binades at most that many
+    below the tensor's top binade (smaller values vanish beside the largest in any sum)."""
     bins = _bins(log2_hist)
     if not bins or bound <= 0:
         return 0.0
     top = max(e for e, _ in bins)
     weight = (lambda e: 4.0 ** (e - top)) if energy else (lambda e: 1.0)
     total = sum(c * weight(e) for e, c in bins)
-    below = sum(c * weight(e) for e, c in bins if math.ldexp(1.0, e + 1) <= bound)
+    floor = -math.inf if within is None else top - within
+    below = sum(c * weight(e) for e, c in bins
+                if math.ldexp(1.0, e + 1) <= bound and e >= floor)
     return below / total if total else 0.0
 
 

@@ -28,19 +28,27 @@ from tensor_viz.diagnose_rules import (
     MEDIUM,
     TENSOR_KEY,
     Finding,
+    Trend,
     _label,
     _rows,
+    _trend_dict,
     positions,
+    ratio_trend,
     source,
 )
 
 KIND = "run_format_loss"
-#: captured (operation, tensor_name) -> the operand's name in quant.gemm_plan.PLAN (the keys
-#: are diagnose_rules.CAST)
+#: captured (operation, tensor_name) of the GEMM operands the run's format casts -> the
+#: operand's name in quant.gemm_plan.PLAN (outputs such as grad_weight are not cast: their
+#: flush / overflow ratios describe nothing lost)
 OPERANDS = {("forward", "input"): "input", ("forward", "weight"): "weight",
             ("backward", "grad_output"): "grad_output", ("backward", "weight"): "weight",
             ("forward", "query"): "query", ("forward", "key"): "key",
             ("forward", "value"): "value", ("forward", "attention_probs"): "probs"}
+#: a flushed gradient element counts when it is within this many binades of the tensor's
+#: largest (float32's 24-bit significand): one further below vanishes beside it in any sum (and
+#: in Adam's update, beside eps), so bf16 flushing float32's subnormal gradients is no loss
+GRADIENT_BINADES = 24
 #: the unscaled format with the wider range a gradient's remedy names
 GRADIENT_FORMAT = "fp8_e5m2"
 #: scaled formats that give an operand a scale of its own (quant.formats)
@@ -66,11 +74,31 @@ def gemms(operation: str, operand: str) -> list[str]:
 
 @dataclass
 class _Operand:
+    """One captured operand tensor (TENSOR_KEY) over iterations, in the run's format."""
+
     key: tuple
     fmt: str
-    operation: str
-    gradient: bool
     series: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def operation(self) -> str:
+        return self.key[TENSOR_KEY.index("operation")]
+
+    @property
+    def operand(self) -> str:
+        return OPERANDS[(self.operation, self.key[TENSOR_KEY.index("tensor_name")])]
+
+    @property
+    def gradient(self) -> bool:
+        return self.operand == "grad_output"
+
+    @property
+    def gemms(self) -> list[str]:
+        return gemms(self.operation, self.operand)
+
+    @property
+    def label(self) -> str:
+        return _label(dict(zip(TENSOR_KEY, self.key)))
 
 
 def _query(con: Any, src: str) -> list[dict[str, Any]]:
@@ -81,9 +109,7 @@ def _query(con: Any, src: str) -> list[dict[str, Any]]:
         SELECT {key}, iteration, any_value(quant_type) AS fmt,
                max({rng}.flush_to_zero_ratio) AS flush, max({rng}.overflow_ratio) AS overflow,
                max({rng}.underflow_ratio) AS underflow, max(stats.absmax) AS absmax,
-               min(stats.absmax) AS min_absmax,
-               arg_max(stats.log2_hist, {rng}.flush_to_zero_ratio) AS hist,
-               count(*) AS records
+               arg_max(stats.log2_hist, {rng}.flush_to_zero_ratio) AS hist
         FROM {src}
         WHERE coalesce(variant, 'hp') = 'hp' AND quant_type IS NOT NULL
           AND coalesce(stats.nan_count, 0) + coalesce(stats.inf_count, 0) = 0
@@ -91,14 +117,23 @@ def _query(con: Any, src: str) -> list[dict[str, Any]]:
         GROUP BY {key}, iteration ORDER BY iteration""")
 
 
+def gradient_flushed(row: dict[str, Any], fmt: str) -> float:
+    """The fraction of a gradient's elements the format flushes, counting those within
+    GRADIENT_BINADES of its largest (from the histogram of its worst record; the captured ratio
+    when there is no histogram)."""
+    if not (row.get("hist") or {}).get("counts"):
+        return row["flush"] or 0.0
+    return fraction_below(row["hist"], _qa().cast_limits(fmt).flush_to, within=GRADIENT_BINADES)
+
+
 def _judge(op: _Operand, row: dict[str, Any], problem: str) -> tuple[str, float]:
     """(quant.analysis severity, the ratio judged) of one iteration."""
     if problem == "saturation":
         return _qa().severity(row["overflow"] or 0.0), row["overflow"] or 0.0
     if op.gradient:
-        return _qa().severity(row["flush"] or 0.0), row["flush"] or 0.0
+        lost = gradient_flushed(row, op.fmt)
+        return _qa().severity(lost), lost
     lost = fraction_below(row["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True)
-    row["energy_flushed"] = lost
     return _qa().severity(lost), lost
 
 
@@ -106,53 +141,63 @@ def _judge(op: _Operand, row: dict[str, Any], problem: str) -> tuple[str, float]
 class _Hit:
     op: _Operand
     problem: str
-    level: str              # quant.analysis severity at its worst
+    level: str              # HIGH / MEDIUM
     onset: int              # first iteration at that level
     at_onset: dict[str, Any]
     worst: float
     iterations: int         # iterations at that level
+    trend: Trend | None = None
 
 
 def _hits(ops: list[_Operand]) -> list[_Hit]:
+    """Per operand and problem: its worst level over iterations, from the first iteration at
+    that level, with its rise toward quant.analysis' 1 % when steady (range_drift's trend rule)."""
     out = []
+    qa = _qa()
+    to_level = {qa.SEVERITY_HIGH: HIGH, qa.SEVERITY_MEDIUM: MEDIUM}
     for op in ops:
         for problem in ("flush", "saturation"):
             judged = [(_judge(op, r, problem), r) for r in op.series]
-            levels = [j[0][0] for j in judged]
-            if all(lv == _qa().SEVERITY_NONE for lv in levels):
-                continue
-            level = _qa().SEVERITY_HIGH if _qa().SEVERITY_HIGH in levels else _qa().SEVERITY_MEDIUM
-            at = [(r, j[1]) for j, r in judged if j[0] == level]
-            out.append(_Hit(op, problem, level, at[0][0]["iteration"], at[0][0],
-                            max(v for _, v in at), len(at)))
+            trend = ratio_trend(f"{problem} ratio", [(r["iteration"], v) for (_, v), r in judged])
+            levels = [lv for (lv, _), _ in judged]
+            if all(lv == qa.SEVERITY_NONE for lv in levels):
+                continue        # (a trend needs a rise of 0.1 %: it has reached MEDIUM)
+            level = qa.SEVERITY_HIGH if qa.SEVERITY_HIGH in levels else qa.SEVERITY_MEDIUM
+            at = [(r, v) for (lv, v), r in judged if lv == level]
+            out.append(_Hit(op, problem, to_level[level], at[0][0]["iteration"], at[0][0],
+                            max(v for _, v in at), len(at), trend))
     return out
 
 
 def _remedy(hit: _Hit, members: list[_Hit]) -> str:
-    fmt, label = hit.op.fmt, _label(dict(zip(TENSOR_KEY, hit.op.key)))
-    roles = sorted({g for m in members for g in gemms(m.op.operation, OPERANDS[(
-        m.op.operation, m.op.key[TENSOR_KEY.index("tensor_name")])])})
+    """What to try, for the problem, the operand and the format (docs/diagnose.md)."""
+    from quant.formats import get_format
+
+    fmt, qa = hit.op.fmt, _qa()
+    roles = sorted({g for m in members for g in m.op.gemms})
     modules = sorted({m.op.key[0] for m in members if m.op.key[0]})
     where = ("" if len(modules) > 3 else
              f"modules: '{'|'.join(re.escape(m) + '$' for m in modules)}', ")
-    plan = (f"keep these GEMMs in high precision with a precision plan (CUSTOM_QUANT_PLAN, rule "
-            f"{{{where}roles: [{', '.join(roles)}], format: bf16}})")
-    scaled = " or ".join(SCALED_FORMATS)
+    keep = "fp32" if get_format(fmt).bits >= 16 else "bf16"
+    plan = (f"keep these GEMMs in {keep} with a precision plan (CUSTOM_QUANT_PLAN, rule "
+            f"{{{where}roles: [{', '.join(roles)}], format: {keep}}})")
+    scaled = ("" if keep == "fp32" else
+              f"a scaled format ({' or '.join(SCALED_FORMATS)}) instead of unscaled {fmt}, ")
+    if not hit.op.gradient:
+        return f"Give {hit.op.label} a scale: {scaled or 'a loss or input scale, '}or {plan}."
     if hit.problem == "saturation":
-        return (f"Give {label} a scale: a scaled format ({scaled}) instead of unscaled {fmt}, or "
-                f"{plan}.")
-    if hit.op.gradient:
-        absmax = hit.at_onset["absmax"] or 0.0
-        scale = (2 ** math.floor(math.log2(_qa().cast_limits(fmt).max_normal / absmax))
-                 if absmax > 0 else None)
-        wide = fraction_below(hit.at_onset["hist"], _qa().cast_limits(GRADIENT_FORMAT).flush_to)
-        return ((f"Scale the gradients: a loss scale (up to {scale:g} keeps this gradient's "
-                 f"largest value {absmax:.3g} below {fmt}'s max {_qa().cast_limits(fmt).max_normal:g}), "
-                 if scale else "Scale the gradients (a loss scale), ")
-                + f"or a scaled format for them ({scaled}); {GRADIENT_FORMAT} for gradients "
-                f"would still flush {100 * wide:.1f}% of this one; or {plan}.")
-    return (f"Give {label} a scale (a scaled format: {scaled}) instead of unscaled {fmt}, or "
-            f"{plan}.")
+        return (f"The gradients exceed {fmt}'s range: a smaller (or dynamic) loss scale, "
+                f"{scaled}or {plan}.")
+    limits = qa.cast_limits(fmt)
+    absmax = hit.at_onset["absmax"] or 0.0
+    scale = ((f"a loss scale (up to {2 ** math.floor(math.log2(limits.max_normal / absmax)):g} "
+              f"keeps this gradient's largest value {absmax:.3g} below {fmt}'s max "
+              f"{limits.max_normal:g}), ") if absmax > 0 else "a loss scale, ")
+    wide = ""
+    if keep == "bf16" and fmt != GRADIENT_FORMAT:
+        lost = fraction_below(hit.at_onset["hist"], qa.cast_limits(GRADIENT_FORMAT).flush_to)
+        wide = f"{GRADIENT_FORMAT} for gradients (it would still flush {100 * lost:.1f}% of this one), "
+    return f"Scale the gradients: {scale}{scaled}{wide}or {plan}."
 
 
 def run_format_loss(con: Any, state: Any, src: str, view: Any = None) -> list[Finding]:
@@ -162,12 +207,11 @@ def run_format_loss(con: Any, state: Any, src: str, view: Any = None) -> list[Fi
     for row in _query(con, source(state)):
         key = tuple(row[k] for k in TENSOR_KEY)
         if key not in ops:
-            fmt = row["fmt"]
             try:
-                _qa().cast_limits(fmt)
+                _qa().cast_limits(row["fmt"])
             except (KeyError, ValueError):
                 continue
-            ops[key] = _Operand(key, fmt, row["operation"], row["tensor_name"] == "grad_output")
+            ops[key] = _Operand(key, row["fmt"])
         ops[key].series.append(row)
     hits = _hits(list(ops.values()))
     if not hits:
@@ -181,37 +225,36 @@ def run_format_loss(con: Any, state: Any, src: str, view: Any = None) -> list[Fi
 
 
 def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
-    hit = members[0]
+    hit, r = members[0], members[0].at_onset
     op = hit.op
-    name = op.key[TENSOR_KEY.index("tensor_name")]
-    roles = gemms(op.operation, OPERANDS[(op.operation, name)])
     where = dict(zip(TENSOR_KEY, op.key), iteration=hit.onset, rank=None, sample_idx=None)
-    r = hit.at_onset
-    what = ("saturated" if hit.problem == "saturation" else "flushed to zero")
-    measure = ("of its elements" if hit.problem == "saturation" or op.gradient
-               else "of its energy")
-    value = (r["overflow"] if hit.problem == "saturation" else
-             r["flush"] if op.gradient else r.get("energy_flushed", 0.0))
-    sev = HIGH if hit.level == _qa().SEVERITY_HIGH else MEDIUM
-    summary = (f"The run's format {op.fmt} {'saturates' if hit.problem == 'saturation' else 'flushes'}"
-               f" {'gradient ' if op.gradient else ''}{_label(where)} (operand {OPERANDS[(op.operation, name)]}"
-               f" of {'/'.join(roles)}) from iteration {hit.onset}: {100 * value:.2f}% {measure} "
-               f"{what} (underflow {100 * (r['underflow'] or 0):.2f}%, worst "
-               f"{100 * hit.worst:.2f}%, in {hit.iterations} iteration(s))"
+    saturates = hit.problem == "saturation"
+    energy = fraction_below(r["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True)
+    value, measure = ((r["overflow"], "of its elements saturated") if saturates else
+                      (gradient_flushed(r, op.fmt), "of its elements flushed to zero")
+                      if op.gradient else
+                      (energy, "of its energy flushed to zero"))
+    t = hit.trend
+    rising = ("" if t is None else f"; rising {100 * t.first:.2f}% -> {100 * t.last:.2f}%, "
+              f"projected to reach {100 * t.limit:g}% at iteration {t.crossing:.0f}")
+    summary = (f"The run's format {op.fmt} {'saturates' if saturates else 'flushes'} "
+               f"{'gradient ' if op.gradient else ''}{op.label} (operand {op.operand} of "
+               f"{'/'.join(op.gemms)}) from iteration {hit.onset}: {100 * value:.2f}% {measure} "
+               f"(underflow {100 * (r['underflow'] or 0):.2f}%, worst {100 * hit.worst:.2f}%, "
+               f"in {hit.iterations} iteration(s) at this level{rising})"
                + (f"; {len(members) - 1} other operand(s) too" if len(members) > 1 else "") + ".")
     evidence = {
-        "format": op.fmt, "problem": hit.problem, "gemms": roles,
-        "operand": OPERANDS[(op.operation, name)], "gradient": op.gradient,
-        "flush_to_zero_ratio": r["flush"], "underflow_ratio": r["underflow"],
-        "overflow_ratio": r["overflow"], "energy_flushed": fraction_below(
-            r["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True),
-        "absmax": r["absmax"], "worst": hit.worst, "iterations_at_level": hit.iterations,
-        "operands": [{"tensor": _label(dict(zip(TENSOR_KEY, m.op.key))), "onset": m.onset,
-                      "gemms": gemms(m.op.operation, OPERANDS[(
-                          m.op.operation, m.op.key[TENSOR_KEY.index("tensor_name")])]),
+        "format": op.fmt, "problem": hit.problem, "gemms": op.gemms, "operand": op.operand,
+        "gradient": op.gradient, "flush_to_zero_ratio": r["flush"],
+        "flushed_within_binades": (gradient_flushed(r, op.fmt) if op.gradient else None),
+        "underflow_ratio": r["underflow"], "overflow_ratio": r["overflow"],
+        "energy_flushed": energy, "absmax": r["absmax"], "worst": hit.worst,
+        "iterations_at_level": hit.iterations,
+        "trend": None if t is None else _trend_dict(t),
+        "operands": [{"tensor": m.op.label, "onset": m.onset, "gemms": m.op.gemms,
                       "worst": m.worst} for m in members[1:11]],
         "operands_at_level": len(members),
     }
-    return Finding(KIND, sev, summary, where, evidence,
+    return Finding(KIND, hit.level, summary, where, evidence,
                    "index.html: overflow_analysis (flush / overflow per tensor); numerics_map",
                    _remedy(hit, members), onset=hit.onset, position=pos.get(op.key, math.inf))

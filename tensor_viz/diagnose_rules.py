@@ -27,7 +27,7 @@ LOCATION_KEYS = ("iteration", "sample_idx", "rank", "layer_idx", schema.META_MOD
 #: the columns that name one tensor over iterations
 TENSOR_KEY = (schema.META_MODULE_PATH, "layer_idx", "operation", "phase", "tensor_name")
 
-# -- trend rules (range_drift, attention_logit_growth) -------------------------------------------
+# -- trend rules (range_drift, attention_logit_growth, run_format_loss) -----------------------------
 #: a trend needs this many iterations, this goodness of fit and this total rise
 MIN_TREND_POINTS = 4
 MIN_R2 = 0.8
@@ -38,11 +38,6 @@ MIN_RATIO_FACTOR = 2.0          # ... and at least twice its first value
 HIGH_SPAN, MEDIUM_SPAN = 1.0, 10.0
 #: the ratio a flush / overflow trend is projected to reach (quant.analysis' "high")
 RATIO_LIMIT = 0.01
-#: the captured (operation, tensor_name) of the GEMM operands the run's format casts (outputs
-#: such as grad_weight are not cast: their flush / overflow ratios describe nothing lost)
-CAST = frozenset({("forward", "input"), ("forward", "weight"), ("backward", "grad_output"),
-                  ("backward", "weight"), ("forward", "query"), ("forward", "key"),
-                  ("forward", "value"), ("forward", "attention_probs")})
 #: format_loss: a tensor with at least this fraction below the format's smallest normal loses
 #: to the range (a scale is the remedy), not to the precision (a finer format)
 UNDERFLOW_CAUSE = 0.5
@@ -287,7 +282,7 @@ def _series_rows(con: Any, src: str) -> list[dict[str, Any]]:
     key = ", ".join(TENSOR_KEY)
     return _rows(con, f"""
         SELECT {key}, iteration, max(absmax) AS absmax, max(max_normal) AS max_normal,
-               max(flush) AS flush, max(overflow) AS overflow, any_value(quant_type) AS quant_type
+               any_value(quant_type) AS quant_type
         FROM {src}
         WHERE variant = 'hp' AND {_NONFINITE} = 0
         GROUP BY {key}, iteration ORDER BY iteration""")
@@ -304,8 +299,8 @@ def positions(con: Any, src: str) -> dict[tuple, float]:
 
 
 def range_drift(con: Any, src: str) -> list[Finding]:
-    """Tensors whose absmax / flush / overflow rise steadily toward the format's limits; the
-    tensors whose rise starts in the same iteration are one finding named by the upstream one."""
+    """Tensors whose absmax rises steadily toward the format's largest value; the tensors whose
+    rise starts in the same iteration are one finding named by the upstream one."""
     series: dict[tuple, list[dict[str, Any]]] = {}
     for row in _series_rows(con, src):
         series.setdefault(tuple(row[k] for k in TENSOR_KEY), []).append(row)
@@ -313,12 +308,10 @@ def range_drift(con: Any, src: str) -> list[Finding]:
     hits = []
     for key, rows in series.items():
         its = [r["iteration"] for r in rows]
+        # the run format's flush / overflow ratios are run_format_loss's (level and trend, by
+        # what the operand loses): here the magnitude alone
         trends = [absmax_trend(list(zip(its, [r["absmax"] for r in rows])),
                                rows[-1]["max_normal"])]
-        if (key[TENSOR_KEY.index("operation")], key[TENSOR_KEY.index("tensor_name")]) in CAST:
-            # only an operand the run's format casts loses what its ratios count
-            trends += [ratio_trend("flush_to_zero_ratio", list(zip(its, [r["flush"] for r in rows]))),
-                       ratio_trend("overflow_ratio", list(zip(its, [r["overflow"] for r in rows])))]
         trends = [t for t in trends if t is not None]
         if trends:
             worst = min(trends, key=lambda t: SEVERITY_ORDER[t.severity])

@@ -102,22 +102,20 @@ def test_range_drift_names_the_upstream_tensor_and_projects_the_crossing(tmp_pat
     assert f["evidence"]["moving_tensors"] == 2 and f["severity"] == "HIGH"
 
 
-def test_flush_drift_counts_what_is_lost(tmp_path):
+def test_a_rising_gradient_flush_is_the_run_formats_with_its_trend(tmp_path):
     def change(rec):
         if rec["module_path"] == "decoder.layers.0.mlp.linear_fc1" and rec["tensor_name"] == "grad_output":
             rec["stats"]["range"]["hifp8"]["flush_to_zero_ratio"] = 0.001 * (1 + rec["iteration"])
         return rec
 
     fs = diagnose(write_capture(tmp_path / "flush", change=change)).findings
-    # the trend shows first (iteration 0); the level (0.2 % flushed, above quant.analysis'
-    # 0.1 %) from iteration 1 is the run's format flushing this gradient, which it leads to
-    assert fs and fs[0].kind == "range_drift"
-    assert fs[0].evidence["trends"][0]["metric"] == "flush_to_zero_ratio"
-    assert fs[0].evidence["trends"][0]["projected_crossing_iteration"] == pytest.approx(9.0)
-    assert fs[0].evidence["leads_to"]["kind"] == "run_format_loss"
-    level = [f for f in fs if f.kind == "run_format_loss"]
-    assert len(level) == 1 and (level[0].severity, level[0].onset) == ("MEDIUM", 1)
-    assert level[0].evidence["gemms"] == ["dgrad", "wgrad"]
+    # 0.2 % flushed from iteration 1 (above quant.analysis' 0.1 %), rising 0.1 % per iteration:
+    # one finding (range_drift judges the magnitude only), with the projection to 1 %
+    assert [f.kind for f in fs] == ["run_format_loss"]
+    f = fs[0]
+    assert (f.severity, f.onset, f.where["tensor_name"]) == ("MEDIUM", 1, "grad_output")
+    assert f.evidence["gemms"] == ["dgrad", "wgrad"]
+    assert f.evidence["trend"]["projected_crossing_iteration"] == pytest.approx(9.0)
 
 
 def test_rank_outlier_and_attention_logit_growth(tmp_path):
@@ -325,9 +323,7 @@ def test_loss_divergence_by_level():
 def test_the_run_format_operands_are_the_operands_the_format_casts():
     from quant.gemm_plan import PLAN
     from tensor_viz.diagnose_format import OPERANDS, gemms
-    from tensor_viz.diagnose_rules import CAST
 
-    assert set(OPERANDS) == CAST
     assert {OPERANDS[k] for k in OPERANDS} == {p.operand for p in PLAN}
     assert gemms("forward", "input") == ["fprop", "wgrad"]
     assert gemms("backward", "grad_output") == ["dgrad", "wgrad"]
