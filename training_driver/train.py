@@ -454,12 +454,16 @@ def port_free(port: int) -> bool:
 
 
 def check_restart(args: argparse.Namespace) -> None:
-    """--no-resume in a --checkpoint-dir holding an earlier run's checkpoints would replace them
-    as this run saves: refused without --force (issue 40: no result replaced silently)."""
-    from lowp_common import refuse_overwrite
+    """Output folders that cannot be written are refused before any work, and --no-resume in a
+    --checkpoint-dir holding an earlier run's checkpoints (it would replace them as this run
+    saves) without --force (issue 40: no result replaced silently)."""
+    from lowp_common import check_writable, refuse_overwrite
 
     from .checkpoint import LATEST_FILE
 
+    for flag in ("checkpoint_dir", "tensorboard_dir"):
+        if getattr(args, flag):
+            check_writable(getattr(args, flag), f"--{flag.replace('_', '-')}", folder=True)
     ckpt = args.checkpoint_dir
     if ckpt and not args.resume and os.path.isfile(os.path.join(ckpt, LATEST_FILE)):
         refuse_overwrite([ckpt], what="checkpoints", force=args.force,
