@@ -26,7 +26,7 @@ from matplotlib.patches import Wedge
 from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter, LogLocator, NullLocator
 from matplotlib.transforms import Bbox
 
-from lowp_common import atomic_path
+from lowp_common import atomic_path, atomic_write_text
 
 # Linear axes switch to an offset exponent (x 10^-3) below 0.01 and from 10^4 on, so the tick
 # labels of small gradients stay short instead of "-0.0010 -0.0005 ..." running into each other.
@@ -34,13 +34,21 @@ plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "figure.titlesize": 
                      "axes.grid": True, "grid.alpha": 0.3,
                      "axes.formatter.limits": (-2, 4), "axes.formatter.use_mathtext": True})
 
-VALUE_AXIS = "value (tensor units)"
-ABS_VALUE_AXIS = "|value| (tensor units, log)"
+#: Captured values are plain numbers (activations, weights, gradients carry no physical unit):
+#: the axes say so, and which scale, instead of an unnamed "tensor unit".
+UNITLESS = "dimensionless"
+VALUE_AXIS = f"value ({UNITLESS})"
+ABS_VALUE_AXIS = f"|value| ({UNITLESS}, log scale)"
 COUNT_AXIS = "count (values)"
 FILES_AXIS = "count (files)"
-DENSITY_AXIS = "density (1 / value unit)"
+DENSITY_AXIS = "density (per unit of value)"
 LOG2_AXIS = "log2 |value| (binade)"
 PERCENT_AXIS = "ratio (% of elements)"
+#: what a section with nothing to draw holds instead of figures: the reason, one line
+NO_DATA = "no_data.txt"
+#: Plots over iterations need this many captured iterations: with one a line over iterations
+#: is a column of dots, with two a trend is a straight line between two points.
+MIN_ITERATIONS = 3
 
 T = TypeVar("T")
 
@@ -73,6 +81,16 @@ class Subset:
         """For captions and tables: the short form plus how the items were chosen."""
         text = self.short()
         return f"{text}, {self.chosen_by}" if text and self.chosen_by else text
+
+
+def too_few_iterations(iterations: Sequence, what: str) -> str:
+    """'' when a plot over ``iterations`` (the captured ones it would show) has enough of them
+    (``MIN_ITERATIONS``), else the one line that says why ``what`` is left out."""
+    if len(iterations) >= MIN_ITERATIONS:
+        return ""
+    named = ", ".join("NA" if i is None else str(i) for i in iterations) or "none"
+    return (f"{what} needs at least {MIN_ITERATIONS} captured iterations; this capture has "
+            f"{len(iterations)} (iteration {named})")
 
 
 def subset_note(shown: int, total: int, what: str, chosen_by: str = "") -> str:
@@ -116,7 +134,7 @@ class FigureSet:
         """Empty OUT/section of the PNGs a previous run drew, so the folder matches this run."""
         folder = self.out_dir / section
         if folder.is_dir():
-            for old in folder.glob("*.png"):
+            for old in [*folder.glob("*.png"), *folder.glob(NO_DATA)]:
                 old.unlink()
 
     def save(self, fig: "plt.Figure", section: str, name: str, title: str, caption: str,
@@ -134,12 +152,21 @@ class FigureSet:
         return record
 
     def placeholder(self, section: str, reason: str) -> Figure:
-        """A figure that says, in words, why the section is empty."""
-        fig, ax = plt.subplots(figsize=(6, 2.2))
-        ax.axis("off")
-        ax.text(0.5, 0.5, f"No data for {section}:\n{reason}", ha="center", va="center", wrap=True)
-        record = self.save(fig, section, "no_data", f"{section}: nothing to draw", reason)
-        record.placeholder = True
+        """Nothing to draw in ``section``. No image (a box saying "nothing to draw" costs the
+        reader a screen and says one sentence): the reason goes to OUT/section/no_data.txt, so
+        the folder still says why it is empty, and the report lists the section under "Not
+        drawn"."""
+        folder = self.out_dir / section
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / NO_DATA, f"{section}: nothing to draw: {reason}\n")
+        return self.skip(section, f"{section}: nothing to draw", reason, path=f"{section}/{NO_DATA}")
+
+    def skip(self, section: str, title: str, reason: str, path: str = "") -> Figure:
+        """A figure left out on purpose (plots over iterations of a capture of one iteration, a
+        map whose every cell is zero): one line in its section and in the report's "Not drawn"
+        list instead of an image that shows nothing."""
+        record = Figure(section, path, title, reason, placeholder=True)
+        self.figures.append(record)
         return record
 
     def drawn(self) -> int:
@@ -213,13 +240,27 @@ def stat_boxes(ax, data: Sequence[Sequence[float]], what: str) -> None:
     mags = np.abs(np.concatenate([a for a in arrays if a.size] or [np.zeros(0)]))
     mags = mags[mags > 0]
     if mags.size < 2 or mags.max() / mags.min() <= LOG_BOX_SPREAD:
-        ax.set_ylabel(f"{what} (tensor units)")
+        ax.set_ylabel(f"{what} ({UNITLESS})")
     elif all((a > 0).all() for a in arrays):
         ax.set_yscale("log")
-        ax.set_ylabel(f"{what} (tensor units, log)")
+        ax.set_ylabel(f"{what} ({UNITLESS}, log scale)")
     else:
         ax.set_yscale("symlog", linthresh=float(np.percentile(mags, 5)))
-        ax.set_ylabel(f"{what} (tensor units, symlog)")
+        ax.set_ylabel(f"{what} ({UNITLESS}, symlog scale)")
+
+
+def legend_outside(ax, **kwargs):
+    """The panel's legend right of its data area, top-aligned: a legend inside a panel hides
+    the lines it names whenever they fill the panel (``layout_problems`` reports that)."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
+
+
+def legend_below(ax, **kwargs):
+    """The panel's legend under its x label: for a panel with a neighbour on its right, where a
+    legend at the side would run into the neighbour's labels."""
+    n = len(ax.get_legend_handles_labels()[1])
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, max(1, n)),
+                     borderaxespad=0.0, **kwargs)
 
 
 def short(text: str, width: int = 40) -> str:
@@ -236,7 +277,7 @@ def overlay_density(fs: FigureSet, section: str, name: str, series: dict, title:
     for label, v in series.items():
         ax.hist(v, bins=80, histtype="step", density=True, label=label)
     ax.set_yscale("log")
-    ax.legend()
+    legend_outside(ax)
     ax.set(xlabel=xlabel, ylabel=DENSITY_AXIS)
     return fs.save(fig, section, name, title, caption)
 
@@ -438,6 +479,11 @@ def layout_problems(fig: "plt.Figure", drawn: bool = False) -> list[str]:
             notes.append(("legend", legend.get_window_extent(renderer)))
         problems += [f"{name}: {a} runs into {b}" for (a, box_a), (b, box_b) in itertools.combinations(notes, 2)
                      if _collide(box_a, box_b)]
+        if legend is not None and legend.get_visible():
+            box = legend.get_window_extent(renderer)
+            if _covers_data(ax, box):
+                problems.append(f"{name}: the legend covers data (put it outside: legend_outside)")
+            own.append(("legend", box))
         texts[i] = (name, own)
     if title is not None and title.get_text():
         texts[-1] = ("figure title", [("title", title.get_window_extent(renderer))])
@@ -446,3 +492,37 @@ def layout_problems(fig: "plt.Figure", drawn: bool = False) -> list[str]:
             if _collide(box_a, box_b):
                 problems.append(f"{name_a} {what_a} runs into {name_b} {what_b}")
     return problems
+
+
+def _inside(points: np.ndarray, box) -> bool:
+    return bool(np.any((points[:, 0] > box.x0) & (points[:, 0] < box.x1)
+                       & (points[:, 1] > box.y0) & (points[:, 1] < box.y1)))
+
+
+def _covers_data(ax, box) -> bool:
+    """A legend box (display pixels) over a line, a marker, a bar or a filled area of ``ax``:
+    what the reader came to see is hidden behind the names of it."""
+    if not _collide(box, ax.get_window_extent(), 0.0):
+        return False                                      # outside the panel
+    for line in ax.lines:
+        if line.get_visible() and len(line.get_xydata()):
+            path = line.get_transform().transform_path(line.get_path())
+            if path.intersects_bbox(box, filled=False) or _inside(path.vertices, box):
+                return True
+    for coll in ax.collections:
+        if not coll.get_visible():
+            continue
+        offsets = np.asarray(coll.get_offsets())
+        if len(offsets) and np.any(offsets):              # markers (scatter)
+            if _inside(coll.get_offset_transform().transform(offsets), box):
+                return True
+            continue
+        for path in coll.get_paths():                     # areas (fill_between)
+            if coll.get_transform().transform_path(path).intersects_bbox(box, filled=True):
+                return True
+    for patch in ax.patches:                              # bars, histograms
+        if patch.get_visible() and not isinstance(patch, Wedge):
+            path = patch.get_transform().transform_path(patch.get_path())
+            if path.intersects_bbox(box, filled=bool(patch.get_fill())):
+                return True
+    return False

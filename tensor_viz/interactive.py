@@ -18,7 +18,7 @@ from markupsafe import Markup, escape
 
 from tensor_viz import numerics_data as nd
 from tensor_viz.data import Dataset
-from tensor_viz.figures import subset_note
+from tensor_viz.figures import subset_note, too_few_iterations
 
 MAX_ROWS = 240          # rows of one chart (the map's MAX_PARTS * MAX_ROWS)
 MAX_ITERATIONS = 200    # columns of one chart: evenly spaced, first and last kept
@@ -161,8 +161,8 @@ def map_charts(ds: Dataset, stats: Sequence[str]) -> list[Chart]:
     charts = []
     for name in stats:
         rows, cols, m = numerics_matrix(ds, name)
-        if not rows:
-            continue
+        if not rows or (name.endswith("_ratio") and not np.any(np.nan_to_num(m))):
+            continue          # a ratio that is 0 everywhere: numerics_map/ says so in one line
         ri = list(range(min(len(rows), MAX_ROWS)))
         ci = columns(len(ri), len(cols))
         note = "; ".join(n for n in (
@@ -191,9 +191,18 @@ def timeline_charts(ds: Dataset) -> list[Chart]:
     return charts
 
 
+def skipped(ds: Dataset) -> str:
+    """'' when the charts (both over iterations) are drawn, else the one line saying why not:
+    fewer than figures.MIN_ITERATIONS captured iterations."""
+    its = sorted({e.name.iteration for e in ds.entries}, key=lambda i: (i is None, i or 0))
+    return too_few_iterations(its, "the interactive map and timeline (over iterations)")
+
+
 def charts(ds: Dataset, map_stats: Sequence[str]) -> list[Chart]:
     """Every interactive chart of the page: the maps, then the timelines; the first of each
-    kind unfolded."""
+    kind unfolded. None when ``skipped`` says why."""
+    if skipped(ds):
+        return []
     out = []
     for group in (map_charts(ds, map_stats), timeline_charts(ds)):
         if group:

@@ -7,6 +7,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.colors import PowerNorm
 from matplotlib.ticker import MaxNLocator
 
 from tensor_capture import schema
@@ -16,17 +17,20 @@ from tensor_viz.figures import (
     COUNT_AXIS,
     FILES_AXIS,
     LOG2_AXIS,
+    UNITLESS,
     VALUE_AXIS,
     FigureSet,
     Subset,
     colorbar,
     grid,
+    legend_below,
+    legend_outside,
     overlay_density,
     paginate,
     short,
     value_boxes,
 )
-from tensor_viz.values import SCORE_NAMES
+from tensor_viz.values import PROBABILITY_NAMES, SCORE_NAMES
 
 PANELS_PER_PAGE = 12     # histogram / Q-Q panels per figure; more groups go on further pages
 BOXES_PER_PAGE = 30
@@ -79,11 +83,11 @@ def draw_distributions(ds: Dataset, fs: FigureSet) -> None:
                     theo = torch.special.ndtri(torch.from_numpy(p)).numpy()
                     ax.plot(theo, z, ".", ms=2)
                     lim = max(abs(theo).max(), 1.0)
-                    ax.plot([-lim, lim], [-lim, lim], "r--", lw=1, label="normal")
-                    ax.legend(loc="upper left")
-                ax.set(title=short(k), xlabel="normal quantile (std units)", ylabel="sample quantile (std units)")
+                    ax.plot([-lim, lim], [-lim, lim], "r--", lw=1)   # the caption names it
+                ax.set(title=short(k), xlabel="normal quantile (standard deviations)",
+                       ylabel="sample z-score (standard deviations)")
             fs.save(fig, section, "qq_plots" + suffix, "Q-Q plots against a normal distribution",
-                    "Points leaving the red diagonal at the ends mean heavier tails than a normal: "
+                    "Red dashed diagonal: a normal distribution. Points leaving it at the ends mean heavier tails than a normal: "
                     "those tensors need exponent range more than mantissa bits.", note)
     _draw_log2(ds, fs)
 
@@ -146,18 +150,31 @@ def _draw_log2(ds: Dataset, fs: FigureSet) -> None:
             + (f" Limits outside the data's range, not drawn: {', '.join(outside)}." if outside else ""))
 
 
+#: colour bar label of a probability map: softmax outputs, 0..1, square-root colour steps
+PROBABILITY_AXIS = "probability (fraction, 0-1, sqrt colour scale)"
+
+
 def _heat_panels(fs: FigureSet, section: str, entries, name: str, title: str, caption: str,
                  xlabel: str, ylabel: str, subset: Subset) -> None:
+    """One panel per tensor. Signed values on a diverging scale centred on zero; softmax
+    probabilities on a sequential 0-1 scale (on a -1..1 diverging scale they are all near its
+    white middle), with square-root steps so that the 1/n of a long row still shows."""
     # Wide gaps: each panel carries a colourbar with its own label, right next to the
     # following panel's y label.
-    fig, axes = grid(len(entries), ncols=3, size=(5.2, 4.0), wspace=0.55)
+    fig, axes = grid(len(entries), ncols=3, size=(5.2, 4.2), wspace=0.6)
     for ax, e in zip(axes, entries):
         m = np.nan_to_num(e.heat.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        vmax = float(np.abs(m).max()) or 1.0
-        im = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
-        colorbar(fig, im, ax, VALUE_AXIS)
+        if e.name.tensor_name in PROBABILITY_NAMES:
+            im = ax.imshow(m, aspect="auto", cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
+                           interpolation="nearest")
+            colorbar(fig, im, ax, PROBABILITY_AXIS)
+        else:
+            vmax = float(np.abs(m).max()) or 1.0
+            im = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+            colorbar(fig, im, ax, VALUE_AXIS)
         ax.grid(False)
-        ax.set(title=short(f"{e.label} it{e.name.iteration} {e.name.quant_type}", 44),
+        # Two lines instead of a cut: the label, then where it was captured.
+        ax.set(title=f"{short(e.label, 46)}\niteration {e.name.iteration}, {e.name.quant_type}",
                xlabel=xlabel, ylabel=ylabel)
     fs.save(fig, section, name, title, caption, subset)
 
@@ -196,8 +213,10 @@ def draw_attention_maps(ds: Dataset, fs: FigureSet) -> None:
     picked = scores[:HEAT_PANELS]
     subset = Subset(len(picked), n_scores, "score tensors", "the first in reading order whose block was read")
     _heat_panels(fs, section, picked, "attention_score_maps", "Attention score maps (first head)",
-                 "Rows are query positions, columns key positions. A few very bright columns "
-                 "(attention sinks) set the range the format must hold.", "key position", "query position",
+                 "Rows are query positions, columns key positions. Probabilities are on a 0-1 "
+                 "sequential scale (square-root colour steps: 0.25 sits mid-scale); scores on a "
+                 "scale centred on zero. A few very bright columns (attention sinks) set the range "
+                 "the format must hold.", "key position", "query position",
                  subset)
 
 
@@ -221,7 +240,7 @@ def draw_comparisons(ds: Dataset, fs: FigureSet) -> None:
             ax.boxplot(data, showfliers=True)
             ax.set_xticks(range(1, len(keys) + 1), keys, rotation=30, ha="right")
             ax.set_yscale("log")
-            ax.set(title=f"per-file {key}", xlabel="quant type", ylabel=f"{key} (tensor units, log)")
+            ax.set(title=f"per-file {key}", xlabel="quant type", ylabel=f"{key} ({UNITLESS}, log scale)")
         fs.save(fig, section, "quant_type_stats", "Per-file std and absmax by quant type",
                 "From stored statistics of every file. A format whose absmax box sits far above "
                 "the others is where overflow starts.")
@@ -241,8 +260,8 @@ def draw_statistics(ds: Dataset, fs: FigureSet) -> None:
             ax.scatter(xs, ys, s=12, label=op, alpha=0.7)
         ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend()
-        ax.set(title=f"{key} per file", xlabel="layer index (-1 = none)", ylabel=f"{key} (tensor units, log)")
+        legend_below(ax, fontsize=8)
+        ax.set(title=f"{key} per file", xlabel="layer index (-1 = none)", ylabel=f"{key} ({UNITLESS}, log scale)")
     fs.save(fig, section, "stats_by_layer", "Absolute maximum and standard deviation by layer",
             "Each point is one captured tensor. A rising trend with depth means later layers need more range.")
     counts = group(ds.entries, lambda e: f"{e.name.layer_type}/{e.name.operation}")
@@ -261,7 +280,7 @@ def draw_statistics(ds: Dataset, fs: FigureSet) -> None:
             ys.append(100.0 * sum(stat(e, key) or 0 for e in nan_inf[k]) / tot)
         axes[1].bar(x + (i - 1) * width, ys, width, label=key.replace("_count", ""))
     axes[1].set_xticks(x, keys, rotation=30, ha="right")
-    axes[1].legend()
+    legend_outside(axes[1], fontsize=8)
     axes[1].set(title="zeros, NaN, Inf", xlabel="quant type", ylabel="share of elements (%)")
     fs.save(fig, section, "counts", "Files captured, and zeros / NaN / Inf by quant type",
             "Any NaN or Inf bar above zero is a divergence to chase first; many zeros can mean flush-to-zero.")
@@ -282,13 +301,14 @@ def draw_attention_analysis(ds: Dataset, fs: FigureSet) -> None:
     stats_t = group([e for e in att if e.stats], lambda e: e.name.tensor_name)
     if stats_t:
         fig, ax = plt.subplots(figsize=(9, 4.5))
-        for k, es in stats_t.items():
+        colours = plt.get_cmap("tab20").colors      # more than ten tensors: no repeated colour
+        for n, (k, es) in enumerate(stats_t.items()):
             by_l = group(es, lambda e: e.name.layer_idx if e.name.layer_idx is not None else -1)
             ax.plot(list(by_l), [np.nanmax([stat(e, "absmax") or np.nan for e in g]) for g in by_l.values()],
-                    "o-", label=k)
+                    "-", marker="os^D"[n // len(colours) % 4], color=colours[n % len(colours)], label=k)
         ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend()
-        ax.set(xlabel="layer index (0-based)", ylabel="absmax (tensor units, log)")
+        legend_outside(ax, fontsize=8, title="tensor", title_fontsize=8)
+        ax.set(xlabel="layer index (0-based)", ylabel=f"absmax ({UNITLESS}, log scale)")
         fs.save(fig, section, "absmax_by_layer", "Attention tensors: largest magnitude per layer",
                 "The layer where a curve jumps is where attention values start to need more range.")

@@ -13,10 +13,13 @@ from tensor_viz.figures import (
     FILES_AXIS,
     LOG2_AXIS,
     PERCENT_AXIS,
+    UNITLESS,
     VALUE_AXIS,
     FigureSet,
     Subset,
     grid,
+    legend_below,
+    legend_outside,
     magnitude_spread,
     overlay_density,
     short,
@@ -65,12 +68,12 @@ def draw_overflow(ds: Dataset, fs: FigureSet) -> None:
         axes[0].bar(x - 0.2, mean, 0.4, label="mean over files")
         axes[0].bar(x + 0.2, worst, 0.4, label="worst file")
         axes[0].set_xticks(x, keys, rotation=30, ha="right")
-        axes[0].legend()
+        legend_below(axes[0], fontsize=8)
         axes[0].set(title="overflow ratio by quant type", xlabel="quant type", ylabel=PERCENT_AXIS)
         for qt, g in by_q.items():
             axes[1].scatter([100 * (ratio(e, "upper_overflow_ratio") or 0) for e in g],
                             [100 * (ratio(e, "lower_overflow_ratio") or 0) for e in g], s=14, label=qt, alpha=0.7)
-        axes[1].legend()
+        legend_outside(axes[1], fontsize=8)
         axes[1].set(title="upper (x > max) vs lower (x < -max)", xlabel="upper overflow (% of elements)",
                     ylabel="lower overflow (% of elements)")
         _by_layer_type(axes[2], group(es, lambda e: e.name.layer_type))
@@ -87,7 +90,7 @@ def draw_overflow(ds: Dataset, fs: FigureSet) -> None:
         ax.bar(x + (i - 0.5) * 0.4, [100 * np.mean([ratio(e, key) or 0 for e in by_q[k]]) for k in keys],
                0.4, label=key.replace("_ratio", "").replace("_", " "))
     ax.set_xticks(x, keys, rotation=30, ha="right")
-    ax.legend()
+    legend_outside(ax)
     ax.set(xlabel="quant type", ylabel=PERCENT_AXIS)
     fs.save(fig, section, "underflow_ratios", "Underflow and flush-to-zero by quant type",
             "Underflow = nonzero |x| below the smallest normal (precision lost); flush-to-zero = below "
@@ -102,7 +105,7 @@ def _by_layer_type(ax, by_l: dict) -> None:
         ax.bar(xl + (i - 1) * 0.27, [100 * np.mean([ratio(e, key) or 0 for e in by_l[k]]) for k in lk],
                0.27, label=key.replace("_ratio", "").replace("_", " "))
     ax.set_xticks(xl, lk)
-    ax.legend()
+    legend_below(ax, fontsize=8)
     ax.set(title="by layer type (mean over files)", xlabel="layer type", ylabel=PERCENT_AXIS)
 
 
@@ -136,7 +139,7 @@ def _draw_fp8_values(ds: Dataset, fs: FigureSet, sets: dict) -> None:
         d = [v for e in ds.sampled(es) if (v := ks_normal(e.sample)) is not None]
         if d:
             ax.hist(d, bins=30, histtype="step", label=f"{k} (median D = {np.median(d):.3f})")
-    ax.legend()
+    legend_outside(ax)
     ax.set(xlabel="Kolmogorov-Smirnov distance to a normal (0 = normal)", ylabel=FILES_AXIS)
     fs.save(fig, section, "normal_fit", "Goodness of fit to a normal distribution",
             "Small D: roughly Gaussian values; large D: heavy tails or spikes (e.g. many exact zeros).")
@@ -170,7 +173,7 @@ def _draw_fp8_stats(fs: FigureSet, sets: dict) -> None:
             ax.set_xscale("log")
             ax.set_yscale("log")
         ax.set(title=f"{key}: Pearson r = {r:.3f} ({len(common)} tensors)",
-               xlabel=f"hifp8 {key} (tensor units, log)", ylabel=f"mxfp8 {key} (tensor units, log)")
+               xlabel=f"hifp8 {key} ({UNITLESS}, log scale)", ylabel=f"mxfp8 {key} ({UNITLESS}, log scale)")
     fs.save(fig, section, "correlation", "Same tensor under HiFP8 and MXFP8",
             "Each point is one tensor name at one layer and pass (averaged over iterations). Points on "
             "the red diagonal agree; r well below 1 means the formats changed the training trajectory.")
@@ -192,14 +195,14 @@ def draw_bf16(ds: Dataset, fs: FigureSet) -> None:
     norm = (v - lo) / span
     axes[1].hist(norm, bins=100, density=True)
     axes[1].set(title="normalized to [0, 1]", xlabel="(x - min) / (max - min) (unitless)",
-                ylabel="density (1 / normalized unit)")
+                ylabel="density (per unit of normalized value)")
     raw_d, edges = np.histogram(v, bins=100, density=True)
     norm_d, _ = np.histogram(norm, bins=100, range=(0, 1), density=True)
     centers = (np.arange(100) + 0.5) / 100
-    axes[2].plot(centers, raw_d, label="raw density (1 / value unit)")
-    axes[2].plot(centers, norm_d, "--", label="normalized density (1 / normalized unit)")
+    axes[2].plot(centers, raw_d, label="raw density (per unit of value)")
+    axes[2].plot(centers, norm_d, "--", label="normalized density (per unit of normalized value)")
     axes[2].set_yscale("log")
-    axes[2].legend(fontsize=8)
+    legend_below(axes[2], fontsize=8)
     axes[2].set(title=f"raw vs normalized (factor {span:.3g})", xlabel="position in [min, max] (unitless)",
                 ylabel="density (log)")
     m = np.array([moments(e.sample) for e in es])
@@ -226,7 +229,7 @@ def draw_backward(ds: Dataset, fs: FigureSet) -> None:
 
 def _draw_backward_values(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
     section = "backward_analysis"
-    fig, axes = grid(2, ncols=2, size=(6, 4.3))
+    fig, axes = grid(2, ncols=2, size=(6, 4.8))
     panels = (("forward vs backward", {f"{label} ({len(es)} files)": values(ds.sampled(es))
                                        for label, es in (("forward", fwd), ("backward", bwd))}),
               ("backward by layer type", {lt: values(ds.sampled(es))
@@ -242,7 +245,7 @@ def _draw_backward_values(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
                 v = np.log2(v[v > 0])
             _hist(ax, v, label=label)
         ax.set_yscale("log")
-        ax.legend()
+        legend_below(ax, fontsize=8)
         ax.set(title=title, xlabel=LOG2_AXIS if spread > HIST_SPREAD else VALUE_AXIS, ylabel=DENSITY_AXIS
                if spread <= HIST_SPREAD else "density (1 / binade)")
         if spread > HIST_SPREAD:
@@ -259,7 +262,7 @@ def _draw_backward_values(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
             v = v[v > 0]
             if v.size:
                 ax.hist(np.log2(v), bins=60, histtype="step", label=k)
-        ax.legend()
+        legend_outside(ax)
         ax.set(xlabel=LOG2_AXIS, ylabel=COUNT_AXIS)
         fs.save(fig, section, "gradient_magnitudes", "Gradient magnitudes (binades)",
                 "Where gradient mass sits on the exponent axis: compare with the format's smallest "
@@ -273,7 +276,7 @@ def _draw_backward_stats(ds: Dataset, fs: FigureSet, fwd, bwd) -> None:
         ax.boxplot([[v for e in es if (v := stat(e, key))] or [np.nan] for es in (fwd, bwd)])
         ax.set_xticks([1, 2], ["forward", "backward"])
         ax.set_yscale("log")
-        ax.set(title=f"per-file {key}", xlabel="pass", ylabel=f"{key} (tensor units, log)")
+        ax.set(title=f"per-file {key}", xlabel="pass", ylabel=f"{key} ({UNITLESS}, log scale)")
     fs.save(fig, section, "stats_side_by_side", "Forward vs backward statistics",
             "From stored statistics. A backward absmax several binades below forward needs a "
             "loss scale or per-tensor scaling to stay out of the underflow range.")
@@ -296,7 +299,7 @@ def draw_layers(ds: Dataset, fs: FigureSet) -> None:
     for lt, es in group(sampled, lambda e: e.name.layer_type).items():
         _hist(axes[0], values(es), label=f"{lt} ({len(es)} files)")
     axes[0].set_yscale("log")
-    axes[0].legend()
+    legend_below(axes[0], fontsize=8)
     axes[0].set(title="attention vs linear", xlabel=VALUE_AXIS, ylabel=DENSITY_AXIS)
     scales: set[str] = set()
     for ax, (title, key_fn, xlabel) in zip(axes[1:], (
@@ -333,7 +336,7 @@ def _rank_outliers(ds: Dataset, fs: FigureSet, section: str) -> None:
                 label=metric)
     ax.set(title="outlier cells per iteration", xlabel="iteration",
            ylabel="layer x tensor cells with an outlier rank (count)")
-    ax.legend(fontsize=7)
+    legend_below(ax, fontsize=7)
     w, band = view.worst, view.worst_band
     ax = axes[1]
     its = [b[0] for b in band]
@@ -344,8 +347,8 @@ def _rank_outliers(ds: Dataset, fs: FigureSet, section: str) -> None:
             label=f"rank {w['rank']}")
     where = f"L{'NA' if w['layer_idx'] is None else w['layer_idx']} {w['submodule'] or ''} {w['operation']} {w['tensor_name']}"
     ax.set(title=short(f"rank {w['rank']}: {w['metric']} of {where}", 48), xlabel="iteration",
-           ylabel=f"{w['metric']} (tensor units or ratio)")
-    ax.legend(fontsize=7)
+           ylabel=f"{w['metric']} ({UNITLESS} value or fraction of elements)")
+    legend_outside(ax, fontsize=7)
     fs.save(fig, section, "rank_outliers", "Which rank diverged, from which iteration",
             f"From every record of the capture ({h.records:,} records, {h.ranks} ranks, "
             f"{h.iterations} iterations), aggregated in DuckDB over the columnar index. Left: per "
@@ -371,7 +374,7 @@ def draw_ranks(ds: Dataset, fs: FigureSet) -> None:
     for ax, k in zip(axes, keys):
         g = sorted(multi[k], key=lambda e: e.name.rank or 0)
         ax.bar([str(e.name.rank) for e in g], [stat(e, "absmax") or 0 for e in g])
-        ax.set(title=short(f"it{k[0]} L{k[2]} {k[3]} {k[4]}", 32), xlabel="rank", ylabel="absmax (tensor units)")
+        ax.set(title=short(f"it{k[0]} L{k[2]} {k[3]} {k[4]}", 32), xlabel="rank", ylabel=f"absmax ({UNITLESS})")
     fs.save(fig, section, "same_tensor_across_ranks", "The same tensor on each rank",
             "With tensor parallelism each rank holds a shard: similar bars are expected; one rank far "
             "above the others holds the outlier channels.", subset)

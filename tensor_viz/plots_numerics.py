@@ -17,10 +17,9 @@ from matplotlib.ticker import MaxNLocator
 from quant.whatif import SCALE_KIND_MX, SCALE_KIND_NVFP4
 from tensor_viz import numerics_data as nd
 from tensor_viz.data import Dataset
-from tensor_viz.figures import FigureSet, grid, paginate, short
+from tensor_viz.figures import FigureSet, grid, legend_below, legend_outside, too_few_iterations
 
 SECTION = "whatif_numerics"
-MAX_ROWS = 60     # rows per page of the one-iteration timeline
 SQNR_AXIS = "SQNR (dB, higher is better)"
 ITERATION_AXIS = "iteration (training step)"
 BLOCKS_AXIS = "blocks (count, log)"
@@ -45,50 +44,18 @@ def _iteration_labels(its: list) -> list[str]:
     return ["NA" if i is None else str(i) for i in its]
 
 
-#: marker of each what-if format in the one-iteration timeline (cycled)
-FORMAT_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-
-
-def _one_iteration(table: list[nd.Row], fmts: list[str], fs: FigureSet) -> None:
-    """The timeline of a run with one captured iteration: a dot per layer x tensor and format
-    (a line of one point shows nothing), every format in one panel, rows over pages."""
-    series = {f: nd.timeline(table, f) for f in fmts}
-    it = series[fmts[0]][1][0]
-    keys = sorted({k for ks, _, _ in series.values() for k in ks})
-    exact = sum(1 for _, _, cells in series.values() for v in cells.values() if math.isinf(v))
-    for suffix, page, note in paginate(keys, MAX_ROWS, "rows"):
-        fig, ax = plt.subplots(figsize=(10, 1.8 + 0.22 * len(page)))
-        y = {k: i for i, k in enumerate(page)}
-        for n, fmt in enumerate(fmts):
-            cells = series[fmt][2]
-            pts = [(cells[(k, it)], y[k]) for k in page if math.isfinite(cells.get((k, it), math.nan))]
-            if pts:
-                ax.plot(*zip(*pts), FORMAT_MARKERS[n % len(FORMAT_MARKERS)], ms=5, alpha=0.8,
-                        ls="none", label=fmt)
-        ax.set_ylim(len(page) - 0.5, -0.5)
-        ax.set_yticks(range(len(page)), [short(k, 48) for k in page], fontsize=8)
-        ax.set(xlabel=SQNR_AXIS, ylabel="layer / pass / tensor")
-        ax.legend(fontsize=7, title="format (what-if)", title_fontsize=7, loc="best")
-        caption = ("One row per layer and tensor, one marker per what-if format: the lowest SQNR "
-                   "over ranks and micro-batches, quantized along the reduction axis of the GEMM "
-                   "the tensor feeds. With several iterations captured this is a line per tensor "
-                   "over iterations, one panel per format; with one, compare the formats row by "
-                   "row: the leftmost marker is the format that loses the most on that tensor.")
-        if exact:
-            caption += f" {exact} values are exact (infinite SQNR) and not drawn."
-        fs.save(fig, SECTION, "sqnr_timeline" + suffix,
-                f"What-if SQNR per tensor at iteration {it} (the only iteration captured)",
-                caption, note)
-
-
 def draw_timeline(table: list[nd.Row], fs: FigureSet) -> bool:
-    """SQNR per layer x tensor over iterations, one panel per what-if format."""
+    """SQNR per layer x tensor over iterations, one panel per what-if format; one line instead
+    when too few iterations were captured for lines over them (the per-layer table of the
+    summary and the phase x component boxes compare formats within an iteration)."""
     fmts = [f for f in nd.formats(table) if nd.timeline(table, f)[0]]
     if not fmts:
         return False
-    if len(nd.iterations(table)) == 1:
-        _one_iteration(table, fmts, fs)
-        return True
+    few = too_few_iterations(nd.iterations(table), "the what-if SQNR timeline")
+    if few:
+        fs.skip(SECTION, "What-if SQNR over training", few + "; the summary's per-layer table "
+                "names each format's lowest SQNR")
+        return False
     groups = _group_of_key(table)
     fig, axes = grid(len(fmts), ncols=min(3, len(fmts)), size=(5.2, 3.8))
     worst_notes, exact = [], 0
@@ -115,7 +82,7 @@ def draw_timeline(table: list[nd.Row], fs: FigureSet) -> bool:
                for g in nd.GROUP_ORDER if g in present]
     if any(g not in GROUP_COLOURS for g in present):
         handles.append(plt.Line2D([], [], color=OTHER_COLOUR, marker="o", label="other"))
-    axes[-1].legend(handles=handles, fontsize=7, loc="best", title="phase component",
+    legend_outside(axes[-1], handles=handles, fontsize=7, title="phase component",
                    title_fontsize=7)
     n_rows = len({k for f in fmts for k in nd.timeline(table, f)[0]})
     caption = (f"One line per layer and tensor ({n_rows} rows), the lowest SQNR over ranks and "
@@ -147,7 +114,7 @@ def draw_block_scales(table: list[nd.Row], fs: FigureSet) -> bool:
         ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # bins are integers
         ax.set(title=f"{fmt}", xlabel=SCALE_AXIS.get(kind, "block scale bin"), ylabel=BLOCKS_AXIS)
-        ax.legend(fontsize=7, title="pass", title_fontsize=7)
+        legend_below(ax, fontsize=7, title="pass", title_fontsize=7)
         lo = min(min(h) for h in hists.values())
         hi = max(max(h) for h in hists.values())
         spans.append(f"{fmt} {lo}..{hi}")

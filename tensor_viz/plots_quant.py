@@ -9,7 +9,7 @@ import numpy as np
 
 from tensor_capture import schema
 from tensor_viz.data import Dataset, group, ratio, stat
-from tensor_viz.figures import FigureSet, Subset, colorbar, paginate, short
+from tensor_viz.figures import FigureSet, Subset, colorbar, paginate, short, too_few_iterations
 from tensor_viz.options import DEFAULT_MAP_STATS, MAP_STAT_NAMES
 
 MAX_ROWS = 60     # rows per numerics-map / what-if figure; more rows go on further parts
@@ -63,24 +63,9 @@ MAP_CAPTION = ("One row per layer and tensor, one column per iteration. Look for
 
 def _map_part(fs: FigureSet, name: str, suffix: str, rows: list[str], cols: list[str], m: np.ndarray,
               vlim: tuple[float, float], subset: Subset | None) -> None:
-    """One figure of the map: a heatmap over iterations, or with one iteration a dot per row
-    (a one-column heatmap shows colours where positions read better)."""
+    """One figure of the map: a heatmap, rows = layer x tensor, columns = iterations."""
     label = MAP_STATS[name][2]
     height = 1.5 + 0.22 * len(rows)
-    if len(cols) == 1:
-        fig, ax = plt.subplots(figsize=(9, height))
-        y = np.arange(len(rows))
-        ax.plot(m[:, 0], y, "o", ms=5)
-        ax.hlines(y, vlim[0], m[:, 0], lw=0.8, alpha=0.5)
-        ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_yticks(y, [short(r, 48) for r in rows], fontsize=8)
-        ax.set(xlabel=label, ylabel="layer / pass / tensor")
-        fs.save(fig, "numerics_map", f"map_{name}{suffix}",
-                f"Numerics map: {name} per tensor at iteration {cols[0]} (the only iteration captured)",
-                "One dot per layer and tensor. With several iterations captured this is a heatmap over "
-                "iterations; with one, compare rows: the largest values (or ratios) are the tensors to "
-                "watch.", subset)
-        return
     fig, ax = plt.subplots(figsize=(min(18, 3 + 0.5 * len(cols)) + 4, height))
     im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="magma", interpolation="nearest",
                    vmin=vlim[0], vmax=vlim[1])
@@ -95,11 +80,25 @@ def _map_part(fs: FigureSet, name: str, suffix: str, rows: list[str], cols: list
 
 
 def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAULT_MAP_STATS) -> None:
+    """The map of each statistic over iterations; one line instead when too few iterations were
+    captured for a map over them, and one line for a statistic that is zero in every cell."""
     section = "numerics_map"
+    its = sorted({e.name.iteration for e in ds.with_stats()}, key=lambda i: (i is None, i or 0))
+    few = too_few_iterations(its, "a map over iterations")
+    if few:
+        fs.placeholder(section, f"{few}; the statistics/ and overflow_analysis/ figures and the "
+                                "summary's tables compare the tensors of one iteration")
+        return
     drew = False
     for name in stats:
         rows, cols, m = numerics_matrix(ds, name)
         if not rows:
+            continue
+        drew = True
+        if name.endswith("_ratio") and not np.any(m[np.isfinite(m)]):    # a ratio that is 0 everywhere
+            fs.skip(section, f"Numerics map: {name}",
+                    f"{name} is 0 in every one of the {len(rows)} layer x tensor rows at each of the "
+                    f"{len(cols)} iterations, so no map is drawn")
             continue
         vlim = float(np.nanmin(m)), float(np.nanmax(m))   # one colour scale for all parts
         shown = rows[:MAX_PARTS * MAX_ROWS]
@@ -110,7 +109,6 @@ def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAU
                               f"the first {len(shown)} rows in name order are drawn over {MAX_PARTS} parts; "
                               "choose layers at capture time to see the rest", first=lo + 1)
             _map_part(fs, name, suffix.replace("_page", "_part"), part, cols, m[lo:lo + len(part)], vlim, note)
-        drew = True
     if not drew:
         fs.placeholder(section, "no stored statistics to map")
 

@@ -16,7 +16,7 @@ from lowp_common import atomic_write_text
 from tensor_viz import interactive, numerics_data, rank_tables
 from tensor_viz.catalog import Catalog, Entry
 from tensor_viz.data import Dataset, group, ratio
-from tensor_viz.figures import subset_note
+from tensor_viz.figures import NO_DATA, Figure, subset_note
 from tensor_viz.options import SECTION_DESCRIPTIONS, Options
 from tensor_viz.result import Result
 
@@ -144,6 +144,8 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
         n_pairs=len(ds.pairs), drawn=result.drawn, worst_tables=worst_tables,
         per_layer=largest_error_per_layer(ds),
         interactive=interactive.charts(ds, opts.map_stats),
+        interactive_skipped=interactive.skipped(ds),
+        not_drawn=_not_drawn(fs.figures, sections),
         no_error_reason=("no quantized operands were saved (capture with save_quantized: true) "
                          "and no what-if numerics were stored (whatif_formats: default) or "
                          "could be recomputed from saved tensors"),
@@ -151,8 +153,20 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
         problems=cat.problems[:MAX_PROBLEMS_SHOWN], quick=fs.in_section("quick"),
         problems_subset=subset_note(min(len(cat.problems), MAX_PROBLEMS_SHOWN), len(cat.problems), "problems",
                                     "the first in reading order; problems.txt lists all"),
-        sections=[{"name": s, "description": SECTION_DESCRIPTIONS[s], "figures": fs.in_section(s)}
+        sections=[{"name": s, "description": SECTION_DESCRIPTIONS[s],
+                   "figures": [f for f in fs.in_section(s) if not f.placeholder],
+                   "skipped": [f for f in fs.in_section(s) if f.placeholder]}
                   for s in sections])
+
+
+def _not_drawn(figures: list[Figure], sections: tuple[str, ...]) -> list[dict]:
+    """The summary's list of what was left out and why (instead of empty boxes among the
+    figures): a whole section with nothing to draw, or one figure (a plot over iterations of a
+    capture of one iteration, a ratio that is zero everywhere), in section order."""
+    order = {s: i for i, s in enumerate(sections)}
+    skipped = sorted((f for f in figures if f.placeholder), key=lambda f: order.get(f.section, len(order)))
+    return [{"section": f.section, "title": f.title, "reason": f.caption,
+             "whole": f.path.endswith("/" + NO_DATA)} for f in skipped]
 
 
 def _diagnosis_view(diagnosis) -> dict | None:

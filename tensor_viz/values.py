@@ -20,6 +20,8 @@ from tensor_viz import workers as worker_pool
 
 # Tensor names whose values are attention score / probability maps (drawn as maps).
 SCORE_NAMES = ("scores", "attention_scores", "attn_scores", "attention_probs", "attn_probs", "probs")
+#: the score tensors that hold softmax probabilities (0..1), drawn on a sequential 0-1 scale
+PROBABILITY_NAMES = ("attention_probs", "attn_probs", "probs")
 HEAT_SIDE = 128
 
 

@@ -14,6 +14,8 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter
 
 from tensor_viz import figures, pipeline
 
+#: words that stand where a unit should be named (dimensionless, binade, dB, % of elements, ...)
+VAGUE_UNITS = ("tensor units", "std units", "value unit", "normalized unit")
 ORIGINAL_SAVE = figures.FigureSet.save
 REAL_INIT = pipeline._set_draw_state
 _ROOT: list[Path] = []
@@ -35,6 +37,8 @@ def _problems(fig, title, caption) -> list[str]:
                 isinstance(loc, FixedLocator) and isinstance(fmt, FuncFormatter))  # named ticks
             if label and "(" not in label and not categorical:
                 bad.append(f"numeric axis label without unit: {label!r}")
+            if any(vague in label for vague in VAGUE_UNITS):
+                bad.append(f"axis label with an unnamed unit: {label!r}")
     return bad
 
 

@@ -49,9 +49,10 @@ def test_empty_directory_draws_nothing_and_says_so(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 2 and len(captured.err.strip().splitlines()) == 1
     assert "error: nothing could be drawn" in captured.err
-    for section in pipeline.ENHANCED_SECTIONS:   # every folder says why it is empty
-        assert [p.name for p in (out / section).glob("*.png")] == ["no_data.png"]
-    assert "Nothing to draw" in (out / "index.html").read_text()
+    for section in pipeline.ENHANCED_SECTIONS:   # every folder says why it is empty, in words
+        assert not list((out / section).glob("*.png")), section
+        assert (out / section / "no_data.txt").read_text().startswith(f"{section}: nothing to draw: ")
+    assert "Not drawn, and why" in (out / "index.html").read_text()
 
 
 def _messy_dir(d: Path) -> dict:
@@ -124,7 +125,7 @@ def test_single_file_is_drawn(tmp_path, capsys):
     out = tmp_path / "out"
     assert enhanced_visualizer.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST) == 0
     assert (out / "distributions" / "value_histograms.png").is_file()
-    assert (out / "fp8_analysis" / "no_data.png").is_file()        # one format only: says why
+    assert (out / "fp8_analysis" / "no_data.txt").is_file()        # one format only: says why
 
 
 def test_catalog_reads_no_values(tmp_path, monkeypatch):
@@ -165,8 +166,8 @@ def test_stats_only_capture_draws_from_the_manifest(tmp_path, capsys):
     code = enhanced_visualizer.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST)
     assert code == 0
     for section in ("statistics", "overflow_analysis", "numerics_map", "rank_analysis", "backward_analysis"):
-        assert "no_data.png" not in [p.name for p in (out / section).glob("*.png")], section
-    assert [p.name for p in (out / "heatmaps").glob("*.png")] == ["no_data.png"]
+        assert list((out / section).glob("*.png")) and not (out / section / "no_data.txt").exists(), section
+    assert not list((out / "heatmaps").glob("*.png")) and (out / "heatmaps" / "no_data.txt").is_file()
     assert "read values from 0 files" in capsys.readouterr().out
 
 

@@ -24,6 +24,32 @@ RNG = np.random.default_rng(0)
 
 # ------------------------------------------------------------------ the check can fail
 
+def _lines_filling_the_panel():
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = np.arange(2)
+    for k in range(8):                        # flat lines across the whole panel
+        ax.plot(x, [10.0 ** -k] * 2, "o-", label=f"tensor {k}")
+    ax.set_yscale("log")
+    ax.set(xlabel="layer index (0-based)", ylabel="absmax (dimensionless, log scale)")
+    fig.suptitle("lines")
+    return fig, ax
+
+
+def test_check_finds_a_legend_over_the_lines():
+    fig, ax = _lines_filling_the_panel()
+    ax.legend(loc="center")
+    assert any("legend covers data" in p for p in layout_problems(fig))
+    plt.close(fig)
+
+
+def test_a_legend_outside_the_panel_covers_nothing():
+    fig, ax = _lines_filling_the_panel()
+    figures.legend_outside(ax)
+    assert layout_problems(fig) == []
+    plt.close(fig)
+
+
+
 def test_check_finds_overlapping_tick_labels():
     fig, ax = plt.subplots(figsize=(3, 2))
     ax.plot(range(8), range(8))
@@ -179,13 +205,35 @@ def test_no_overflow_is_said_not_drawn_as_empty_panels(one_iteration):
     assert len(seen["overflow_analysis/overflow_ratios"]["panels"]) == 1
 
 
-def test_one_iteration_map_is_not_a_one_column_heatmap(one_iteration):
+def test_one_iteration_draws_nothing_over_iterations_and_says_why(one_iteration):
+    """A capture of one iteration (the collector's default) gets no plot over iterations: no
+    map, no timeline, no interactive chart; one line each says why, and the page lists it."""
     result, seen = one_iteration
-    maps = {k: v for k, v in seen.items() if k.startswith("numerics_map/")}
-    assert maps
-    for v in maps.values():
-        assert v["images"] == []
-    assert all("the only iteration captured" in f.title for f in result.figures.in_section("numerics_map"))
+    out = Path(result.figures.out_dir)
+    assert not any(k.startswith("numerics_map/") for k in seen)
+    assert not list((out / "numerics_map").glob("*.png"))
+    why = "needs at least 3 captured iterations; this capture has 1 (iteration 0)"
+    (map_line,) = result.figures.in_section("numerics_map")
+    assert map_line.placeholder and why in map_line.caption
+    assert why in (out / "numerics_map" / "no_data.txt").read_text()
+    page = (out / "index.html").read_text()
+    not_drawn = page.split("Not drawn, and why")[1].split("</ul>")[0]
+    assert f"<b>numerics_map</b>: a map over iterations {why}" in not_drawn
+    assert "<svg" not in page and f"the interactive map and timeline (over iterations) {why}" in page
+
+
+def test_no_placeholder_images_and_every_empty_section_listed(one_iteration):
+    """Sections with nothing to draw are a line of the summary, not an image among the figures:
+    fp8_analysis (one of hifp8/mxfp8), rank_analysis (one rank), attention_maps (no scores)."""
+    result, _ = one_iteration
+    out = Path(result.figures.out_dir)
+    assert not list(out.rglob("no_data.png"))
+    page = (out / "index.html").read_text()
+    not_drawn = page.split("Not drawn, and why")[1].split("</ul>")[0]
+    for section in ("fp8_analysis", "rank_analysis", "attention_maps", "numerics_map"):
+        assert f"<b>{section}</b>: " in not_drawn, section
+        assert f"<details class=section id='{section}'" not in page, section
+    assert "<details class=section id='distributions'>" in page       # drawn: folded, one click
 
 
 def test_min_subnormal_line_is_labelled(one_iteration):
@@ -204,3 +252,51 @@ def test_quick_view_draws_no_empty_progress_bar(one_iteration, tmp_path, capsys)
     assert quick_cli.main(["--tensor_dir", str(cap), "--output_dir", str(tmp_path / "q")]) == 0
     err = capsys.readouterr().err
     assert "reading tensors" in err and "drawing" not in err
+
+
+def test_attention_probabilities_on_a_sequential_zero_to_one_scale(tmp_path, monkeypatch):
+    """Softmax outputs (0..1) on a -1..1 diverging scale sit at its white middle and look blank:
+    they get a sequential scale from 0 to 1, and the panel title is not cut."""
+    import torch
+    from viz_helpers import write_tensor
+
+    cap = tmp_path / "cap"
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 4, 32, 32, generator=g).masked_fill(torch.ones(32, 32).triu(1).bool(), -1e9)
+    write_tensor(cap, scores.softmax(-1), layer_type="attention", tensor_name="attention_probs",
+                 phase="post", component="FA")
+    drawn = {}
+    original = figures.FigureSet.save
+
+    def spy(self, fig, section, name, title, caption, subset=None):
+        (ax,) = [a for a in fig.axes if a.get_label() != "<colorbar>" and a.axison]
+        (im,) = ax.images
+        drawn[name] = (im.get_cmap().name, im.norm.vmin, im.norm.vmax, ax.get_title(),
+                       [c.get_ylabel() for c in fig.axes if c.get_label() == "<colorbar>"])
+        return original(self, fig, section, name, title, caption, subset)
+
+    monkeypatch.setattr(figures.FigureSet, "save", spy)
+    opts = pipeline.Options(workers=1, whatif=(), progress=False, sample_size=256)
+    result = pipeline.build(cap, tmp_path / "out", ("attention_maps",), opts, quick=False)
+    cmap, vmin, vmax, title, bar = drawn["attention_score_maps"]
+    assert cmap == "viridis" and (vmin, vmax) == (0.0, 1.0)
+    assert "…" not in title and title.startswith("L0 core_attention forward attention_probs")
+    assert bar == ["probability (fraction, 0-1, sqrt colour scale)"]
+    assert result.figures.figures[0].layout_issues == []
+
+
+def test_a_ratio_that_is_zero_everywhere_is_one_line_not_a_map(tmp_path):
+    """Three iterations (a map is drawn), no overflow anywhere: the overflow map is one line."""
+    from tensor_viz import catalog, data, plots_quant
+
+    cap = tmp_path / "cap"
+    make_capture(cap, quant_types=("bf16",), iterations=(0, 1, 2), layers=(0,), pairs=False)
+    cat = catalog.scan(cap)
+    fs = figures.FigureSet(tmp_path / "out")
+    plots_quant.draw_numerics_map(data.Dataset(entries=cat.entries), fs, ("absmax", "overflow_ratio"))
+    drawn = [f.path for f in fs.figures if not f.placeholder]
+    assert drawn == ["numerics_map/map_absmax.png"]
+    (line,) = [f for f in fs.figures if f.placeholder]
+    rows = len({e.label for e in cat.entries})
+    assert line.caption == (f"overflow_ratio is 0 in every one of the {rows} layer x tensor rows at "
+                            "each of the 3 iterations, so no map is drawn")

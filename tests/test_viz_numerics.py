@@ -242,8 +242,10 @@ def test_interactive_view_is_inline_svg_without_script(report):
     assert "<script" not in page.lower() and "http://" not in page.replace(
         "http://www.w3.org/2000/svg", "")
     view = page.split("<h2 id=interactive>")[1].split("<h2 id=problems>")[0]
-    maps = view.count("class=ivmap")
-    assert maps == len(pipeline.Options().map_stats)
+    # overflow_ratio is 0 in every cell of this capture: one line in numerics_map/, no chart
+    assert pipeline.Options().map_stats == ("absmax", "underflow_ratio", "overflow_ratio")
+    assert view.count("class=ivmap") == 2 and "Numerics map: overflow_ratio" not in view
+    assert "<b>numerics_map</b> (Numerics map: overflow_ratio): overflow_ratio is 0 in every one" in page
     assert view.count("class=ivline") == len(WHATIF_FORMATS)
 
 
@@ -292,7 +294,7 @@ def test_interactive_view_in_headless_chromium_hover_shows_the_values(report, st
         browser.open(out / "index.html")
         images = browser.js("Array.prototype.map.call(document.images, function (i) "
                             "{ return i.complete && i.naturalWidth > 0; })")
-        assert len(images) == len(result.figures.figures) and all(images)
+        assert len(images) == result.figures.drawn() and all(images)
         assert browser.js(HOVERED_JS) is None or browser.js(HOVERED_JS)[0] not in expected
         for text in expected:
             at = browser.js(HOVER_JS % json.dumps(text))
@@ -325,35 +327,22 @@ def test_interactive_charts_keep_the_page_bounded_and_say_so():
     assert "L000 linear_fc1 forward input | iteration 499 | mxfp8 SQNR: 29.50 dB" in str(chart.svg)
 
 
-def test_one_captured_iteration_gets_a_dot_per_tensor_and_format(tmp_path, monkeypatch):
-    """The embedded default captures one iteration: the timeline becomes one panel, a row per
-    layer x tensor and a marker per format, at the re-derived SQNR."""
+def test_one_captured_iteration_gets_no_timeline_but_one_line_why(tmp_path):
+    """The embedded default captures one iteration: a timeline of one point per line is a column
+    of dots, so none is drawn; one line says why (and the other what-if figures are drawn)."""
     _capture(tmp_path / "cap", iterations=(4,), layers=(0,), ranks=(0,))
-    drawn = {}
-    original = figures.FigureSet.save
-
-    def recording_save(self, fig, section, name, title, caption, subset=None):
-        (ax,) = [a for a in fig.axes if a.axison]
-        rows = [t.get_text() for t in ax.get_yticklabels()]
-        drawn[name] = (title, {ln.get_label(): {rows[round(y)]: x for x, y in zip(*ln.get_data())}
-                               for ln in ax.lines})
-        return original(self, fig, section, name, title, caption, subset)
-
-    monkeypatch.setattr(figures.FigureSet, "save", recording_save)
     from tensor_viz import numerics_data, plots_numerics
 
     cat = scan(tmp_path / "cap")
     fs = figures.FigureSet(tmp_path / "out")
-    assert plots_numerics.draw_timeline(numerics_data.rows(cat.entries), fs)
-    title, series = drawn["sqnr_timeline"]
-    assert title == "What-if SQNR per tensor at iteration 4 (the only iteration captured)"
-    assert list(series) == list(WHATIF_FORMATS)
-    for e in cat.entries:
-        t, _ = schema.load_tensor_file(e.path)
-        for fmt in WHATIF_FORMATS:
-            assert series[fmt][e.label] == pytest.approx(_sqnr(t, quant.quantize(t, fmt, axis=-1)),
-                                                         abs=1e-3), (fmt, e.label)
-    assert fs.figures[0].layout_issues == []
+    table = numerics_data.rows(cat.entries)
+    assert not plots_numerics.draw_timeline(table, fs)
+    (line,) = fs.figures
+    assert line.placeholder and line.title == "What-if SQNR over training"
+    assert line.caption.startswith("the what-if SQNR timeline needs at least 3 captured iterations; "
+                                   "this capture has 1 (iteration 4)")
+    assert not (tmp_path / "out" / plots_numerics.SECTION).exists()
+    assert plots_numerics.draw_phase_component(table, fs)          # drawn within the iteration
 
 
 def test_a_wgrad_operand_is_measured_against_its_twin_seen_as_tokens_by_features(tmp_path):
@@ -429,7 +418,7 @@ def test_tiny_llama_report_figures_and_page_in_chromium(small_data, tmp_path):
         browser.open(tmp_path / "report" / "index.html")
         images = browser.js("Array.prototype.map.call(document.images, function (i) "
                             "{ return i.complete && i.naturalWidth > 0; })")
-        assert len(images) == len(result.figures.figures) and all(images)
+        assert len(images) == result.figures.drawn() and all(images)
         at = browser.js(HOVER_JS % json.dumps(text))
         assert at is not None, f"no point with the tooltip {text!r}"
         browser.hover(*at)

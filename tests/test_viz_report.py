@@ -27,7 +27,7 @@ def built(tmp_path_factory):
     """One full build (workers=2) whose every saved figure is checked for title and axis labels."""
     root = tmp_path_factory.mktemp("vizrep")
     cap, out = root / "cap", root / "out"
-    make_capture(cap, ranks=(0, 1))
+    make_capture(cap, ranks=(0, 1), iterations=(0, 1, 2))   # 3: the plots over iterations are drawn
     violations = root / "violations.txt"
     figure_checks.install(root)
     real_init = pipeline._set_draw_state
@@ -46,11 +46,10 @@ def test_every_folder_filled_or_says_why(built):
     assert result.exit_code == 0
     for section in pipeline.FULL_SECTIONS:
         pngs = sorted(p.name for p in (out / section).glob("*.png"))
-        assert pngs, section
-        if section == "attention_maps":   # no score tensors in this capture
-            assert pngs == ["no_data.png"]
+        if section == "attention_maps":   # no score tensors in this capture: says why, no image
+            assert pngs == [] and (out / section / "no_data.txt").is_file()
         else:
-            assert "no_data.png" not in pngs, section
+            assert pngs and not (out / section / "no_data.txt").exists(), section
     for name in ("quick_analysis.png", "tensor_stats.txt", "index.html", "problems.txt"):
         assert (out / name).is_file()
     for png in out.rglob("*.png"):
@@ -62,7 +61,8 @@ def test_figures_have_titles_labels_units(built):
     _, _, result, violations = built
     assert not violations.exists(), violations.read_text()
     checked = (violations.parent / "checked.txt").read_text().split()
-    assert len(checked) == len([f for f in result.figures.figures if f.section != "quick"])  # every figure
+    assert len(checked) == len([f for f in result.figures.figures      # every figure drawn
+                                if f.section != "quick" and not f.placeholder])
     assert all(f.title and f.caption for f in result.figures.figures)
 
 
@@ -79,11 +79,13 @@ def test_index_links_and_summary(built):
     cap, out, result, _ = built
     page = (out / "index.html").read_text()
     srcs = re.findall(r"<img src='([^']+)'", page)
-    assert len(srcs) == len(result.figures.figures)
+    assert len(srcs) == result.figures.drawn() == len(result.figures.figures) - 1   # attention_maps
+    assert "no_data" not in " ".join(srcs)
     for src in srcs:
         assert not src.startswith(("/", "file:", "http")), src
         assert (out / src).is_file(), src
-    assert "Nothing to draw" in page          # attention_maps says why it is empty
+    not_drawn = page.split("Not drawn, and why")[1].split("</ul>")[0]   # attention_maps says why
+    assert "<b>attention_maps</b>: no attention score/probability tensors were captured" in not_drawn
     # Worst overflow: the linear outputs with 600/1200 outliers under fp8_e4m3 (max 448).
     table = page.split("Worst overflow")[1].split("</table>")[0]
     rows = re.findall(r"<tr><td>(.*?)</td>", table)
@@ -122,7 +124,7 @@ def test_numerics_map_cells_are_stored_stats(built):
     _, _, result, _ = built
     ds = result.dataset
     rows, cols, m = numerics_matrix(ds, "absmax")
-    assert cols == ["0", "1"]
+    assert cols == ["0", "1", "2"]
     e = next(e for e in ds.entries if e.name.tensor_name == "output" and e.name.quant_type == "hifp8"
              and e.name.iteration == 1 and e.name.layer_idx == 1)
     row = rows.index(f"{e.label} [hifp8]")
@@ -165,7 +167,7 @@ def test_report_in_headless_chromium(built, tmp_path):
         pytest.skip("chromium is not installed (CI installs it in .ci/run)")
     _, out, result, _ = built
     check = browser_check(out / "index.html", chromium, tmp_path / "profile")
-    assert check["images"] == len(result.figures.figures) > 20
+    assert check["images"] == result.figures.drawn() > 20
     assert check["bad"] == []
     assert check["errors"] == []
 
