@@ -51,7 +51,10 @@ setup(
                  # at import time; pure Python (onnx: a small binary wheel), no CUDA, no torch
                  "onnxscript>=0.5", "einops>=0.8",
                  # lowp-diagnose's queries as Spark SQL (local mode; needs a Java runtime)
-                 "pyspark>=3.5"],
+                 "pyspark>=3.5",
+                 # the real pretrain_gpt.py of Megatron-LM (tests/test_megatron_lm_real.py):
+                 # the megatron-lm extra below
+                 "six", "psutil", "pybind11"],
         # Transformer Engine's debug API (pure Python): our features in it (te_integration);
         # Transformer Engine itself (>= 2.16 for the quantizer factory) comes from the gpu extra
         "te": ["nvdlfw-inspect==0.2.2"],
@@ -60,6 +63,10 @@ setup(
         "tensorboard": ["tensorboard>=2.10"],
         # lowp-diagnose over a cluster's Parquet dataset (tensor_viz.diagnose_spark)
         "spark": ["pyspark>=3.5"],
+        # what Megatron-LM's training loop (pretrain_gpt.py, MEGATRON_LM_DIR) imports beyond
+        # megatron-core: six (its BERT tokenizer module), psutil (the checkpoint writer; without
+        # it training waits forever), pybind11 (its dataset helpers), transformers (the tokenizer)
+        "megatron-lm": ["six", "psutil", "pybind11", "transformers>=4.40"],
         "safetensors": ["safetensors>=0.4"],
     },
     entry_points={

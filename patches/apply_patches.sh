@@ -12,8 +12,9 @@
 # the edits are defined in tensor_capture/patch_edits.py, applied by tensor_capture/patcher.py;
 # this is a thin wrapper around it. A refusal is one line on stderr and exit status 2.
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"   # works installed or not
 if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
     exec python -m tensor_capture.patcher --help
 fi
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}" exec python -m tensor_capture.patcher "$@"
+exec python -m tensor_capture.patcher "$@"

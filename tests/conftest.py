@@ -66,6 +66,13 @@ SLOW_TIERS = {
     "test_attribution_run.py": ("megatron", "multiprocess"),
     "test_quant_compiled.py::test_exit_during_*": ("multiprocess",),
     "test_viz_workers.py": ("multiprocess",),     # worker pools, report commands, signals
+    # the launcher on a stand-in Megatron-LM checkout (bash, preflight processes)
+    "test_megatron_lm_launcher.py::test_dry_run_*": ("multiprocess",),
+    "test_megatron_lm_launcher.py::test_mistakes_*": ("multiprocess",),
+    "test_megatron_lm_launcher.py::test_the_driver_*": ("multiprocess",),
+    "test_megatron_lm_launcher.py::test_a_missing_package_*": ("multiprocess",),
+    "test_megatron_lm_launcher.py::test_a_child_process_*": ("multiprocess",),
+    "test_megatron_lm_launcher.py::test_apply_patches_*": ("multiprocess",),
     "test_cli_processes.py": ("multiprocess",),   # every installed command as a process, ~80 s
     "test_readme_order.py::test_readme_commands_pass_in_a_fresh_clone": ("multiprocess",),
 }

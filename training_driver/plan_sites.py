@@ -46,3 +46,21 @@ def check_plan_covers(model, plan_path: Optional[str]) -> None:
         load_plan(plan_path).check_matches(model_sites(model))
     except PlanError as exc:
         raise UserError(str(exc)) from None
+
+
+def check_plan_covers_shape(shape: dict[str, int], plan_path: str) -> None:
+    """``check_plan_covers`` before any training process exists (the launcher's Megatron-LM
+    path): the GEMM sites depend on the layer count and layer spec, not on the widths, so a
+    narrow model of the same depth (one process, gloo) stands for the real one."""
+    from .megatron_env import LlamaShape, build_llama_model, destroy_distributed, init_distributed
+
+    groups = shape["num_query_groups"]
+    heads = shape["num_attention_heads"]
+    narrow = LlamaShape(num_layers=shape["num_layers"], hidden_size=4 * heads,
+                        ffn_hidden_size=8, num_attention_heads=heads, num_query_groups=groups,
+                        vocab_size=128, seq_length=8)
+    init_distributed()
+    try:
+        check_plan_covers(build_llama_model(narrow), plan_path)
+    finally:
+        destroy_distributed()

@@ -51,9 +51,18 @@
 #                      Unset: run this project's driver (training_driver/train.py)
 #   GPUS_PER_NODE (default: GPUs found, else 1), NNODES (1), NODE_RANK (0),
 #   MASTER_ADDR (localhost), MASTER_PORT (6000)
-#   TP, PP (1), MICRO_BATCH_SIZE (1), GLOBAL_BATCH_SIZE (8), SEQ_LENGTH (2048),
-#   TRAIN_ITERS (1000), LR (3e-4), MIN_LR (3e-5), WARMUP_ITERS (100), SAVE_INTERVAL (500)
-#   MODEL              llama32_1b (default) or tiny (a CPU smoke run of the same pipeline)
+#   TP, PP (1), MICRO_BATCH_SIZE (1), GLOBAL_BATCH_SIZE (8),
+#   TRAIN_ITERS (1000), LR (3e-4), MIN_LR (3e-5), WARMUP_ITERS (100, or TRAIN_ITERS/10 when fewer),
+#   SAVE_INTERVAL (500)
+#   MODEL              llama32_1b (default) or tiny (a CPU smoke run of the same pipeline),
+#                      on either path
+#   NUM_LAYERS, HIDDEN_SIZE, FFN_HIDDEN_SIZE, NUM_ATTENTION_HEADS, NUM_QUERY_GROUPS,
+#   SEQ_LENGTH         replace that field of MODEL's shape (e.g. MODEL=llama32_1b NUM_LAYERS=4)
+#   MEGATRON_LM_EXTRA_ARGS  more pretrain_gpt.py arguments, word-split (MEGATRON_LM_DIR only)
+#   Megatron-LM's training loop needs six, psutil, pybind11 and transformers
+#                      (pip install -e ".[megatron-lm]"; checked before torchrun, else exit 2);
+#                      --no-rope-fusion, --no-masked-softmax-fusion and
+#                      --no-gradient-accumulation-fusion are passed when TE / apex do not import
 #   IGNORE_RESOURCE_CHECK=1  start even when the estimate of memory and of one captured
 #                      iteration says this machine cannot hold the run (else exit 2, one line)
 #   WORKDIR            where the patched Megatron copy goes (default: CHECKPOINT_PATH/.lowp)
@@ -126,10 +135,6 @@ if [[ "$DTYPE" == fp8 && -n "$QUANT" ]]; then
     TE_RECIPE=(--fp8-recipe custom --fp8-quantizer-factory "$TE_FACTORY")
 fi
 DRY_RUN=${DRY_RUN:-0}
-launch() {  # exec the command, or print it (DRY_RUN=1)
-    if [[ "$DRY_RUN" == 1 ]]; then printf '%q ' "$@"; printf '\n'; exit 0; fi
-    exec "$@"
-}
 
 if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     [[ -d "$MEGATRON_LM_DIR" ]] || die "MEGATRON_LM_DIR=$MEGATRON_LM_DIR is not a directory: point it at a Megatron-LM checkout or unset it"
@@ -142,9 +147,6 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
         CHECKOUT_CHECK=$("$PY" -m te_integration.megatron_lm --check-checkout "$MEGATRON_LM_DIR" 2>&1) \
             || die "$(printf '%s\n' "$CHECKOUT_CHECK" | grep -v '^[[:space:]]*$' | tail -n 1 | sed 's/^te_integration.megatron_lm: error: //')"
     fi
-    # --tokenizer-type HuggingFaceTokenizer: Megatron-LM loads TOKENIZER_PATH with transformers.
-    "$PY" -c 'import transformers' >/dev/null 2>&1 \
-        || die "MEGATRON_LM_DIR: Megatron-LM loads TOKENIZER_PATH with transformers.AutoTokenizer (--tokenizer-type HuggingFaceTokenizer), and transformers does not import here: pip install transformers"
 fi
 
 # Our TE debug features (TE_INSPECT_CONFIG): a Megatron-LM checkout's TE layers, the YAML
@@ -182,14 +184,47 @@ MASTER_PORT=${MASTER_PORT:-6000}
 TP=${TP:-1}; PP=${PP:-1}
 MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-1}
 GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-8}
-SEQ_LENGTH_GIVEN=${SEQ_LENGTH:+1}
-SEQ_LENGTH=${SEQ_LENGTH:-2048}
 TRAIN_ITERS=${TRAIN_ITERS:-1000}
 LR=${LR:-3e-4}; MIN_LR=${MIN_LR:-3e-5}
-WARMUP_ITERS=${WARMUP_ITERS:-100}
+[[ "$TRAIN_ITERS" =~ ^[1-9][0-9]*$ ]] || die "TRAIN_ITERS=$TRAIN_ITERS must be a positive integer"
+if [[ -z "${WARMUP_ITERS:-}" ]]; then   # 100, or a tenth of a shorter run
+    WARMUP_ITERS=$(( TRAIN_ITERS / 10 < 100 ? TRAIN_ITERS / 10 : 100 ))
+elif [[ ! "$WARMUP_ITERS" =~ ^[0-9]+$ || "$WARMUP_ITERS" -ge "$TRAIN_ITERS" ]]; then
+    die "WARMUP_ITERS=$WARMUP_ITERS must be an integer below TRAIN_ITERS=$TRAIN_ITERS (Megatron's learning-rate schedule asserts it)"
+fi
 SAVE_INTERVAL=${SAVE_INTERVAL:-500}
 MODEL=${MODEL:-llama32_1b}
 WORKDIR=${WORKDIR:-${CHECKPOINT_PATH}/.lowp}
+# The model's shape: MODEL's (training_driver.train_config.MODEL_SHAPES), each field replaced by
+# its variable when set; the same shape on either path and in the resource check.
+SHAPE_ARGS=()
+for VAR in NUM_LAYERS HIDDEN_SIZE FFN_HIDDEN_SIZE NUM_ATTENTION_HEADS NUM_QUERY_GROUPS SEQ_LENGTH; do
+    if [[ -n "${!VAR:-}" ]]; then
+        FLAG="--$(printf '%s' "$VAR" | tr 'A-Z_' 'a-z-')"
+        SHAPE_ARGS+=("$FLAG" "${!VAR}")
+    fi
+done
+# Megatron-LM: its arguments for this shape and machine, after checking what its training loop
+# imports (six, psutil, pybind11, transformers) and that a CUSTOM_QUANT_PLAN matches a GEMM of
+# this model (training_driver.megatron_lm_command); else the shape alone. One line, exit 2.
+MLM_ARGS=()
+COMMAND_ARGS=(--model "$MODEL" ${SHAPE_ARGS[@]+"${SHAPE_ARGS[@]}"} --dtype "$DTYPE")
+if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
+    COMMAND_ARGS+=(--checkout "$MEGATRON_LM_DIR" --quant-plan "${CUSTOM_QUANT_PLAN:-}")
+    [[ ${#TE_RECIPE[@]} -eq 0 ]] || COMMAND_ARGS+=(--te-custom-recipe)
+else
+    COMMAND_ARGS+=(--shape-only)
+fi
+NOTES_FILE=$(mktemp)
+if ! MLM_OUT=$("$PY" -m training_driver.megatron_lm_command "${COMMAND_ARGS[@]}" 2>"$NOTES_FILE"); then
+    LINE=$(grep -v '^[[:space:]]*$' "$NOTES_FILE" | tail -n 1 | sed 's/^megatron_lm_command: error: //')
+    rm -f "$NOTES_FILE"; die "$LINE"
+fi
+grep ': note: ' "$NOTES_FILE" >&2 || true
+rm -f "$NOTES_FILE"
+[[ -z "$MLM_OUT" ]] || mapfile -t MLM_ARGS <<<"$MLM_OUT"
+# Anything else for pretrain_gpt.py, word-split (e.g. --no-load-rng, --exit-interval 3)
+read -r -a MLM_EXTRA <<<"${MEGATRON_LM_EXTRA_ARGS:-}"
 
 if [[ "$NODE_RANK" == 0 ]] && ! "$PY" -c "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', int(sys.argv[1])))" "$MASTER_PORT" 2>/dev/null; then
     die "MASTER_PORT $MASTER_PORT is in use: export MASTER_PORT=<a free port>"
@@ -202,10 +237,7 @@ if [[ "${IGNORE_RESOURCE_CHECK:-0}" != 1 ]]; then
     CHECK_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MODEL"
                 --dtype "$DTYPE" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
                 --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE")
-    if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then CHECK_ARGS[5]=llama32_1b; fi   # pretrain_gpt.py: the 1B
-    if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" || -n "${MEGATRON_LM_DIR:-}" ]]; then
-        CHECK_ARGS+=(--seq-length "$SEQ_LENGTH")
-    fi
+    CHECK_ARGS+=(${SHAPE_ARGS[@]+"${SHAPE_ARGS[@]}"})
     RESOURCES=$("$PY" -m training_driver.preflight_cli resources --ranks "$GPUS_PER_NODE" \
         --world-size "$((GPUS_PER_NODE * NNODES))" --remedy "MODEL=tiny, a smaller SEQ_LENGTH or MICRO_BATCH_SIZE fits, or set IGNORE_RESOURCE_CHECK=1 to run anyway" \
         --prog train_llama32_1b_h100_fp8.sh -- "${CHECK_ARGS[@]}" 2>&1) \
@@ -218,8 +250,6 @@ if [[ "$HAS_CUDA" != 1 && "$MODEL" == llama32_1b ]]; then
     echo "train_llama32_1b_h100_fp8.sh: note: no GPU found; a 1B model on CPU is very slow (MODEL=tiny runs a small smoke version)" >&2
 fi
 
-mkdir -p "$CHECKPOINT_PATH" "$TENSORBOARD_LOGS_PATH" "$WORKDIR"
-
 DIST_ARGS=(--nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK"
            --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT")
 
@@ -227,25 +257,9 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     # Patch a copy, never the user's checkout; run the copy's pretrain_gpt.py so its megatron/
     # (first on sys.path as the script's folder) is the patched one.
     TREE="$WORKDIR/megatron-lm"
-    mkdir -p "$TREE"
-    (cd "$MEGATRON_LM_DIR" && tar --exclude=.git -cf - .) | (cd "$TREE" && tar -xf -)
-    if [[ "$CAPTURE" == 1 ]]; then
-        bash "$HERE/patches/apply_patches.sh" "$TREE" >/dev/null || die "could not apply the patch set to the copy of $MEGATRON_LM_DIR (see the message above)"
-    fi
-    IMPL=local; [[ "$DTYPE" == fp8 ]] && IMPL=transformer_engine
-    # Megatron's default gradient_accumulation_fusion needs apex's fused_weight_gradient_mlp_cuda
-    # (with it, the patch set emulates and captures the fused weight-gradient path). Under TE's
-    # custom recipe it is always off: Megatron hands the fusion to TE, whose custom GEMM path
-    # (TE 2.16-2.20) drops the add into main_grad; te_integration.te_patches restores it, tested
-    # on TE's Python on a CPU only, so the launcher keeps the plain path (docs/te.md).
-    FUSION=()
-    if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then
-        FUSION=(--no-gradient-accumulation-fusion)
-        echo "train_llama32_1b_h100_fp8.sh: note: TE's custom recipe runs without gradient-accumulation fusion: passing --no-gradient-accumulation-fusion" >&2
-    elif ! "$PY" -c 'import torch, fused_weight_gradient_mlp_cuda' >/dev/null 2>&1; then
-        FUSION=(--no-gradient-accumulation-fusion)
-        echo "train_llama32_1b_h100_fp8.sh: note: apex's fused_weight_gradient_mlp_cuda is not importable: passing --no-gradient-accumulation-fusion" >&2
-    fi
+    # Megatron-LM asserts it for tensor (or context) parallelism (arguments.py), as its own
+    # example scripts set it: one CUDA work queue keeps communication and compute in order.
+    export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
     # The script runs through te_integration.megatron_lm when TE layers need names (the
     # custom recipe's name rules) or our debug features are on (TE_INSPECT_CONFIG): released
     # Megatron-LM has no --tensor-inspect flags (pull request #3811 only).
@@ -256,7 +270,7 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     elif [[ ${#TE_RECIPE[@]} -gt 0 ]]; then
         ENTRY=(-m te_integration.megatron_lm)
     fi
-    echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), --transformer-impl $IMPL" >&2
+    echo "train_llama32_1b_h100_fp8.sh: Megatron-LM checkout $MEGATRON_LM_DIR (megatron-core $MEGATRON_VERSION), MODEL=$MODEL, $(printf '%s ' "${MLM_ARGS[@]}" | grep -o -- '--transformer-impl [a-z_]*')" >&2
     PRECISION=(--bf16)
     if [[ ${#TE_RECIPE[@]} -gt 0 ]]; then
         PRECISION+=(--fp8-format hybrid "${TE_RECIPE[@]}")
@@ -269,24 +283,39 @@ if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
     elif [[ ${#RECIPE_ARGS[@]} -gt 0 ]]; then
         PRECISION+=("${RECIPE_ARGS[@]}")
     fi
-    launch "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" ${ENTRY[@]+"${ENTRY[@]}"} "$TREE/pretrain_gpt.py" \
-        --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
-        --group-query-attention --num-query-groups 8 --seq-length "$SEQ_LENGTH" \
-        --max-position-embeddings "$SEQ_LENGTH" --position-embedding-type rope --rotary-base 500000 \
+    COMMAND=("$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" ${ENTRY[@]+"${ENTRY[@]}"} "$TREE/pretrain_gpt.py" \
+        "${MLM_ARGS[@]}" --position-embedding-type rope --rotary-base 500000 \
         --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \
-        --attention-dropout 0.0 --hidden-dropout 0.0 --transformer-impl "$IMPL" \
+        --attention-dropout 0.0 --hidden-dropout 0.0 \
         --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP" \
         --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE" \
         --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine \
         --lr-warmup-iters "$WARMUP_ITERS" --weight-decay 0.1 --clip-grad 1.0 \
-        --adam-beta1 0.9 --adam-beta2 0.95 "${PRECISION[@]}" ${FUSION[@]+"${FUSION[@]}"} \
+        --adam-beta1 0.9 --adam-beta2 0.95 "${PRECISION[@]}" \
         --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_PATH" \
         --data-path "$DATA_PATH" --split 99,1,0 \
         --save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL" \
         --eval-interval 1000 --eval-iters 10 --log-interval 1 \
-        --tensorboard-dir "$TENSORBOARD_LOGS_PATH"
+        --tensorboard-dir "$TENSORBOARD_LOGS_PATH" ${MLM_EXTRA[@]+"${MLM_EXTRA[@]}"})
+    # DRY_RUN=1: the exact command, and nothing copied, patched or created
+    if [[ "$DRY_RUN" == 1 ]]; then printf '%q ' "${COMMAND[@]}"; printf '\n'; exit 0; fi
+    mkdir -p "$CHECKPOINT_PATH" "$TENSORBOARD_LOGS_PATH" "$TREE"
+    (cd "$MEGATRON_LM_DIR" && tar --exclude=.git -cf - .) | (cd "$TREE" && tar -xf -)
+    if [[ "$CAPTURE" == 1 ]]; then
+        bash "$HERE/patches/apply_patches.sh" "$TREE" >/dev/null || die "could not apply the patch set to the copy of $MEGATRON_LM_DIR (see the message above)"
+    fi
+    exec "${COMMAND[@]}"
 fi
 
+TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MODEL"
+            --dtype "$DTYPE" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
+            --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE"
+            --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --warmup-iters "$WARMUP_ITERS"
+            --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
+            --tensorboard-dir "$TENSORBOARD_LOGS_PATH" ${SHAPE_ARGS[@]+"${SHAPE_ARGS[@]}"})
+COMMAND=("$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}")
+if [[ "$DRY_RUN" == 1 ]]; then printf '%q ' "${COMMAND[@]}"; printf '\n'; exit 0; fi
+mkdir -p "$CHECKPOINT_PATH" "$TENSORBOARD_LOGS_PATH" "$WORKDIR"
 if [[ "$CAPTURE" == 1 && -z "${MEGATRON_LOWP_PATCHED_DIR:-}" ]]; then
     PATCHED=$("$PY" -c 'import sys; from training_driver.capture import prepare_patched_tree; p = prepare_patched_tree(sys.argv[1]); print(p or "")' "$WORKDIR/patched_megatron") \
         || die "could not prepare the patched megatron-core (see the message above)"
@@ -298,11 +327,4 @@ if [[ "$CAPTURE" == 1 && -z "${MEGATRON_LOWP_PATCHED_DIR:-}" ]]; then
     fi
 fi
 
-TRAIN_ARGS=(--data-path "$DATA_PATH" --tokenizer "$TOKENIZER_PATH" --model "$MODEL"
-            --dtype "$DTYPE" --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP"
-            --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size "$GLOBAL_BATCH_SIZE"
-            --train-iters "$TRAIN_ITERS" --lr "$LR" --min-lr "$MIN_LR" --warmup-iters "$WARMUP_ITERS"
-            --checkpoint-dir "$CHECKPOINT_PATH" --save-interval "$SAVE_INTERVAL"
-            --tensorboard-dir "$TENSORBOARD_LOGS_PATH")
-if [[ "$MODEL" == llama32_1b || -n "$SEQ_LENGTH_GIVEN" ]]; then TRAIN_ARGS+=(--seq-length "$SEQ_LENGTH"); fi
-launch "$PY" -m training_driver.torchrun "${DIST_ARGS[@]}" -m training_driver.train "${TRAIN_ARGS[@]}"
+exec "${COMMAND[@]}"

@@ -5,6 +5,8 @@
 in the installed ``tensor_capture`` package; this module only re-exports it so the patched
 files need one import. The hot path checks ``STATE.active`` and nothing else.
 """
+import os
+
 from tensor_capture.config import CaptureConfig, ConfigError, load_config
 from tensor_capture.hooks import (
     attention_forward,
@@ -42,6 +44,10 @@ __all__ = [
 ]
 
 # Validate the environment when the patched Megatron is imported, so a bad
-# CUSTOM_QUANT_TYPE or TENSOR_SAVE_* value fails at start, not mid-run.
-if env_requests_activity():
+# CUSTOM_QUANT_TYPE or TENSOR_SAVE_* value fails at start, not mid-run. Not again in a child
+# of a process that did (Megatron's torch_dist checkpoint writer re-imports pretrain_gpt.py,
+# and so this module): it never trains, and its start line read as if capture restarted.
+_STARTED_IN = "LOWP_CAPTURE_STARTED_IN_PID"
+if env_requests_activity() and os.environ.get(_STARTED_IN) != str(os.getppid()):
     get_tensor_saver()
+    os.environ[_STARTED_IN] = str(os.getpid())

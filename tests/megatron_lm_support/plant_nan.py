@@ -1,0 +1,37 @@
+"""Test support: one NaN in a module's forward input at one iteration, inside a real run.
+
+``LOWP_TEST_PLANT_NAN=RANK:MODULE_PATH:ITERATION`` (read by ``sitecustomize.py`` beside this
+file) puts a NaN into the first micro-batch's forward input of the module at MODULE_PATH on
+global rank RANK in ITERATION, as the capture numbers iterations (Megatron-LM's own). The test
+then asks ``lowp-diagnose`` where the first NaN was born.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_done: set[int] = set()
+
+
+def install(spec: str) -> None:
+    rank, path, iteration = spec.split(":")
+    if int(os.environ.get("RANK", "0")) != int(rank):
+        return
+    wanted = int(iteration)
+
+    def pre_hook(module: torch.nn.Module, args: tuple) -> tuple | None:
+        from tensor_capture.sites import site_of
+        from tensor_capture.state import STATE
+
+        saver = STATE.saver
+        if saver is None or wanted in _done or getattr(saver, "iteration", None) != wanted:
+            return None
+        if site_of(module).module_path != path or not args or not torch.is_tensor(args[0]):
+            return None
+        _done.add(wanted)
+        x = args[0].clone()
+        x.view(-1)[7] = float("nan")
+        return (x, *args[1:])
+
+    torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)

@@ -1,0 +1,236 @@
+"""Megatron-LM's own ``pretrain_gpt.py`` (tag core_v0.16.1), run through our launcher on the CPU.
+
+The seeds' workflow launches ``train_llama32_1b_h100_fp8.sh`` with ``MEGATRON_LM_DIR``; these
+tests do exactly that with the real Megatron-LM training loop, unpacked from
+``../shared/megatron-lm/`` (skipped with one line where that tarball is absent, as on a user's
+machine: Megatron-LM's training loop is on no package registry). The launcher, the patch set,
+capture and emulation run unchanged; Megatron-LM's own CUDA calls are answered on the CPU by
+``megatron_lm_support/`` (each stand-in naming the Megatron-LM line that needs it), loaded only
+in these tests' processes.
+
+One module-scoped checkout serves every case: 1 process (mxfp8, then a resume with stats of every
+iteration, what-if numbers and a precision plan, then the diagnosis and the report), TP=2 (nvfp4
+and a NaN planted in a real run), DP=2 through ``python -m te_integration.megatron_lm``, PP=2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from training_helpers import ROOT, run, small_data  # noqa: F401
+
+from quant.gemm_plan import format_quantizer, linear_forward
+from tensor_capture.schema import META_WHATIF, load_tensor_file, read_manifest
+from training_driver.megatron_env import free_port
+
+TARBALL = ROOT.parent / "shared" / "megatron-lm" / "Megatron-LM-core_v0.16.1.tar.gz"
+SUPPORT = Path(__file__).resolve().parent / "megatron_lm_support"
+EXAMPLE = ["bash", str(ROOT / "examples" / "llama" / "train_llama32_1b_h100_fp8.sh")]
+START_LINE = "tensor capture: "
+LOSS = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?lm loss: ([-+0-9.Ee]+|nan|inf)", re.I)
+
+pytestmark = [pytest.mark.megatron, pytest.mark.multiprocess]
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """Megatron-LM core_v0.16.1, unpacked, its dataset helpers built once (make + pybind11)."""
+    if not TARBALL.is_file():
+        pytest.skip(f"{TARBALL} is absent: the real pretrain_gpt.py cannot be run here")
+    root = tmp_path_factory.mktemp("megatron_lm")
+    with tarfile.open(TARBALL) as tar:
+        tar.extractall(root, filter="data")
+    tree = next(root.iterdir())
+    built = subprocess.run(["make", "-C", str(tree / "megatron/core/datasets")],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return tree
+
+
+def launch(checkout: Path, data: dict, work: Path, *, nproc: int = 1, iters: int = 2,
+           extra_args: str = "", timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """The launcher on ``checkout`` with MODEL=tiny; CHECKPOINT_PATH work/ckpt."""
+    work.mkdir(parents=True, exist_ok=True)
+    settings = dict(
+        PYTHONPATH=os.pathsep.join([str(SUPPORT), str(ROOT)]), LOWP_MEGATRON_LM_CPU_STANDINS="1",
+        QUANT_COMPILE="0", MEGATRON_LM_DIR=str(checkout), MODEL="tiny", TRAIN_ITERS=str(iters),
+        MICRO_BATCH_SIZE="2", GLOBAL_BATCH_SIZE="4", GPUS_PER_NODE=str(nproc),
+        MASTER_PORT=str(free_port()), SAVE_INTERVAL="1000",
+        MEGATRON_LM_EXTRA_ARGS=f"--eval-iters 0 {extra_args}".strip())
+    settings.update(env)
+    return run([*EXAMPLE, str(work / "ckpt"), str(work / "tb"), data["tokenizer"],
+                data["data_path"], "bf16"], cwd=work, timeout=timeout, **settings)
+
+
+def losses(out: subprocess.CompletedProcess) -> dict[int, float]:
+    """Megatron-LM's logged lm loss per (1-based) iteration."""
+    return {int(m.group(1)): float(m.group(3)) for m in LOSS.finditer(out.stdout + out.stderr)}
+
+
+def ok(out: subprocess.CompletedProcess) -> str:
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-6000:]
+    return text
+
+
+def records(capture: Path) -> list[dict]:
+    out = []
+    for manifest in sorted(capture.glob("manifest_rank*.jsonl")):
+        out += read_manifest(manifest)
+    return out
+
+
+def _stats_config(path: Path, save_dir: Path) -> str:
+    path.write_text(f"enabled: true\nsave_dir: {save_dir}\nstats_only: true\nmax_iterations: unlimited\n"
+                    "whatif_formats: default\n")
+    return str(path)
+
+
+def _saved(capture: Path, module: str, name: str) -> torch.Tensor:
+    for f in sorted(capture.glob("*.pt")):
+        tensor, meta = load_tensor_file(f)
+        if (meta.get("module_path"), meta.get("tensor_name"), meta.get("sample_idx"),
+                meta.get("operation")) == (module, name, 0, "forward"):
+            return tensor
+    raise AssertionError(f"no {name} of {module} in {capture}")
+
+
+def test_one_process_mxfp8_then_a_resume_with_stats_a_plan_the_diagnosis_and_the_report(
+        checkout, small_data, tmp_path):
+    work = tmp_path / "run"
+    # 1. mxfp8 emulated, tensors of iteration 0 saved; Megatron stops (and saves a torch_dist
+    #    checkpoint, whose writer process re-imports pretrain_gpt.py) at iteration 2 of 4
+    first = launch(checkout, small_data, work, iters=4, extra_args="--exit-interval 2",
+                   TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(work / "tensors"),
+                   CUSTOM_QUANT_TYPE="mxfp8")
+    text = ok(first)
+    assert "MODEL=tiny" in text and "--transformer-impl local" in text
+    got = losses(first)
+    assert sorted(got) == [1, 2] and all(0 < v < 10 for v in got.values()), got
+    starts = [line for line in text.splitlines() if line.startswith(START_LINE + "tensors and")]
+    assert len(starts) == 1, starts          # not again from the checkpoint writer process
+    assert "saving checkpoint at iteration       2" in text
+    files = sorted((work / "tensors").glob("*.pt"))
+    assert files and all("_iter0_" in f.name and "_mxfp8_rank0_" in f.name for f in files)
+    # the emulated fprop of linear_qkv: exactly Q_mxfp8(input) @ Q_mxfp8(weight).T
+    qkv = "decoder.layers.0.self_attention.linear_qkv"
+    x, w, y = (_saved(work / "tensors", qkv, n) for n in ("input", "weight", "output"))
+    assert x.dtype == torch.bfloat16
+    assert torch.equal(y, linear_forward(x, w, None, format_quantizer("mxfp8")))
+    assert not torch.equal(y, linear_forward(x, w, None))
+
+    # 2. resume: numbering continues from Megatron's own iteration; statistics of every
+    #    iteration with what-if numbers; a precision plan keeps layer 1's fc2 in high precision
+    plan = work / "plan.yaml"
+    plan.write_text("default: mxfp8\nrules:\n  - modules: 'mlp\\.linear_fc2$'\n    layers: [1]\n"
+                    "    format: hp\n")
+    stats = work / "stats"
+    second = launch(checkout, small_data, work, iters=4, extra_args="--no-load-rng",
+                    TENSOR_SAVE_CONFIG=_stats_config(work / "capture.yaml", stats),
+                    CUSTOM_QUANT_TYPE="mxfp8", CUSTOM_QUANT_PLAN=str(plan))
+    text = ok(second)
+    assert "loading distributed checkpoint from" in text and "at iteration 2" in text
+    got = losses(second)
+    assert sorted(got) == [3, 4] and all(0 < v < 10 for v in got.values()), got
+    recs = records(stats)
+    assert {r["iteration"] for r in recs} == {2, 3}
+    assert not list(stats.glob("*.pt"))                    # statistics only
+    fc2 = {r["emulated_format"] for r in recs if r.get("module_path") == "decoder.layers.1.mlp.linear_fc2"}
+    other = {r["emulated_format"] for r in recs if r.get("module_path") == "decoder.layers.0.mlp.linear_fc2"}
+    assert other == {"mxfp8"} and "mxfp8" not in fc2, (fc2, other)
+    assert any(META_WHATIF in r for r in recs)
+
+    # 3. the diagnosis and the one-click report read what the real run captured
+    diag = run([sys.executable, "-m", "tensor_viz.diagnose_cli", str(stats), "--json",
+                str(work / "diagnosis.json")], cwd=work, timeout=300)
+    assert diag.returncode == 0, diag.stderr[-3000:]
+    data = json.loads((work / "diagnosis.json").read_text())
+    assert data["records"] == len(recs)
+    report = run(["bash", str(ROOT / "script" / "one_click_visualize.sh"), str(stats),
+                  str(work / "draw")], cwd=work, timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (work / "draw" / "index.html").is_file()
+
+
+def test_tensor_parallel_nvfp4_and_a_nan_planted_in_a_real_run(checkout, small_data, tmp_path):
+    """TP=2 over gloo with nvfp4 emulated; a NaN put into layer 1's fc1 input on rank 0 in
+    iteration 1 is where lowp-diagnose says the first non-finite value was born."""
+    from tensor_viz.diagnose import diagnose
+
+    work = tmp_path / "tp2"
+    stats = work / "stats"
+    out = launch(checkout, small_data, work, nproc=2, iters=3,
+                 extra_args="--no-check-for-nan-in-loss-and-grad --ckpt-format torch",
+                 TP="2", TENSOR_SAVE_CONFIG=_stats_config(work / "capture.yaml", stats),
+                 CUSTOM_QUANT_TYPE="nvfp4",
+                 LOWP_TEST_PLANT_NAN="0:decoder.layers.1.mlp.linear_fc1:1")
+    ok(out)
+    got = losses(out)
+    assert 0 < got[1] < 10 and got[2] != got[2], got     # iteration 1 (0-based) is the NaN's
+    recs = records(stats)
+    assert {r["tp_rank"] for r in recs} == {0, 1} and {r["iteration"] for r in recs} == {0, 1, 2}
+    assert {r["emulated_format"] for r in recs if r.get("emulated_format")} == {"nvfp4"}
+    first = diagnose(stats).findings[0].to_dict()
+    assert (first["kind"], first["severity"]) == ("first_nonfinite", "HIGH")
+    assert (first["iteration"], first["rank"]) == (1, 0)
+    assert (first["module_path"], first["operation"], first["tensor_name"]) == (
+        "decoder.layers.1.mlp.linear_fc1", "forward", "input")
+
+
+def test_data_parallel_through_the_te_integration_entry(checkout, small_data, tmp_path):
+    """DRY_RUN=1 prints the exact command and creates nothing; the same command, with the
+    entry point te_integration.megatron_lm in front of pretrain_gpt.py, trains DP=2."""
+    work = tmp_path / "dp2"
+    stats = work / "stats"
+    env = dict(TENSOR_SAVE_CONFIG=_stats_config(tmp_path / "capture.yaml", stats),
+               CUSTOM_QUANT_TYPE="mxfp8")
+    dry = launch(checkout, small_data, work, nproc=2, extra_args="--ckpt-format torch",
+                 DRY_RUN="1", **env)
+    assert dry.returncode == 0, dry.stderr
+    assert list(work.iterdir()) == []                      # nothing copied, patched or made
+    command = dry.stdout.strip().splitlines()[-1].split(" ")
+    script = next(i for i, a in enumerate(command) if a.endswith("pretrain_gpt.py"))
+    tree = Path(command[script]).parent
+    shutil.copytree(checkout, tree)
+    patched = subprocess.run(["bash", str(ROOT / "patches" / "apply_patches.sh"), str(tree)],
+                             capture_output=True, text=True)
+    assert patched.returncode == 0, patched.stderr
+    command[script:script] = ["-m", "te_integration.megatron_lm"]
+    port = command.index("--master-port") + 1
+    command[port] = str(free_port())
+    out = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(ROOT)]),
+                              "LOWP_MEGATRON_LM_CPU_STANDINS": "1", "QUANT_COMPILE": "0",
+                              "CUDA_DEVICE_MAX_CONNECTIONS": "1", **env})
+    ok(out)
+    got = losses(out)
+    assert sorted(got) == [1, 2] and all(0 < v < 10 for v in got.values()), got
+    recs = records(stats)
+    assert {r["dp_rank"] for r in recs} == {0, 1} and {r["rank"] for r in recs} == {0, 1}
+
+
+def test_pipeline_parallel(checkout, small_data, tmp_path):
+    """PP=2 over gloo: Megatron-LM's 1F1B schedule sends activations between the two stages;
+    each stage captures its own layer under Megatron's numbering."""
+    work = tmp_path / "pp2"
+    stats = work / "stats"
+    out = launch(checkout, small_data, work, nproc=2, extra_args="--ckpt-format torch",
+                 PP="2", IGNORE_RESOURCE_CHECK="1",
+                 TENSOR_SAVE_CONFIG=_stats_config(work / "capture.yaml", stats),
+                 CUSTOM_QUANT_TYPE="mxfp8")
+    ok(out)
+    got = losses(out)
+    assert sorted(got) == [1, 2] and all(0 < v < 10 for v in got.values()), got
+    recs = records(stats)
+    layers = {(r["pp_rank"], r["layer_idx"]) for r in recs if r.get("layer_idx") is not None}
+    assert {0, 1} == {pp for pp, _ in layers}
+    assert {layer for pp, layer in layers if pp == 1} and all(
+        layer >= 1 for pp, layer in layers if pp == 1 and layer is not None)
