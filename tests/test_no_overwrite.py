@@ -156,3 +156,24 @@ def test_llama_train_no_resume_keeps_earlier_checkpoints(tmp_path: Path, capsys)
     assert len(err) == 1 and "holds checkpoints written earlier; pass --force" in err[0]
     train.check_restart(train.build_parser().parse_args([*argv, "--force"]))
     train.check_restart(train.build_parser().parse_args(argv[:-1]))     # resuming: fine
+
+
+def test_the_same_capture_redraws_its_report_and_another_is_refused(tmp_path: Path, capsys) -> None:
+    """A report is a derived view: drawing the capture it came from again into its folder is
+    a refresh (kept as it is when nothing new was captured); another capture is refused."""
+    from test_viz_columnar import _capture
+
+    from tensor_viz import full
+
+    _capture(tmp_path / "cap", ranks=1, iterations=1, whatif=False)
+    _capture(tmp_path / "other", ranks=1, iterations=1, whatif=False)
+    argv = ["--tensor_dir", str(tmp_path / "cap"), "--output_dir", str(tmp_path / "draw"),
+            "--no-progress", "--workers", "1", "--whatif", "none"]
+    assert full.main(argv) == 0
+    index = (tmp_path / "draw" / "index.html").read_text()
+    assert full.main(argv) == 0 and "it is current" in capsys.readouterr().out
+    other = ["--tensor_dir", str(tmp_path / "other"), *argv[2:]]
+    assert full.main(other) == 2
+    assert "drawn from" in capsys.readouterr().err
+    assert (tmp_path / "draw" / "index.html").read_text() == index
+    assert full.main([*other, "--force"]) == 0
