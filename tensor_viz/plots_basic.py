@@ -216,7 +216,7 @@ def draw_attention_maps(ds: Dataset, fs: FigureSet) -> None:
                  "Rows are query positions, columns key positions. Probabilities are on a 0-1 "
                  "sequential scale (square-root colour steps: 0.25 sits mid-scale); scores on a "
                  "scale centred on zero. A few very bright columns (attention sinks) set the range "
-                 "the format must hold.", "key position", "query position",
+                 "the format must hold.", "key position (token index)", "query position (token index)",
                  subset)
 
 
