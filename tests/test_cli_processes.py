@@ -43,6 +43,29 @@ def test_an_installed_command_refuses_an_abbreviated_option(name: str, tmp_path:
     assert line.startswith(f"{name}: error: ")
 
 
+SCALING = [sys.executable, str(REPO / "quant" / "mxfp_scaling_test.py")]
+ONE_CLICK = ["bash", str(REPO / "script" / "one_click_visualize.sh")]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (SCALING + ["t.pt", "--elem-format", "fp9"], "--elem-format"),
+    (SCALING + ["t.pt", "--no-plot"], "did you mean --no-plots?"),
+    (SCALING + ["t.pt", "--output-dir", "a_file/out"], "a_file is a file, not a folder"),
+    (ONE_CLICK + ["cap", "out", "--whatif", "fp9"], "--whatif fp9"),
+    (ONE_CLICK + ["cap", "out", "--sample", "5"], "unrecognized arguments: --sample"),
+    (ONE_CLICK + ["cap", "a_file/out"], "a_file is a file, not a folder"),
+], ids=["scaling-unknown", "scaling-flag", "scaling-unwritable", "one-click-unknown",
+        "one-click-flag", "one-click-unwritable"])
+def test_the_seed_script_paths_refuse_mistakes_in_one_line(argv: list[str], needle: str,
+                                                           tmp_path: Path) -> None:
+    import torch
+
+    torch.save(torch.randn(8, 8), tmp_path / "t.pt")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "cap").mkdir()
+    assert needle in one_error_line(run(argv, tmp_path))
+
+
 def test_the_seed_script_paths_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "corrupt.pt").write_bytes(b"garbage" * 10)
     proc = run([sys.executable, str(REPO / "quant" / "mxfp_scaling_test.py"), "corrupt.pt"],
