@@ -44,6 +44,24 @@ def _capture(fmt: str, data: str, tok: str, patched: str, out: Path, iters: int)
     return log
 
 
+def _row(fmt: str, row: dict, out: Path) -> dict:
+    """Diagnose the format's capture, print its markdown row; ``row`` with the diagnosis."""
+    from tensor_viz.diagnose import diagnose
+
+    diag = diagnose(out / fmt, loss=out / f"{fmt}.log")
+    highs = [f for f in diag.findings if f.severity == "HIGH"]
+    first = diag.findings[0].to_dict() if diag.findings else None
+    row.update(high=len(highs), findings=len(diag.findings), first=first,
+               high_kinds=sorted({f.kind for f in highs}))
+    lead = (f"{first['severity']} {first['kind']} {first['module_path']} "
+            f"{first['operation']} {first['tensor_name']} "
+            f"{'/'.join(first['evidence'].get('gemms', []))}" if first else "none")
+    print(f"| `{fmt}` | {row['gap_mean']:+.3f} +- {row['gap_std']:.3f} | "
+          f"{'significant' if row['significant'] else 'not significant'} | {len(highs)} "
+          f"({', '.join(row['high_kinds']) or '-'}) | {lead} |", flush=True)
+    return row
+
+
 def main() -> int:
     from quant.formats import WHATIF_FORMATS
 
@@ -53,9 +71,16 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--capture-iters", type=int, default=30)
     p.add_argument("--out", default="runs/diagnose_agreement")
+    p.add_argument("--diagnose-only", action="store_true",
+                   help="diagnose OUT's captures again against OUT/agreement.json's gaps")
     args = p.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.diagnose_only:
+        saved = json.loads((out / "agreement.json").read_text())
+        for fmt, row in saved["formats"].items():
+            _row(fmt, row, out)
+        return 0
     from attribution.runner import RunSetup, RunTask, WorkerPool
     from attribution.stats import gap_summary
     from training_driver.capture import prepare_patched_tree
@@ -74,25 +99,13 @@ def main() -> int:
 
     ref = losses_of("bf16")
     result: dict = {"steps": args.steps, "seeds": seeds, "bf16": ref, "formats": {}}
-    from tensor_viz.diagnose import diagnose
-
     for fmt in formats:
         losses = losses_of(fmt)
         gap = gap_summary(losses, ref)
-        log = _capture(fmt, data, tok, patched, out, args.capture_iters)
-        diag = diagnose(out / fmt, loss=log)
-        highs = [f for f in diag.findings if f.severity == "HIGH"]
-        first = diag.findings[0].to_dict() if diag.findings else None
+        _capture(fmt, data, tok, patched, out, args.capture_iters)
         row = {"gap_mean": gap.mean, "gap_std": gap.std, "significant": gap.significant,
-               "losses": losses, "high": len(highs), "findings": len(diag.findings),
-               "first": first, "high_kinds": sorted({f.kind for f in highs})}
-        result["formats"][fmt] = row
-        lead = (f"{first['severity']} {first['kind']} {first['module_path']} "
-                f"{first['operation']} {first['tensor_name']} "
-                f"{'/'.join(first['evidence'].get('gemms', []))}" if first else "none")
-        print(f"| `{fmt}` | {gap.mean:+.3f} +- {gap.std:.3f} | "
-              f"{'significant' if gap.significant else 'not significant'} | {len(highs)} "
-              f"({', '.join(row['high_kinds']) or '-'}) | {lead} |", flush=True)
+               "losses": losses}
+        result["formats"][fmt] = _row(fmt, row, out)
         (out / "agreement.json").write_text(json.dumps(result, indent=1, default=str))
     pool.close()
     print(f"{time.time() - t0:.0f} s", file=sys.stderr)

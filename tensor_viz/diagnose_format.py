@@ -4,11 +4,14 @@ saturates, from the capture's statistics (``stats.range[quant_type]``, whose cou
 quant.analysis' one definition of flush and overflow), with gradients weighed as gradients.
 
 Rule (docs/diagnose.md): per operand tensor and iteration, the largest ratio over ranks and
-micro-batches. A gradient (``grad_output``, the operand of dgrad and wgrad) is judged by the
-fraction of its elements flushed: a flushed gradient element is a lost update. A forward operand
-(input, weight, query, key, value, probs) is judged by the fraction of its energy flushed (small
-values contribute little to a GEMM's output; the histogram gives it). Saturation of any operand
-by its overflow ratio. Each through quant.analysis.severity (HIGH above 1 %, MEDIUM above
+micro-batches. Every operand is judged by the fraction of its energy (sum of x^2) flushed, from
+its captured log2 histogram: what a GEMM's output, or for a gradient the update, loses. A
+gradient (``grad_output``, the operand of dgrad and wgrad) is also judged by the fraction of its
+elements flushed (within GRADIENT_BINADES of its largest), at most MEDIUM: a flushed element is
+a lost contribution to its weight's update, but hifp8 flushing up to 74 % of a gradient's
+elements with 1e-7 of its energy trains within seed noise of bf16, while fp8_e4m3 flushing all
+of the energy of the MLP gradients trails it by 1.76 nats (docs/diagnose.md). Saturation of any
+operand by its overflow ratio. Each through quant.analysis.severity (HIGH above 1 %, MEDIUM above
 0.1 %). Operands with the same problem, direction and severity are one finding, named by the
 earliest (iteration, then execution order); the others are listed.
 
@@ -26,6 +29,7 @@ from tensor_capture.stats_read import fraction_below
 from tensor_viz.diagnose_rules import (
     HIGH,
     MEDIUM,
+    OPERANDS,
     TENSOR_KEY,
     Finding,
     Trend,
@@ -38,13 +42,6 @@ from tensor_viz.diagnose_rules import (
 )
 
 KIND = "run_format_loss"
-#: captured (operation, tensor_name) of the GEMM operands the run's format casts -> the
-#: operand's name in quant.gemm_plan.PLAN (outputs such as grad_weight are not cast: their
-#: flush / overflow ratios describe nothing lost)
-OPERANDS = {("forward", "input"): "input", ("forward", "weight"): "weight",
-            ("backward", "grad_output"): "grad_output", ("backward", "weight"): "weight",
-            ("forward", "query"): "query", ("forward", "key"): "key",
-            ("forward", "value"): "value", ("forward", "attention_probs"): "probs"}
 #: a flushed gradient element counts when it is within this many binades of the tensor's
 #: largest (float32's 24-bit significand): one further below vanishes beside it in any sum (and
 #: in Adam's update, beside eps), so bf16 flushing float32's subnormal gradients is no loss
@@ -130,11 +127,17 @@ def _judge(op: _Operand, row: dict[str, Any], problem: str) -> tuple[str, float]
     """(quant.analysis severity, the ratio judged) of one iteration."""
     if problem == "saturation":
         return _qa().severity(row["overflow"] or 0.0), row["overflow"] or 0.0
-    if op.gradient:
-        lost = gradient_flushed(row, op.fmt)
-        return _qa().severity(lost), lost
-    lost = fraction_below(row["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True)
-    return _qa().severity(lost), lost
+    qa = _qa()
+    energy = (fraction_below(row["hist"], qa.cast_limits(op.fmt).flush_to, energy=True)
+              if (row.get("hist") or {}).get("counts") else row["flush"] or 0.0)
+    if op.gradient:     # HIGH by the energy (the update) lost, MEDIUM by the elements too
+        by_energy = qa.severity(energy)
+        if by_energy == qa.SEVERITY_HIGH:
+            return by_energy, energy
+        by_elements = qa.severity(gradient_flushed(row, op.fmt))
+        worse = max((by_energy, by_elements), key=qa.SEVERITIES.index)
+        return (qa.SEVERITY_MEDIUM if worse != qa.SEVERITY_NONE else worse), energy
+    return qa.severity(energy), energy
 
 
 @dataclass
@@ -231,8 +234,8 @@ def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
     saturates = hit.problem == "saturation"
     energy = fraction_below(r["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True)
     value, measure = ((r["overflow"], "of its elements saturated") if saturates else
-                      (gradient_flushed(r, op.fmt), "of its elements flushed to zero")
-                      if op.gradient else
+                      (gradient_flushed(r, op.fmt), f"of its elements ({100 * energy:.2f}% of "
+                       "its energy) flushed to zero") if op.gradient else
                       (energy, "of its energy flushed to zero"))
     t = hit.trend
     rising = ("" if t is None else f"; rising {100 * t.first:.2f}% -> {100 * t.last:.2f}%, "
@@ -240,8 +243,9 @@ def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
     summary = (f"The run's format {op.fmt} {'saturates' if saturates else 'flushes'} "
                f"{'gradient ' if op.gradient else ''}{op.label} (operand {op.operand} of "
                f"{'/'.join(op.gemms)}) from iteration {hit.onset}: {100 * value:.2f}% {measure} "
-               f"(underflow {100 * (r['underflow'] or 0):.2f}%, worst {100 * hit.worst:.2f}%, "
-               f"in {hit.iterations} iteration(s) at this level{rising})"
+               f"(underflow {100 * (r['underflow'] or 0):.2f}%; at worst {100 * hit.worst:.2f}% "
+               f"{'of its elements' if saturates else 'of its energy'}, "
+               f"{hit.iterations} iteration(s) at this level{rising})"
                + (f"; {len(members) - 1} other operand(s) too" if len(members) > 1 else "") + ".")
     evidence = {
         "format": op.fmt, "problem": hit.problem, "gemms": op.gemms, "operand": op.operand,

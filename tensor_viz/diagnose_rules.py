@@ -38,6 +38,18 @@ MIN_RATIO_FACTOR = 2.0          # ... and at least twice its first value
 HIGH_SPAN, MEDIUM_SPAN = 1.0, 10.0
 #: the ratio a flush / overflow trend is projected to reach (quant.analysis' "high")
 RATIO_LIMIT = 0.01
+#: captured (operation, tensor_name) of the GEMM operands the run's format casts -> the
+#: operand's name in quant.gemm_plan.PLAN (outputs such as grad_weight are not cast: their
+#: flush / overflow ratios describe nothing lost)
+OPERANDS = {("forward", "input"): "input", ("forward", "weight"): "weight",
+            ("backward", "grad_output"): "grad_output", ("backward", "weight"): "weight",
+            ("forward", "query"): "query", ("forward", "key"): "key",
+            ("forward", "value"): "value", ("forward", "attention_probs"): "probs"}
+#: format_loss: a gradient is HIGH only when its signal falls below sqrt(3) x the format's
+#: quantization noise (SQNR below 10 log10 3 = 4.77 dB), where FP4 training stops improving
+#: ("FP4 all the way", arXiv 2505.19115); above it a deficit is MEDIUM: hifp8's gradients at
+#: 14 dB (17.5 dB under its Gaussian baseline) train within seed noise of bf16 on the tiny Llama
+GRADIENT_NOISE_DB = 10 * math.log10(3)
 #: format_loss: a tensor with at least this fraction below the format's smallest normal loses
 #: to the range (a scale is the remedy), not to the precision (a finer format)
 UNDERFLOW_CAUSE = 0.5
@@ -363,8 +375,9 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
                 baseline: Callable[[str, tuple, int], float],
                 severity: Callable[[float, float], str]) -> list[Finding]:
     """Per what-if format, the tensors whose SQNR falls below the format's Gaussian baseline by
-    the margin of quant.format_loss; one finding per format, named by its worst tensor. Only
-    the formats the run computes in (``run_formats``) are graded above LOW."""
+    the margin of quant.format_loss; one finding per format (and per cast / not cast), named by
+    its worst tensor. Only the GEMM operands (OPERANDS) of the formats the run computes in
+    (``run_formats``) are graded above LOW: the run's format does not cast the others."""
     key = ", ".join(TENSOR_KEY)
     if not con.execute(f"SELECT count(*) FROM {src} WHERE has_whatif").fetchone()[0]:
         return []
@@ -378,7 +391,7 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
                                    flush := f.value.flush_ratio), f.value.sqnr_db) AS at
         FROM w WHERE f.value.sqnr_db IS NOT NULL AND isfinite(f.value.sqnr_db)
         GROUP BY {key}, format""")
-    per_format: dict[str, list] = {}
+    per_format: dict[tuple[str, bool], list] = {}
     for r in rows:
         at = r["at"]
         shape = tuple(at["shape"] or ()) or (1,)
@@ -386,24 +399,31 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
         sev = severity(r["sqnr_db"], base)
         if sev == "none":
             continue
-        per_format.setdefault(r["format"], []).append((base - r["sqnr_db"], r, base, sev))
+        cast = (r["operation"], r["tensor_name"]) in OPERANDS
+        if (sev == "high" and OPERANDS.get((r["operation"], r["tensor_name"])) == "grad_output"
+                and r["sqnr_db"] > GRADIENT_NOISE_DB):
+            sev = "medium"      # a gradient above its quantization noise still trains
+        per_format.setdefault((r["format"], cast), []).append((base - r["sqnr_db"], r, base, sev))
     out = []
-    for fmt, items in per_format.items():
+    for (fmt, cast), items in per_format.items():
         items.sort(key=lambda x: -x[0])
         deficit, r, base, sev = items[0]
-        level = sev.upper() if fmt in run_formats else LOW
+        level = sev.upper() if fmt in run_formats and cast else LOW
         where = {**{k: r[k] for k in TENSOR_KEY}, "iteration": r["at"]["iteration"],
                  "rank": r["at"]["rank"], "sample_idx": r["at"]["sample_idx"]}
         summary = (f"{_label(where)} loses {deficit:.1f} dB more in {fmt} than Gaussian data of "
                    f"its shape (SQNR {r['sqnr_db']:.1f} dB vs {base:.1f} dB)"
                    + (f"; {len(items) - 1} other tensor(s) too" if len(items) > 1 else "")
+                   + ("" if fmt not in run_formats or cast else
+                      " (a tensor the run's format does not cast)")
                    + ("" if fmt in run_formats else " (a what-if format, not the run's)") + ".")
         evidence = {"format": fmt, "sqnr_db": r["sqnr_db"], "baseline_db": base,
                     "deficit_db": deficit, "tensors_beyond_margin": len(items),
                     "others": [{"tensor": _label(dict(zip(TENSOR_KEY, [x[1][k] for k in TENSOR_KEY]))),
                                 "deficit_db": x[0]} for x in items[1:11]]}
         under = r["at"]["underflow"] or 0.0
-        evidence.update(underflow_ratio=under, flush_ratio=r["at"]["flush"],
+        evidence.update(underflow_ratio=under, flush_ratio=r["at"]["flush"], cast=cast,
+                        below_gradient_noise=r["sqnr_db"] < GRADIENT_NOISE_DB,
                         cause="range" if under >= UNDERFLOW_CAUSE else "precision")
         if under >= UNDERFLOW_CAUSE and where["operation"] == "backward":
             action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
