@@ -9,7 +9,7 @@ its captured log2 histogram: what a GEMM's output, or for a gradient the update,
 gradient (``grad_output``, the operand of dgrad and wgrad) is also judged by the fraction of its
 elements flushed (within GRADIENT_BINADES of its largest), at most MEDIUM: a flushed element is
 a lost contribution to its weight's update, but hifp8 flushing up to 74 % of a gradient's
-elements with 1e-7 of its energy trains within seed noise of bf16, while fp8_e4m3 flushing all
+elements with under 0.01 % of its energy trains within seed noise of bf16, while fp8_e4m3 flushing all
 of the energy of the MLP gradients trails it by 1.76 nats (docs/diagnose.md). Saturation of any
 operand by its overflow ratio. Each through quant.analysis.severity (HIGH above 1 %, MEDIUM above
 0.1 %). Operands with the same problem, direction and severity are one finding, named by the
