@@ -347,7 +347,7 @@ def _rank_outliers(ds: Dataset, fs: FigureSet, section: str) -> None:
             label=f"rank {w['rank']}")
     where = f"L{'NA' if w['layer_idx'] is None else w['layer_idx']} {w['submodule'] or ''} {w['operation']} {w['tensor_name']}"
     ax.set(title=short(f"rank {w['rank']}: {w['metric']} of {where}", 48), xlabel="iteration",
-           ylabel=f"{w['metric']} ({UNITLESS} value or fraction of elements)")
+           ylabel=f"{w['metric']} ({_metric_unit(w['metric'])})")
     legend_outside(ax, fontsize=7)
     fs.save(fig, section, "rank_outliers", "Which rank diverged, from which iteration",
             f"From every record of the capture ({h.records:,} records, {h.ranks} ranks, "
@@ -355,6 +355,14 @@ def _rank_outliers(ds: Dataset, fs: FigureSet, section: str) -> None:
             "iteration, how many layer x tensor cells have a rank far from the median over ranks "
             "(robust z > 3.5). Right: the most extreme rank's value against the band of all ranks, "
             "for the layer and tensor where it was furthest off.")
+
+
+def _metric_unit(metric: str) -> str:
+    """The unit of a rank_tables metric: ratios are fractions of elements, counts count
+    elements, absmax and std are values."""
+    if metric.endswith("_ratio"):
+        return "fraction of elements"
+    return "elements" if "count" in metric or "nonfinite" in metric else UNITLESS
 
 
 def draw_ranks(ds: Dataset, fs: FigureSet) -> None:

@@ -202,6 +202,7 @@ def test_the_report_of_a_large_capture_covers_every_record(tmp_path):
     assert {e.name.rank for e in result.catalog.entries} >= {0, BAD_RANK}
     assert f"<tr><td>{BAD_RANK}</td><td>absmax</td><td>{DIVERGES_AT}</td>" in html
     assert (tmp_path / "draw" / "rank_analysis" / "rank_outliers.png").is_file()
+    assert [f.layout_issues for f in result.figures.figures if f.layout_issues] == []   # legends off the data
     with open(tmp_path / "draw" / "numerics.csv", newline="") as fh:
         assert sum(1 for _ in csv.DictReader(fh)) == n * 2       # every record, two formats
 
