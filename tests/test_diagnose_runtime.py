@@ -62,6 +62,9 @@ def test_a_weight_grown_each_iteration_under_hifp8_is_the_first_drift(runs):
     assert lead["kind"] in ("range_drift", "run_format_loss")
     if lead["kind"] == "run_format_loss":
         assert (lead["tensor_name"], lead["iteration"]) == ("grad_output", 0)
+    # hifp8 flushes elements of the gradients but next to none of their energy: not HIGH
+    assert not [f for f in findings if f.kind == "run_format_loss" and f.severity == "HIGH"
+                and f.where["operation"] == "backward"]
     first = next(f for f in findings if f.kind == "range_drift").to_dict()
     assert findings.index(next(f for f in findings if f.kind == "range_drift")) <= 1
     assert (first["kind"], first["module_path"], first["layer_idx"]) == (

@@ -69,12 +69,20 @@ def test_unscaled_fp8_names_the_backward_flush_of_its_own_format_first(trained):
     assert (ev["format"], ev["problem"], ev["gemms"], ev["operand"]) == (
         "fp8_e4m3", "flush", ["dgrad", "wgrad"], "grad_output")
     assert ev["flush_to_zero_ratio"] > 0.5 and ev["operands_at_level"] > 1
+    assert ev["energy_flushed"] > 0.5                  # the update itself is lost, not a tail
     assert "from iteration 0" in first["summary"] and "dgrad/wgrad" in first["summary"]
     for remedy in ("loss scale", "fp8_e4m3_tensor", "fp8_e5m2", "CUSTOM_QUANT_PLAN"):
         assert remedy in first["action"]
+    findings = diagnose(cap).findings
     # no forward operand loses a percent of its energy: the forward is not blamed
-    assert not [f for f in diagnose(cap).findings if f.kind == "run_format_loss"
+    assert not [f for f in findings if f.kind == "run_format_loss"
                 and f.where["operation"] == "forward" and f.severity == "HIGH"]
+    # the output layer's gradient: nearly every element flushed (the non-target softmax terms)
+    # but the target terms, most of its energy, survive: MEDIUM, after the cause
+    out = [f for f in findings if f.kind == "run_format_loss"
+           and f.where["module_path"] == "output_layer"]
+    assert len(out) == 1 and out[0].severity == "MEDIUM"
+    assert out[0].evidence["flushed_within_binades"] > 0.9 > 0.01 > out[0].evidence["energy_flushed"]
 
 
 def test_a_diverging_fp8_run_gives_the_flush_first_and_the_divergence(trained, capsys):
