@@ -206,6 +206,10 @@ def _remedy(hit: _Hit, members: list[_Hit]) -> str:
 def run_format_loss(con: Any, state: Any, src: str, view: Any = None) -> list[Finding]:
     """The findings of the run's own format on the GEMM operands (module docstring)."""
     del view
+    pairs = ", ".join(f"('{o}', '{t}')" for o, t in OPERANDS)
+    if not con.execute(f"""SELECT count(*) FROM (SELECT 1 FROM {src} WHERE flush IS NOT NULL
+            AND (operation, tensor_name) IN ({pairs}) LIMIT 1)""").fetchone()[0]:
+        return []       # no operand in an unscaled run format: nothing to read the dataset for
     ops: dict[tuple, _Operand] = {}
     for row in _query(con, source(state)):
         key = tuple(row[k] for k in TENSOR_KEY)
