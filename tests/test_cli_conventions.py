@@ -51,8 +51,16 @@ def bad(tmp_path: Path) -> dict[str, str]:
     cap.mkdir()
     (cap / "manifest_rank0.jsonl").write_text("{torn line\n")
     (cap / "x_iter000_rank00.pt").write_bytes(b"garbage")
+    (tmp_path / "unknown.yaml").write_text("s:\n  enabled: true\n  layers:\n"
+                                           "    layer_name_regex_pattern: .*\n"
+                                           "  lowp:\n    NoSuchFeature:\n      enabled: true\n")
+    old = tmp_path / "old_megatron" / "megatron" / "core"
+    (old / "tensor_parallel").mkdir(parents=True)
+    (old / "tensor_parallel" / "layers.py").write_text("")
+    (old / "package_info.py").write_text('MAJOR, MINOR, PATCH = 0, 1, 0\n__version__ = "0.1.0"\n')
     (tmp_path / "a_file").write_text("x")
-    return {"missing": str(tmp_path / "missing"), "missing_pt": str(tmp_path / "missing.pt"),
+    return {"unknown_yaml": str(tmp_path / "unknown.yaml"),
+            "old_megatron": str(tmp_path / "old_megatron"),"missing": str(tmp_path / "missing"), "missing_pt": str(tmp_path / "missing.pt"),
             "corrupt_pt": str(tmp_path / "corrupt.pt"), "corrupt_jsonl": str(tmp_path / "corrupt.jsonl"),
             "corrupt_yaml": str(tmp_path / "corrupt.yaml"), "corrupt_py": str(tmp_path / "corrupt.py"),
             "corrupt_tok": str(tok), "corrupt_capture": str(cap),
@@ -80,7 +88,7 @@ MISTAKES: dict[str, dict[str, list[str] | str]] = {
         "unwritable": ["{tensor}", "--output-dir", "{unwritable}"]},
     "megatron-tensor-patch": {
         "missing": ["{missing}"], "corrupt": ["{corrupt_tok}"],
-        "unknown": ["{tmp}", "--mode"], "flag": ["{tmp}", "--rev"],
+        "unknown": ["{old_megatron}"], "flag": ["{tmp}", "--rev"],
         "unwritable": ["--prepare", "{unwritable}"]},
     "enhanced-tensor-visualizer": {
         "missing": ["--tensor_dir", "{missing}"], "corrupt": ["--tensor_dir", "{corrupt_capture}", "--no-progress"],
@@ -125,7 +133,7 @@ MISTAKES: dict[str, dict[str, list[str] | str]] = {
         "unwritable": "prints to stdout only"},
     "lowp-te-check": {
         "missing": ["{missing}"], "corrupt": ["{corrupt_yaml}"],
-        "unknown": ["{corrupt_yaml}", "--nope"], "flag": ["{corrupt_yaml}", "-x"],
+        "unknown": ["{unknown_yaml}"], "flag": ["{corrupt_yaml}", "--conf"],
         "unwritable": "prints to stdout only"},
     "lowp-attribute": {
         "missing": ["--format", "fp8_e4m3", "--resume", "{missing}"],
@@ -169,6 +177,10 @@ def test_a_mistake_is_one_line_and_exit_2(name: str, kind: str, bad: dict[str, s
     lines = err.strip().splitlines()
     assert (code, len(lines)) == (2, 1), f"{name} {kind}: exit {code}, stderr:\n{err}"
     assert "Traceback" not in err and re.match(r"[\w.-]+( \w+)?: error: ", lines[0]), lines[0]
+    flags = [a for a in argv if a.startswith("-")]
+    named = {"missing": "missing", "unwritable": "a_file",
+             "flag": flags[-1] if flags else None}.get(kind)
+    assert named is None or named in lines[0], f"{name} {kind}: the line names no {named!r}: {lines[0]}"
 
 
 # ----------------------------------------------------------------------------------------------
