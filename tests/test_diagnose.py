@@ -307,7 +307,11 @@ def test_reference_gap_sees_micro_batches_that_move_apart(tmp_path):
 
 
 def test_loss_divergence_by_level():
-    from tensor_viz.diagnose import loss_divergence
+    from tensor_viz.diagnose import first_cause
+    from tensor_viz.diagnose_loss import divergence
+
+    def loss_divergence(losses, others, vocab):
+        return divergence(losses, others, vocab, first_cause)
 
     falling = [(i, 6.0 - 0.1 * i) for i in range(1, 20)]
     assert loss_divergence(falling, [], 384) == []
