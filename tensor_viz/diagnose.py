@@ -99,12 +99,12 @@ class Diagnosis:
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-    """The cause first: a HIGH or MEDIUM finding by the iteration it starts (one present from
-    the first iteration outranks a consequence that starts later), then severity, kind and
-    execution position; LOW findings after them."""
+    """The cause first: severity (calibrated against measured harm), then the iteration it
+    starts (one present from the first iteration outranks a consequence that starts later),
+    then the kind and the execution position."""
     return sorted(findings, key=lambda f: (
-        f.severity == LOW, f.onset if f.onset is not None else math.inf,
-        SEVERITY_ORDER[f.severity], _KIND_ORDER.get(f.kind, 99), f.position))
+        SEVERITY_ORDER[f.severity], f.onset if f.onset is not None else math.inf,
+        _KIND_ORDER.get(f.kind, 99), f.position))
 
 
 def first_cause(candidates: list[Finding]) -> Finding | None:
