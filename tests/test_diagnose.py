@@ -346,3 +346,26 @@ def test_the_rank_table_merges_a_ranks_micro_batches_by_their_moments(tmp_path):
     std = [f for f in fs if f.kind == "rank_outlier" and f.evidence["metric"] == "std"]
     assert std and {f.where["rank"] for f in std} == {2}
     assert {f.where["iteration"] for f in std} == {2}
+
+
+@pytest.mark.parametrize("sqnr, level", [(14.0, "MEDIUM"), (2.0, "HIGH")])
+def test_format_loss_grades_a_gradient_by_its_quantization_noise(tmp_path, sqnr, level):
+    # hifp8's Gaussian baseline is ~31.5 dB: 14 dB is 17.5 dB under it (beyond the 15 dB of
+    # HIGH), yet a gradient above sqrt(3) x its noise (4.77 dB) still trains; 2 dB does not.
+    # A tensor the run's format does not cast (grad_input) is at most LOW, however bad.
+    def change(rec):
+        if rec["tensor_name"] in ("grad_output", "grad_input") and rec["layer_idx"] == 1:
+            rec["whatif"] = {"axis": -1, "axis_source": "gemm", "elements": 1024,
+                             "sampled": False,
+                             "formats": {"hifp8": {"sqnr_db": sqnr, "rel_error": 0.1,
+                                                   "overflow_ratio": 0.0, "underflow_ratio": 0.9,
+                                                   "flush_ratio": 0.0, "axis": -1}}}
+        return rec
+
+    fs = [f for f in diagnose(write_capture(tmp_path / "w", change=change)).findings
+          if f.kind == "format_loss"]
+    by_tensor = {f.where["tensor_name"]: f for f in fs}
+    grad = by_tensor["grad_output"]
+    assert grad.severity == level and grad.evidence["below_gradient_noise"] == (level == "HIGH")
+    assert grad.evidence["cause"] == "range" and "loss scale" in grad.action
+    assert by_tensor["grad_input"].severity == "LOW" and not by_tensor["grad_input"].evidence["cast"]
