@@ -360,4 +360,3 @@ def decode(vec: torch.Tensor | Sequence[float], ranges: Sequence[RangeSpec] = ()
 def tensor_stats(x: torch.Tensor, ranges: Sequence[RangeSpec] = ()) -> dict[str, Any]:
     """Convenience: compute and decode at once (syncs; for tests and offline tools)."""
     return decode(compute(x, ranges).cpu(), ranges)
-
