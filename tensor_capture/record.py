@@ -18,6 +18,7 @@ import torch
 
 from . import schema, stats
 from .config import CaptureConfig
+from .state import STATE
 from .writer import WriteItem
 
 
@@ -115,15 +116,26 @@ class RecordBuilder:
         return out
 
     # -- metadata --------------------------------------------------------------------------------
-    def recipe_specs(self, layer_type: str, tensor_name: str) -> dict[str, Any] | None:
-        """{gemm: spec summary} of a linear operand under the emulated recipe, else None."""
+    def recipe_specs(self, layer_type: str, tensor_name: str, module_path: str | None = None,
+                     layer: int | None = None) -> dict[str, Any] | None:
+        """{gemm: spec summary} of a linear operand as each GEMM it feeds computed, else None:
+        the precision plan's rule for this module (CUSTOM_QUANT_PLAN; {"kind": "hp"} where it
+        keeps the GEMM unquantized), else the emulated recipe."""
         role = schema.hp_twin_name(tensor_name)
         if layer_type != "linear" or not self.config.emulating:
             return None
         from quant.recipes import ROLES, get_recipe
 
-        recipe = get_recipe(self.config.quant_type)
-        return {g: recipe.spec(t, g).summary() for t, g in ROLES if t == role} or None
+        from .emulation import recipe_name
+
+        specs = {}
+        for t, g in ROLES:
+            if t == role:
+                name = recipe_name(module_path, layer, g) if STATE.plan is not None else (
+                    self.config.quant_type)
+                specs[g] = get_recipe(name).spec(t, g).summary() if name else {"kind": "hp",
+                                                                              "element": None}
+        return specs or None
 
     def timestamp(self) -> str:
         now = int(time.time())
@@ -150,7 +162,8 @@ class RecordBuilder:
         })
         if self.config.emulating:
             meta[schema.META_RECIPE] = self.config.quant_type
-            specs = self.recipe_specs(name.layer_type, name.tensor_name)
+            specs = self.recipe_specs(name.layer_type, name.tensor_name, site.module_path,
+                                      name.layer_idx)
             if specs:
                 meta[schema.META_RECIPE_SPECS] = specs
         if quant_axis is not None and variant == schema.VARIANT_HP:
