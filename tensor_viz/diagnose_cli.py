@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lowp_common import CommandParser, UserError, atomic_write_text, cli_entry, json_dumps
+from lowp_common.outputs import refuse_overwrite
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="diagnose the records around torn or foreign manifest lines instead of "
                         "refusing")
     p.add_argument("--limit", type=int, default=20, help="findings printed (default %(default)s)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the --json FILE of an earlier diagnosis")
     return p
 
 
@@ -48,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = Path(args.json)
         if target.is_dir() or not target.parent.is_dir():
             raise UserError(f"--json {target}: not a file in an existing folder")
+        refuse_overwrite([target], what="a diagnosis", force=args.force,
+                         elsewhere="give another --json FILE")
     from tensor_viz.diagnose import diagnose
 
     def say(text: str) -> None:

@@ -177,3 +177,15 @@ def test_the_same_capture_redraws_its_report_and_another_is_refused(tmp_path: Pa
     assert "drawn from" in capsys.readouterr().err
     assert (tmp_path / "draw" / "index.html").read_text() == index
     assert full.main([*other, "--force"]) == 0
+
+
+def test_lowp_diagnose_keeps_an_earlier_json_without_force(tmp_path: Path, capsys) -> None:
+    """Refused before the capture is read: the earlier diagnosis stays as it was."""
+    from tensor_viz import diagnose_cli
+
+    out = tmp_path / "diagnosis.json"
+    out.write_text('{"findings": []}\n')
+    assert diagnose_cli.main([str(tmp_path), "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "diagnosis.json holds a diagnosis written earlier" in err[0]
+    assert "--force" in err[0] and out.read_text() == '{"findings": []}\n'
