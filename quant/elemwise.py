@@ -41,11 +41,6 @@ class ElemParams:
                           overflow=spec.overflow_value, signed_zero=spec.signed_zero)
 
 
-def pow2_from_exponent(k: torch.Tensor) -> torch.Tensor:
-    """2^k as float32 for integer k in [-126, 127] (normal range), built from the bits."""
-    return ((k + 127) << 23).view(torch.float32)
-
-
 def pow2_any(k: torch.Tensor) -> torch.Tensor:
     """2^k as float32 for integer k in [-149, 127], including float32 subnormal powers."""
     k = k.to(torch.int32)

@@ -21,7 +21,6 @@ layer). Numerics configuration only: no Megatron, no capture.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,6 +247,3 @@ def dump_plan(plan: PrecisionPlan, header: str = "") -> str:
     lines = "".join(f"# {h}\n" for h in header.splitlines()) if header else ""
     return lines + yaml.safe_dump(plan.to_dict(), sort_keys=False)
 
-
-def plan_json(plan: PrecisionPlan) -> str:
-    return json.dumps(plan.to_dict())

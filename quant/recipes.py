@@ -335,11 +335,3 @@ def quantize_operand(x: torch.Tensor, recipe, tensor: str, gemm: str, *,
     return y.reshape(x.shape).to(x.dtype).contiguous()
 
 
-def recipe_quantizer(recipe, *, generator: Optional[torch.Generator] = None,
-                     state: Optional[DelayedScalingState] = None, key: object = None):
-    """A ``quant.gemm_plan.Quantizer`` (tensor, plan entry) -> tensor for the linear GEMMs."""
-    def q(t: torch.Tensor, p) -> torch.Tensor:
-        return quantize_operand(t, recipe, p.operand, p.gemm, generator=generator,
-                                state=state, key=key)
-
-    return q

@@ -409,7 +409,3 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     except ConfigError as exc:
         where = f" (config file {path})" if path else ""
         raise ConfigError(f"tensor capture: {exc}{where}") from None
-
-
-def with_overrides(config: CaptureConfig, **changes: Any) -> CaptureConfig:
-    return replace(config, **changes)

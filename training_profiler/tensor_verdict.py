@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from quant.analysis import HIGH_THRESHOLD, MEDIUM_THRESHOLD, severity
+from quant.analysis import MEDIUM_THRESHOLD
 from quant.format_loss import MARGIN_HIGH_DB, MARGIN_MEDIUM_DB, loss_severity
 from quant.formats import FORMATS
 
@@ -40,17 +40,6 @@ MEDIUM_RATIO = 2.0 ** (_BF16_BITS // 2)
 
 # --------------------------------------------------------------------------------------
 # graders: a number -> a level, and the words for the bound each level needs
-
-
-@dataclass(frozen=True)
-class SeverityGrade:
-    """A ratio graded by ``quant.analysis.severity`` (the project's one severity rule)."""
-
-    def level(self, value: float) -> str:
-        return SEVERITY_LEVEL[severity(value)]
-
-    def bound(self, level: str) -> str:
-        return {HIGH: f"above {HIGH_THRESHOLD:.0%}", MEDIUM: f"above {MEDIUM_THRESHOLD:.1%}"}[level]
 
 
 @dataclass(frozen=True)
@@ -123,12 +112,6 @@ def _format_rows(key: str, only: Callable[[str], bool] = lambda name: True):
 def _is_dtype(name: str) -> bool:
     """Training dtypes (bf16, fp16, ...): their cast makes an overflowing value Inf."""
     return FORMATS[name].torch_dtype is not None if name in FORMATS else False
-
-
-def _block_rows(r: dict) -> Iterable[tuple[Optional[str], float]]:
-    b = r["block_dynamic_range"]
-    pre = "fraction_beyond_"
-    return [(k[len(pre):], v) for k, v in b.items() if k.startswith(pre)]
 
 
 RULES: tuple[RiskRule, ...] = (
