@@ -100,6 +100,24 @@ def _saved(capture: Path, module: str, name: str) -> torch.Tensor:
     raise AssertionError(f"no {name} of {module} in {capture}")
 
 
+def test_every_flag_the_launcher_adds_is_one_this_megatron_lm_declares(checkout):
+    """The machine flags and the local layers' flags are options of Megatron-LM's own parser
+    (``add_megatron_arguments``; a misspelt flag would stop pretrain_gpt.py at parse time)."""
+    from training_driver.megatron_lm_command import MACHINE_FLAGS, transformer_impl_args
+
+    flags = [f for rule in MACHINE_FLAGS for f in rule.flags] + transformer_impl_args("bf16")
+    probe = ("import argparse, json, sys\n"
+             "from megatron.training.arguments import add_megatron_arguments\n"
+             "p = add_megatron_arguments(argparse.ArgumentParser())\n"
+             "print(json.dumps(sorted(p._option_string_actions)))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=checkout, capture_output=True,
+                         text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(checkout)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    declared = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert {f for f in flags if f.startswith("--")} <= declared
+
+
 def test_one_process_mxfp8_then_a_resume_with_stats_a_plan_the_diagnosis_and_the_report(
         checkout, small_data, tmp_path):
     work = tmp_path / "run"

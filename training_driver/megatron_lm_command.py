@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import CommandParser, UserError, cli_entry
-from .train_config import MODEL_SHAPES, SHAPE_KEYS
+from .train_config import MODEL_SHAPES, SHAPE_KEYS, TrainConfig, _te_available
 
 PROG = "train_llama32_1b_h100_fp8.sh"
 EXTRA = 'pip install -e ".[megatron-lm]"'
@@ -91,7 +91,7 @@ class Machine:
     def here(cls, te_custom_recipe: bool = False) -> "Machine":
         import torch
 
-        return cls(cuda=torch.cuda.is_available(), te=_imports("transformer_engine"),
+        return cls(cuda=torch.cuda.is_available(), te=_te_available(),
                    apex_softmax=_imports("scaled_masked_softmax_cuda"),
                    apex_wgrad=_imports("fused_weight_gradient_mlp_cuda"),
                    te_custom_recipe=te_custom_recipe)
@@ -135,15 +135,14 @@ def machine_flags(machine: Machine) -> tuple[list[str], list[str]]:
 
 
 def model_shape(model: str, overrides: dict[str, int | None]) -> dict[str, int]:
-    """MODEL_SHAPES[model] with the given fields replaced; UserError for an unknown model."""
+    """MODEL_SHAPES[model] with the given fields replaced (``TrainConfig.resolved_shape``, as
+    llama-train reads it); UserError for an unknown model or a shape Megatron cannot build."""
     if model not in MODEL_SHAPES:
         raise UserError(f"MODEL={model!r} is unknown: choose one of {', '.join(sorted(MODEL_SHAPES))}")
-    shape = dict(MODEL_SHAPES[model])
     for key, value in overrides.items():
-        if value is not None:
-            if value < 1:
-                raise UserError(f"{key.upper()}={value} must be a positive integer")
-            shape[key] = value
+        if value is not None and value < 1:
+            raise UserError(f"{key.upper()}={value} must be a positive integer")
+    shape = TrainConfig("", "", model=model, **overrides).resolved_shape()
     if shape["hidden_size"] % shape["num_attention_heads"]:
         raise UserError(f"HIDDEN_SIZE={shape['hidden_size']} is not a multiple of "
                         f"NUM_ATTENTION_HEADS={shape['num_attention_heads']}")
