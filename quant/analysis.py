@@ -32,30 +32,20 @@ from .elemwise import ElemParams, round_magnitude
 from .families import family_of
 from .formats import FormatSpec, format_for_dtype, get_format
 from .layout import to_blocks
+from .severity import (  # noqa: F401  (the analysis' severity names, defined once there)
+    HIGH_THRESHOLD,
+    MEDIUM_THRESHOLD,
+    SEVERITIES,
+    SEVERITY_HIGH,
+    SEVERITY_MEDIUM,
+    SEVERITY_NONE,
+    severity,
+    severity_label,
+)
 
-HIGH_THRESHOLD = 0.01
-MEDIUM_THRESHOLD = 0.001
 #: rounding modes whose overflow is judged by their nearest-rounding outcome
 _ANALYSIS_ROUNDING = {"stochastic": "nearest_even", "hybrid": "nearest_away"}
 
-
-#: the severity names, mildest first (every tool's one spelling; reports print
-#: :func:`severity_label`)
-SEVERITY_NONE, SEVERITY_MEDIUM, SEVERITY_HIGH = SEVERITIES = ("none", "medium", "high")
-
-
-def severity(ratio: float) -> str:
-    """'high' above 1 %, 'medium' above 0.1 %, else 'none'."""
-    if ratio > HIGH_THRESHOLD:
-        return SEVERITY_HIGH
-    if ratio > MEDIUM_THRESHOLD:
-        return SEVERITY_MEDIUM
-    return SEVERITY_NONE
-
-
-def severity_label(name: str) -> str:
-    """A severity as reports print it ("NONE", "MEDIUM", "HIGH"; the sweep's levels hold it)."""
-    return name.upper()
 
 
 @dataclass(frozen=True)

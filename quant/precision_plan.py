@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-ROLES = ("fprop", "dgrad", "wgrad")
-HP = "hp"
-#: spellings of "leave unquantized"
-_HP_WORDS = ("hp", "fp32", "none")
+from .formats import HIGH_PRECISION as HP
+from .formats import HIGH_PRECISION_NAMES
+from .gemm_plan import LINEAR_GEMMS as ROLES
+
 _RULE_KEYS = ("modules", "layers", "roles", "format")
 _TOP_KEYS = ("default", "rules", "version", "description", "made_by")
 ENV_PLAN = "CUSTOM_QUANT_PLAN"
@@ -133,7 +133,7 @@ def check_format(name: Any, where: str) -> str:
     from .recipes import RECIPES
 
     key = str(name).strip().lower() if isinstance(name, str) else None
-    if key in _HP_WORDS:
+    if key in HIGH_PRECISION_NAMES:
         return HP
     if key not in RECIPES:
         raise PlanError(f"{where}: format {name!r} is unknown; use one of "

@@ -29,10 +29,9 @@ from .formats import FORMATS, MX_OF_ELEMENT
 
 TENSORS = ("input", "weight", "grad_output")
 GEMMS = gemm_plan.LINEAR_GEMMS
-#: the six operand roles (tensor, gemm), in the order the GEMMs run
-ROLES: tuple[tuple[str, str], ...] = (("input", "fprop"), ("weight", "fprop"),
-                                      ("grad_output", "dgrad"), ("weight", "dgrad"),
-                                      ("grad_output", "wgrad"), ("input", "wgrad"))
+#: the six operand roles (tensor, gemm), in the order the GEMMs run (from quant.gemm_plan.PLAN)
+ROLES: tuple[tuple[str, str], ...] = tuple((p.operand, p.gemm) for p in gemm_plan.PLAN
+                                           if p.gemm in GEMMS)
 
 # OperandSpec.kind values: how the operand is scaled
 FORMAT = "format"              # one of our formats through quant.quantize (trivial recipes)
@@ -324,7 +323,7 @@ def quantize_operand(x: torch.Tensor, recipe, tensor: str, gemm: str, *,
     x2 = x.detach().reshape(-1, x.shape[-1]) if x.dim() != 2 else x.detach()
     m = (x2.t() if axis == 0 else x2).to(torch.float32)
     if spec.multiple and m.shape[1] % spec.multiple:
-        what = {"fprop": "in-features", "dgrad": "out-features", "wgrad": "tokens"}[gemm]
+        what = gemm_plan.plan(gemm, tensor).reduces_over
         raise ValueError(f"recipe {r.name}: {tensor} of the {gemm} GEMM has {m.shape[1]} "
                          f"{what} (its reduction axis); {r.name} needs a multiple of "
                          f"{spec.multiple} there")

@@ -19,20 +19,16 @@ from typing import Optional
 import torch
 
 from quant import gemm_plan
+from quant.formats import HIGH_PRECISION_NAMES
 
-#: formats meaning "leave the tensor in high precision"
-HIGH_PRECISION = ("hp", "fp32")
+from .factory import LAYOUT_GEMM
+
 #: TE layout -> the axis (of the [rows, cols] tensor) its blocks run along
 AXIS_OF_USAGE = {"rowwise": -1, "columnwise": 0}
-#: (QuantizerRole.tensor_type, layout) -> the quant.gemm_plan operand that layout feeds
+#: (QuantizerRole.tensor_type, layout) -> the quant.gemm_plan (gemm, operand) that layout feeds
+#: (derived from factory.LAYOUT_GEMM, the one table of which GEMM each layout feeds)
 USAGE_PLAN: dict[tuple[str, str], tuple[str, str]] = {
-    ("input", "rowwise"): ("forward", "input"),
-    ("input", "columnwise"): ("wgrad", "input"),
-    ("weight", "rowwise"): ("forward", "weight"),
-    ("weight", "columnwise"): ("dgrad", "weight"),
-    ("grad_output", "rowwise"): ("dgrad", "grad_output"),
-    ("grad_output", "columnwise"): ("wgrad", "grad_output"),
-}
+    (tensor, layout): (gemm, tensor) for (tensor, layout), gemm in LAYOUT_GEMM.items()}
 
 
 def as_2d(x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +42,7 @@ def usage_values(x2d: torch.Tensor, fmt: str, usage: str) -> torch.Tensor:
     import quant
 
     axis = AXIS_OF_USAGE[usage]
-    q = x2d if fmt in HIGH_PRECISION else quant.quantize(x2d, fmt, axis=axis)
+    q = x2d if fmt in HIGH_PRECISION_NAMES else quant.quantize(x2d, fmt, axis=axis)
     return q if usage == "rowwise" else q.t().contiguous()
 
 

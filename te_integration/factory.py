@@ -43,6 +43,8 @@ from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
 
 from lowp_common import CommandParser, UserError
+from quant.formats import HIGH_PRECISION as HP
+from quant.formats import HIGH_PRECISION_NAMES
 
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_ROLE_FORMATS = "LOWP_TE_ROLE_FORMATS"
@@ -65,7 +67,6 @@ UNSUPPORTED_MODULES = {
                        "without --moe-grouped-gemm, or without the custom recipe"),
 }
 OPERAND_TYPES = ("input", "weight", "grad_output")
-HP = "hp"
 
 
 class FactoryError(UserError, ValueError):
@@ -104,7 +105,7 @@ def _check_format(name: str, where: str) -> str:
     import quant
 
     key = name.strip().lower()
-    if key in (HP, "none", "fp32"):
+    if key in HIGH_PRECISION_NAMES:
         return HP
     if key not in quant.FORMATS:
         raise FactoryError(f"{where}: {name!r} is not a known format; valid: "

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from quant.formats import HIGH_PRECISION_NAMES
+
 from .state import STATE
 
 #: stochastic rounding's own random stream (seed + global rank), so emulation never draws from
@@ -64,7 +66,7 @@ def _delayed_state(iteration: int | None):
     return run.state
 
 
-_UNQUANTIZED = (None, "hp", "fp32", "none", "")
+_UNQUANTIZED = (None, "", *HIGH_PRECISION_NAMES)
 
 
 def recipe_name(site: str | None, layer: int | None, role: str) -> str | None:

@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 import torch
 
+from quant.formats import HIGH_PRECISION_NAMES
+
 from . import budget, schema, sites, whatif
 from .config import CaptureConfig, ConfigError, load_config, load_quant_plan
 from .policy import CapturePolicy, Warnings
@@ -391,7 +393,7 @@ def reset_tensor_saver() -> None:
 def _attention_format(recipe: str | None) -> str | None:
     from quant.recipes import get_recipe
 
-    if not recipe or recipe in ("hp", "fp32", "none"):
+    if not recipe or recipe in HIGH_PRECISION_NAMES:
         return None
     return get_recipe(recipe).attention_format
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from quant.formats import UNDERSCORED_NAMES  # the format table; loads no torch
+from quant.formats import HIGH_PRECISION, UNDERSCORED_NAMES  # the format table; loads no torch
 
 SCHEMA_VERSION = 3
 
@@ -242,7 +242,7 @@ META_MCORE_VERSION = "megatron_core_version"
 MANIFEST_FILE = "file"                # relative file name, None in stats-only mode
 
 # Values of META_VARIANT: the high-precision tensor, or the operand a GEMM saw (fake-quantized).
-VARIANT_HP = "hp"
+VARIANT_HP = HIGH_PRECISION
 VARIANT_QUANTIZED = "quantized"
 # Tensor-name suffixes of a quantized operand: "input_quantized" beside "input" (forward / dgrad
 # operand), "grad_output_quantized_wgrad" beside "grad_output" (quantized along the wgrad GEMM's

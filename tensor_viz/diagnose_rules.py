@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from quant.severity import HIGH_THRESHOLD
 from tensor_capture import schema
 from tensor_viz import rank_tables
 from tensor_viz.columnar import IndexState, sql_string
@@ -37,7 +38,7 @@ MIN_RATIO_FACTOR = 2.0          # ... and at least twice its first value
 #: projected crossing within this many times the observed span is HIGH, within 10x MEDIUM
 HIGH_SPAN, MEDIUM_SPAN = 1.0, 10.0
 #: the ratio a flush / overflow trend is projected to reach (quant.analysis' "high")
-RATIO_LIMIT = 0.01
+RATIO_LIMIT = HIGH_THRESHOLD
 #: captured (operation, tensor_name) of the GEMM operands the run's format casts -> the
 #: operand's name in quant.gemm_plan.PLAN (outputs such as grad_weight are not cast: their
 #: flush / overflow ratios describe nothing lost)

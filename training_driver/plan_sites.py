@@ -14,8 +14,9 @@ _ATTENTION_CLASSES = ("DotProductAttention", "TEDotProductAttention")
 
 
 def _is_linear(name: str) -> bool:
-    return name in ("ColumnParallelLinear", "RowParallelLinear") or (
-        name.startswith("TE") and "Linear" in name)
+    from tensor_capture.sites import LINEAR_CLASSES
+
+    return name in LINEAR_CLASSES or (name.startswith("TE") and "Linear" in name)
 
 
 def model_sites(model) -> list:

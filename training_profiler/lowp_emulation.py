@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from quant import gemm_plan
+from tensor_capture.sites import LINEAR_CLASSES as _MEGATRON_LINEARS
 
-# Megatron's tensor-parallel linears (local spec), recognised by class name so this module
-# never imports Megatron; their GEMMs run in ``_forward_impl``.
-_MEGATRON_LINEARS = {"ColumnParallelLinear", "RowParallelLinear"}
+# Megatron's tensor-parallel linears (local spec, _MEGATRON_LINEARS) are recognised by class
+# name so this module never imports Megatron; their GEMMs run in ``_forward_impl``.
 # Transformer Engine's: their GEMMs run inside TE's kernels, which cannot be emulated.
 _TE_LINEARS = {"TELinear", "TEColumnParallelLinear", "TERowParallelLinear",
                "TELayerNormColumnParallelLinear"}
