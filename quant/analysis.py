@@ -27,11 +27,11 @@ from typing import Optional, Union
 
 import torch
 
-from .dispatch import _check_input, quantize_raw, resolve_options
 from .elemwise import ElemParams, round_magnitude
 from .families import family_of
 from .formats import FormatSpec, format_for_dtype, get_format
 from .layout import to_blocks
+from .quantizer import Quantizer, check_input
 from .severity import (  # noqa: F401  (the analysis' severity names, defined once there)
     HIGH_THRESHOLD,
     MEDIUM_THRESHOLD,
@@ -262,14 +262,14 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
     and after (NaN in the result): the counts alone, for callers that run per tensor and per
     format (what-if numerics at capture).
     """
-    _check_input(x, "analyze_quantization")
-    spec = get_format(fmt)
-    rounding, block = resolve_options(spec, rounding, scale_mode, block_size, None)
+    check_input(x, "analyze_quantization")
+    quantizer = Quantizer.of(fmt, block_size=block_size, axis=axis, rounding=rounding,
+                             scale_mode=scale_mode, saturate=saturate)
+    spec, rounding, block = quantizer.spec, quantizer.rounding, quantizer.block
     with torch.no_grad():
         x = x.detach()
         if quantized is None:
-            quantized = quantize_raw(x, spec, block_size=block_size, axis=axis,
-                                     rounding=rounding, scale_mode=scale_mode, saturate=saturate)
+            quantized = quantizer(x)
         if quantized.shape != x.shape:
             raise ValueError(f"analyze_quantization: quantized has shape "
                              f"{tuple(quantized.shape)}, x has {tuple(x.shape)}")

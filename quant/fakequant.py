@@ -9,8 +9,8 @@ from typing import Optional, Union
 import torch
 
 from .analysis import analyze_quantization, warn_if_underflow
-from .dispatch import quantize_raw
 from .formats import FormatSpec
+from .quantizer import Quantizer, check_input
 
 ANALYZE_ENV = "QUANT_ANALYZE"
 
@@ -21,11 +21,15 @@ def _analysis_requested(analyze: Optional[bool]) -> bool:
     return os.environ.get(ANALYZE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
-             axis: int = -1, rounding: Optional[str] = None, scale_mode: str = "floor",
-             saturate: bool = True, generator: Optional[torch.Generator] = None,
+def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,
+             block_size: Optional[int] = None, axis: int = -1, rounding: Optional[str] = None,
+             scale_mode: str = "floor", saturate: bool = True,
+             generator: Optional[torch.Generator] = None,
              analyze: Optional[bool] = None, backend: str = "auto") -> torch.Tensor:
     """Fake-quantize ``x`` to format ``fmt``: returns the dequantized values, same shape and dtype.
+
+    ``fmt`` may be a configured quant.quantizer.Quantizer (built once by a caller that quantizes
+    many tensors alike); its options are then the quantizer's, and passing others is an error.
 
     rounding: nearest_even | nearest_away | toward_zero | stochastic, plus hybrid for hifp8
     (None = the format's default: nearest_away for hifp8, nearest_even otherwise); the random
@@ -38,15 +42,29 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], *, block_size: Option
     generator state.
     The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
     """
-    y = quantize_raw(x, fmt, block_size=block_size, axis=axis, rounding=rounding,
-                     scale_mode=scale_mode, saturate=saturate, generator=generator,
-                     backend=backend)
+    check_input(x)
+    options = dict(block_size=block_size, axis=axis, rounding=rounding, scale_mode=scale_mode,
+                   saturate=saturate, backend=backend)
+    if isinstance(fmt, Quantizer):
+        if options != _DEFAULTS:
+            raise ValueError("quantize: options come from the Quantizer passed as fmt; build it "
+                             "with them (Quantizer.of(fmt, ...)) instead of passing "
+                             f"{sorted(k for k in options if options[k] != _DEFAULTS[k])}")
+        q = fmt
+    else:
+        q = Quantizer.of(fmt, **options)
+    y = q(x, generator)
     if y.numel() and _analysis_requested(analyze):
-        report = analyze_quantization(x.detach(), fmt, block_size=block_size, axis=axis,
-                                      rounding=rounding, scale_mode=scale_mode,
-                                      saturate=saturate, quantized=y)
+        report = analyze_quantization(x.detach(), q.spec, block_size=q.block or None,
+                                      axis=q.axis, rounding=q.rounding,
+                                      scale_mode=q.scale_mode, saturate=q.saturate, quantized=y)
         warn_if_underflow(report)
     return y
+
+
+#: quantize's option defaults (a Quantizer passed as ``fmt`` carries its own)
+_DEFAULTS = dict(block_size=None, axis=-1, rounding=None, scale_mode="floor", saturate=True,
+                 backend="auto")
 
 
 class _QuantizeSTE(torch.autograd.Function):

@@ -16,7 +16,7 @@ class IdentityFamily(ScalingFamily):
 
     scaling = SCALING_IDENTITY
 
-    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    def quantize(self, x, q, generator=None):
         return x.clone()
 
     quantize_triton = quantize
@@ -27,14 +27,13 @@ class ElementFamily(ScalingFamily):
 
     scaling = SCALING_NONE
 
-    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-        return accel.run(cast_elements, x, (p, rounding, saturate),
-                         noise(x.shape, x.device, generator, rounding))
+    def quantize(self, x, q, generator=None):
+        return accel.run(cast_elements, x, (q.params, q.rounding, q.saturate),
+                         noise(x.shape, x.device, generator, q.rounding))
 
-    def quantize_triton(self, x, spec, p, rounding, saturate, scale_mode, block, axis,
-                        generator):
-        nz = noise(x.shape, x.device, generator, rounding)
-        return triton_kernels().cast_elements(x.contiguous(), p, rounding, saturate, nz)
+    def quantize_triton(self, x, q, generator=None):
+        nz = noise(x.shape, x.device, generator, q.rounding)
+        return triton_kernels().cast_elements(x.contiguous(), q, nz)
 
 
 IDENTITY = IdentityFamily()

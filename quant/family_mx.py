@@ -88,23 +88,22 @@ class MXFamily(ScalingFamily):
     def scales_from(self, amax_b, tensor_amax, spec: FormatSpec, scale_mode: str) -> Scales:
         return self.scales_of_amax(amax_b, spec.emax, spec.max_normal, scale_mode)
 
-    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-        static = (p, spec.emax, rounding, scale_mode, saturate)
-        inner_axis = along_inner(x, axis, rounding)
+    def quantize(self, x, q, generator=None):
+        static = (q.params, q.spec.emax, q.rounding, q.scale_mode, q.saturate)
+        inner_axis = along_inner(x, q.axis, q.rounding)
         if inner_axis is not None:      # weights / wgrad operands: no transposing copies
-            xb, restore = blocks_in_place(x, inner_axis, block)
+            xb, restore = blocks_in_place(x, inner_axis, q.block)
             return restore(accel.run(_quantize_inner, xb, static, keep_dims=2))
-        xb, restore = to_blocks(x, axis, block)
-        nz = noise(xb.shape, xb.device, generator, rounding)
+        xb, restore = to_blocks(x, q.axis, q.block)
+        nz = noise(xb.shape, xb.device, generator, q.rounding)
         return restore(accel.run(_quantize_blocks, xb, static, nz, keep_dims=1))
 
-    def quantize_triton(self, x, spec, p, rounding, saturate, scale_mode, block, axis,
-                        generator):
+    def quantize_triton(self, x, q, generator=None):
+        tk = triton_kernels()
         x = x.contiguous()
-        axis = block_axis(x, axis)
-        nz = block_noise(x, axis, block, generator, rounding)
-        return triton_kernels().quantize_mx(x, axis, block, p, spec.emax, rounding,
-                                            scale_mode, saturate, nz)
+        axis = block_axis(x, q.axis)
+        nz = block_noise(x, axis, q.block, generator, q.rounding)
+        return tk.quantize_blocks(x, q.along(axis), tk.MX_RULE, nz)
 
     # ---- Transformer Engine's MXFP8 -----------------------------------------------------
     @staticmethod

@@ -72,24 +72,23 @@ class NVFP4Family(ScalingFamily):
     def scales_from(self, amax_b, tensor_amax, spec: FormatSpec, scale_mode: str) -> Scales:
         return self.scales_of_amax(amax_b, tensor_amax)
 
-    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-        inner_axis = along_inner(x, axis, rounding)
+    def quantize(self, x, q, generator=None):
+        static = (q.params, q.rounding, q.saturate)
+        inner_axis = along_inner(x, q.axis, q.rounding)
         if inner_axis is not None:
-            xb, restore = blocks_in_place(x, inner_axis, block)
-            return restore(accel.run(_quantize_inner, xb, (p, rounding, saturate), keep_dims=2))
-        xb, restore = to_blocks(x, axis, block)
-        nz = noise(xb.shape, xb.device, generator, rounding)
-        return restore(accel.run(_quantize_blocks, xb, (p, rounding, saturate), nz,
-                                 keep_dims=1))
+            xb, restore = blocks_in_place(x, inner_axis, q.block)
+            return restore(accel.run(_quantize_inner, xb, static, keep_dims=2))
+        xb, restore = to_blocks(x, q.axis, q.block)
+        nz = noise(xb.shape, xb.device, generator, q.rounding)
+        return restore(accel.run(_quantize_blocks, xb, static, nz, keep_dims=1))
 
-    def quantize_triton(self, x, spec, p, rounding, saturate, scale_mode, block, axis,
-                        generator):
+    def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()
         x = x.contiguous()
-        axis = block_axis(x, axis)
+        axis = block_axis(x, q.axis)
         s_t = tensor_scale_of_amax(tk.finite_amax(x))
-        nz = block_noise(x, axis, block, generator, rounding)
-        return tk.quantize_nvfp4(x, axis, block, p, rounding, saturate, s_t, nz)
+        nz = block_noise(x, axis, q.block, generator, q.rounding)
+        return tk.quantize_blocks(x, q.along(axis), tk.NVFP4_RULE, nz, s_t)
 
     # ---- Transformer Engine's NVFP4 -----------------------------------------------------
     @staticmethod

@@ -57,17 +57,16 @@ class TensorFamily(ScalingFamily):
     def scales_from(self, amax_b, tensor_amax, spec: FormatSpec, scale_mode: str) -> Scales:
         return self.scales_of_amax(tensor_amax, spec.max_normal)
 
-    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
-        return accel.run(_quantize_tensor, x, (p, rounding, saturate),
-                         noise(x.shape, x.device, generator, rounding))
+    def quantize(self, x, q, generator=None):
+        return accel.run(_quantize_tensor, x, (q.params, q.rounding, q.saturate),
+                         noise(x.shape, x.device, generator, q.rounding))
 
-    def quantize_triton(self, x, spec, p, rounding, saturate, scale_mode, block, axis,
-                        generator):
+    def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()
         x = x.contiguous()
-        scale = scale_of_amax(tk.finite_amax(x), p.max_normal)
-        nz = noise(x.shape, x.device, generator, rounding)
-        return tk.cast_elements(x, p, rounding, saturate, nz, scale=scale)
+        scale = scale_of_amax(tk.finite_amax(x), q.params.max_normal)
+        nz = noise(x.shape, x.device, generator, q.rounding)
+        return tk.cast_elements(x, q, nz, scale=scale)
 
     # ---- Transformer Engine's variants --------------------------------------------------
     @staticmethod

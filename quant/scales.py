@@ -14,12 +14,15 @@ tensors keep that dimension with size 1, so they broadcast over the blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from .elemwise import ElemParams, finish, round_magnitude_
 from .formats import FormatSpec
+
+if TYPE_CHECKING:
+    from .quantizer import Quantizer
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,8 @@ class ScalingFamily:
 
     - :meth:`scales`: the Scales of float32 x in the family's layout;
     - :meth:`quantize` / :meth:`quantize_triton`: the torch and the Triton implementation of
-      "scales, then cast", called by quant.dispatch with the validated options;
+      "scales, then cast", called by a quant.quantizer.Quantizer with itself (the validated
+      options);
     - ``blocked``: whether the scales are per block along an axis (the layout of quant.layout).
     """
 
@@ -119,9 +123,15 @@ class ScalingFamily:
              noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         return cast_scaled(x, s, p, rounding, saturate, noise)
 
-    def quantize(self, x, spec, p, rounding, saturate, scale_mode, block, axis, generator):
+    def quantize(self, x: torch.Tensor, q: "Quantizer",
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """The torch kernels: x quantized as ``q`` (a validated quant.quantizer.Quantizer:
+        its element constants, rounding, saturation, scale mode, block and axis) configures."""
         raise NotImplementedError
 
-    def quantize_triton(self, x, spec, p, rounding, saturate, scale_mode, block, axis,
-                        generator):
+    def quantize_triton(self, x: torch.Tensor, q: "Quantizer",
+                        generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """The Triton kernels (quant.triton_kernels), bit-identical to :meth:`quantize`; a
+        blocked family passes its scale rule (a Triton function, data) to the one block
+        kernel, ``triton_kernels.quantize_blocks``."""
         raise NotImplementedError

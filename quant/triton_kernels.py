@@ -27,16 +27,19 @@ tensors; the tests use that to check them against the torch backend without a GP
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .elemwise import ElemParams
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
 from .interpreter import triton_interpreting
 from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
+
+if TYPE_CHECKING:
+    from .quantizer import Quantizer
 
 #: rounding mode name -> the kernels' constexpr code
 ROUNDING_CODE = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "stochastic": 3,
@@ -288,26 +291,56 @@ def _nvfp4_scales(amax, st_ptr):
     return tl.where(denom > 0.0, denom, 1.0), denom
 
 
+# ---- the block families' scale rules (data for the one block kernel) -----------------------
+# A rule is ``encode(v, amax, st_ptr, EMAX_ELEM, SCALE_MODE, MAX_NORMAL) -> (encoded v,
+# decode)``: the tile v [ROWS, BLOCK] scaled for the element cast, and the factor per block
+# the cast values are multiplied back by; ``st_ptr`` points at a per-tensor scale (two-level
+# families) and the constants are the quantizer's.
+
+@triton.jit
+def _mx_encode(v, amax, st_ptr, EMAX_ELEM: tl.constexpr, SCALE_MODE: tl.constexpr,
+               MAX_NORMAL: tl.constexpr):
+    """MX: x * 2^-s, decoded by 2^s."""
+    enc, dec = _mx_scales(amax, EMAX_ELEM, SCALE_MODE, MAX_NORMAL)
+    return v * enc[:, None], dec
+
+
+@triton.jit
+def _nvfp4_encode(v, amax, st_ptr, EMAX_ELEM: tl.constexpr, SCALE_MODE: tl.constexpr,
+                  MAX_NORMAL: tl.constexpr):
+    """NVFP4: x / (s_b * s_t) (IEEE division), decoded by s_b * s_t."""
+    enc, dec = _nvfp4_scales(amax, st_ptr)
+    return tl.div_rn(v, enc[:, None]), dec
+
+
+@dataclass(frozen=True)
+class BlockScaleRule:
+    """A blocked family's scale rule on the Triton backend: its ``encode`` function (above)
+    and the warps its kernel launches with. The family passes it to :func:`quantize_blocks`;
+    the kernel calls it and names no family."""
+
+    encode: Any
+    num_warps: int
+
+
+MX_RULE = BlockScaleRule(_mx_encode, NUM_WARPS["mx"])
+NVFP4_RULE = BlockScaleRule(_nvfp4_encode, NUM_WARPS["nvfp4"])
+
+
 @triton.jit
 def _block_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
-                  HAS_NOISE: tl.constexpr, TWO_LEVEL: tl.constexpr, EMAX_ELEM: tl.constexpr,
+                  HAS_NOISE: tl.constexpr, SCALE_RULE: tl.constexpr, EMAX_ELEM: tl.constexpr,
                   SCALE_MODE: tl.constexpr,
                   GRID_EMIN: tl.constexpr, GRID_EMAX: tl.constexpr, MBITS: tl.constexpr,
                   TAPERED: tl.constexpr, ROUNDING: tl.constexpr, MAX_NORMAL: tl.constexpr,
                   OVERFLOW: tl.constexpr, SATURATE: tl.constexpr, SIGNED_ZERO: tl.constexpr,
                   BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, ROWS: tl.constexpr,
                   ALIGNED: tl.constexpr):
-    """The block families' quantizer: the scales per block (MX: E8M0 exponent; TWO_LEVEL,
-    NVFP4: E4M3 block scale times the FP32 tensor scale at st_ptr), the element cast, the
-    decode; a block holding NaN/Inf becomes all NaN."""
+    """The block families' quantizer: the family's SCALE_RULE per block (a BlockScaleRule's
+    ``encode``), the element cast, the decode; a block holding NaN/Inf becomes all NaN."""
     offs, mask, v, noise, amax, nonfinite = _block_tile(
         x_ptr, noise_ptr, nblocks, n, inner, nkb, HAS_NOISE, BLOCK, BLOCK_P2, ROWS, ALIGNED)
-    if TWO_LEVEL:
-        enc, dec = _nvfp4_scales(amax, st_ptr)
-        v = tl.div_rn(v, enc[:, None])
-    else:
-        enc, dec = _mx_scales(amax, EMAX_ELEM, SCALE_MODE, MAX_NORMAL)
-        v = v * enc[:, None]
+    v, dec = SCALE_RULE(v, amax, st_ptr, EMAX_ELEM, SCALE_MODE, MAX_NORMAL)
     y = _cast(v, noise, GRID_EMIN, GRID_EMAX, MBITS, TAPERED, ROUNDING, MAX_NORMAL, OVERFLOW,
               SATURATE, SIGNED_ZERO) * dec[:, None]
     y = tl.where(nonfinite[:, None], float("nan"), y)
@@ -316,10 +349,11 @@ def _block_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
 
 # ---- host side -----------------------------------------------------------------------------
 
-def _elem_constants(p: ElemParams, rounding: str, saturate: bool) -> dict:
+def _elem_constants(q: "Quantizer") -> dict:
+    p = q.params
     return dict(GRID_EMIN=p.grid_emin, GRID_EMAX=p.grid_emax, MBITS=p.mbits, TAPERED=p.tapered,
-                ROUNDING=ROUNDING_CODE[rounding], MAX_NORMAL=float(p.max_normal),
-                OVERFLOW=OVERFLOW_CODE[p.overflow], SATURATE=bool(saturate),
+                ROUNDING=ROUNDING_CODE[q.rounding], MAX_NORMAL=float(p.max_normal),
+                OVERFLOW=OVERFLOW_CODE[p.overflow], SATURATE=bool(q.saturate),
                 SIGNED_ZERO=p.signed_zero)
 
 
@@ -332,11 +366,11 @@ def finite_amax(x: torch.Tensor) -> torch.Tensor:
     return partial.amax()
 
 
-def cast_elements(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
-                  noise: Optional[torch.Tensor] = None,
+def cast_elements(x: torch.Tensor, q: "Quantizer", noise: Optional[torch.Tensor] = None,
                   scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Element cast of contiguous x (any supported dtype), result in x's dtype; with ``scale``
-    (0-dim float32) the per-tensor scaled cast, inverse computed as the torch backend does."""
+    """Element cast of contiguous x (any supported dtype) as ``q`` configures it, result in
+    x's dtype; with ``scale`` (0-dim float32) the per-tensor scaled cast, inverse computed as
+    the torch backend does."""
     y = torch.empty_like(x)
     n = x.numel()
     inv = (1.0 / scale) if scale is not None else None
@@ -344,7 +378,7 @@ def cast_elements(x: torch.Tensor, p: ElemParams, rounding: str, saturate: bool,
         x, y, noise if noise is not None else x, scale if scale is not None else x,
         inv if inv is not None else x, n, HAS_NOISE=noise is not None,
         HAS_SCALE=scale is not None, BLOCK=ELEMENTS_PER_PROGRAM,
-        **_elem_constants(p, rounding, saturate), num_warps=NUM_WARPS["elements"], **_LAUNCH)
+        **_elem_constants(q), num_warps=NUM_WARPS["elements"], **_LAUNCH)
     return y
 
 
@@ -360,32 +394,21 @@ def _block_geometry(x: torch.Tensor, axis: int, block: int) -> tuple[int, int, i
     return n, inner, nkb, outer * nkb * inner
 
 
-def _block_launch(x, axis, block, noise, st, constants, warps) -> torch.Tensor:
+def quantize_blocks(x: torch.Tensor, q: "Quantizer", rule: BlockScaleRule,
+                    noise: Optional[torch.Tensor] = None,
+                    tensor_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Block fake quantization of contiguous x as ``q`` configures it (``q.axis`` non-negative,
+    blocks of ``q.block``), the scales by the family's ``rule``; ``tensor_scale``: the 0-dim
+    float32 per-tensor scale of a two-level rule."""
     y = torch.empty_like(x)
-    n, inner, nkb, nblocks = _block_geometry(x, axis, block)
-    p2 = triton.next_power_of_2(block)
+    n, inner, nkb, nblocks = _block_geometry(x, q.axis, q.block)
+    p2 = triton.next_power_of_2(q.block)
     rows = max(1, BLOCKS_PER_PROGRAM * 32 // p2)
     _block_kernel[(triton.cdiv(nblocks, rows),)](
-        x, y, noise if noise is not None else x, st, nblocks, n, inner, nkb,
-        HAS_NOISE=noise is not None, BLOCK=block, BLOCK_P2=p2, ROWS=rows,
-        ALIGNED=inner == 1 and n % block == 0, **constants, num_warps=warps, **_LAUNCH)
+        x, y, noise if noise is not None else x,
+        tensor_scale if tensor_scale is not None else x, nblocks, n, inner, nkb,
+        HAS_NOISE=noise is not None, SCALE_RULE=rule.encode, EMAX_ELEM=q.spec.emax,
+        SCALE_MODE=SCALE_MODE_CODE[q.scale_mode], BLOCK=q.block, BLOCK_P2=p2, ROWS=rows,
+        ALIGNED=inner == 1 and n % q.block == 0, **_elem_constants(q),
+        num_warps=rule.num_warps, **_LAUNCH)
     return y
-
-
-def quantize_mx(x: torch.Tensor, axis: int, block: int, p: ElemParams, emax_elem: int,
-                rounding: str, scale_mode: str, saturate: bool,
-                noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """MX fake quantization of contiguous x along ``axis`` (non-negative) in blocks of ``block``."""
-    return _block_launch(x, axis, block, noise, x,
-                         dict(TWO_LEVEL=False, EMAX_ELEM=emax_elem,
-                              SCALE_MODE=SCALE_MODE_CODE[scale_mode],
-                              **_elem_constants(p, rounding, saturate)), NUM_WARPS["mx"])
-
-
-def quantize_nvfp4(x: torch.Tensor, axis: int, block: int, p: ElemParams, rounding: str,
-                   saturate: bool, s_t: torch.Tensor,
-                   noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """NVFP4 fake quantization of contiguous x with the per-tensor scale ``s_t`` (0-dim fp32)."""
-    return _block_launch(x, axis, block, noise, s_t,
-                         dict(TWO_LEVEL=True, EMAX_ELEM=0, SCALE_MODE=0,
-                              **_elem_constants(p, rounding, saturate)), NUM_WARPS["nvfp4"])

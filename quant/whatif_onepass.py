@@ -35,11 +35,11 @@ from typing import Any, Iterable, NamedTuple
 
 import torch
 
-from .dispatch import SUPPORTED_DTYPES
 from .elemwise import ElemParams, RowParams, cast_rows_, float_exponent, powers_are_normal
 from .families import FAMILIES, family_of
 from .formats import DEFAULT_SCALE_MODE, FORMATS, SCALING_IDENTITY, FormatSpec
 from .metrics import relative_error_of_sums, sqnr_of_sums
+from .quantizer import SUPPORTED_DTYPES
 from .scales import finite_amax
 from .whatif_record import block_dict, element_dict, int_histogram
 

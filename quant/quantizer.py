@@ -1,0 +1,147 @@
+"""The quantizer: one configuration (format, rounding, scale mode, block, axis, saturation,
+backend), validated once, then called with tensors (``Quantizer.of(fmt, ...)(x)``).
+
+Why an object: every consumer (``quant.quantize``, the analysis, the what-if numbers, training
+emulation, the GEMM-operand plan, the TE factory's quantizers) used to thread the same seven
+options through every scaling family and backend as positional arguments. As in Transformer
+Engine (a quantizer configured once, then ``quantize(tensor)``), a :class:`Quantizer` holds
+them resolved (the format's default rounding, its block size, the element cast's constants);
+a scaling family reads what it needs from it (``family.quantize(x, quantizer, generator)``), so
+a new option is one field here, not a parameter in every family.
+
+``generator`` is a call argument, not configuration: it is state that advances with each draw.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Union
+
+import torch
+
+from .backends import resolve_backend
+from .elemwise import ElemParams
+from .families import family_of
+from .formats import DEFAULT_SCALE_MODE, FormatSpec, check_rounding, check_scale_mode, get_format
+from .scales import ScalingFamily
+
+__all__ = ["Quantizer", "SUPPORTED_DTYPES", "check_input"]
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_input(x, where: str = "quantize") -> None:
+    """TypeError naming the supported dtypes unless ``x`` is a tensor the quantizer takes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{where}: x has dtype {x.dtype}; supported input dtypes are float32, "
+                        "bfloat16 and float16 (convert first, e.g. x.float())")
+
+
+def _check_options(spec: FormatSpec, rounding: Optional[str], scale_mode: str,
+                   block_size: Optional[int]) -> tuple[str, int]:
+    """Validate options against the format; return (rounding, block size)."""
+    rounding = check_rounding(spec.default_rounding if rounding is None else rounding, spec)
+    check_scale_mode(scale_mode)
+    if scale_mode != DEFAULT_SCALE_MODE and not family_of(spec).has_scale_modes:
+        raise ValueError(f"scale_mode={scale_mode!r} only applies to MX formats (mx*); "
+                         f"{spec.name} has scaling {spec.scaling!r}")
+    if block_size is not None:
+        if not spec.is_block:
+            raise ValueError(f"block_size only applies to block formats (mx*, nvfp4); "
+                             f"{spec.name} is not one")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    return rounding, (block_size or spec.block_size or 0)
+
+
+def _check_generator(generator) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """A validated fake-quantization configuration; ``quantizer(x, generator=None)`` returns the
+    dequantized values of ``x`` (same shape and dtype, new contiguous tensor, no autograd).
+
+    Build it with :meth:`of` (which validates and resolves the defaults); ``rounding`` and
+    ``block`` are the resolved values (``block`` 0 for formats without blocks), ``params`` the
+    element cast's constants. :meth:`along` gives the same configuration on another axis.
+    """
+
+    spec: FormatSpec
+    rounding: str
+    scale_mode: str = DEFAULT_SCALE_MODE
+    block: int = 0
+    axis: int = -1
+    saturate: bool = True
+    backend: str = "auto"
+    params: ElemParams = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", ElemParams.of(self.spec))
+
+    @classmethod
+    def of(cls, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
+           axis: int = -1, rounding: Optional[str] = None, scale_mode: str = DEFAULT_SCALE_MODE,
+           saturate: bool = True, backend: str = "auto") -> "Quantizer":
+        """The quantizer of ``fmt`` with these options (quant.quantize's; ValueError /
+        TypeError naming the valid values). Built once per distinct configuration."""
+        try:
+            return _cached(fmt, block_size, axis, rounding, scale_mode, saturate, backend)
+        except TypeError as exc:
+            if "unhashable" not in str(exc):
+                raise
+        return _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend)
+
+    @property
+    def family(self) -> ScalingFamily:
+        """The scaling family that chooses this format's scales (quant.families)."""
+        return family_of(self.spec)
+
+    def along(self, axis: int) -> "Quantizer":
+        """This configuration with blocks along ``axis`` (built once per axis)."""
+        return self if axis == self.axis else _along(self, _checked_axis(axis))
+
+    def __call__(self, x: torch.Tensor,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        check_input(x)
+        _check_generator(generator)
+        family = self.family
+        run = (family.quantize_triton if resolve_backend(self.backend, x) == "triton"
+               else family.quantize)
+        with torch.no_grad():
+            xd = x.detach()
+            if xd.numel() == 0:
+                return xd.clone()
+            # kernels take the input dtype and compute in float32 (the casts fuse when compiled)
+            if self.spec.is_block and xd.dim() == 0:
+                return run(xd.reshape(1), self.along(0), generator).reshape(()).contiguous()
+            if not xd.is_contiguous() and not self.spec.is_block:
+                xd = xd.contiguous()
+            return run(xd, self, generator).contiguous()
+
+
+def _checked_axis(axis) -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise ValueError(f"axis must be an int, got {axis!r}")
+    return axis
+
+
+def _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend) -> Quantizer:
+    spec = get_format(fmt)
+    rounding, block = _check_options(spec, rounding, scale_mode, block_size)
+    return Quantizer(spec, rounding, scale_mode, block, _checked_axis(axis), saturate, backend)
+
+
+#: typed: block_size=True must not reuse block_size=1's quantizer (bool is refused)
+_cached = lru_cache(maxsize=1024, typed=True)(_build)
+
+
+@lru_cache(maxsize=1024)
+def _along(q: Quantizer, axis: int) -> Quantizer:
+    return dataclasses.replace(q, axis=axis)
+
