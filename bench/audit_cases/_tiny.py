@@ -1,0 +1,29 @@
+"""Shared pieces of the audit reproductions: a seeded tiny classifier and its batches."""
+from __future__ import annotations
+
+import torch
+
+VOCAB, DIM, BATCH = 32, 16, 8
+
+
+def seeded() -> torch.Generator:
+    torch.manual_seed(0)
+    return torch.Generator().manual_seed(0)
+
+
+class Tiny(torch.nn.Module):
+    """Embedding -> MLP -> logits over VOCAB classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, DIM)
+        self.hidden = torch.nn.Linear(DIM, DIM)
+        self.head = torch.nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(self.emb(tokens))))
+
+
+def batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, VOCAB, (BATCH, 4), generator=gen)
+    return tokens, tokens.roll(1, dims=1)

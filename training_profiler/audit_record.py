@@ -1,0 +1,389 @@
+"""The run-time precision audit's recorder: what ran, in which dtype, where, and how close to its
+dtype's limits, aggregated per call site so memory stays bounded however long the audit runs.
+
+A ``TorchDispatchMode`` sees every aten op after autocast chose its dtype (so it sees what ran,
+not what the source says). Autocast's own enabled flag reads False inside the mode (the mode runs
+with the keys above Python excluded), so the autocast state is tracked where it changes: the
+``torch.autocast`` context manager's enter/exit, read at the Python level. Module paths come from
+global forward hooks, the user's source line from the Python stack (frames in torch and in this
+package skipped). Optimizer steps, ``GradScaler.scale`` and custom autograd Functions are
+observed through their global hooks or a wrapper installed only while the audit runs; every hook
+and wrapper is removed on exit, so nothing is left after the audited steps.
+
+Nothing here changes a value: outputs are returned as computed, statistics are read from them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from quant.analysis import dtype_limits
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: at most this many call sites are kept; later new sites are only counted (bounded memory)
+MAX_SITES = 20_000
+#: range statistics are read on this many calls of a site (the rest only counts calls)
+STAT_CALLS = 4
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_SKIP_PREFIXES = (_TORCH_DIR, _OWN_DIR, "<frozen", os.path.dirname(os.__file__) + os.sep + "contextlib")
+_ADMIN_OPS = frozenset({"detach", "alias", "view", "_unsafe_view", "t", "transpose", "permute",
+                        "expand", "reshape", "squeeze", "unsqueeze", "select", "slice", "split",
+                        "clone", "empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like",
+                        "fill_", "zero_", "copy_", "_to_copy", "lift_fresh", "as_strided",
+                        "set_", "new_empty", "new_zeros", "_local_scalar_dense", "normal_",
+                        "uniform_", "randint", "arange", "full", "new_full", "index_select",
+                        "embedding", "unbind", "split_with_sizes", "contiguous", "stack", "cat"})
+
+
+@dataclass(frozen=True)
+class Where:
+    """A user source line: the first frame outside torch and this package."""
+
+    path: str
+    line: int
+
+
+@dataclass
+class OpSite:
+    """One call site of one op with one dtype signature, and its aggregated statistics."""
+
+    op: str
+    phase: str                      # "forward" or "backward"
+    module: str                     # module path ("" outside any module)
+    where: Where
+    in_dtypes: tuple[str, ...]
+    out_dtypes: tuple[str, ...]
+    autocast: str | None            # autocast dtype when active for the op's device
+    calls: int = 0
+    stat_calls: int = 0
+    absmax: float = 0.0             # over low-precision floating outputs
+    flushed: float = 0.0            # largest fraction of nonzero outputs below min_normal
+    saturated: float = 0.0          # largest fraction of outputs at +-Inf
+    reduced: int = 0                # largest input numel (how much a reduction accumulates)
+
+
+@dataclass
+class StepEvent:
+    """What one optimizer step showed: low-precision grads and params, state dtypes, eps."""
+
+    where: Where
+    optimizer: str
+    lowp_grad_elems: int = 0
+    lowp_grad_flushed: int = 0
+    grad_dtypes: set[str] = field(default_factory=set)
+    lowp_param_dtypes: set[str] = field(default_factory=set)
+    moved_elems: int = 0            # low-precision elements whose grad was nonzero
+    stuck_elems: int = 0            # ... and which the step left unchanged
+    fp16_states: list[str] = field(default_factory=list)
+    eps: list[float] = field(default_factory=list)
+
+
+@dataclass
+class FunctionCall:
+    """A custom autograd Function's dtypes in and out, aggregated per class and site."""
+
+    name: str
+    where: Where
+    in_dtypes: tuple[str, ...]
+    out_dtypes: tuple[str, ...]
+    autocast: str | None
+    custom_fwd: bool
+    calls: int = 0
+
+
+@dataclass
+class Record:
+    """Everything the rules read (see :mod:`training_profiler.audit_rules`)."""
+
+    sites: dict[tuple, OpSite] = field(default_factory=dict)
+    dropped_sites: int = 0
+    steps: list[StepEvent] = field(default_factory=list)
+    functions: dict[tuple, FunctionCall] = field(default_factory=dict)
+    scaler_calls: list[tuple[Where, bool]] = field(default_factory=list)
+    backward_calls: int = 0
+
+
+_CODE_INTERNAL: dict[Any, bool] = {}
+
+
+def user_frame(depth: int = 2) -> Where:
+    """The first frame outside torch, this package and the standard library's plumbing."""
+    f = sys._getframe(depth)
+    while f is not None:
+        code = f.f_code
+        internal = _CODE_INTERNAL.get(code)
+        if internal is None:
+            internal = _CODE_INTERNAL[code] = code.co_filename.startswith(_SKIP_PREFIXES)
+        if not internal:
+            return Where(code.co_filename, f.f_lineno)
+        f = f.f_back
+    return Where("<unknown>", 0)
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    return []
+
+
+def range_stats(t: torch.Tensor) -> tuple[float, float, float]:
+    """absmax, fraction of nonzero values below the dtype's min_normal (quant.analysis's
+    underflow), fraction at +-Inf (an overflow already happened), for the tensor's own dtype."""
+    lim = dtype_limits(t.dtype)
+    if lim is None or t.numel() == 0:
+        return 0.0, 0.0, 0.0
+    a = t.detach().abs()
+    absmax = float(a.max())
+    nonzero = int(torch.count_nonzero(a))
+    under = int(torch.count_nonzero((a < lim.min_normal) & (a > 0))) if nonzero else 0
+    inf = int(torch.count_nonzero(torch.isinf(a))) if absmax == float("inf") else 0
+    return absmax, (under / nonzero if nonzero else 0.0), inf / t.numel()
+
+
+class _ModuleStack:
+    """Module paths from global forward hooks: a child is named by its attribute in the module
+    that called it, a root by its class name."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        self.names: dict[int, str] = {}
+        self.handles: list = []
+        self.owners: list[torch.nn.Module] = []
+
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+        self.handles = [m.register_module_forward_pre_hook(self._pre),
+                        m.register_module_forward_hook(self._post, always_call=True)]
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _pre(self, module: torch.nn.Module, _inputs: Any) -> None:
+        name = self.names.get(id(module))
+        if name is None:
+            name = type(module).__name__
+            if self.stack:
+                parent = self.stack[-1]
+                for attr, child in self.owners[-1].named_children():
+                    if child is module:
+                        name = f"{parent}.{attr}"
+                        break
+            self.names[id(module)] = name
+        self.stack.append(name)
+        self.owners.append(module)
+
+    def _post(self, _module: torch.nn.Module, _inputs: Any, _output: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+            self.owners.pop()
+
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+
+class _AutocastState:
+    """Which devices autocast is on for, and its dtype, kept current at every enter/exit of
+    ``torch.autocast`` (the flag itself is not readable inside a dispatch mode)."""
+
+    DEVICES = ("cpu", "cuda")
+
+    def __init__(self) -> None:
+        self.active: dict[str, str | None] = {}
+        self._saved: tuple | None = None
+
+    def read(self) -> None:
+        for dev in self.DEVICES:
+            try:
+                on = torch.is_autocast_enabled(dev)
+            except RuntimeError:
+                on = False
+            self.active[dev] = str(torch.get_autocast_dtype(dev)).replace("torch.", "") if on else None
+
+    def install(self) -> None:
+        cls = torch.amp.autocast_mode.autocast
+        enter, exit_ = cls.__enter__, cls.__exit__
+        state = self
+
+        def __enter__(ac):
+            out = enter(ac)
+            state.read()
+            return out
+
+        def __exit__(ac, *exc):
+            out = exit_(ac, *exc)
+            state.read()
+            return out
+
+        self._saved = (cls, enter, exit_)
+        cls.__enter__, cls.__exit__ = __enter__, __exit__
+        self.read()
+
+    def remove(self) -> None:
+        if self._saved is not None:
+            cls, enter, exit_ = self._saved
+            cls.__enter__, cls.__exit__ = enter, exit_
+            self._saved = None
+
+
+class StopAudit(BaseException):
+    """Raised after the last audited optimizer step when a whole script runs under the audit
+    (a BaseException, so a script's ``except Exception`` does not swallow it)."""
+
+
+class Recorder(TorchDispatchMode):
+    """Records every op's dtypes and range per call site; see the module docstring."""
+
+    def __init__(self, max_steps: int | None = None) -> None:
+        super().__init__()
+        self.record = Record()
+        self.modules = _ModuleStack()
+        self.autocast = _AutocastState()
+        self.max_steps = max_steps
+        self._undo: list[Callable[[], None]] = []
+        self._snap: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._stopping = False
+
+    # ---- the op record ------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = func._overloadpacket.__name__
+        if op in _ADMIN_OPS:
+            return out
+        outs = _tensors(out)
+        if not any(t.is_floating_point() for t in outs):
+            return out
+        ins = _tensors(args) + _tensors(list((kwargs or {}).values()))
+        backward = torch._C._current_graph_task_id() != -1
+        where = user_frame(2)
+        dev = outs[0].device.type
+        key = (op, backward, self.modules.current() if not backward else "", where,
+               tuple(_dtype_name(t) for t in ins), tuple(_dtype_name(t) for t in outs),
+               self.autocast.active.get(dev))
+        site = self.record.sites.get(key)
+        if site is None:
+            if len(self.record.sites) >= MAX_SITES:
+                self.record.dropped_sites += 1
+                return out
+            site = self.record.sites[key] = OpSite(op, "backward" if backward else "forward",
+                                                   key[2], where, key[4], key[5], key[6])
+        site.calls += 1
+        if site.stat_calls < STAT_CALLS:
+            site.stat_calls += 1
+            site.reduced = max(site.reduced, max((t.numel() for t in ins), default=0))
+            for t in outs:
+                if t.dtype in LOW_PRECISION:
+                    absmax, flushed, saturated = range_stats(t)
+                    site.absmax = max(site.absmax, absmax)
+                    site.flushed = max(site.flushed, flushed)
+                    site.saturated = max(site.saturated, saturated)
+        return out
+
+    # ---- install / remove ---------------------------------------------------------------------
+    def __enter__(self):
+        self.modules.install()
+        self._undo.append(self.modules.remove)
+        self.autocast.install()
+        self._undo.append(self.autocast.remove)
+        from torch.optim import optimizer as optim_mod
+        pre = optim_mod.register_optimizer_step_pre_hook(self._step_pre)
+        post = optim_mod.register_optimizer_step_post_hook(self._step_post)
+        self._undo += [pre.remove, post.remove]
+        self._wrap_scaler()
+        self._wrap_function_apply()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            while self._undo:
+                self._undo.pop()()
+
+    def _wrap_scaler(self) -> None:
+        cls = torch.amp.GradScaler
+        original = cls.scale
+        rec = self.record
+
+        def scale(scaler, outputs):
+            rec.scaler_calls.append((user_frame(2), bool(scaler.is_enabled())))
+            return original(scaler, outputs)
+
+        cls.scale = scale
+        self._undo.append(lambda: setattr(cls, "scale", original))
+
+    def _wrap_function_apply(self) -> None:
+        fn_cls = torch.autograd.function.Function
+        original = fn_cls.__dict__["apply"]
+        rec, autocast = self.record, self.autocast
+
+        def apply(cls, *args, **kwargs):
+            out = original.__func__(cls, *args, **kwargs)
+            ins = [t for t in _tensors(list(args)) if t.is_floating_point()]
+            outs = [t for t in _tensors(out) if t.is_floating_point()]
+            if ins and outs:
+                where = user_frame(2)
+                dev = outs[0].device.type
+                key = (cls.__qualname__, where, tuple(_dtype_name(t) for t in ins),
+                       tuple(_dtype_name(t) for t in outs), autocast.active.get(dev))
+                call = rec.functions.get(key)
+                if call is None:
+                    wrapped = getattr(cls.forward, "__wrapped__", None) is not None
+                    call = rec.functions[key] = FunctionCall(cls.__qualname__, where, key[2],
+                                                             key[3], key[4], wrapped)
+                call.calls += 1
+            return out
+
+        fn_cls.apply = classmethod(apply)
+        self._undo.append(lambda: setattr(fn_cls, "apply", original))
+
+    # ---- optimizer steps ------------------------------------------------------------------------
+    def _step_pre(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        ev = StepEvent(user_frame(2), type(optimizer).__name__)
+        self._snap = []
+        for group in optimizer.param_groups:
+            eps = group.get("eps")
+            if isinstance(eps, (int, float)):
+                ev.eps.append(float(eps))
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                ev.grad_dtypes.add(_dtype_name(g))
+                if g.dtype in LOW_PRECISION:
+                    lim = dtype_limits(g.dtype)
+                    ev.lowp_grad_elems += g.numel()
+                    ev.lowp_grad_flushed += int(torch.count_nonzero(g.detach().abs() < lim.min_normal))
+                if p.dtype in LOW_PRECISION:
+                    ev.lowp_param_dtypes.add(_dtype_name(p))
+                    self._snap.append((p, p.detach().clone(), g.detach() != 0))
+        self.record.steps.append(ev)
+
+    def _step_post(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        ev = self.record.steps[-1]
+        for p, before, moving in self._snap:
+            ev.moved_elems += int(moving.sum())
+            ev.stuck_elems += int((moving & (p.detach() == before)).sum())
+        self._snap = []
+        for state in optimizer.state.values():
+            for name, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dtype == torch.float16 and value.numel() > 1:
+                    if name not in ev.fp16_states:
+                        ev.fp16_states.append(name)
+        if self.max_steps is not None and len(self.record.steps) >= self.max_steps and not self._stopping:
+            self._stopping = True
+            raise StopAudit
