@@ -247,7 +247,7 @@ def _element_masks(x32, spec, axis, block, scale_mode, rounding):
     return over_v, under_v, scales, block_finite
 
 
-def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
+def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,
                          block_size: Optional[int] = None, axis: int = -1,
                          rounding: Optional[str] = None, scale_mode: str = "floor",
                          saturate: bool = True,
@@ -255,7 +255,8 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
                          summaries: bool = True) -> QuantAnalysis:
     """Count overflow / underflow / flush-to-zero of quantizing ``x`` to ``fmt``.
 
-    Same options as quantize(); pass ``quantized`` (the result of quantize with those options)
+    Same options as quantize() (or a configured Quantizer as ``fmt``, which carries them); pass
+    ``quantized`` (the result of quantize with those options)
     to avoid quantizing twice. Stochastic (hybrid) rounding is analysed with its nearest-even
     (nearest-away) outcome for overflow; flush-to-zero always comes from the actual quantized
     values. ``summaries=False`` skips the range / absmax / smallest-nonzero summaries before
@@ -263,9 +264,10 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec], *,
     format (what-if numerics at capture).
     """
     check_input(x, "analyze_quantization")
-    quantizer = Quantizer.of(fmt, block_size=block_size, axis=axis, rounding=rounding,
-                             scale_mode=scale_mode, saturate=saturate)
+    quantizer = Quantizer.resolve(fmt, "analyze_quantization", block_size=block_size, axis=axis,
+                                  rounding=rounding, scale_mode=scale_mode, saturate=saturate)
     spec, rounding, block = quantizer.spec, quantizer.rounding, quantizer.block
+    axis, scale_mode = quantizer.axis, quantizer.scale_mode
     with torch.no_grad():
         x = x.detach()
         if quantized is None:

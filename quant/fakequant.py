@@ -43,28 +43,12 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,
     The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
     """
     check_input(x)
-    options = dict(block_size=block_size, axis=axis, rounding=rounding, scale_mode=scale_mode,
-                   saturate=saturate, backend=backend)
-    if isinstance(fmt, Quantizer):
-        if options != _DEFAULTS:
-            raise ValueError("quantize: options come from the Quantizer passed as fmt; build it "
-                             "with them (Quantizer.of(fmt, ...)) instead of passing "
-                             f"{sorted(k for k in options if options[k] != _DEFAULTS[k])}")
-        q = fmt
-    else:
-        q = Quantizer.of(fmt, **options)
+    q = Quantizer.resolve(fmt, block_size=block_size, axis=axis, rounding=rounding,
+                          scale_mode=scale_mode, saturate=saturate, backend=backend)
     y = q(x, generator)
     if y.numel() and _analysis_requested(analyze):
-        report = analyze_quantization(x.detach(), q.spec, block_size=q.block or None,
-                                      axis=q.axis, rounding=q.rounding,
-                                      scale_mode=q.scale_mode, saturate=q.saturate, quantized=y)
-        warn_if_underflow(report)
+        warn_if_underflow(analyze_quantization(x.detach(), q, quantized=y))
     return y
-
-
-#: quantize's option defaults (a Quantizer passed as ``fmt`` carries its own)
-_DEFAULTS = dict(block_size=None, axis=-1, rounding=None, scale_mode="floor", saturate=True,
-                 backend="auto")
 
 
 class _QuantizeSTE(torch.autograd.Function):

@@ -97,6 +97,21 @@ class Quantizer:
                 raise
         return _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend)
 
+    @classmethod
+    def resolve(cls, fmt: Union[str, FormatSpec, "Quantizer"], where: str = "quantize",
+                **options) -> "Quantizer":
+        """``fmt`` itself when it is a Quantizer (then ``options`` must be :meth:`of`'s
+        defaults: its options are its own), else ``Quantizer.of(fmt, **options)``: how the
+        functions that take a format name or a quantizer (quant.quantize, the analysis) read
+        their arguments."""
+        if not isinstance(fmt, Quantizer):
+            return cls.of(fmt, **options)
+        passed = sorted(k for k, v in options.items() if v != _OF_DEFAULTS[k])
+        if passed:
+            raise ValueError(f"{where}: options come from the Quantizer passed as fmt; build it "
+                             f"with them (Quantizer.of(fmt, ...)) instead of passing {passed}")
+        return fmt
+
     @property
     def family(self) -> ScalingFamily:
         """The scaling family that chooses this format's scales (quant.families)."""
@@ -123,6 +138,11 @@ class Quantizer:
             if not xd.is_contiguous() and not self.spec.is_block:
                 xd = xd.contiguous()
             return run(xd, self, generator).contiguous()
+
+
+#: :meth:`Quantizer.of`'s option defaults
+_OF_DEFAULTS = dict(block_size=None, axis=-1, rounding=None, scale_mode=DEFAULT_SCALE_MODE,
+                    saturate=True, backend="auto")
 
 
 def _checked_axis(axis) -> int:

@@ -13,9 +13,10 @@ from typing import Any, Optional, Sequence
 import torch
 
 from . import elemwise, sweep_verdicts
-from .elemwise import ElemParams, round_magnitude_
+from .elemwise import round_magnitude_
 from .family_tensor import TENSOR
 from .formats import FormatSpec, element_formats, get_format
+from .quantizer import Quantizer
 from .scales import cast_scaled
 
 #: element formats the sweep accepts (the ``--elem-format`` choices): those with an MX format
@@ -33,8 +34,8 @@ class SweepInputError(ValueError):
 @dataclass(frozen=True)
 class ElementGrid:
     """The sweep's view of an element format (quant.formats' FormatSpec): its range, and the
-    facts the batched counts need. The cast is quant.elemwise's (``params``), the one element
-    cast every quantizer uses.
+    facts the batched counts need. The cast is the element cast of ``quantizer`` (the format's
+    quant.quantizer.Quantizer, nearest even and saturating: quant.elemwise's one cast).
 
     Floats: values are multiples of ``2^(max(e, emin) - mbits)`` for binade ``e``;
     integers (fixed point): multiples of ``step``. ``max_normal`` saturates.
@@ -49,7 +50,8 @@ class ElementGrid:
     is_int: bool
     step: float        # grid step (ints); min_subnormal for floats
     ebits: int = 0
-    params: Optional[ElemParams] = None
+    #: the sweep's element cast (quant.quantizer: nearest even, saturating), configured once
+    quantizer: Optional[Quantizer] = None
 
     @property
     def layout(self) -> str:
@@ -80,7 +82,7 @@ class ElementGrid:
     def round_(self, a: torch.Tensor) -> torch.Tensor:
         """Round non-negative float32 magnitudes ``a`` (at most ``overflow_cap``) onto the grid
         to nearest even, in place, without saturation (quant.elemwise.round_magnitude_)."""
-        return round_magnitude_(a, self.params, "nearest_even")
+        return round_magnitude_(a, self.quantizer.params, self.quantizer.rounding)
 
 
 def element_grid(spec: FormatSpec, name: str | None = None) -> ElementGrid:
@@ -89,18 +91,19 @@ def element_grid(spec: FormatSpec, name: str | None = None) -> ElementGrid:
     maxn, minn = float(spec.max_normal), float(spec.min_normal)
     minsub = float(spec.min_subnormal or minn)
     ebits, mbits = int(spec.ebits or 0), int(spec.mbits)
-    params = ElemParams.of(spec)
+    quantizer = Quantizer.of(spec, rounding="nearest_even")
     if ebits == 0:  # fixed point: uniform grid
-        return ElementGrid(name, maxn, minn, minsub, mbits, 0, True, minsub, 0, params)
+        return ElementGrid(name, maxn, minn, minsub, mbits, 0, True, minsub, 0, quantizer)
     emin = int(round(math.log2(minn)))
     if 2.0 ** emin != minn or mbits > 22:
         raise ValueError(f"{name}: min_normal {minn} is not a power of two or mbits {mbits} > 22")
-    return ElementGrid(name, maxn, minn, minsub, mbits, emin, False, minsub, ebits, params)
+    return ElementGrid(name, maxn, minn, minsub, mbits, emin, False, minsub, ebits, quantizer)
 
 
 def cast_elements(v: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
     """Cast already-scaled float32 values to the element format (saturating, RNE)."""
-    return elemwise.cast_elements(v.to(torch.float32), grid.params, "nearest_even", True)
+    q = grid.quantizer
+    return elemwise.cast_elements(v.to(torch.float32), q.params, q.rounding, q.saturate)
 
 
 def cast_levels(x: torch.Tensor, factors: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
@@ -110,7 +113,8 @@ def cast_levels(x: torch.Tensor, factors: torch.Tensor, grid: ElementGrid) -> to
     (it materializes all rows); the sweep itself never does.
     """
     s = TENSOR.levels(factors)
-    return cast_scaled(x.to(torch.float32)[None, :], s, grid.params, "nearest_even", True)
+    q = grid.quantizer
+    return cast_scaled(x.to(torch.float32)[None, :], s, q.params, q.rounding, q.saturate)
 
 
 # --------------------------------------------------------------------------------------

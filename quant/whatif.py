@@ -36,6 +36,7 @@ from .fakequant import quantize
 from .families import family_of
 from .formats import DEFAULT_SCALE_MODE, WHATIF_FORMATS, FormatSpec, get_format
 from .layout import to_blocks
+from .quantizer import Quantizer
 from .whatif_record import SCALE_KIND_MX, SCALE_KIND_NVFP4, block_dict, element_dict, int_histogram
 
 __all__ = ["DEFAULT_WHATIF_FORMATS", "SCALE_KIND_MX", "SCALE_KIND_NVFP4", "whatif",
@@ -80,8 +81,9 @@ def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict
         if x.dim() == 0:
             x, axis = x.reshape(1), 0
         axis = axis % x.dim()
-        q = quantize(x, spec.name, axis=axis)
-        an = analyze_quantization(x, spec.name, axis=axis, quantized=q, summaries=False)
+        quantizer = Quantizer.of(spec, axis=axis)
+        q = quantize(x, quantizer)
+        an = analyze_quantization(x, quantizer, quantized=q, summaries=False)
         out = element_dict(axis, metrics.sqnr(x, q), metrics.relative_error(x, q),
                            an.overflow_count, an.underflow_count, an.flush_to_zero_count,
                            an.total)

@@ -40,9 +40,12 @@ def usage_values(x2d: torch.Tensor, fmt: str, usage: str) -> torch.Tensor:
     """The operand TE's ``usage`` layout holds: ``x2d`` fake-quantized to ``fmt`` along
     AXIS_OF_USAGE (quant.quantize), transposed for the columnwise layout."""
     import quant
+    from quant.quantizer import Quantizer
 
-    axis = AXIS_OF_USAGE[usage]
-    q = x2d if fmt in HIGH_PRECISION_NAMES else quant.quantize(x2d, fmt, axis=axis)
+    if fmt in HIGH_PRECISION_NAMES:
+        q = x2d
+    else:       # one configured quantizer per format and layout (built once, then reused)
+        q = quant.quantize(x2d, Quantizer.of(fmt, axis=AXIS_OF_USAGE[usage]))
     return q if usage == "rowwise" else q.t().contiguous()
 
 

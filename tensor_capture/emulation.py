@@ -116,6 +116,13 @@ def _attention_format(fmt: str | None, site: str | None = None,
     return recipes.get_recipe(name).attention_format
 
 
+def _quantizer(name: str, axis: int):
+    """The attention operand's quant.quantizer.Quantizer (built once per format and axis)."""
+    from quant.quantizer import Quantizer
+
+    return Quantizer.of(name, axis=axis)
+
+
 def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: str | None = None,
              site: str | None = None, iteration: int | None = None,
              layer: int | None = None) -> torch.Tensor:
@@ -126,7 +133,7 @@ def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: s
     name = _attention_format(fmt, site, layer)
     if name is None:
         return x
-    q = quant.quantize(x, name, axis=axis)
+    q = quant.quantize(x, _quantizer(name, axis))
     if STATE.warn_underflow and kind is not None:
         from . import underflow
 
@@ -143,7 +150,7 @@ def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
     name = _attention_format(fmt, site, layer)
     if name is None:
         return x
-    q = quant.quantize_ste(x, name, axis=axis)
+    q = quant.quantize_ste(x, _quantizer(name, axis))
     if STATE.warn_underflow and kind is not None:
         from . import underflow
 
