@@ -1,0 +1,28 @@
+"""Bug kind fp16-without-loss-scaling: float16 autocast with no GradScaler, so the float16
+activation gradients of the backward pass are not protected from underflow."""
+import torch
+import torch.nn.functional as F
+
+from _tiny import Tiny, batch, seeded
+
+USE_SCALER = False
+
+
+def main(steps: int = 3) -> None:
+    gen = seeded()
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, enabled=USE_SCALER)
+    for _ in range(steps):
+        tokens, targets = batch(gen)
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(tokens)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+
+if __name__ == "__main__":
+    main()
