@@ -85,6 +85,7 @@ setup(
             "lowp-te-check=te_integration.check_cli:main",
             "lowp-attribute=attribution.cli:main",
             "lowp-diagnose=tensor_viz.diagnose_cli:main",
+            "lowp-audit=training_profiler.audit_cli:main",
         ]
     },
 )

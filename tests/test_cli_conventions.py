@@ -144,6 +144,10 @@ MISTAKES: dict[str, dict[str, list[str] | str]] = {
         "missing": ["{missing}"], "corrupt": ["{corrupt_capture}"],
         "unknown": ["{tmp}", "--loss", "{missing}"], "flag": ["{tmp}", "--ref", "{tmp}"],
         "unwritable": ["{tmp}", "--json", "{unwritable}/d.json"]},
+    "lowp-audit": {
+        "missing": ["{missing}"], "corrupt": ["{corrupt_py}"],
+        "unknown": ["{corrupt_py}", "--fail-on", "fatal"], "flag": ["{corrupt_py}", "--step", "2"],
+        "unwritable": ["{corrupt_py}", "--json", "{unwritable}/a.json"]},
 }
 KINDS = ("missing", "corrupt", "unknown", "flag", "unwritable")
 

@@ -58,12 +58,12 @@ def precision_audit(max_steps: int | None = None) -> PrecisionAudit:
     return PrecisionAudit(max_steps)
 
 
-def format_findings(findings: Sequence[Finding], fmt: str = "text") -> str:
-    """The static checker's text / line / json output of run-time findings."""
+def format_findings(findings: Sequence[Finding], fmt: str = "text", files_checked: int = 1) -> str:
+    """The static checker's text / line / json output of run-time findings (``files_checked``:
+    the scripts audited, for its summary line)."""
     from training_profiler.static_checker import FORMATTERS, Report
 
-    files = {f.path for f in findings}
-    return FORMATTERS[fmt](Report(findings=list(findings), files_checked=len(files)))
+    return FORMATTERS[fmt](Report(findings=list(findings), files_checked=files_checked))
 
 
 def audit_precision(fn: Callable | None = None, *, steps: int = 2,
