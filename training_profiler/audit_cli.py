@@ -59,6 +59,18 @@ def audit_script(script: str, args: Sequence[str] = (), steps: int = 2, prog: st
     return outcome, 1
 
 
+def merge_audit(report, script: str, steps: int = 2) -> list:
+    """``amp-static-check --audit SCRIPT``: run SCRIPT under the audit and add its findings to
+    the static checker's ``report``; returns the static checker's ``FileError`` for a script
+    that failed on its own (so the command exits 1), else nothing."""
+    from training_profiler.static_checker import FileError
+
+    outcome, failed = audit_script(script, (), steps, prog="amp-static-check")
+    report.findings.extend(outcome.findings)
+    report.files_checked += 1
+    return [FileError(script, 0, "the audited script failed (traceback file named on stderr)")] if failed else []
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog=PROG,

@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "medium = the precision is decided outside the scan, low = no training seen "
                    "(default: low for one file or a folder of loose scripts, high for a project that "
                    "trains, medium for a model library in which nothing trains)")
+    p.add_argument("--audit", metavar="SCRIPT", default=None,
+                   help="also run SCRIPT for 2 optimizer steps under the run-time precision audit "
+                   "(lowp-audit) and merge its findings (what ran in which dtype, which no source shows)")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
     return p
 
@@ -372,6 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rules = select_rules(args.select.split(","), args.ignore.split(","))
         minimum = Confidence.parse(args.min_confidence) if args.min_confidence else None
         report = check_paths(args.paths, rules, context=args.context, min_confidence=minimum)
+        if args.audit:  # run-time findings merged in the same report (training_profiler.audit)
+            from training_profiler.audit_cli import merge_audit
+            report.errors += merge_audit(report, args.audit)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
     text = FORMATTERS[args.format](report)
