@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 from lowp_common import human_bytes
 
-from .config import CaptureConfig
+from .config import MODE_RECORDER, CaptureConfig
 from .ranks import global_rank
 
 DISK_FRACTION = 0.5          # of the free disk at start, per node
@@ -70,18 +70,27 @@ def any_rank(flag: bool) -> bool:
     held here the worker's drop is never the last one; the main thread's is, at the next
     agreement or at interpreter teardown (where torch no longer touches Python objects).
     """
+    return bool(max_over_ranks([float(flag)])[0])
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """Each entry's maximum over the ranks: one all-reduce (MAX) of a small float64 vector
+    over the default process group when more than one rank runs (every rank must call it at
+    the same point with as many values), else ``values``. The agreement of :func:`any_rank`
+    and of the flight recorder's triggers (tensor_capture.recorder); the work handle is kept
+    as :func:`any_rank` explains."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return flag
+        return list(values)
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend() == "nccl" else torch.device("cpu"))
-    value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    work = dist.all_reduce(value, op=dist.ReduceOp.MAX, async_op=True)
+    vec = torch.tensor(values, dtype=torch.float64, device=device)
+    work = dist.all_reduce(vec, op=dist.ReduceOp.MAX, async_op=True)
     work.wait()
     _AGREEMENT_WORK[:] = [work]
-    return bool(value.item())
+    return vec.tolist()
 
 
 def agreement_due(config: CaptureConfig, iteration: int) -> bool:
@@ -116,7 +125,9 @@ def bounded(config: CaptureConfig, env: Mapping[str, str] = os.environ,
     """``config`` with the default bounds filled in, plus a note per default applied."""
     changes: dict[str, Any] = {}
     notes: dict[str, str] = {}
-    if config.max_iterations is None and config.iter_end is None:
+    if config.max_iterations is None and config.mode == MODE_RECORDER:
+        changes["max_iterations"] = math.inf   # the recorder bounds itself: J per trigger
+    elif config.max_iterations is None and config.iter_end is None:
         changes["max_iterations"] = max(config.min_iterations, 1)
         notes["max_iterations"] = "default: min_iterations"
     if config.byte_budget is None and config.enabled and not config.stats_only:

@@ -24,6 +24,7 @@ ENV_PLAN = "CUSTOM_QUANT_PLAN"              # a precision plan file (quant.preci
 ENV_CONFIG = "TENSOR_SAVE_CONFIG"
 ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "none": off
 ENV_TENSORBOARD = "TENSOR_SAVE_TENSORBOARD_DIR"   # what-if numerics as TensorBoard events here
+ENV_MODE = "TENSOR_SAVE_MODE"               # capture (default) | recorder (the flight recorder)
 
 # Values of CUSTOM_QUANT_TYPE that mean "no emulation" (the label still goes into file names).
 NO_QUANT = ("fp32", "none", "")
@@ -32,6 +33,12 @@ _FALSE = ("0", "false", "no", "off", "")
 _OPERATIONS = ("forward", "backward")
 _PHASES = ("pre", "post")
 _LAYER_TYPES = ("attention", "linear")
+#: capture modes: "capture" saves the selected iterations; "recorder" keeps mergeable statistics of
+#: every iteration in a ring and captures in full only after a trigger (tensor_capture.recorder)
+MODE_CAPTURE, MODE_RECORDER = "capture", "recorder"
+MODES = (MODE_CAPTURE, MODE_RECORDER)
+#: the recorder's host memory when the config names none (ring + summaries waiting to be written)
+RECORDER_MEMORY = 256 * 2**20
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -94,6 +101,16 @@ class CaptureConfig:
     tensorboard_dir: str | None = None        # what-if numerics to TensorBoard (None: Megatron's)
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn by quant.format_loss
+    # -- the flight recorder (mode: recorder; tensor_capture.recorder, docs/capture.md) ----------
+    mode: str = MODE_CAPTURE                  # TENSOR_SAVE_MODE
+    recorder_window: int = 8                  # W: iterations the ring keeps (per micro-batch)
+    recorder_every: int = 1                   # N: statistics reach the host every N iterations
+    recorder_summary_every: int = 50          # K: summary rows written every K iterations
+    recorder_trigger_iterations: int = 2      # J: iterations captured in full after a trigger
+    recorder_memory: int | float = RECORDER_MEMORY   # bound on the ring's memory (bytes)
+    recorder_stop_on_trigger: bool = False    # stop the run once a trigger's capture is written
+    recorder_warmup: int = 10                 # iterations before loss / grad-norm / flush rules judge
+    recorder_sigma: float = 6.0               # how far above its rolling baseline a spike is
 
     @property
     def emulating(self) -> bool:
@@ -113,6 +130,7 @@ def env_requests_activity(env: Mapping[str, str] | None = None) -> bool:
     silently off."""
     env = os.environ if env is None else env
     return (env.get(ENV_ENABLED, "").strip().lower() not in _FALSE
+            or env.get(ENV_MODE, "").strip().lower() == MODE_RECORDER
             or env.get(ENV_QUANT, "").strip().lower() not in NO_QUANT
             or bool(env.get(ENV_PLAN, "").strip())
             or bool(env.get(ENV_CONFIG, "").strip()))
@@ -255,6 +273,23 @@ def _whatif(name: str, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _positive_float(name: str, value: Any) -> float:
+    try:
+        out = float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} must be a number") from None
+    if not out > 0 or not math.isfinite(out):
+        raise ConfigError(f"{name}={out} must be a positive number")
+    return out
+
+
+def _mode(name: str, value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in MODES:
+        raise ConfigError(f"{name}={value!r} is not a capture mode: use {' or '.join(MODES)}")
+    return text
+
+
 def _dir(name: str, value: Any) -> str:
     if not str(value).strip():
         raise ConfigError(f"{name} is empty: give a directory")
@@ -307,6 +342,15 @@ _PARSERS: dict[str, Any] = {
     "whatif_max_elements": _max_iterations,
     "whatif_every": lambda k, v: _int(k, v, minimum=1),
     "whatif_budget": lambda k, v: _share(k, v),
+    "mode": _mode,
+    "recorder_window": lambda k, v: _int(k, v, minimum=1),
+    "recorder_every": lambda k, v: _int(k, v, minimum=1),
+    "recorder_summary_every": lambda k, v: _int(k, v, minimum=1),
+    "recorder_trigger_iterations": lambda k, v: _int(k, v, minimum=1),
+    "recorder_memory": lambda k, v: RECORDER_MEMORY if v is None else _size(k, v),
+    "recorder_stop_on_trigger": _bool,
+    "recorder_warmup": lambda k, v: _int(k, v, minimum=2),
+    "recorder_sigma": _positive_float,
 }
 
 
@@ -317,6 +361,8 @@ def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> 
         raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(_PARSERS) | set(_NESTED))}")
     # display name: the environment variable when the value came from one
     cfg = {key: _PARSERS[key](display.get(key, key), value) for key, value in raw.items()}
+    if cfg.get("mode") == MODE_RECORDER and "enabled" not in raw:
+        cfg["enabled"] = True        # TENSOR_SAVE_MODE=recorder alone turns the recorder on
     out = _with_plan(CaptureConfig(**cfg))
     if out.iter_end is not None and out.iter_end < out.iter_start:
         raise ConfigError(f"iterations end={out.iter_end} is before start={out.iter_start}")
@@ -381,7 +427,7 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 _ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
              (ENV_QUANT, "quant_type"), (ENV_PLAN, "quant_plan"), (ENV_WHATIF, "whatif_formats"),
-             (ENV_TENSORBOARD, "tensorboard_dir"))
+             (ENV_TENSORBOARD, "tensorboard_dir"), (ENV_MODE, "mode"))
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         n.running = False
         n.next_iteration = it + 1
         saver.set_sample_idx(None)
-    end_iteration(saver, it)
+    end_iteration(saver, it, out)
     return out
 
 
@@ -168,13 +168,16 @@ def stop_if_over_budget(saver: Any, iteration: int) -> None:
         raise SystemExit(budget.CaptureBudgetError.code) from over
 
 
-def end_iteration(saver: Any, iteration: int) -> None:
+def end_iteration(saver: Any, iteration: int, losses: Any = None) -> None:
     """After a training iteration: a budget that could not hold it ends the run on every rank;
-    when no later iteration can be captured, say so once and stop capturing (emulation goes
-    on)."""
+    the flight recorder (recorder mode) takes its statistics to the host and judges its
+    triggers (``losses``: what the schedule returned); when no later iteration can be
+    captured, say so once and stop capturing (emulation goes on)."""
     stop_if_over_budget(saver, iteration)
     if not saver.enabled:
         return
+    if saver.recorder is not None:
+        saver.recorder.end_iteration(iteration, losses)
     reason = budget.finished_reason(saver.config, saver.saved_iterations, iteration + 1)
     if reason is None:
         return

@@ -31,9 +31,11 @@ import torch
 from quant.formats import HIGH_PRECISION_NAMES
 
 from . import budget, schema, sites, whatif
-from .config import CaptureConfig, ConfigError, load_config, load_quant_plan
+from .config import MODE_RECORDER, CaptureConfig, ConfigError, load_config, load_quant_plan
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
+from .recorder import Recorder
+from .recorder import start_line as recorder_start_line
 from .schema import CaptureSite
 from .sink import CaptureSink
 from .state import STATE
@@ -78,6 +80,11 @@ class TensorSaver:
                                 on_record=self.board.log if self.board is not None else None)
         self.budget = self.policy.budget
         self.directory = self.sink.directory
+        # the flight recorder (mode: recorder): statistics of every iteration, full capture
+        # only after a trigger (tensor_capture.recorder)
+        self.recorder = (Recorder(config, self.directory, self.policy.rank_info, self._label,
+                                  self._warnings.once)
+                         if config.enabled and config.mode == MODE_RECORDER else None)
         if config.enabled:
             self.sink.prepare_dir()
 
@@ -110,12 +117,14 @@ class TensorSaver:
     def close(self) -> None:
         if self._closed:
             return
+        if self.recorder is not None:
+            self.recorder.close()
         self.sink.close()
         if self.board is not None:
             self.board.close()
         saved = self.policy.saved_iters
         if self.config.enabled and self.sink.failed is None and self.config.min_iterations and (
-                len(saved) < self.config.min_iterations):
+                self.recorder is None and len(saved) < self.config.min_iterations):
             log.warning("tensor capture: saved %d iteration(s), fewer than min_iterations=%d "
                         "(training stopped early, or the iteration schedule skipped them)",
                         len(saved), self.config.min_iterations)
@@ -140,7 +149,7 @@ class TensorSaver:
         return self.policy.wants(layer_type, operation, phase, tensor_name, layer_idx, module_path)
 
     def should_capture(self, layer_type: str, operation: str, phase: str, tensor_name: str,
-                       layer_idx: int | None = None, module_path: str | None = None,
+                       layer_idx: int | None = None, module_path: str | None = None, *,
                        iteration: int | None = None) -> bool:
         p = self.policy
         return (self.enabled and p.iteration_selected(self.iteration if iteration is None
@@ -159,16 +168,17 @@ class TensorSaver:
     # -- saving ----------------------------------------------------------------------------------
     def save_tensor(self, tensor: torch.Tensor, layer_type: str, operation: str,
                     quant_type: str | None = None, tensor_name: str = "tensor",
-                    layer_idx: int | None = None, phase: str = "unknown",
+                    layer_idx: int | None = None, *, phase: str = "unknown",
                     component: str = "unknown", rank: int | None = None,
-                    sample_idx: int | None = None, iteration: int | None = None, *,
+                    sample_idx: int | None = None, iteration: int | None = None,
                     module_path: str | None = None, submodule: str | None = None,
                     variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
                     quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
-        """Capture one tensor: the first capture API's signature (the site's fields positionally, the
-        run-time ones after them) over :meth:`capture`."""
+        """Capture one tensor: the first capture API's signature (as the seed calls it: phase,
+        component and the run-time fields by keyword) over :meth:`capture`."""
         if not self.enabled or not isinstance(tensor, torch.Tensor) or not self.should_capture(
-                layer_type, operation, phase, tensor_name, layer_idx, module_path, iteration):
+                layer_type, operation, phase, tensor_name, layer_idx, module_path,
+                iteration=iteration):
             return None             # before building the site: most calls end here
         site = CaptureSite(layer_type=layer_type, operation=operation, phase=phase,
                            tensor_name=tensor_name, component=component, layer_idx=layer_idx,
@@ -202,6 +212,11 @@ class TensorSaver:
         it = self.iteration if iteration is None else int(iteration)
         if not self.captures(site, it):
             return None
+        rec = self.recorder
+        if rec is not None:
+            rec.record(tensor, site, it, self.sample_idx if sample_idx is None else sample_idx)
+            if not rec.capturing(it):
+                return ""       # recorded: statistics in the recorder's buffer, no record
         try:
             return self._capture(tensor, site, iteration=it, rank=rank, sample_idx=sample_idx,
                                  metadata=metadata, quant_axis=quant_axis,
@@ -218,7 +233,7 @@ class TensorSaver:
         info = policy.rank_info()
         rank = info["rank"] if rank is None else rank
         sample_idx = self.sample_idx if sample_idx is None else sample_idx
-        quant_label = site.quant_type or self.config.quant_type or short_dtype(tensor.dtype)
+        quant_label = self._label(site, tensor.dtype)
         ranges = records.ranges(tensor.dtype)
         full = tensor.detach()
         is_param = tensor.is_leaf and tensor.requires_grad
@@ -247,8 +262,9 @@ class TensorSaver:
         # from the (sampled) tensor staged beside the other copies
         wsrc = None if wplan is None or defer else whatif.sample(full, wplan.axis,
                                                                  wplan.max_elements)
-        item = records.build(self.directory, rank, filename, full, kept if keep_file else None,
-                             sampled_rows is not None, stats_vec, ranges, meta, wsrc)
+        item = records.build(self.directory, rank, filename, full,
+                             kept=kept if keep_file else None, sampled=sampled_rows is not None,
+                             stats_vec=stats_vec, ranges=ranges, meta=meta, whatif_src=wsrc)
         if wplan is not None:
             item.whatif = whatif.WhatifJob(wplan, item.whatif_src, full.numel(),
                                            self.whatif_gate)
@@ -259,25 +275,27 @@ class TensorSaver:
 
     def save_attention_tensors(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                quant_type: str | None = None, operation: str = "forward",
-                               layer_idx: int | None = None, phase: str = "pre",
-                               component: str = "FA", rank: int | None = None,
-                               sample_idx: int | None = None, iteration: int | None = None,
-                               **kw: Any) -> dict[str, str | None]:
-        """Save query, key and value of one attention call (seed API)."""
-        return {n: self.save_tensor(t, "attention", operation, quant_type, n, layer_idx, phase,
-                                    component, rank, sample_idx, iteration, **kw)
+                               layer_idx: int | None = None, *, phase: str = "pre",
+                               component: str = "FA", **kw: Any) -> dict[str, str | None]:
+        """Save query, key and value of one attention call (seed API; ``kw``: save_tensor's
+        keywords, rank / sample_idx / iteration among them)."""
+        return {n: self.save_tensor(t, "attention", operation, quant_type, n, layer_idx,
+                                    phase=phase, component=component, **kw)
                 for n, t in (("query", query), ("key", key), ("value", value))}
 
     def save_linear_tensors(self, input_tensor: torch.Tensor, weight: torch.Tensor,
                             quant_type: str | None = None, operation: str = "forward",
-                            layer_idx: int | None = None, phase: str = "pre",
-                            component: str = "linear", rank: int | None = None,
-                            sample_idx: int | None = None, iteration: int | None = None,
-                            **kw: Any) -> dict[str, str | None]:
-        """Save the input and weight of one linear call (seed API)."""
-        return {n: self.save_tensor(t, "linear", operation, quant_type, n, layer_idx, phase,
-                                    component, rank, sample_idx, iteration, **kw)
+                            layer_idx: int | None = None, phase: str = "pre", *,
+                            component: str = "linear", **kw: Any) -> dict[str, str | None]:
+        """Save the input and weight of one linear call (seed API; ``kw``: save_tensor's
+        keywords, rank / sample_idx / iteration among them)."""
+        return {n: self.save_tensor(t, "linear", operation, quant_type, n, layer_idx,
+                                    phase=phase, component=component, **kw)
                 for n, t in (("input", input_tensor), ("weight", weight))}
+
+    def _label(self, site: CaptureSite, dtype: torch.dtype) -> str:
+        """A record's quant_type: the site's, else the emulated format, else the dtype's."""
+        return site.quant_type or self.config.quant_type or short_dtype(dtype)
 
     def _on_failure(self) -> None:
         """The sink turned saving off: the hot-path flag must follow for the global saver."""
@@ -328,7 +346,9 @@ def _new_session(saver: TensorSaver | None, notes: dict[str, str] | None = None)
 def _install(saver: TensorSaver, notes: dict[str, str]) -> None:
     STATE.saver = saver
     _set_flags(saver)
-    if saver.enabled:
+    if saver.recorder is not None:
+        budget.announce(recorder_start_line(saver.config))
+    elif saver.enabled:
         budget.announce_start(saver.config, notes)
 
 
@@ -399,27 +419,26 @@ def _attention_format(recipe: str | None) -> str | None:
 
 
 def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_type: str | None = None,
-                tensor_name: str = "tensor", layer_idx: int | None = None, phase: str = "unknown",
-                component: str = "unknown", rank: int | None = None,
-                sample_idx: int | None = None, iteration: int | None = None,
+                tensor_name: str = "tensor", layer_idx: int | None = None,
                 **kw: Any) -> str | None:
-    """Seed convenience function: save through the process-wide saver."""
+    """Seed convenience function: save through the process-wide saver (``kw``: phase,
+    component and the rest of TensorSaver.save_tensor's keywords)."""
     return get_tensor_saver().save_tensor(tensor, layer_type, operation, quant_type, tensor_name,
-                                          layer_idx, phase, component, rank, sample_idx,
-                                          iteration, **kw)
+                                          layer_idx, **kw)
 
 
-def save_attention_tensors(query, key, value, quant_type=None, operation="forward",
-                           layer_idx=None, phase="pre", component="FA", rank=None,
-                           sample_idx=None, iteration=None, **kw):
+def save_attention_tensors(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           quant_type: str | None = None, operation: str = "forward",
+                           layer_idx: int | None = None, **kw: Any) -> dict[str, str | None]:
+    """Seed convenience function: TensorSaver.save_attention_tensors of the process's saver."""
     return get_tensor_saver().save_attention_tensors(query, key, value, quant_type, operation,
-                                                     layer_idx, phase, component, rank,
-                                                     sample_idx, iteration, **kw)
+                                                     layer_idx, **kw)
 
 
-def save_linear_tensors(input_tensor, weight, quant_type=None, operation="forward",
-                        layer_idx=None, phase="pre", component="linear", rank=None,
-                        sample_idx=None, iteration=None, **kw):
+def save_linear_tensors(input_tensor: torch.Tensor, weight: torch.Tensor,
+                        quant_type: str | None = None, operation: str = "forward",
+                        layer_idx: int | None = None, phase: str = "pre",
+                        **kw: Any) -> dict[str, str | None]:
+    """Seed convenience function: TensorSaver.save_linear_tensors of the process's saver."""
     return get_tensor_saver().save_linear_tensors(input_tensor, weight, quant_type, operation,
-                                                  layer_idx, phase, component, rank, sample_idx,
-                                                  iteration, **kw)
+                                                  layer_idx, phase, **kw)

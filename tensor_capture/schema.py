@@ -454,3 +454,45 @@ def load_tensor_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]
             meta = {}
         return obj["tensor"], meta
     raise ValueError(f"{p}: holds a {type(obj).__name__}, not a tensor or a {{'tensor', 'metadata'}} dict")
+
+
+# ---------------------------------------------------------------------------------------------
+# The flight recorder's output (mode: recorder; tensor_capture.recorder, docs/capture.md
+# "Recorder mode"): under ``<save_dir>/recorder/`` beside the capture's own manifests.
+# ---------------------------------------------------------------------------------------------
+RECORDER_DIR = "recorder"
+#: per rank, one Parquet file per K iterations: one row per iteration x site, micro-batches merged
+RECORDER_SUMMARY_GLOB = "summary_rank*_it*.parquet"
+#: per rank, one JSON line per trigger this rank agreed on
+RECORDER_TRIGGERS_GLOB = "triggers_rank*.jsonl"
+#: one per trigger (written by global rank 0): how to replay it from a checkpoint
+RECORDER_REPLAY_GLOB = "replay_it*.json"
+#: the file a user touches to ask for a trigger (in the save directory itself)
+RECORDER_TRIGGER_FILE = "TRIGGER"
+
+#: the mergeable statistics of one tensor (or of a site merged over micro-batches), in the order
+#: the recorder's device buffer holds them; ``count`` (elements) is kept on the host beside them
+REC_STATS = ("sum", "sumsq", "min", "max", "nan_count", "inf_count", "flush_count",
+             "saturation_count")
+#: how each merges over micro-batches (and iterations): counts and sums add, extremes take theirs
+REC_MERGE = {"count": "sum", "sum": "sum", "sumsq": "sum", "min": "min", "max": "max",
+             "nan_count": "sum", "inf_count": "sum", "flush_count": "sum",
+             "saturation_count": "sum"}
+#: a summary row: where (the site, in first-seen = execution order), then the merged statistics
+REC_SITE_KEYS = ("site", "module_path", "layer_type", "layer_idx", "operation", "phase",
+                 "tensor_name", "variant", "quant_type")
+REC_SUMMARY_COLUMNS = ("iteration", "rank", *REC_SITE_KEYS, "micro_batches", "count", *REC_STATS)
+#: a trigger record's keys (triggers_rank*.jsonl; the replay file repeats the first four)
+REC_TRIGGER_KEYS = ("iteration", "kinds", "rank", "ring", "capture", "details", "replay")
+
+
+def recorder_summary_name(rank: int | None, first_iteration: int) -> str:
+    return f"summary_rank{_fmt_int(rank)}_it{first_iteration:07d}.parquet"
+
+
+def recorder_triggers_name(rank: int | None) -> str:
+    return f"triggers_rank{_fmt_int(rank)}.jsonl"
+
+
+def recorder_replay_name(iteration: int) -> str:
+    return f"replay_it{iteration:07d}.json"

@@ -1,0 +1,257 @@
+"""The flight recorder (config ``mode: recorder``): always on through a long run, the failing
+iteration captured when it happens.
+
+Why: capturing every iteration of a 100,000-iteration run costs step time and one manifest line
+per tensor, micro-batch, rank and iteration; capturing iteration 0 misses the fault. The
+recorder keeps, for every site the capture policy selects, a few mergeable statistics per
+micro-batch (tensor_capture.recorder_stats: computed where the tensor lives, into a buffer, no
+host sync inside the step), moves them to the host once per iteration (or every N) at the
+step boundary, keeps the last W iterations in a ring and writes a summary row per site every K
+iterations. When a trigger fires on any rank (tensor_capture.recorder_triggers: agreed by all),
+every rank writes its ring as ordinary stats-only manifest records, captures the next J
+iterations in full through the saver's normal path, and writes how to replay the fault from the
+last checkpoint (tensor_capture.recorder_replay); then it goes back to recording, or stops
+the run when asked (``recorder_stop_on_trigger``).
+
+Who calls what: the saver routes each selected tensor to :meth:`Recorder.record` outside a
+capture window (tensor_capture.saver); the schedule wrapper calls :meth:`Recorder.end_iteration`
+with the schedule's loss dicts (tensor_capture.numbering); a training loop may add
+:func:`report` (its gradient norm) and :func:`set_run_info` (how to resume it), as
+``llama-train`` does. Layout of the output: docs/capture.md "Recorder mode".
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lowp_common import human_bytes
+
+from . import budget, schema
+from .config import CaptureConfig
+from .recorder_out import SummaryWriter, append_trigger, ring_records, write_ring
+from .recorder_replay import RunInfo, write_replay
+from .recorder_ring import SlotBook, ring_bytes
+from .recorder_stats import device_row, host_row, judged_format
+from .recorder_triggers import KINDS, TriggerRules
+from .schema import CaptureSite
+from .state import STATE
+
+__all__ = ["Recorder", "report", "set_run_info", "ring_bytes", "KINDS", "RunInfo"]
+
+
+class Recorder:
+    """One capture session's recorder (owned by its TensorSaver)."""
+
+    def __init__(self, config: CaptureConfig, directory: Path, rank_info: Callable[[], dict],
+                 label: Callable[[CaptureSite, torch.dtype], str],
+                 warn: Callable[[str, str], None]) -> None:
+        self.config = config
+        self.directory = Path(directory)
+        self.out_dir = self.directory / schema.RECORDER_DIR
+        self._rank_info = rank_info
+        self._label = label
+        self._warn = warn
+        self.book = SlotBook(config.recorder_window, config.recorder_every)
+        self.rules = TriggerRules(config)
+        self.summaries: SummaryWriter | None = None
+        self.block: list[int] = []          # iterations in the buffer now (at most N)
+        self.losses: list[float] = []
+        self._plane = 0
+        self.capture_from = self.capture_until = -1   # full capture of these iterations
+        self._stop_after: int | None = None
+        self._flagged: dict[int, dict[str, Any]] = {}
+        self.triggers: list[dict[str, Any]] = []
+        self._formats: dict[torch.dtype, Any] = {}
+        self._full = False                  # recorder_memory reached: no new slots
+
+    # -- the hot path ---------------------------------------------------------------------------
+    def capturing(self, iteration: int) -> bool:
+        """Whether ``iteration`` is in a trigger's full-capture window."""
+        return self.capture_from <= iteration <= self.capture_until
+
+    def record(self, tensor: torch.Tensor, site: CaptureSite, iteration: int,
+               sample: int | None) -> None:
+        """Statistics of one selected tensor into its slot (no host sync for device tensors)."""
+        if not self.block or self.block[-1] != iteration:
+            self._begin(iteration)
+        book = self.book
+        slot = book.slots.get((site, sample))
+        if slot is None:
+            slot = self._new_slot(tensor, site, sample)
+            if slot is None:
+                return
+        fmt = book.sites[book.slot_site[slot]].fmt
+        p = self._plane
+        if tensor.device.type == "cpu":
+            book.host[p, slot] = host_row(tensor, fmt)
+        else:
+            book.device_buffer(tensor.device)[p, slot].copy_(device_row(tensor, fmt))
+            book.on_dev[p, slot] = True
+        book.count[p, slot] = tensor.numel()
+        book.seen[p, slot] = True
+
+    def _begin(self, iteration: int) -> None:
+        if len(self.block) >= self.config.recorder_every:   # a boundary was missed: keep going
+            self._collect()
+        self.block.append(iteration)
+        self.losses.append(math.nan)
+        self._plane = len(self.block) - 1
+
+    def _new_slot(self, tensor: torch.Tensor, site: CaptureSite, sample: int | None) -> int | None:
+        c = self.config
+        if self._full or ring_bytes(len(self.book) + 1, c.recorder_window,
+                                    c.recorder_every) > c.recorder_memory:
+            self._full = True
+            self._warn("recorder-memory", f"tensor capture: recorder_memory="
+                       f"{human_bytes(c.recorder_memory)} holds {len(self.book)} site x "
+                       "micro-batch slots; later sites are not recorded: raise recorder_memory "
+                       "or select fewer tensors (layers, module_regex, tensor_names)")
+            return None
+        fmt = self._formats.get(tensor.dtype, False)
+        if fmt is False:
+            quant = c.quant_type if c.emulating else None
+            fmt = self._formats[tensor.dtype] = judged_format(quant, tensor.dtype)
+        info = {"quant_type": self._label(site, tensor.dtype), "fmt": fmt,
+                "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+        return self.book.new_slot(site, sample, info)
+
+    # -- the step boundary --------------------------------------------------------------------------
+    def end_iteration(self, iteration: int, losses: Any = None) -> None:
+        """After the schedule of ``iteration`` returned (``losses``: its per-micro-batch loss
+        dicts on the last stage): when N iterations are buffered, move them to the host, judge,
+        agree, and act on a trigger; summaries every K iterations."""
+        if not self.block or self.block[-1] != iteration:
+            self._begin(iteration)
+        self.losses[-1] = loss_of(losses)
+        if len(self.block) >= self.config.recorder_every:
+            self._collect()
+        if self._stop_after is not None and iteration >= self._stop_after:
+            self.close()
+            budget.announce(f"tensor capture: recorder: stopping after iteration {iteration} "
+                            "(recorder_stop_on_trigger)")
+            raise SystemExit(0)
+
+    def _collect(self) -> None:
+        entries = self.book.collect(self.block, self.losses)
+        self.block, self.losses = [], []
+        flagged: dict[int, dict[str, Any]] = {}
+        for entry in entries:
+            self._summaries().add(self.book, entry)
+            kinds = self.rules.judge(self.book, entry)
+            if entry is entries[-1]:
+                asked = self.rules.user_request()
+                if asked is not None:
+                    kinds["user_request"] = asked
+            if kinds:
+                flagged[entry.iteration] = kinds
+        trigger_it, fired = self.rules.agree(flagged)
+        last = entries[-1].iteration if entries else None
+        if fired and last is not None and not self.capturing(last):
+            self._trigger(trigger_it, last, fired, flagged)
+        if self._summaries().due():
+            self._summaries().write()
+
+    def _summaries(self) -> SummaryWriter:
+        if self.summaries is None:
+            self.summaries = SummaryWriter(self.out_dir, self._rank_info()["rank"],
+                                           self.config.recorder_summary_every)
+        return self.summaries
+
+    def _trigger(self, iteration: int, last: int, kinds: list[str],
+                 flagged: dict[int, dict[str, Any]]) -> None:
+        """Ring out, capture window open, record and replay file written, one line said."""
+        c = self.config
+        info = self._rank_info()
+        rank = info["rank"]
+        ring = list(self.book.ring)
+        stamp = time.strftime("%Y%m%d_%H%M%S")
+        write_ring(self.directory, rank, ring_records(self.book, ring, info, stamp))
+        self.capture_from, self.capture_until = last + 1, last + c.recorder_trigger_iterations
+        if c.recorder_stop_on_trigger:
+            self._stop_after = self.capture_until
+        self._summaries().write()                 # the summaries up to the trigger, on disk now
+        details = {k: v for it in sorted(flagged) for k, v in flagged[it].items()}
+        replay = write_replay(self.out_dir, iteration, kinds, c, self.capture_until) if rank == 0 \
+            else self.out_dir / schema.recorder_replay_name(iteration)
+        record = {"iteration": iteration, "kinds": kinds, "rank": rank,
+                  "ring": [ring[0].iteration, ring[-1].iteration] if ring else None,
+                  "capture": [self.capture_from, self.capture_until], "details": details,
+                  "replay": replay.name}
+        append_trigger(self.out_dir, rank, record)
+        self.triggers.append(record)
+        where = details.get("nonfinite") or details.get(kinds[0]) or {}
+        at = f" ({where.get('module_path')} {where.get('tensor_name')}, micro-batch " \
+             f"{where.get('sample_idx')} on rank {rank})" if where.get("module_path") else ""
+        budget.announce(
+            f"tensor capture: recorder: trigger {'+'.join(kinds)} at iteration {iteration}{at}; "
+            f"ring of iterations {record['ring'][0] if ring else '-'}.."
+            f"{record['ring'][1] if ring else '-'} written to {self.directory}, capturing "
+            f"iterations {self.capture_from}..{self.capture_until} in full; replay: {replay}")
+
+    def close(self) -> None:
+        """Write what the buffer and the summaries still hold (end of the run)."""
+        if self.block and any(self.book.seen[: len(self.block)].ravel()):
+            entries = self.book.collect(self.block, self.losses)
+            self.block, self.losses = [], []
+            for entry in entries:
+                self._summaries().add(self.book, entry)
+        if self.summaries is not None:
+            self.summaries.write()
+
+
+def loss_of(losses: Any) -> float:
+    """The iteration's loss from a schedule's return value: the mean over micro-batches of each
+    item's first value (a float, a tensor, Megatron-LM's ``{"lm loss": tensor}`` or its
+    ``[sum, tokens]`` pair); NaN when there is none (not the last pipeline stage)."""
+    values = []
+    for item in losses or ():
+        if isinstance(item, dict):
+            item = next(iter(item.values()), None)
+        if isinstance(item, torch.Tensor):
+            flat = item.detach().float().reshape(-1).cpu()
+            if flat.numel() == 2:                 # Megatron-LM: (loss sum, token count)
+                item = float(flat[0] / flat[1]) if float(flat[1]) else math.nan
+            elif flat.numel():
+                item = float(flat[0])
+            else:
+                continue
+        if isinstance(item, (int, float)):
+            values.append(float(item))
+    return sum(values) / len(values) if values else math.nan
+
+
+# -- what a training loop tells the recorder --------------------------------------------------------
+def report(grad_norm: float | None = None) -> None:
+    """The training loop's gradient norm of the iteration that just ended (judged with the
+    next step boundary's triggers). A no-op without a recorder."""
+    saver = STATE.saver
+    rec = getattr(saver, "recorder", None)
+    if rec is not None and grad_norm is not None:
+        rec.rules.grad_norms.append(float(grad_norm))
+
+
+def set_run_info(**fields: Any) -> None:
+    """How this run can be resumed (tensor_capture.recorder_replay.RunInfo's fields): the
+    training loop's replay command builder and its checkpoints. Kept for the session."""
+    info = STATE.session(RunInfo)
+    for key, value in fields.items():
+        if not hasattr(info, key):
+            raise TypeError(f"set_run_info: unknown field {key!r}")
+        setattr(info, key, value)
+
+
+def start_line(config: CaptureConfig) -> str:
+    """The recorder's start line (budget.announce_start in recorder mode)."""
+    c = config
+    return (f"tensor capture: flight recorder on -> {c.save_dir}: statistics of every selected "
+            f"tensor, a ring of {c.recorder_window} iteration(s) (at most "
+            f"{human_bytes(c.recorder_memory)}), summaries every {c.recorder_summary_every} "
+            f"iteration(s) in {Path(c.save_dir) / schema.RECORDER_DIR}; a trigger "
+            f"({', '.join(KINDS)}; touch {Path(c.save_dir) / schema.RECORDER_TRIGGER_FILE} "
+            f"to ask) captures {c.recorder_trigger_iterations} iteration(s) in full"
+            + ("; then the run stops" if c.recorder_stop_on_trigger else ""))
+

@@ -1,0 +1,152 @@
+"""What the flight recorder writes: per-iteration summaries (Parquet), the ring as ordinary
+stats-only manifest records, and one JSON line per trigger.
+
+Why the ring as manifest records: ``lowp-diagnose`` and the report read a capture folder's
+``manifest_rank*.jsonl``; the W iterations before a trigger written there with the same keys
+(iteration, sample_idx = micro-batch, rank, module path, a counter in execution order, the
+statistics under ``stats``) are read like any stats-only capture, and the full capture of the
+J iterations after it lands in the same manifests. Layout: docs/capture.md "Recorder mode".
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lowp_common import atomic_path
+
+from . import schema
+from .recorder_read import moments
+from .recorder_ring import IterStats, SiteInfo, SlotBook
+from .recorder_stats import FLUSH, INF, MAX, MIN, NAN, SAT, SUM, SUMSQ
+
+
+class SummaryWriter:
+    """Rows of iteration x site (micro-batches merged) gathered in memory, written as one
+    Parquet file per ``every`` iterations per rank (rank-partitioned names, atomic)."""
+
+    def __init__(self, directory: Path, rank: int, every: int) -> None:
+        self.directory = directory
+        self.rank = rank
+        self.every = every
+        self.rows: dict[str, list[Any]] = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
+        self.first: int | None = None
+        self.iterations = 0
+        self.files: list[Path] = []
+
+    def add(self, book: SlotBook, entry: IterStats) -> None:
+        merged = book.merged(entry)
+        present = np.flatnonzero(merged["micro_batches"] > 0)
+        if self.first is None:
+            self.first = entry.iteration
+        self.iterations += 1
+        r = self.rows
+        for i in present:
+            info = book.sites[i]
+            r["iteration"].append(entry.iteration)
+            r["rank"].append(self.rank)
+            for key, value in _site_columns(info).items():
+                r[key].append(value)
+            r["micro_batches"].append(int(merged["micro_batches"][i]))
+            r["count"].append(int(merged["count"][i]))
+            for key in schema.REC_STATS:
+                value = float(merged[key][i])
+                r[key].append(int(value) if key.endswith("_count") else value)
+
+    def due(self) -> bool:
+        return self.iterations >= self.every
+
+    def write(self) -> Path | None:
+        """Write the rows gathered so far (nothing when there are none)."""
+        if self.first is None:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({k: v for k, v in self.rows.items()})
+        path = self.directory / schema.recorder_summary_name(self.rank, self.first)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+        self.files.append(path)
+        self.rows = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
+        self.first, self.iterations = None, 0
+        return path
+
+
+def _site_columns(info: SiteInfo) -> dict[str, Any]:
+    s = info.site
+    return {"site": info.index, "module_path": s.module_path, "layer_type": s.layer_type,
+            "layer_idx": s.layer_idx, "operation": s.operation, "phase": s.phase,
+            "tensor_name": s.tensor_name, "variant": s.variant, "quant_type": info.quant_type}
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def record_stats(row: np.ndarray, count: float, fmt_name: str | None) -> dict[str, Any]:
+    """A slot's row as the manifest's ``stats`` dict (schema.STAT_KEYS; what the recorder does
+    not keep is None), with one ``range`` entry for the format it was judged against."""
+    n = int(count)
+    mean, std = moments(n, row[NAN], row[INF], row[SUM], row[SUMSQ])
+    lo, hi = _finite(row[MIN]), _finite(row[MAX])
+    out: dict[str, Any] = {
+        "numel": n, "min": lo, "max": hi, "mean": _finite(mean), "std": _finite(std),
+        "absmax": max(abs(lo), abs(hi)) if lo is not None and hi is not None else None,
+        "min_nonzero_abs": None, "zero_count": None,
+        "nan_count": int(row[NAN]), "inf_count": int(row[INF]),
+    }
+    if fmt_name is not None:
+        sat, flush = int(row[SAT]), int(row[FLUSH])
+        denom = max(n, 1)
+        out[schema.STAT_RANGE] = {fmt_name: {
+            "overflow_count": sat, "overflow_ratio": sat / denom,
+            "flush_to_zero_count": flush, "flush_to_zero_ratio": flush / denom}}
+    return out
+
+
+def ring_records(book: SlotBook, ring: list[IterStats], rank_info: dict[str, Any],
+                 timestamp: str) -> list[dict[str, Any]]:
+    """The ring as manifest records: every slot seen in each iteration, in slot (execution)
+    order; ``counter`` is the slot's order, so a reader's per-micro-batch order is the run's."""
+    out = []
+    for entry in ring:
+        for slot in np.flatnonzero(entry.seen):
+            info = book.sites[book.slot_site[slot]]
+            s = info.site
+            rec = {
+                "layer_type": s.layer_type, "operation": s.operation,
+                "tensor_name": s.tensor_name, "quant_type": info.quant_type,
+                "layer_idx": s.layer_idx, "phase": s.phase, "component": s.component,
+                "iteration": entry.iteration, "rank": rank_info["rank"],
+                "sample_idx": book.slot_sample[slot], "timestamp": timestamp,
+                "counter": int(slot) + 1, "schema_version": schema.SCHEMA_VERSION,
+                schema.META_SHAPE: info.shape, schema.META_DTYPE: info.dtype,
+                schema.META_MODULE_PATH: s.module_path, schema.META_SUBMODULE: s.submodule,
+                schema.META_VARIANT: s.variant, schema.META_SAMPLED_ROWS: None,
+                schema.META_SAMPLED_ROW_STRIDE: None,
+                **{k: rank_info.get(k) for k in schema.META_PARALLEL},
+                schema.META_STATS: record_stats(entry.stats[slot], entry.count[slot],
+                                                info.fmt.name if info.fmt else None),
+                schema.MANIFEST_FILE: None,
+            }
+            out.append(rec)
+    return out
+
+
+def write_ring(directory: Path, rank: int, records: list[dict[str, Any]]) -> None:
+    """Append the ring's records to this rank's manifest (one write per record line)."""
+    for rec in records:
+        schema.append_manifest(directory, rank, rec)
+
+
+def append_trigger(directory: Path, rank: int, record: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / schema.recorder_triggers_name(rank)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, default=str) + "\n")
+    return path

@@ -1,0 +1,117 @@
+"""The flight recorder's statistics of one tensor: mergeable numbers in the fewest passes.
+
+Why not tensor_capture.stats: that vector (histogram, std, min nonzero, range counts of every
+format in play) costs ten or more passes per tensor, fine for the iterations a capture saves and
+too much for every iteration of a long run. The recorder keeps only what merges over
+micro-batches, iterations and ranks without losing meaning (schema.REC_STATS: sums add,
+extremes take theirs, counts add), judged against one format: CUSTOM_QUANT_TYPE's element
+format when it is unscaled, else the tensor's own dtype, with quant.analysis' one definition of
+saturation (upper and lower overflow, +-Inf included) and flush to zero (stats.RangeSpec).
+
+Two paths, the same numbers:
+
+- host (CPU tensors): sum, dot(x, x) and aminmax (three passes); the NaN / Inf counts only
+  when the sums are not finite, the format's counts only when the format is not the tensor's
+  own dtype (a value of a dtype never saturates or flushes in that same dtype, so those counts
+  are then the Inf count and 0). Branching on a value is free on the host.
+- device (CUDA and the rare non-finite host case): every count computed without branching, so
+  nothing waits for the device; the row is copied into the recorder's device buffer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import schema, stats
+
+N_STATS = len(schema.REC_STATS)
+SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT = range(N_STATS)
+assert schema.REC_STATS[SAT] == "saturation_count" and schema.REC_STATS[NAN] == "nan_count"
+
+#: the row of an empty tensor (extremes are the identities of min / max)
+EMPTY_ROW = (0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The format a tensor is judged against: its name (the record's quant_type range key),
+    where values saturate (|x| >= overflow) and flush (0 < |x| < flush), and whether it is the
+    tensor's own dtype (then both counts need no pass)."""
+
+    name: str
+    overflow: float
+    flush: float
+    own_dtype: bool
+
+
+def judged_format(quant_type: str | None, dtype: torch.dtype) -> Judged | None:
+    """The run's format for a tensor of ``dtype``: the unscaled CUSTOM_QUANT_TYPE element format
+    (stats.format_range), else the dtype's own range; None for a dtype without one."""
+    ct = _compute_dtype(dtype)
+    spec = stats.format_range(quant_type) if quant_type else None
+    own = spec is None
+    if own:
+        spec = stats.dtype_range(dtype)
+    if spec is None:
+        return None
+    return Judged(spec.name, spec.overflow_bound(ct), spec.flush_bound(ct), own)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    a = x.detach().reshape(-1)
+    ct = _compute_dtype(a.dtype)
+    return a if a.dtype == ct else a.to(ct)
+
+
+def host_row(x: torch.Tensor, fmt: Judged | None) -> list[float]:
+    """The statistics of a CPU tensor as floats (schema.REC_STATS order)."""
+    a = _flat(x)
+    if a.numel() == 0:
+        return list(EMPTY_ROW)
+    s = float(a.sum())
+    q = float(torch.dot(a, a))
+    if not (math.isfinite(s) and math.isfinite(q)):
+        return device_row(x, fmt).tolist()      # NaN / Inf present (or a square overflowed)
+    mn, mx = torch.aminmax(a)
+    row = [s, q, float(mn), float(mx), 0.0, 0.0, 0.0, 0.0]
+    if fmt is not None and not fmt.own_dtype:
+        up = fmt.overflow
+        if row[MAX] >= up or row[MIN] <= -up:
+            row[SAT] = float((a.abs() >= up).sum())
+        absa = a.abs()
+        row[FLUSH] = float(((absa < fmt.flush) & (absa > 0)).sum())
+    return row
+
+
+def device_row(x: torch.Tensor, fmt: Judged | None) -> torch.Tensor:
+    """The statistics of any tensor as a float64 vector on its device, with no host sync."""
+    a = _flat(x)
+    n = a.numel()
+    dev = a.device
+    if n == 0:
+        return torch.tensor(EMPTY_ROW, dtype=torch.float64, device=dev)
+    finite = torch.isfinite(a)
+    nan = torch.isnan(a).sum()
+    inf = n - finite.sum() - nan
+    fa = torch.where(finite, a, 0.0)
+    fd = fa.double()
+    s = fd.sum()
+    q = torch.dot(fd, fd)
+    big = torch.tensor(math.inf, dtype=a.dtype, device=dev)
+    mn = torch.where(finite, a, big).amin().double()
+    mx = torch.where(finite, a, -big).amax().double()
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    if fmt is None or fmt.own_dtype:
+        flush, sat = zero, inf
+    else:
+        absf = fa.abs()
+        sat = (absf >= fmt.overflow).sum() + inf
+        flush = ((absf < fmt.flush) & (absf > 0)).sum()
+    counts = torch.stack([nan, inf, flush, sat]).double()
+    return torch.cat([torch.stack([s, q, mn, mx]), counts])
