@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,9 @@ class Entry:
     source: str                        # "manifest" or "file"
     sample: Any = None                 # numpy float32 sample of values, when read
     heat: Any = None                   # small 2-D slice of values, when read
-    whatif: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the what-if record the report recomputed for formats capture did not store (the shape of
+    #: ``meta["whatif"]``; tensor_viz.values.recompute_whatif), None when none was
+    whatif: dict[str, Any] | None = None
 
     @property
     def variant(self) -> str:

@@ -41,11 +41,14 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="a worker still on one file or one section after this long is stopped; "
                         "that file or section is reported missing and the report goes on")
-    p.add_argument("--whatif", default=",".join(defaults.DEFAULT_WHATIF),
-                   help="formats for what-if quantization error (comma list, or 'none')")
+    p.add_argument("--whatif", default=None,
+                   help="what-if formats to show beside those capture stored (comma list, or "
+                        "'none'); recomputed from saved tensors on the axis capture used, marked "
+                        "'recomputed' (default: capture's own what-if formats, or "
+                        f"{','.join(defaults.DEFAULT_WHATIF)} when it stored none)")
     p.add_argument("--whatif-files", type=int, default=defaults.Options.whatif_files,
-                   help="tensors (layer x tensor x quant type) given what-if errors; figures say when "
-                        "fewer than all were")
+                   help="saved tensors given recomputed what-if numbers (formats capture did not "
+                        "store); figures say when fewer than all were")
     p.add_argument("--map-stat", default=",".join(defaults.DEFAULT_MAP_STATS),
                    help=f"statistics for the numerics map, from {', '.join(defaults.MAP_STAT_NAMES)}")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -71,11 +74,11 @@ def options(args: argparse.Namespace) -> defaults.Options:
     bad = [s for s in stats if s not in defaults.MAP_STAT_NAMES]
     if bad:
         raise UserError(f"--map-stat {','.join(bad)}: unknown; choose from {', '.join(defaults.MAP_STAT_NAMES)}")
-    whatif = _formats(args.whatif)
+    whatif = None if args.whatif is None else _formats(args.whatif)
     try:
         import quant
 
-        unknown = [f for f in whatif if f not in getattr(quant, "FORMATS", {f: None for f in whatif})]
+        unknown = [f for f in whatif or () if f not in getattr(quant, "FORMATS", {f: None for f in whatif})]
     except ImportError:
         unknown = []
     if unknown:

@@ -2,10 +2,10 @@
 
 Why a CSV: a run's quantization error per layer, tensor, iteration and format is the table
 researchers load into their own notebooks; the figures draw a subset, this file holds it all.
-The rows are tensor_viz.numerics_data's table (each record's ``metadata["whatif"]``, computed at
-capture along the GEMM's reduction axis; a capture made before that key existed has its saved
-tensors recomputed with quant.whatif along the last axis, at most ``FALLBACK_MAX_FILES`` files).
-``short_axis`` marks a block format on a tensor whose block axis is shorter than one block
+The rows are tensor_viz.numerics_data's table: each record's ``metadata["whatif"]``, computed at
+capture along the GEMM's reduction axis (``source`` "capture"), and the numbers capture did not
+store, recomputed by the report from saved tensors by capture's own computation on the same
+``axis`` (``source`` "recomputed"). ``short_axis`` marks a block format on a tensor whose block axis is shorter than one block
 (true/false; empty for formats without blocks): its block numbers describe zero-padded blocks.
 """
 from __future__ import annotations
@@ -26,8 +26,7 @@ NUMBER_COLUMNS = numerics_data.NUMBER_FIELDS
 #: block_scale key -> column (empty for formats without block scales)
 BLOCK_COLUMNS = {"min": "block_scale_min", "max": "block_scale_max", "std": "block_scale_std"}
 COLUMNS = (("file",) + NAME_COLUMNS + ("format",) + NUMBER_COLUMNS + tuple(BLOCK_COLUMNS.values())
-           + ("short_axis",))
-FALLBACK_MAX_FILES = numerics_data.FALLBACK_MAX_FILES
+           + ("axis", "source", "short_axis"))
 
 
 def _cell(v: Any) -> Any:

@@ -6,9 +6,12 @@ built once per report from the catalog's records (``metadata["whatif"]``, tensor
 Each aggregation below is a small function over those rows, so a query engine can replace any of
 them without touching the figures.
 
-A capture made before the ``whatif`` key existed has its saved high-precision tensors recomputed
-with quant.whatif along the last axis (``source`` "recomputed"), at most ``FALLBACK_MAX_FILES``,
-each on at most the capture's ``WHATIF_MAX_ELEMENTS`` (strided whole rows, ``sampled``).
+The numbers capture stored are shown as stored (``source`` "capture"). What capture did not
+store (what-if off, an iteration over the what-if budget, a format the report was asked for
+beside the captured ones) is recomputed from the saved high-precision tensor by capture's own
+computation, on the axis capture used (:func:`capture_axis`), by the report's file readers
+(tensor_viz.values.recompute_whatif, at most ``--whatif-files`` tensors): ``source``
+"recomputed".
 """
 from __future__ import annotations
 
@@ -20,13 +23,14 @@ from typing import Any, Iterable
 from quant.whatif_record import SCALAR_KEYS
 from tensor_capture import schema
 from tensor_viz.catalog import Entry
+from tensor_viz.options import DEFAULT_WHATIF
 
 #: naming fields copied from each record into every row
 NAME_FIELDS = ("layer_type", "layer_idx", "operation", "phase", "component", "tensor_name",
                "iteration", "rank")
 #: quant.whatif's numbers, over all elements
 NUMBER_FIELDS = SCALAR_KEYS
-FALLBACK_MAX_FILES = 200
+#: where a row's numbers come from: stored at capture, or recomputed by the report
 SOURCE_CAPTURE, SOURCE_RECOMPUTED = "capture", "recomputed"
 #: how users group captured tensors: phase (pre/post) x component (attention / linear)
 GROUP_ORDER = (("pre", "FA"), ("post", "FA"), ("pre", "linear"), ("post", "linear"))
@@ -44,68 +48,111 @@ def number(v: Any) -> float | None:
         return None
 
 
-def _fallback(entry: Entry) -> dict[str, Any] | None:
-    """What-if numbers of a saved tensor whose record lacks them: from the file's own metadata
-    (a file found without its manifest), else computed along the last axis (an older capture)."""
-    try:
-        from quant.formats import WHATIF_FORMATS
-        from quant.whatif import whatif_set
-        from tensor_capture.config import WHATIF_MAX_ELEMENTS
-        from tensor_capture.whatif import sample
-
-        tensor, meta = schema.load_tensor_file(entry.path)
-        stored = meta.get(schema.META_WHATIF)
-        if isinstance(stored, dict) and isinstance(stored.get(schema.WHATIF_FORMATS), dict):
-            return dict(stored, source=SOURCE_CAPTURE)
-        if tensor.numel() == 0 or not tensor.is_floating_point():
-            return None
-        # the capture's own bound: a strided subset of whole rows above WHATIF_MAX_ELEMENTS
-        part = sample(tensor, -1, WHATIF_MAX_ELEMENTS)
-        return {schema.WHATIF_AXIS: -1, schema.WHATIF_SAMPLED: part.numel() < tensor.numel(),
-                "source": SOURCE_RECOMPUTED,
-                schema.WHATIF_FORMATS: whatif_set(part, WHATIF_FORMATS, -1)}
-    except (ImportError, ValueError, OSError):
-        return None
+def _record(w: Any) -> dict[str, Any] | None:
+    return w if isinstance(w, dict) and isinstance(w.get(schema.WHATIF_FORMATS), dict) else None
 
 
-def _whatif_of(entry: Entry, budget: list[int]) -> dict[str, Any] | None:
-    stored = entry.meta.get(schema.META_WHATIF)
-    if isinstance(stored, dict) and isinstance(stored.get(schema.WHATIF_FORMATS), dict):
-        return dict(stored, source=SOURCE_CAPTURE)
-    if entry.path and entry.variant == schema.VARIANT_HP and budget[0] > 0:
-        budget[0] -= 1
-        return _fallback(entry)
+def captured(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The what-if record capture stored in a record's metadata, None when it stored none."""
+    return _record(meta.get(schema.META_WHATIF))
+
+
+def _record_axis(meta: dict[str, Any]) -> int | None:
+    w = captured(meta)
+    if w is not None:
+        return int(w[schema.WHATIF_AXIS]) if w.get(schema.WHATIF_AXIS_SOURCE) == schema.AXIS_FROM_GEMM \
+            else None
+    analysis = meta.get(schema.META_QUANT_ANALYSIS)
+    for a in (analysis.values() if isinstance(analysis, dict) else ()):
+        if isinstance(a, dict) and isinstance(a.get("axis"), int):
+            return a["axis"]
     return None
+
+
+def _site(e: Entry) -> tuple:
+    """What decides a captured tensor's GEMM axis (the capture hooks' plan entry)."""
+    return (e.name.layer_type, e.name.operation, e.name.tensor_name)
+
+
+def site_axes(entries: Iterable[Entry]) -> dict[tuple, int]:
+    """{(layer type, pass, tensor name): the GEMM reduction axis} as the records say it."""
+    out: dict[tuple, int] = {}
+    for e in entries:
+        a = _record_axis(e.meta)
+        if a is not None:
+            out.setdefault(_site(e), a)
+    return out
+
+
+def capture_axis(entry: Entry, axes: dict[tuple, int]) -> int | None:
+    """The axis capture's what-if numerics run along for ``entry``: its record's stored what-if
+    axis, else its quantization analysis' axis (the reduction axis of the GEMM the tensor
+    feeds), else what another record of the same site says (``axes``: :func:`site_axes`, e.g.
+    an iteration that got what-if numbers); None: no record names one (capture's last axis)."""
+    a = _record_axis(entry.meta)
+    return a if a is not None else axes.get(_site(entry))
+
+
+def report_formats(entries: Iterable[Entry], requested: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The report's what-if formats: every format capture stored (in its order), plus those
+    ``requested`` (--whatif); ``requested`` None: the captured ones, or DEFAULT_WHATIF when
+    capture stored none."""
+    stored: dict[str, None] = {}
+    for e in entries:
+        w = captured(e.meta)
+        if w is not None:
+            stored.update(dict.fromkeys(w[schema.WHATIF_FORMATS]))
+    if requested is None:
+        return tuple(stored) or tuple(DEFAULT_WHATIF)
+    return tuple(dict.fromkeys((*stored, *requested)))
+
+
+def missing_formats(entry: Entry, formats: Iterable[str]) -> tuple[str, ...]:
+    """The formats of ``formats`` the entry's record holds no captured numbers for."""
+    w = captured(entry.meta)
+    have = w[schema.WHATIF_FORMATS] if w is not None else {}
+    return tuple(f for f in formats if f not in have)
+
+
+def _sources(e: Entry) -> Iterable[tuple[dict[str, Any], str]]:
+    """The entry's what-if records: captured, then the report's recomputation (its formats only)."""
+    for w, source in ((captured(e.meta), SOURCE_CAPTURE), (_record(e.whatif), SOURCE_RECOMPUTED)):
+        if w is not None:
+            yield w, source
 
 
 def rows(entries: Iterable[Entry]) -> list[Row]:
     """One row per (entry, what-if format): the naming fields, ``file`` (basename, '' for a
     stats-only record), ``label`` / ``layer`` (the report's tensor and layer names),
-    ``quant_type``, ``format``, the numbers (None where the format failed at capture), the block
+    ``quant_type``, ``format``, the numbers (None where the format failed), the block
     scale (``block_scale_min/max/std``, ``scale_kind``, ``scale_hist``), ``short_axis`` (None
-    for formats without blocks), ``sampled`` and ``source``."""
+    for formats without blocks), ``sampled``, ``axis`` and ``source`` (SOURCE_CAPTURE: stored
+    at capture; SOURCE_RECOMPUTED: by the report, for a format capture did not store)."""
     out: list[Row] = []
-    budget = [FALLBACK_MAX_FILES]
     for e in entries:
-        w = _whatif_of(e, budget)
-        if not w:
-            continue
-        base = {"file": os.path.basename(e.path) if e.path else "",
-                **{k: getattr(e.name, k) for k in NAME_FIELDS},
-                "label": e.label, "layer": e.layer_label, "quant_type": e.name.quant_type,
-                "sampled": bool(w.get(schema.WHATIF_SAMPLED)), "source": w.get("source"),
-                # for the format's Gaussian baseline (quant.format_loss): the same shape and axis
-                "shape": e.meta.get(schema.META_SHAPE), "axis": w.get(schema.WHATIF_AXIS)}
-        for fmt, num in w[schema.WHATIF_FORMATS].items():
-            num = num if isinstance(num, dict) else {}
-            scale = num.get("block_scale") if isinstance(num.get("block_scale"), dict) else {}
-            row = dict(base, format=fmt, error=num.get("error"))
-            row.update({k: number(num.get(k)) for k in NUMBER_FIELDS})
-            row.update({f"block_scale_{k}": number(scale.get(k)) for k in ("min", "max", "std")})
-            row["scale_kind"] = scale.get("kind")
-            row["scale_hist"] = scale.get("hist") if isinstance(scale.get("hist"), dict) else None
-            row["short_axis"] = num.get("short_axis") if "short_axis" in num else None
-            out.append(row)
+        for w, source in _sources(e):
+            out += _format_rows(e, w, source)
+    return out
+
+
+def _format_rows(e: Entry, w: dict[str, Any], source: str) -> list[Row]:
+    base = {"file": os.path.basename(e.path) if e.path else "",
+            **{k: getattr(e.name, k) for k in NAME_FIELDS},
+            "label": e.label, "layer": e.layer_label, "quant_type": e.name.quant_type,
+            "sampled": bool(w.get(schema.WHATIF_SAMPLED)), "source": source,
+            # for the format's Gaussian baseline (quant.format_loss): the same shape and axis
+            "shape": e.meta.get(schema.META_SHAPE), "axis": w.get(schema.WHATIF_AXIS)}
+    out: list[Row] = []
+    for fmt, num in w[schema.WHATIF_FORMATS].items():
+        num = num if isinstance(num, dict) else {}
+        scale = num.get("block_scale") if isinstance(num.get("block_scale"), dict) else {}
+        row = dict(base, format=fmt, error=num.get("error"))
+        row.update({k: number(num.get(k)) for k in NUMBER_FIELDS})
+        row.update({f"block_scale_{k}": number(scale.get(k)) for k in ("min", "max", "std")})
+        row["scale_kind"] = scale.get("kind")
+        row["scale_hist"] = scale.get("hist") if isinstance(scale.get("hist"), dict) else None
+        row["short_axis"] = num.get("short_axis") if "short_axis" in num else None
+        out.append(row)
     return out
 
 

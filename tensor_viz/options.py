@@ -62,9 +62,10 @@ class Options:
     #: seconds one worker may spend on one file or one section before it is stopped (the
     #: file or section is then reported missing; the report goes on)
     worker_timeout: float = DEFAULT_TIMEOUT_S
-    whatif: tuple[str, ...] = DEFAULT_WHATIF
-    whatif_files: int = 256          # tensors given what-if errors (one file each)
-    whatif_elems: int = 8192
+    #: what-if formats beside those capture stored (None: capture's own, or DEFAULT_WHATIF when
+    #: it stored none; (): none recomputed)
+    whatif: tuple[str, ...] | None = None
+    whatif_files: int = 256          # tensors given recomputed what-if numbers (one file each)
     max_pairs: int = 64
     map_stats: tuple[str, ...] = DEFAULT_MAP_STATS
     progress: bool = True

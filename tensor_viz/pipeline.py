@@ -147,11 +147,13 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
         return catalog, ds, 0
     chosen = _select(ds.entries, opts)
     quant_ok = _quant_available()
-    whatif = opts.whatif if quant_ok else ()
-    ds.whatif_formats = tuple(whatif)
+    from tensor_viz import numerics_data
+
+    ds.whatif_formats = numerics_data.report_formats(ds.entries, opts.whatif)
     if opts.whatif and not quant_ok:
         ds.notes["quantization_analysis"] = "the quant package (quantize, metrics) is not available"
-    tasks = _file_tasks(chosen, whatif, opts)
+    tasks = _file_tasks(chosen, ds.whatif_formats if quant_ok else (), opts,
+                        numerics_data.site_axes(ds.entries))
     pairs = _pairs(ds.entries, opts) if quant_ok else []
     tasks += [PairTask(hp.path, q.path) for hp, q in pairs]
     dropped: set[int] = set()
@@ -170,28 +172,31 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
         catalog.problems.append(Problem(f"(what-if format {fmt})", "whatif", f"failed on {n} tensors: {msg}"))
     ds.entries = [e for e in ds.entries if id(e) not in dropped]
     catalog.entries = ds.entries
-    from tensor_viz import numerics_data
-
     ds.numerics = numerics_data.rows(ds.entries)
     return catalog, ds, len(chosen)
 
 
-def _file_tasks(chosen: list[Entry], whatif, opts: Options) -> list[FileTask]:
-    """One read per chosen file; the what-if numbers for the first file of each (label, format)
-    only, and heat maps for the first 24 labels, so that a large capture stays quick to draw."""
-    whatif_done: set = set()
+def _file_tasks(chosen: list[Entry], whatif: tuple[str, ...], opts: Options,
+                axes: dict[tuple, int]) -> list[FileTask]:
+    """One read per chosen file; the what-if formats capture did not store recomputed for at
+    most ``opts.whatif_files`` high-precision tensors (on the axis capture used, ``axes``:
+    numerics_data.site_axes), and heat maps
+    for the first 24 labels, so that a large capture stays quick to draw."""
+    from tensor_viz.numerics_data import capture_axis, missing_formats
+
+    recomputed = 0
     heat_done: set = set()
     tasks = []
     for e in chosen:
-        wants_whatif = bool(whatif) and e.variant != schema.VARIANT_QUANTIZED and len(whatif_done) < opts.whatif_files \
-            and (e.label, e.name.quant_type) not in whatif_done
-        if wants_whatif:
-            whatif_done.add((e.label, e.name.quant_type))
+        todo = missing_formats(e, whatif) if e.variant == schema.VARIANT_HP else ()
+        if todo and recomputed >= opts.whatif_files:
+            todo = ()
+        recomputed += bool(todo)
         heat = e.label not in heat_done and len(heat_done) < 24
         heat_done.add(e.label)
         tasks.append(FileTask(path=e.path, sample_size=opts.sample_size, seed=opts.seed,
                               need_stats=e.stats is None, range_formats=(e.name.quant_type,), heat=heat,
-                              whatif=tuple(whatif) if wants_whatif else (), whatif_elems=opts.whatif_elems))
+                              whatif=todo, whatif_axis=capture_axis(e, axes) if todo else None))
     return tasks
 
 
@@ -210,9 +215,9 @@ def _apply_file_result(e: Entry, res: dict, catalog: Catalog, dropped: set[int],
     if e.stats is None:
         e.stats = res.get("stats")
     e.sample, e.heat = res.get("sample"), res.get("heat")
-    e.whatif = {f: m for f, m in (res.get("whatif") or {}).items() if "error" not in m}
-    for f, m in (res.get("whatif") or {}).items():
-        if "error" in m:
+    e.whatif = res.get("whatif")
+    for f, m in ((e.whatif or {}).get(schema.WHATIF_FORMATS) or {}).items():
+        if isinstance(m, dict) and "error" in m:
             whatif_failures[(f, m["error"])] = whatif_failures.get((f, m["error"]), 0) + 1
 
 

@@ -8,14 +8,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tensor_capture import schema
+from tensor_viz import numerics_data
 from tensor_viz.data import Dataset, group, ratio, stat
 from tensor_viz.figures import FigureSet, Subset, colorbar, paginate, short, too_few_iterations
 from tensor_viz.options import DEFAULT_MAP_STATS, MAP_STAT_NAMES
 
 MAX_ROWS = 60     # rows per numerics-map / what-if figure; more rows go on further parts
-#: How pipeline.load picks the tensors it computes what-if errors for (said under partial figures).
-WHATIF_CHOICE = ("the first of each tensor in the files read for values (a seeded round-robin over quant "
-                 "type, layer type, pass and tensor), up to --whatif-files")
+#: How pipeline.load picks the tensors it recomputes what-if numbers for (said under partial
+#: figures): numbers capture stored are always shown
+WHATIF_CHOICE = ("the numbers capture stored, plus those recomputed for files read for values (a seeded "
+                 "round-robin over quant type, layer type, pass and tensor), up to --whatif-files")
 
 # statistic name -> (how to read it from an entry, transform, colorbar label)
 MAP_STATS = {
@@ -114,9 +116,11 @@ def draw_numerics_map(ds: Dataset, fs: FigureSet, stats: tuple[str, ...] = DEFAU
 
 
 def whatif_candidates(ds: Dataset) -> int:
-    """Tensors (label x quant type) that could have a what-if row: the high-precision files."""
+    """Tensors (label x quant type) that could have a what-if row: the high-precision ones
+    saved to a file or with numbers capture stored."""
     return len({(e.label, e.name.quant_type) for e in ds.entries
-                if e.path and e.variant != schema.VARIANT_QUANTIZED})
+                if e.variant != schema.VARIANT_QUANTIZED
+                and (e.path or numerics_data.captured(e.meta) is not None)})
 
 
 def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
@@ -137,18 +141,22 @@ def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
                 "Both operands of the same GEMM were saved. Layers with a high relative error (low "
                 "SQNR) are where the format loses the most information; compare across formats.")
         drew = True
-    wf = [e for e in ds.entries if e.whatif]
+    wf = [r for r in ds.numerics if r.get("sqnr_db") is not None]
     if wf:
-        fmts = [f for f in ds.whatif_formats if any("sqnr" in e.whatif.get(f, {}) for e in wf)]
-        rows = group(wf, lambda e: f"{e.label} [{e.name.quant_type}]")
+        fmts = numerics_data.formats(wf)
+        rows = group(wf, lambda r: f"{r['label']} [{r['quant_type']}]")
         keys = list(rows)
         m = np.full((len(keys), len(fmts)), np.nan)
         for i, k in enumerate(keys):
             for j, f in enumerate(fmts):
-                vals = [e.whatif[f]["sqnr"] for e in rows[k] if "sqnr" in e.whatif.get(f, {})]
-                finite = [v for v in vals if np.isfinite(v)]
+                finite = [r["sqnr_db"] for r in rows[k] if r["format"] == f and np.isfinite(r["sqnr_db"])]
                 if finite:
                     m[i, j] = min(finite)
+        recomputed = sum(1 for r in wf if r["source"] == numerics_data.SOURCE_RECOMPUTED)
+        origin = (" Numbers as capture stored them, along the reduction axis of the GEMM each tensor "
+                  "feeds" + (f"; {recomputed} of {len(wf)} (tensor, format) numbers were recomputed "
+                             "from saved tensors on the same axis (source 'recomputed' in "
+                             "numerics.csv)." if recomputed else "."))
         candidates = whatif_candidates(ds)
         computed = Subset(len(keys), candidates, "tensors", WHATIF_CHOICE)
         if fmts:
@@ -166,18 +174,20 @@ def draw_quantization(ds: Dataset, fs: FigureSet) -> None:
                 fs.save(fig, section, "whatif_sqnr" + suffix, "What-if: SQNR of each format on the same tensors",
                         "Each captured high-precision tensor quantized to every format with quant/. Dark "
                         "cells are layer/format combinations that lose the most; a column uniformly "
-                        "brighter than yours is a safer format for this model."
+                        "brighter than yours is a safer format for this model." + origin
                         + (f" What-if errors exist for {computed.note()}." if computed.short() else ""),
                         note or (computed if computed.short() else None))
             fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(fmts) + 3), 4.5))
-            med = [np.nanmedian([e.whatif[f]["relative_error"] * 100 for e in wf
-                                 if "relative_error" in e.whatif.get(f, {})] or [np.nan]) for f in fmts]
+            med = [np.nanmedian([r["rel_error"] * 100 for r in wf
+                                 if r["format"] == f and r["rel_error"] is not None] or [np.nan])
+                   for f in fmts]
             ax.bar(fmts, med)
             ax.set_yscale("log")
             ax.tick_params(axis="x", rotation=45)
             ax.set(xlabel="format (what-if)", ylabel="median relative error (%, log)")
             fs.save(fig, section, "whatif_relative_error", "What-if: median relative error per format",
-                    "One number per format over every tensor with what-if errors; lower is better.",
+                    "One number per format over every tensor with what-if errors; lower is better."
+                    + origin,
                     computed if computed.short() else None)
             drew = True
     if not drew:

@@ -167,7 +167,8 @@ def write_numerics_csv(con: Any, state: IndexState, out_dir: str | os.PathLike[s
         "overflow_ratio": "f.value.overflow_ratio", "underflow_ratio": "f.value.underflow_ratio",
         "flush_ratio": "f.value.flush_ratio", "block_scale_min": "f.value.block_scale.min",
         "block_scale_max": "f.value.block_scale.max", "block_scale_std": "f.value.block_scale.std",
-        "short_axis": "f.value.short_axis",
+        "short_axis": "f.value.short_axis", "axis": "whatif.axis",
+        "source": "'capture'",      # the index holds what capture stored; nothing recomputed
     }
     select = ", ".join(f"{fields.get(c, c)} AS \"{c}\"" for c in columns)
     total = con.execute(f"""SELECT count(*) FROM (SELECT unnest(map_entries(whatif.formats)) AS f

@@ -69,20 +69,23 @@ def _loss_mark(r: dict) -> str:
 def _whatif_cell(r: dict | None) -> dict:
     """One format's cell of a layer: its worst SQNR, relative error and where (tensor, iteration);
     ``short``: that tensor's block axis is shorter than one block (marked, not dropped); a mark
-    when the one judgment of a format's loss (quant.format_loss) calls it bad."""
+    when the one judgment of a format's loss (quant.format_loss) calls it bad; ``recomputed``:
+    capture did not store that number, the report recomputed it on the axis capture used."""
     if r is None:
-        return {"text": "", "detail": "", "short": False}
+        return {"text": "", "detail": "", "short": False, "recomputed": False}
     rel = "" if r["rel_error"] is None else f", {100 * r['rel_error']:.3g}%"
     return {"text": _sqnr_text(r["sqnr_db"]) + rel + _loss_mark(r),
             "detail": f"{r['operation']} {r['tensor_name']}, iteration {r['iteration']}",
-            "short": bool(r.get("short_axis"))}
+            "short": bool(r.get("short_axis")),
+            "recomputed": r.get("source") == numerics_data.SOURCE_RECOMPUTED}
 
 
 def largest_error_per_layer(ds: Dataset) -> dict:
     """The per-layer table: measured worst error, and each what-if format's worst SQNR (over the
     tensors and iterations of the layer) with the formats ranked best first. The what-if
-    numbers are the run's own what-if set (numerics_data rows: stored at capture, or recomputed
-    from saved tensors), so the ranking compares the formats a run would choose between."""
+    numbers are those capture stored (numerics_data rows), and only what it did not store is
+    recomputed from saved tensors on the same axis (marked), so the ranking compares the
+    formats a run would choose between."""
     measured = _measured_per_layer(ds)
     worst = numerics_data.worst_per_layer(ds.numerics)
     fmts = numerics_data.formats(ds.numerics)
@@ -94,7 +97,8 @@ def largest_error_per_layer(ds: Dataset) -> dict:
                      "cells": [_whatif_cell(w.get(f)) for f in fmts],
                      "ranking": " > ".join(f for f, _ in ranked) or "not computed"})
     return {"formats": fmts, "rows": rows,
-            "short": any(c["short"] for r in rows for c in r["cells"])}
+            "short": any(c["short"] for r in rows for c in r["cells"]),
+            "recomputed": any(c["recomputed"] for r in rows for c in r["cells"])}
 
 
 def _worst_rows(rows: list[tuple[Entry, float]]) -> list[dict]:

@@ -1,8 +1,9 @@
 """Read tensor values one file at a time, in worker processes, and keep only small results.
 
 A worker returns a reproducible sample of values (fixed seed per file name), a small
-2-D slice for heatmaps, whole-tensor statistics when none were stored, and what-if
-quantization errors from ``quant``. The full tensor never leaves the worker.
+2-D slice for heatmaps, whole-tensor statistics when none were stored, and the what-if numerics
+capture did not store (:func:`recompute_whatif`: capture's own computation, on the axis capture
+used). The full tensor never leaves the worker.
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class FileTask:
     need_stats: bool = False
     range_formats: tuple[str, ...] = ()    # quant formats for overflow stats (besides the dtype)
     heat: bool = False
-    whatif: tuple[str, ...] = ()
-    whatif_elems: int = 8192
+    whatif: tuple[str, ...] = ()           # what-if formats to recompute (those not captured)
+    whatif_axis: int | None = None         # the GEMM reduction axis capture used (None: last)
 
 
 @dataclass
@@ -84,14 +85,6 @@ def errors(ref: torch.Tensor, approx: torch.Tensor) -> dict[str, float]:
     }
 
 
-def _whatif_chunk(t: torch.Tensor, elems: int, seed: int) -> torch.Tensor:
-    """A contiguous block of whole rows (last axis intact, so block formats see real blocks)."""
-    x = t.reshape(1, -1) if t.dim() < 2 else t.reshape(-1, t.shape[-1])
-    rows = max(1, min(x.shape[0], elems // max(1, x.shape[1])))
-    start = int(torch.randint(0, x.shape[0] - rows + 1, (1,), generator=torch.Generator().manual_seed(seed)))
-    return x[start:start + rows, : max(elems, 1)].to(torch.float32)
-
-
 def _heat(t: torch.Tensor, tensor_name: str) -> np.ndarray:
     if t.dim() >= 2 and tensor_name in SCORE_NAMES:
         m = t.reshape(-1, t.shape[-2], t.shape[-1])[0]
@@ -129,26 +122,26 @@ def run_file(task: FileTask) -> dict[str, Any]:
     out["sample"] = sample.to(torch.float32).numpy().copy()
     if task.heat and n:
         out["heat"] = _heat(t, str(meta.get("tensor_name", "")))
-    if task.whatif and n:
-        out["whatif"] = whatif_errors(_whatif_chunk(t, task.whatif_elems, seed), task.whatif)
+    stored = meta.get(schema.META_WHATIF)
+    captured = stored.get(schema.WHATIF_FORMATS) if isinstance(stored, dict) else None
+    todo = tuple(f for f in task.whatif if not isinstance(captured, dict) or f not in captured)
+    if todo and n:
+        out["whatif"] = recompute_whatif(t, todo, task.whatif_axis)
     return out
 
 
-def whatif_errors(x: torch.Tensor, formats: Iterable[str]) -> dict[str, dict[str, float]]:
-    """Error of quantizing ``x`` to each format with quant.quantize; a failing format is left out."""
-    from quant import quantize as quantize_module
+def recompute_whatif(t: torch.Tensor, formats: tuple[str, ...], axis: int | None
+                     ) -> dict[str, Any] | None:
+    """The what-if record capture would have stored for ``t`` (tensor_capture.whatif's plan,
+    sample and computation: the same axis, the same bound on elements), None when there is
+    nothing to compute; a format that fails carries {"error": text}, as at capture."""
+    from tensor_capture import whatif
+    from tensor_capture.config import WHATIF_MAX_ELEMENTS
 
-    quantize = getattr(quantize_module, "quantize", quantize_module)
-    result: dict[str, dict[str, float]] = {}
-    finite = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
-    for fmt in formats:
-        try:
-            q = quantize(finite, fmt)
-            result[fmt] = errors(finite, q)
-        except Exception as exc:  # a format that rejects this shape: report, keep going
-            msg = str(exc).splitlines()[0][:160] if str(exc) else ""
-            result[fmt] = {"error": f"{type(exc).__name__}: {msg}"}
-    return result
+    p = whatif.plan(formats, t, schema.VARIANT_HP, axis, WHATIF_MAX_ELEMENTS)
+    if p is None:
+        return None
+    return whatif.compute(whatif.sample(t, p.axis, p.max_elements), p, t.numel())
 
 
 def run_pair(task: PairTask) -> dict[str, Any]:
