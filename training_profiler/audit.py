@@ -105,18 +105,24 @@ class ScriptOutcome:
     error: str | None = None
 
 
-def run_script(script: str, args: Sequence[str] = (), steps: int = 2) -> ScriptOutcome:
-    """Run ``script`` as ``__main__`` in this process with ``sys.argv = [script, *args]``, under
-    the audit, stopping after ``steps`` optimizer steps (a script without an optimizer runs to
-    its end). Ctrl-C propagates; any other failure of the script is returned as its traceback."""
+def run_script(script: str, args: Sequence[str] = (), steps: int = 2, module: bool = False
+               ) -> ScriptOutcome:
+    """Run ``script`` (a module name with ``module=True``, as ``python -m``) as ``__main__`` in
+    this process with ``sys.argv = [script, *args]``, under the audit, stopping after ``steps``
+    optimizer steps (a script without an optimizer runs to its end). ``sys.argv``, ``sys.path``
+    and the environment are restored afterwards. Ctrl-C propagates; any other failure of the
+    script is returned as its traceback."""
     audit = PrecisionAudit(max_steps=steps)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, saved_env = sys.argv[:], sys.path[:], dict(os.environ)
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
     error = None
     try:
         with audit:
-            runpy.run_path(script, run_name="__main__")
+            if module:
+                runpy.run_module(script, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
     except StopAudit:
         pass
     except SystemExit as exc:
@@ -128,4 +134,7 @@ def run_script(script: str, args: Sequence[str] = (), steps: int = 2) -> ScriptO
         error = traceback.format_exc()
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        if dict(os.environ) != saved_env:  # e.g. MASTER_PORT of a process group it started
+            os.environ.clear()
+            os.environ.update(saved_env)
     return ScriptOutcome(audit.findings, len(audit.record.steps), error)

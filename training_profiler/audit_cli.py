@@ -3,6 +3,7 @@ audit and print its findings in the static checker's format.
 
     lowp-audit train.py -- --lr 1e-3 --batch 8
     lowp-audit train.py --steps 3 --format json --json audit.json
+    lowp-audit -m training_driver.train -- --data-path ... --tokenizer ... --model tiny
 
 The script runs in this process (``runpy``, ``__name__ == "__main__"``, ``sys.argv`` set to the
 script and the arguments after ``--``) and is stopped after ``--steps`` optimizer steps. Exit
@@ -12,6 +13,7 @@ its own (its traceback is written to a new file, named on stderr); 2 a usage err
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -45,12 +47,23 @@ def write_traceback(outcome: ScriptOutcome) -> str:
     return path
 
 
-def audit_script(script: str, args: Sequence[str] = (), steps: int = 2, prog: str = PROG
-                 ) -> tuple[ScriptOutcome, int]:
-    """Check and run ``script`` under the audit; a failure of the script itself is told on
-    stderr with its traceback file. Returns the outcome and 1 when the script failed, else 0."""
-    check_script(script)
-    outcome = run_script(script, args, steps)
+def check_module(name: str) -> None:
+    """UserError when module ``name`` cannot be found (found, never imported)."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UserError(f"-m {name}: no such module; give an importable module (as python -m)")
+
+
+def audit_script(script: str, args: Sequence[str] = (), steps: int = 2, prog: str = PROG,
+                 module: bool = False) -> tuple[ScriptOutcome, int]:
+    """Check and run ``script`` (a module name with ``module=True``) under the audit; a failure
+    of the script itself is told on stderr with its traceback file. Returns the outcome and 1
+    when the script failed, else 0."""
+    (check_module if module else check_script)(script)
+    outcome = run_script(script, args, steps, module=module)
     if outcome.error is None:
         return outcome, 0
     last = outcome.error.strip().splitlines()[-1]
@@ -78,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "audit (dtypes and ranges of every op, per call site) and report the precision hazards seen.",
         epilog="Rules: " + "; ".join(f"{r.id} {r.name} [{r.severity.name}]" for r in RULES)
         + ". Arguments after -- go to the script.")
-    p.add_argument("script", help="the training script (run in this process as __main__)")
+    p.add_argument("script", nargs="?", default=None,
+                   help="the training script (run in this process as __main__)")
+    p.add_argument("-m", "--module", default=None, metavar="MODULE",
+                   help="run a module instead of a script, as python -m (e.g. training_driver.train)")
     p.add_argument("--steps", type=int, default=2,
                    help="optimizer steps to audit before the script is stopped (default 2)")
     p.add_argument("--format", choices=("text", "line", "json"), default="text",
@@ -95,12 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = build_parser().parse_args(argv[:split])
+    if (args.script is None) == (args.module is None):
+        raise UserError("give a training script or -m MODULE (one of them)")
     if args.steps < 1:
         raise UserError(f"--steps {args.steps}: give a number of optimizer steps >= 1")
     if args.json:
         check_writable(args.json, "--json")
         refuse_overwrite([args.json], what="an audit's findings", force=args.force)
-    outcome, failed = audit_script(args.script, argv[split + 1:], args.steps)
+    outcome, failed = audit_script(args.script or args.module, argv[split + 1:], args.steps,
+                                   module=args.module is not None)
     text = format_findings(outcome.findings, args.format)
     if text:
         print(text)

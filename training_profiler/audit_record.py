@@ -154,8 +154,9 @@ def range_stats(t: torch.Tensor) -> tuple[float, float, float]:
 
 
 class _ModuleStack:
-    """Module paths from global forward hooks: a child is named by its attribute in the module
-    that called it, a root by its class name."""
+    """Module paths from global forward hooks: a module is named by its path under the module
+    that called it (a child, or deeper in a ModuleList), a root by its class name; each name is
+    found once per module."""
 
     def __init__(self) -> None:
         self.stack: list[str] = []
@@ -179,10 +180,12 @@ class _ModuleStack:
             name = type(module).__name__
             if self.stack:
                 parent = self.stack[-1]
-                for attr, child in self.owners[-1].named_children():
-                    if child is module:
-                        name = f"{parent}.{attr}"
-                        break
+                owner = self.owners[-1]
+                found = next((a for a, c in owner.named_children() if c is module), None)
+                if found is None:  # held in a ModuleList / ModuleDict, or deeper
+                    found = next((a for a, c in owner.named_modules() if c is module and a), None)
+                if found is not None:
+                    name = f"{parent}.{found}"
             self.names[id(module)] = name
         self.stack.append(name)
         self.owners.append(module)
