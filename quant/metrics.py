@@ -110,13 +110,13 @@ def all_metrics(ref: torch.Tensor, test: torch.Tensor) -> dict:
                                                 cosine_similarity, psnr, sqnr)}
 
 
-def from_sums(n: int, sum_x2: float, sum_absx: float, amax: float, sum_q2: torch.Tensor,
+def from_sums(n: int, sum_x2: float, sum_absx: float, amax: float, *, sum_q2: torch.Tensor,
               sum_xq: torch.Tensor, sse: torch.Tensor, sae: torch.Tensor,
               max_err: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics above for many test tensors at once, from sufficient statistics.
 
     For a reference ``x`` (n elements, sum x^2, sum |x|, max |x|) and each candidate ``q`` (one
-    entry per candidate: sum q^2, sum x*q, sum (x-q)^2, sum |x-q|, max |x-q|), the same
+    entry per candidate, by keyword: sum q^2, sum x*q, sum (x-q)^2, sum |x-q|, max |x-q|), the same
     definitions as mse ... relative_error: how the scale sweep gets every level from one pass.
     Returns float64 tensors keyed by the metric function names.
     """

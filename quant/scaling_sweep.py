@@ -276,8 +276,8 @@ def metrics_from_stats(st: LevelStats) -> dict[str, torch.Tensor]:
     """Metric values per level from the accumulated sums (``quant.metrics.from_sums``: the
     definitions of ``quant.metrics``; ``tests/test_scaling_sweep.py`` checks every level
     against ``quant.metrics`` on the materialized tensors)."""
-    return from_sums(st.n, st.sum_x2, st.sum_absx, st.amax, st.sum_q2, st.sum_xq, st.sse, st.sae,
-                     st.max_err)
+    return from_sums(st.n, st.sum_x2, st.sum_absx, st.amax, sum_q2=st.sum_q2, sum_xq=st.sum_xq,
+                     sse=st.sse, sae=st.sae, max_err=st.max_err)
 
 
 # --------------------------------------------------------------------------------------

@@ -63,8 +63,9 @@ def _block_numbers(x32: torch.Tensor, spec: FormatSpec, axis: int, block: int,
     mnz = torch.where(torch.isfinite(a) & (a > 0), a, inf).amin(dim=-1)
     dyn = float_exponent(amax[live]) - float_exponent(mnz[live])
     n = x32.shape[axis] if x32.dim() else 1
-    return block_dict(spec, block, n, int(amax.numel()), scale, int_histogram(dyn),
-                      per_block["overflow"], per_block["flush_to_zero"])
+    return block_dict(spec, block, n, int(amax.numel()), live_scales=scale,
+                      dynamic_range_hist=int_histogram(dyn), clipped=per_block["overflow"],
+                      flushed=per_block["flush_to_zero"])
 
 
 def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict[str, Any]:
@@ -85,8 +86,8 @@ def whatif(x: torch.Tensor, fmt: Union[str, FormatSpec], axis: int = -1) -> dict
         q = quantize(x, quantizer)
         an = analyze_quantization(x, quantizer, quantized=q, summaries=False)
         out = element_dict(axis, metrics.sqnr(x, q), metrics.relative_error(x, q),
-                           an.overflow_count, an.underflow_count, an.flush_to_zero_count,
-                           an.total)
+                           overflow=an.overflow_count, underflow=an.underflow_count,
+                           flushed=an.flush_to_zero_count, total=an.total)
         if an.per_block is not None and is_block_format(spec):
             out.update(_block_numbers(x.float(), spec, axis, an.block_size, an.per_block))
         return out

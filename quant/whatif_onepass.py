@@ -218,8 +218,9 @@ def _onepass(x: torch.Tensor, specs: list[FormatSpec], axis: int) -> dict[str, A
     out: dict[str, Any] = {}
     for i, (spec, (n_over, n_under, n_flush)) in enumerate(zip(specs, totals.tolist())):
         res = element_dict(lay.axis, sqnr_of_sums(signal, noise[i]),
-                           relative_error_of_sums(abs_err[i], ref_abs), int(n_over),
-                           int(n_under), int(n_flush), lay.x32.numel())
+                           relative_error_of_sums(abs_err[i], ref_abs), overflow=int(n_over),
+                           underflow=int(n_under), flushed=int(n_flush),
+                           total=lay.x32.numel())
         if spec.block_size:
             res.update(_block_numbers(lay, spec, counts[i], shared))
         out[spec.name] = res
@@ -243,9 +244,9 @@ def _block_numbers(lay: _Layout, spec: FormatSpec, counts: torch.Tensor,
     family = family_of(spec)
     tensor_amax = finite_amax(lay.xm) if family.uses_tensor_amax else None
     scales = family.scales_from(amax[live], tensor_amax, spec, DEFAULT_SCALE_MODE).stored
-    return block_dict(spec, b, lay.n, amax.numel(), scales,
-                      {"min_bin": dyn["min_bin"], "counts": list(dyn["counts"])},
-                      counts[0][:, :nb], counts[2][:, :nb])
+    return block_dict(spec, b, lay.n, amax.numel(), live_scales=scales,
+                      dynamic_range_hist={"min_bin": dyn["min_bin"], "counts": list(dyn["counts"])},
+                      clipped=counts[0][:, :nb], flushed=counts[2][:, :nb])
 
 
 def whatif_onepass(x: torch.Tensor, formats: Iterable[str], axis: int = -1,

@@ -44,7 +44,7 @@ def _summary(values: torch.Tensor) -> tuple[Optional[float], Optional[float], Op
     return float(v.min()), float(v.max()), std
 
 
-def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int,
+def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int, *,
                live_scales: torch.Tensor, dynamic_range_hist: dict[str, Any],
                clipped: torch.Tensor, flushed: torch.Tensor) -> dict[str, Any]:
     """The block numbers of the module docstring from the per-block arrays: the scales of the
@@ -64,7 +64,7 @@ def block_dict(spec: FormatSpec, block: int, axis_length: int, blocks: int,
     }
 
 
-def element_dict(axis: int, sqnr_db: float, rel_error: float, overflow: int, underflow: int,
+def element_dict(axis: int, sqnr_db: float, rel_error: float, *, overflow: int, underflow: int,
                  flushed: int, total: int) -> dict[str, Any]:
     """The numbers every format has (module docstring), from the error metrics and counts."""
     return {AXIS: axis, SQNR_DB: sqnr_db, REL_ERROR: rel_error,

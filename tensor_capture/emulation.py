@@ -100,7 +100,8 @@ def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | Non
     if STATE.warn_underflow and kind is not None and fmt is not None:
         from . import underflow
 
-        underflow.check(x, q, fmt, recipes.operand_axis(tensor, gemm), kind, site, iteration)
+        underflow.check(x, q, fmt, recipes.operand_axis(tensor, gemm), kind, site=site,
+                        iteration=iteration)
     return q
 
 
@@ -137,7 +138,7 @@ def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: s
     if STATE.warn_underflow and kind is not None:
         from . import underflow
 
-        underflow.check(x, q, name, axis, kind, site, iteration)
+        underflow.check(x, q, name, axis, kind, site=site, iteration=iteration)
     return q
 
 
@@ -154,5 +155,5 @@ def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
     if STATE.warn_underflow and kind is not None:
         from . import underflow
 
-        underflow.check(x, q, name, axis, kind, site, iteration)
+        underflow.check(x, q, name, axis, kind, site=site, iteration=iteration)
     return q

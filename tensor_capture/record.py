@@ -176,7 +176,7 @@ class RecordBuilder:
 
     # -- the record --------------------------------------------------------------------------------
     def build(self, directory: Path, rank: int | None, filename: str | None,
-              full: torch.Tensor, kept: torch.Tensor | None, sampled: bool,
+              full: torch.Tensor, *, kept: torch.Tensor | None, sampled: bool,
               stats_vec: torch.Tensor | None, ranges: tuple[stats.RangeSpec, ...],
               meta: dict[str, Any], whatif_src: torch.Tensor | None = None) -> WriteItem:
         """Stage the tensor (``kept``: the rows for the file, None for stats only) on the host.

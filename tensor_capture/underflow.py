@@ -97,7 +97,7 @@ def message(kind: str, site: str | None, iteration: int | None, loss, report,
             "the level changes)")
 
 
-def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: str,
+def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: str, *,
           site: str | None, iteration: int | None) -> str | None:
     """Judge ``x`` (before quantization to ``fmt``) when it is its turn; print a line when the
     level of (site, kind, fmt) changed."""

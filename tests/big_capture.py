@@ -52,7 +52,9 @@ def write_big_capture(directory: str | Path, *, quant_types: Sequence[str] = ("h
                         if ltype == "attention" and tname != "context":
                             t = t.view(SEQ, BATCH, HEADS, HIDDEN // HEADS)
                         owner = "self_attention." + sub if sub != "linear_fc2" else "mlp." + sub
-                        path = saver.save_tensor(t, ltype, op, qt, tname, layer, phase, comp, 0, 0, it,
+                        path = saver.save_tensor(t, ltype, op, qt, tname, layer, phase=phase,
+                                                 component=comp, rank=0, sample_idx=0,
+                                                 iteration=it,
                                                  module_path=f"decoder.layers.{layer}.{owner}",
                                                  submodule=sub)
                         assert path, "the saver did not capture the tensor"

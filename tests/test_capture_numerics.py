@@ -135,11 +135,11 @@ def test_stats_only_capture_stores_whatif_along_the_gemm_axis(tmp_path, in_write
     saver = TensorSaver(enabled=True, save_dir=str(tmp_path), stats_only=True,
                         whatif_formats=("mxfp8", "hifp8"))
     x, g = _tensor(seed=1), _tensor(seed=2)
-    saver.save_tensor(x, "linear", "forward", None, "input", 0, "pre", "linear", quant_axis=-1)
-    saver.save_tensor(g, "linear", "backward", None, "grad_output", 0, "pre", "linear",
+    saver.save_tensor(x, "linear", "forward", None, "input", 0, phase="pre", component="linear", quant_axis=-1)
+    saver.save_tensor(g, "linear", "backward", None, "grad_output", 0, phase="pre", component="linear",
                       quant_axis=0)
-    saver.save_tensor(x, "linear", "forward", None, "output", 0, "post", "linear")
-    saver.save_tensor(x, "linear", "forward", None, "input_quantized", 0, "pre", "linear",
+    saver.save_tensor(x, "linear", "forward", None, "output", 0, phase="post", component="linear")
+    saver.save_tensor(x, "linear", "forward", None, "input_quantized", 0, phase="pre", component="linear",
                       variant=schema.VARIANT_QUANTIZED)
     saver.close()
     recs = {r["tensor_name"]: r for r in schema.read_manifest(tmp_path)}
@@ -167,8 +167,8 @@ def test_large_tensors_are_sampled_in_whole_blocks_and_marked(tmp_path, axis):
     assert part.data_ptr() == x.data_ptr()                              # a view, no copy
     saver = TensorSaver(enabled=True, save_dir=str(tmp_path), stats_only=True,
                         whatif_formats=("mxfp8",), whatif_max_elements=4096)
-    saver.save_tensor(x, "linear", "forward", None, "input", 0, "pre", "linear", quant_axis=axis)
-    saver.save_tensor(x[:2], "linear", "forward", None, "weight", 0, "pre", "linear",
+    saver.save_tensor(x, "linear", "forward", None, "input", 0, phase="pre", component="linear", quant_axis=axis)
+    saver.save_tensor(x[:2], "linear", "forward", None, "weight", 0, phase="pre", component="linear",
                       quant_axis=axis)
     saver.close()
     recs = {r["tensor_name"]: r[schema.META_WHATIF] for r in schema.read_manifest(tmp_path)}
@@ -185,8 +185,8 @@ def test_whatif_every_n_iterations(tmp_path):
                         whatif_formats=("hifp8",), whatif_every=2, iter_start=1,
                         whatif_budget="unlimited")
     for it in range(1, 6):
-        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
-                          "linear", iteration=it, quant_axis=-1)
+        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0,
+                          phase="pre", component="linear", iteration=it, quant_axis=-1)
     saver.close()
     got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path)}
     assert got == {1: True, 2: False, 3: True, 4: False, 5: True}
@@ -194,8 +194,8 @@ def test_whatif_every_n_iterations(tmp_path):
                         whatif_formats=("hifp8",), whatif_every=2, iter_every=3,
                         whatif_budget="unlimited")
     for it in range(0, 13, 3):                      # captured: 0, 3, 6, 9, 12
-        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
-                          "linear", iteration=it, quant_axis=-1)
+        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0,
+                          phase="pre", component="linear", iteration=it, quant_axis=-1)
     saver.close()
     got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path / "b")}
     assert got == {0: True, 3: False, 6: True, 9: False, 12: True}
@@ -254,7 +254,7 @@ def test_numerics_csv_reads_a_file_found_without_its_manifest(tmp_path):
     g = torch.randn(128, 32, generator=torch.Generator().manual_seed(4))
     g[:, ::2] *= 1e3                   # blocks down a column: small or large; across a row: large
     saver = TensorSaver(enabled=True, save_dir=str(tmp_path / "cap"), whatif_formats=("mxfp8",))
-    saver.save_tensor(g, "linear", "backward", None, "grad_output", 1, "pre", "linear",
+    saver.save_tensor(g, "linear", "backward", None, "grad_output", 1, phase="pre", component="linear",
                       quant_axis=0)
     saver.close()
     for m in (tmp_path / "cap").glob("manifest_*"):
@@ -412,8 +412,8 @@ def test_whatif_budget_setting_and_the_stop_line(tmp_path):
                         whatif_formats=("hifp8",), whatif_budget=0.01)
     saver.whatif_gate.charge(1e6)                  # as if the first iteration took forever
     for it in range(3):
-        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0, "pre",
-                          "linear", iteration=it, quant_axis=-1)
+        saver.save_tensor(_tensor((4, 32)), "linear", "forward", None, "input", 0,
+                          phase="pre", component="linear", iteration=it, quant_axis=-1)
     saver.close()
     got = {r["iteration"]: schema.META_WHATIF in r for r in schema.read_manifest(tmp_path)}
     assert got == {0: True, 1: False, 2: False}    # statistics kept, what-if skipped

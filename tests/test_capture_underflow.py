@@ -31,7 +31,8 @@ def _operand(scale: float, fmt_seed: int = 0) -> torch.Tensor:
 def _check(x, kind, site, it, fmt="hifp8"):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        underflow.check(x, quant.quantize(x, fmt, axis=-1), fmt, -1, kind, site, it)
+        underflow.check(x, quant.quantize(x, fmt, axis=-1), fmt, -1, kind, site=site,
+                        iteration=it)
     return err.getvalue()
 
 

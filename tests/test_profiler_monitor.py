@@ -362,7 +362,8 @@ class _Block(torch.nn.Module):
         # a hand-rolled capture, as a loop without the Megatron patches would write it
         saver = get_tensor_saver()
         for op, name, t in (("forward", "input", x), ("forward", "output", out)):
-            saver.save_tensor(t.detach(), "linear", op, None, name, self.idx, "post", "linear",
+            saver.save_tensor(t.detach(), "linear", op, None, name, self.idx, phase="post",
+                              component="linear",
                               module_path=f"layers.{self.idx}.fc", submodule="fc")
         return out
 

@@ -36,7 +36,8 @@ def _capture(directory, ranks=RANKS, iterations=ITERATIONS, whatif=True):
                 x = torch.randn(16, 64, generator=g)
                 if rank == BAD_RANK and it >= DIVERGES_AT:
                     x = x * 50
-                saver.save_tensor(x, "linear", "forward", None, name, layer, "pre", "linear",
+                saver.save_tensor(x, "linear", "forward", None, name, layer, phase="pre",
+                                  component="linear",
                                   rank=rank, iteration=it, submodule="linear_fc1", quant_axis=-1)
     saver.close()
     return ranks * iterations * 3
