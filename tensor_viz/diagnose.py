@@ -37,31 +37,44 @@ def _format_loss(con, state, src, view):
     return rules.format_loss(con, state, src, fmts, baseline_sqnr, loss_severity)
 
 
-def _on_narrow(query):
-    return lambda con, state, src, view: query(con, src)
+@dataclass(frozen=True)
+class Kind:
+    """One diagnosis kind, registered once: what "checked" says it looked at, and its query on
+    each backend: ``duckdb(con, state, src, rank_view)`` over the index (lowp-diagnose, the
+    report) and ``spark(con, src)`` over the Parquet dataset in Spark SQL
+    (tensor_viz.diagnose_spark; None: DuckDB only)."""
+
+    checked: str
+    duckdb: Callable[..., list[Finding]]
+    spark: Callable[..., list[Finding]] | None = None
 
 
-#: kind -> (its query, what "checked" says it looked at); the order breaks ranking ties
-KINDS: dict[str, tuple[Callable[..., list[Finding]], str]] = {
-    "first_nonfinite": (_on_narrow(rules.first_nonfinite),
-                        "NaN/Inf counts of every record, in execution order across ranks"),
-    diagnose_format.KIND: (diagnose_format.run_format_loss,
-                           "energy (gradients: also elements) flushed to zero and elements "
-                           "saturated of every GEMM operand in the run's own format "
-                           "(stats.range[quant_type] and log2_hist, quant.analysis' "
-                           "definitions)"),
-    "range_drift": (_on_narrow(rules.range_drift),
-                    "absmax of each tensor over iterations against its format's largest "
-                    "value"),
-    "format_loss": (_format_loss,
-                    "what-if SQNR of each tensor and format against the format's Gaussian "
-                    "baseline (quant.format_loss)"),
-    "attention_logit_growth": (_on_narrow(rules.attention_logit_growth),
-                               "max |q.k|/sqrt(d) per layer over iterations (bound from the "
-                               "query / key absmax)"),
-    "rank_outlier": (lambda con, state, src, view: rules.rank_outlier(con, src, state.records,
-                                                                      view),
-                     "each rank against the median of the ranks (tensor_viz.rank_tables)"),
+def _narrow(query: Callable[..., list[Finding]], checked: str) -> Kind:
+    """A kind whose query reads only the narrow table: the same SQL on both backends."""
+    return Kind(checked, lambda con, state, src, view: query(con, src), spark=query)
+
+
+#: kind -> its Kind (what it checked, each backend's query); the order breaks ranking ties.
+#: format_loss and rank_outlier are DuckDB-only: their SQL unnests maps and uses median and
+#: arg_max of structs, which Spark spells otherwise.
+KINDS: dict[str, Kind] = {
+    "first_nonfinite": _narrow(rules.first_nonfinite,
+                               "NaN/Inf counts of every record, in execution order across ranks"),
+    diagnose_format.KIND: Kind("energy (gradients: also elements) flushed to zero and elements "
+                               "saturated of every GEMM operand in the run's own format "
+                               "(stats.range[quant_type] and log2_hist, quant.analysis' "
+                               "definitions)", diagnose_format.run_format_loss),
+    "range_drift": _narrow(rules.range_drift,
+                           "absmax of each tensor over iterations against its format's largest "
+                           "value"),
+    "format_loss": Kind("what-if SQNR of each tensor and format against the format's Gaussian "
+                        "baseline (quant.format_loss)", _format_loss),
+    "attention_logit_growth": _narrow(rules.attention_logit_growth,
+                                      "max |q.k|/sqrt(d) per layer over iterations (bound from "
+                                      "the query / key absmax)"),
+    "rank_outlier": Kind("each rank against the median of the ranks (tensor_viz.rank_tables)",
+                         lambda con, state, src, view: rules.rank_outlier(con, src, state.records,
+                                                                          view)),
 }
 _KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "loss_divergence",
                                             "reference_gap"])}
@@ -227,9 +240,9 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
     result = Diagnosis(records=state.records, capture=str(capture_dir))
     found: list[Finding] = []
     src = rules.materialize(con, state)
-    for kind, (query, what) in KINDS.items():
-        found += query(con, state, src, rank_view)
-        result.checked[kind] = what
+    for name, kind in KINDS.items():
+        found += kind.duckdb(con, state, src, rank_view)
+        result.checked[name] = kind.checked
     if ref is not None:
         found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
         result.checked["reference_gap"] = f"std of each tensor against {reference}"
@@ -251,6 +264,7 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
 __all__ = [
     "HIGH",
     "KINDS",
+    "Kind",
     "LOW",
     "MEDIUM",
     "Diagnosis",

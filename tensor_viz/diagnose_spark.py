@@ -1,13 +1,13 @@
 """The diagnosis' queries in Spark SQL over the columnar index's Parquet dataset, for a capture
 too large for one machine (a 10,000-rank run on a cluster filesystem).
 
-The kinds that are queries over the narrow table (``first_nonfinite``, ``range_drift``,
-``attention_logit_growth``) run the very SQL of :mod:`tensor_viz.diagnose_rules` through
+The kinds with a Spark query (``tensor_viz.diagnose.KINDS``, each kind's ``spark``: those over
+the narrow table run the very SQL of :mod:`tensor_viz.diagnose_rules`) run through
 :class:`SparkConnection`, which answers the few calls those functions make of a DuckDB
-connection (``execute`` -> ``fetchone`` / ``fetchall`` / ``description``); the expressions the
-two dialects spell differently are ``diagnose_rules.DIALECTS``. ``format_loss`` and
-``rank_outlier`` stay DuckDB-only for now (their SQL uses DuckDB's map unnesting, ``median`` and
-``arg_max`` of structs). pyspark is imported by the caller, never by this package.
+connection (``execute`` -> ``fetchone`` / ``fetchall`` / ``description``), query parameters
+bound by Spark (``spark.sql(query, args=...)``); the expressions the two dialects spell
+differently are ``diagnose_rules.DIALECTS``. pyspark is imported by the caller, never by this
+package.
 """
 from __future__ import annotations
 
@@ -16,14 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from tensor_viz import diagnose_rules as rules
-from tensor_viz.diagnose import Diagnosis, rank
+from tensor_viz.diagnose import KINDS, Diagnosis, rank
 
-#: the kinds run here, and what "checked" says of them
-SPARK_KINDS = {
-    "first_nonfinite": rules.first_nonfinite,
-    "range_drift": rules.range_drift,
-    "attention_logit_growth": rules.attention_logit_growth,
-}
+#: the kinds run here: those registered with a Spark query
+SPARK_KINDS = {name: kind.spark for name, kind in KINDS.items() if kind.spark is not None}
 SOURCE_VIEW = "diag_source"
 _CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS (.*)$", re.DOTALL | re.IGNORECASE)
 
@@ -57,14 +53,14 @@ class SparkConnection:
         self.spark = spark
 
     def execute(self, sql: str, params: list | None = None) -> _Result:
-        for p in params or []:                     # the rules pass integers only
-            sql = sql.replace("?", str(int(p)), 1)
+        """``sql`` with its ``?`` parameters bound by Spark, as DuckDB binds them."""
+        args = list(params) if params else None
         m = _CREATE.match(sql)
         if m:
-            frame = self.spark.sql(m.group(2))
+            frame = self.spark.sql(m.group(2), args=args)
             frame.cache().createOrReplaceTempView(m.group(1))
             return _Result([], [])
-        frame = self.spark.sql(sql)
+        frame = self.spark.sql(sql, args=args)
         rows = frame.collect()
         return _Result([[_plain(v) for v in r] for r in rows], frame.columns)
 
@@ -77,12 +73,10 @@ def diagnose_parquet(spark: Any, data_dir: str | Path) -> Diagnosis:
     con = SparkConnection(spark)
     src = rules.materialize(con, None, relation=SOURCE_VIEW)
     records = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
-    from tensor_viz.diagnose import KINDS
-
     result = Diagnosis(records=int(records), capture=str(data_dir))
     found = []
     for kind, query in SPARK_KINDS.items():
         found += query(con, src)
-        result.checked[kind] = KINDS[kind][1]
+        result.checked[kind] = KINDS[kind].checked
     result.findings = rank(found)
     return result
