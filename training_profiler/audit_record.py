@@ -139,18 +139,25 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
+_FP32_MIN_NORMAL = dtype_limits(torch.float32).min_normal
+
+
 def range_stats(t: torch.Tensor) -> tuple[float, float, float]:
     """absmax, fraction of nonzero values below the dtype's min_normal (quant.analysis's
-    underflow), fraction at +-Inf (an overflow already happened), for the tensor's own dtype."""
+    underflow), fraction at +-Inf (an overflow already happened), for the tensor's own dtype.
+    The underflow pass runs only for a dtype whose min_normal is above float32's (float16):
+    below that no float32 value was lost to it (bfloat16 shares float32's exponent range)."""
     lim = dtype_limits(t.dtype)
     if lim is None or t.numel() == 0:
         return 0.0, 0.0, 0.0
-    a = t.detach().abs()
-    absmax = float(a.max())
-    nonzero = int(torch.count_nonzero(a))
-    under = int(torch.count_nonzero((a < lim.min_normal) & (a > 0))) if nonzero else 0
-    inf = int(torch.count_nonzero(torch.isinf(a))) if absmax == float("inf") else 0
-    return absmax, (under / nonzero if nonzero else 0.0), inf / t.numel()
+    absmax = float(torch.linalg.vector_norm(t.detach(), float("inf")))
+    under = 0.0
+    if lim.min_normal > _FP32_MIN_NORMAL:
+        a = t.detach().abs()
+        nonzero = int(torch.count_nonzero(a))
+        under = int(torch.count_nonzero((a < lim.min_normal) & (a > 0))) / nonzero if nonzero else 0.0
+    inf = int(torch.count_nonzero(torch.isinf(t.detach()))) / t.numel() if absmax == float("inf") else 0.0
+    return absmax, under, inf
 
 
 class _ModuleStack:

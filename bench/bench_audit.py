@@ -1,0 +1,162 @@
+"""Run-time precision audit: its cost on a training step and what it finds (issue 43).
+
+    python bench/bench_audit.py            # cost, then recall / false findings
+    python bench/bench_audit.py --quick    # cost only
+
+Cost: one training step timed bare, under the audit, and bare again after the audit (the
+recorder and every hook removed), the same step in the same run; the ratio is audited / bare
+(the issue asks <= 3x for the audited steps, 1x after). Findings: every reproduction of
+``bench/audit_cases/expected.json`` must give its rule (recall), its clean twin nothing, and so
+must the embedded default training, llama-train fp32 and bf16, run under ``lowp-audit -m``
+(false findings).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CASES = ROOT / "bench" / "audit_cases"
+
+from training_profiler.audit import precision_audit, run_script  # noqa: E402
+
+
+def _mlp_step(hidden: int = 512, layers: int = 4, batch: int = 256, autocast: bool = True):
+    """A plain PyTorch step: an MLP classifier under bf16 autocast, AdamW."""
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.GELU(), torch.nn.LayerNorm(hidden)]
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 1000))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, hidden)
+    y = torch.randint(0, 1000, (batch,))
+
+    def step() -> float:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss)
+
+    return step
+
+
+def _gpt_step():
+    """The embedded model: megatron-core's tiny Llama GPT, the driver's bf16 master weights."""
+    from training_driver import megatron_env as me
+    from training_driver.optim import MasterParams, build_adamw
+
+    me.quiet_megatron_warnings()
+    me.init_distributed(0, 1, master_port=me.free_port())
+    shape = me.LlamaShape(num_layers=2, hidden_size=256, ffn_hidden_size=704, num_attention_heads=8,
+                          num_query_groups=4, vocab_size=2048, seq_length=128)
+    torch.manual_seed(0)
+    model = me.build_llama_model(shape, torch.bfloat16)
+    master = MasterParams(model)
+    opt = build_adamw(master.params, 1e-3, 0.01)
+    tokens = torch.randint(0, shape.vocab_size, (4, shape.seq_length), generator=torch.Generator().manual_seed(7))
+
+    def step() -> float:
+        loss = model(tokens, labels=tokens, **me.causal_inputs(tokens)).float().mean()
+        loss.backward()
+        master.grads_to_master()
+        opt.step()
+        opt.zero_grad()
+        master.master_to_model()
+        return float(loss.detach())
+
+    return step, me.destroy_distributed
+
+
+def _median_time(step, n: int, audited: bool = False) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        if audited:
+            with precision_audit():
+                step()
+        else:
+            step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def cost(name: str, step, n: int = 5) -> None:
+    step()                                   # warm-up
+    bare = _median_time(step, n)
+    audited = _median_time(step, n, audited=True)
+    after = _median_time(step, n)
+    print(f"{name:36s} bare {bare * 1e3:8.1f} ms | audited {audited * 1e3:8.1f} ms "
+          f"(x{audited / bare:.2f}) | after {after * 1e3:8.1f} ms (x{after / bare:.2f})")
+
+
+def findings_table() -> None:
+    rows = json.loads((CASES / "expected.json").read_text())
+    caught, twin_findings = 0, 0
+    for case, row in rows.items():
+        bug = run_script(str(CASES / case), [], steps=2)
+        twin = run_script(str(CASES / row["clean_twin"]), [], steps=2)
+        rules = sorted({f.rule_id for f in bug.findings})
+        hit = row["rule"] in rules
+        caught += hit
+        twin_findings += len(twin.findings)
+        assert bug.error is None and twin.error is None, (case, bug.error, twin.error)
+        print(f"{case:32s} {row['bug_kind']:32s} expect {row['rule']} {'found' if hit else 'MISSED':6s} "
+              f"rules {','.join(rules):28s} twin {len(twin.findings)} finding(s)")
+    print(f"recall {caught}/{len(rows)} = {caught / len(rows):.2f}; findings on the {len(rows)} clean "
+          f"twins: {twin_findings}")
+    embedded = _embedded_default()
+    print(f"embedded default (llama-train --model tiny, 2 audited steps): "
+          + ", ".join(f"{k}: {v} finding(s)" for k, v in embedded.items()))
+
+
+def _embedded_default() -> dict[str, int]:
+    from training_driver.corpus import write_builtin_corpus
+    from training_driver.preprocess import preprocess
+
+    with tempfile.TemporaryDirectory() as root:
+        corpus = os.path.join(root, "corpus.jsonl")
+        write_builtin_corpus(corpus, max_chars=60_000)
+        data = preprocess([corpus], os.path.join(root, "data", "docs"), vocab_size=384, progress=False)
+        out = {}
+        for dtype in ("fp32", "bf16"):
+            args = ["--data-path", data["data_prefix"], "--tokenizer", data["tokenizer"], "--model",
+                    "tiny", "--dtype", dtype, "--train-iters", "3", "--no-resume"]
+            res = run_script("training_driver.train", args, steps=2, module=True)
+            assert res.error is None and res.steps == 2, res.error
+            out[dtype] = len(res.findings)
+            for f in res.findings:
+                print(f"  {dtype}: {f.path}:{f.line} {f.rule_id} {f.message}")
+        return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--quick", action="store_true", help="cost only")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread")
+    cost("plain MLP step (bf16 autocast)", _mlp_step())
+    cost("plain MLP step (fp32)", _mlp_step(autocast=False))
+    step, done = _gpt_step()
+    try:
+        cost("megatron tiny GPT step (bf16 + master)", step)
+    finally:
+        done()
+    if not args.quick:
+        findings_table()
+
+
+if __name__ == "__main__":
+    main()
