@@ -12,7 +12,8 @@ from quant import FORMATS, quantize
 from quant.elemwise import ElemParams, _adder_rounds, round_magnitude_
 from quant.families import FAMILIES, family_of
 from quant.formats import SCALING_IDENTITY
-from quant.scales import ScalingFamily, cast_scaled
+from quant.layout import to_blocks
+from quant.scales import Scales, ScalingFamily, cast_scaled
 
 
 def _tensor(rows=6, cols=96, seed=0):
@@ -85,3 +86,56 @@ def test_nearest_even_rounding_matches_float64(name):
     assert torch.equal(got.double()[inside], want[inside])
     assert bool((got[~inside] > FORMATS[name].max_normal).all())
     assert math.isinf(float(round_magnitude_(torch.tensor([math.inf]), p, "nearest_even")))
+
+
+class _BlockAmaxFamily(ScalingFamily):
+    """A family written for the test: one float32 scale per block, max_normal / block amax
+    (per-tensor current scaling applied to each block)."""
+
+    scaling = "test_block_amax"
+    blocked = True
+    stored_kind = "float32_scale"
+
+    def scales_from(self, amax_b, tensor_amax, spec, scale_mode):
+        scale = torch.where(amax_b > 0, spec.max_normal / amax_b, torch.ones_like(amax_b))
+        scale = torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+        return Scales(encode=scale, decode=1.0 / scale, poisoned=~torch.isfinite(amax_b),
+                      stored=scale)
+
+    def quantize(self, x, q, generator=None):
+        xb, restore = to_blocks(x.float(), q.axis, q.block)
+        s = self.scales(xb, q.spec)
+        return restore(cast_scaled(xb, s, q.params, q.rounding, q.saturate)).to(x.dtype)
+
+    quantize_triton = quantize
+
+
+def test_a_new_family_is_one_object_and_format_rows(monkeypatch):
+    """docs/architecture.md, *A scaling family*: the family object, its FAMILIES row and its
+    format row are all it takes; quantize, the Quantizer and the analysis then run it."""
+    import dataclasses
+
+    from quant import analyze_quantization
+    from quant.quantizer import Quantizer
+
+    family = _BlockAmaxFamily()
+    spec = dataclasses.replace(FORMATS["fp8_e4m3"], name="fp8_e4m3_block8",
+                               scaling=family.scaling, block_size=8, element="fp8_e4m3")
+    monkeypatch.setitem(FAMILIES, family.scaling, family)
+    monkeypatch.setitem(FORMATS, spec.name, spec)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 12, generator=g) * torch.exp2(
+        torch.randint(-12, 12, (16, 12), generator=g).float())
+    x[4, 7] = 0.0
+    got = quantize(x, spec.name, axis=0)
+    # reference: each block (8 rows of one column) through the per-tensor format (same rule)
+    want = torch.empty_like(x)
+    for i in range(0, 16, 8):
+        for j in range(x.shape[1]):
+            want[i:i + 8, j] = quantize(x[i:i + 8, j].contiguous(), "fp8_e4m3_tensor")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    q = Quantizer.of(spec.name, axis=0)
+    assert q.family is family and q.block == 8
+    assert torch.equal(q(x).view(torch.int32), got.view(torch.int32))
+    report = analyze_quantization(x, q, quantized=got)
+    assert report.block_size == 8 and report.total == x.numel()
