@@ -47,7 +47,7 @@ def _mlp_step(hidden: int = 512, layers: int = 4, batch: int = 256, autocast: bo
         loss.backward()
         opt.step()
         opt.zero_grad()
-        return float(loss)
+        return loss.item()
 
     return step
 
@@ -117,7 +117,7 @@ def findings_table() -> None:
     print(f"recall {caught}/{len(rows)} = {caught / len(rows):.2f}; findings on the {len(rows)} clean "
           f"twins: {twin_findings}")
     embedded = _embedded_default()
-    print(f"embedded default (llama-train --model tiny, 2 audited steps): "
+    print("embedded default (llama-train --model tiny, 2 audited steps): "
           + ", ".join(f"{k}: {v} finding(s)" for k, v in embedded.items()))
 
 
@@ -149,11 +149,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, 1 thread")
     cost("plain MLP step (bf16 autocast)", _mlp_step())
     cost("plain MLP step (fp32)", _mlp_step(autocast=False))
+    saved_env = dict(os.environ)
     step, done = _gpt_step()
     try:
         cost("megatron tiny GPT step (bf16 + master)", step)
     finally:
         done()
+        os.environ.clear()          # the process group's MASTER_PORT etc.: llama-train runs next
+        os.environ.update(saved_env)
     if not args.quick:
         findings_table()
 

@@ -19,7 +19,14 @@ import sys
 import tempfile
 from typing import Sequence
 
-from lowp_common import CommandParser, UserError, atomic_write_text, check_writable, cli_entry, refuse_overwrite
+from lowp_common import (
+    CommandParser,
+    UserError,
+    atomic_write_text,
+    check_writable,
+    cli_entry,
+    refuse_overwrite,
+)
 from training_profiler.amp_rules import Severity
 from training_profiler.audit import ScriptOutcome, format_findings, run_script
 from training_profiler.audit_rules import RULES

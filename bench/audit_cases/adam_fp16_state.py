@@ -2,7 +2,6 @@
 stepped by Adam directly, so exp_avg_sq lives in float16 and eps=1e-8 rounds to zero there."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 

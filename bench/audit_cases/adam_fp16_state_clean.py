@@ -2,7 +2,6 @@
 Adam's state and eps stay in float32."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 

@@ -3,7 +3,6 @@ computes in float32 and returns float32 for the bfloat16 activations autocast gi
 custom_fwd its backward runs outside autocast with mismatched dtypes."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 

@@ -1,7 +1,6 @@
 """Clean twin of autograd_fn_fp32_out: the Function declares custom_fwd(cast_inputs=float32)."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 

@@ -2,7 +2,6 @@
 (CUDA autocast raises on it; the CPU one runs it)."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 WITH_LOGITS = False

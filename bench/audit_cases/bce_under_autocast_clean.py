@@ -1,7 +1,6 @@
 """Clean twin of bce_under_autocast: binary_cross_entropy_with_logits on the logits."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 WITH_LOGITS = True

@@ -2,7 +2,6 @@
 bfloat16 and the optimizer steps those parameters directly: small updates round away."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 

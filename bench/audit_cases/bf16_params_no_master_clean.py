@@ -2,7 +2,6 @@
 optimizer steps float32 weights."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 

@@ -2,7 +2,6 @@
 bfloat16 inside forward, no autocast is on, so cross_entropy runs on bfloat16 logits."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 

@@ -1,7 +1,6 @@
 """Clean twin of ce_bf16_no_autocast: the bfloat16 logits are upcast before cross_entropy."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 

@@ -1,7 +1,6 @@
 """Bug kind attention-logits-overflow-fp16: under float16 autocast the attention scores q @ k^T
 are computed before the 1/sqrt(d) scale, so large activations bring them to float16's max."""
 import torch
-
 from _tiny import BATCH, VOCAB, seeded
 
 D = 64

@@ -1,6 +1,5 @@
 """Clean twin of fp16_attention_overflow: q is scaled by 1/sqrt(d) before q @ k^T."""
 import torch
-
 from _tiny import BATCH, VOCAB, seeded
 
 D = 64

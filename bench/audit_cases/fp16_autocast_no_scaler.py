@@ -2,7 +2,6 @@
 activation gradients of the backward pass are not protected from underflow."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 USE_SCALER = False

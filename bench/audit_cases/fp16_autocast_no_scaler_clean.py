@@ -1,7 +1,6 @@
 """Clean twin of fp16_autocast_no_scaler: the GradScaler is enabled."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 USE_SCALER = True

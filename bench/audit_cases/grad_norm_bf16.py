@@ -2,7 +2,6 @@
 accumulated from bfloat16 per-tensor norms."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import MasterStep, Tiny, batch, seeded
 
 

@@ -1,7 +1,6 @@
 """Clean twin of grad_norm_bf16: each norm is taken in float32."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import MasterStep, Tiny, batch, seeded
 
 

@@ -2,7 +2,6 @@
 auxiliary loss), stepped directly, gets gradients that are mostly zero or subnormal in float16."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 AUX_WEIGHT = 1e-4

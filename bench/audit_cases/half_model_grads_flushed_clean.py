@@ -2,7 +2,6 @@
 GradScaler, so the small loss is scaled before its gradients reach float16."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 AUX_WEIGHT = 1e-4

@@ -1,7 +1,6 @@
 """Bug kind logprobs-from-lowp-logits: a policy in bfloat16 whose per-token log-probabilities come
 from log_softmax on its bfloat16 logits, through a helper far from the model."""
 import torch
-
 from _tiny import Tiny, batch, seeded
 
 

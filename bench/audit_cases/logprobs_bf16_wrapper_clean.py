@@ -1,6 +1,5 @@
 """Clean twin of logprobs_bf16_wrapper: the bfloat16 logits are upcast before log_softmax."""
 import torch
-
 from _tiny import Tiny, batch, seeded
 
 

@@ -2,7 +2,6 @@
 in full precision, but its input is already bfloat16, so the mean still accumulates in bfloat16."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 

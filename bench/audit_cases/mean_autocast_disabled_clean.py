@@ -1,7 +1,6 @@
 """Clean twin of mean_autocast_disabled: the pooled mean upcasts its bfloat16 input."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import DIM, VOCAB, batch, seeded
 
 

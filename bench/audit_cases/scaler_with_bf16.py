@@ -2,7 +2,6 @@
 GradScaler, which only skips steps and adds state."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 USE_SCALER = True

@@ -1,7 +1,6 @@
 """Clean twin of scaler_with_bf16: the GradScaler is disabled for bfloat16."""
 import torch
 import torch.nn.functional as F
-
 from _tiny import Tiny, batch, seeded
 
 USE_SCALER = False

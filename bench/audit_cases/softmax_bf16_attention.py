@@ -2,8 +2,7 @@
 master weights) whose attention softmax runs on the bfloat16 scores."""
 import torch
 import torch.nn.functional as F
-
-from _tiny import BATCH, MasterStep, VOCAB, seeded
+from _tiny import BATCH, VOCAB, MasterStep, seeded
 
 D = 16
 

@@ -1,8 +1,7 @@
 """Clean twin of softmax_bf16_attention: the softmax accumulates in float32 (dtype=torch.float32) and casts back."""
 import torch
 import torch.nn.functional as F
-
-from _tiny import BATCH, MasterStep, VOCAB, seeded
+from _tiny import BATCH, VOCAB, MasterStep, seeded
 
 D = 16
 

@@ -1,0 +1,259 @@
+"""Run-time precision audit (issue 43): each reproduction of bench/audit_cases gives its rule and
+its clean twin nothing; the audit changes no value and leaves nothing installed; the decorator,
+the context manager and lowp-audit work on a plain loop, a Hugging Face-style model and our
+Megatron GPT."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from training_profiler.audit import audit_precision, precision_audit, run_script
+from training_profiler.audit_cli import main as audit_main
+from training_profiler.audit_rules import RULES
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "bench" / "audit_cases"
+EXPECTED = json.loads((CASES / "expected.json").read_text())
+
+
+def _rules(findings) -> set[str]:
+    return {f.rule_id for f in findings}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_reproduction_found_and_twin_clean(case: str) -> None:
+    row = EXPECTED[case]
+    bug = run_script(str(CASES / case), [], steps=2)
+    twin = run_script(str(CASES / row["clean_twin"]), [], steps=2)
+    assert bug.error is None and twin.error is None, (bug.error, twin.error)
+    assert row["rule"] in _rules(bug.findings), [f.message for f in bug.findings]
+    found = next(f for f in bug.findings if f.rule_id == row["rule"])
+    assert found.path.endswith(case) and found.line > 0     # the user's line, not torch's
+    assert twin.findings == [], [f"{f.rule_id} {f.message}" for f in twin.findings]
+
+
+def test_every_rule_has_a_reproduction() -> None:
+    assert {r.id for r in RULES} == {row["rule"] for row in EXPECTED.values()}
+    assert all(r.explanation and r.suggestion for r in RULES)
+
+
+def _loop(steps: int, audit_steps: int | None, dtype=torch.bfloat16) -> tuple[list[float], list]:
+    """A plain loop under autocast; with ``audit_steps`` its step is @audit_precision'd."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 16), torch.randint(0, 8, (8,))
+
+    def step() -> float:
+        with torch.autocast("cpu", dtype=dtype):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    if audit_steps is not None:
+        step = audit_precision(steps=audit_steps, report=None)(step)
+    return [step() for _ in range(steps)], [p.detach().clone() for p in model.parameters()], step
+
+
+def test_audit_changes_no_value() -> None:
+    bare_losses, bare_params, _ = _loop(4, None)
+    losses, params, _ = _loop(4, 2)
+    assert losses == bare_losses
+    assert all(torch.equal(a, b) for a, b in zip(params, bare_params))
+
+
+def test_decorator_audits_only_its_steps_and_removes_everything() -> None:
+    from torch.nn.modules import module as m
+    from torch.optim import optimizer as o
+
+    before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks),
+              len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks),
+              torch.amp.GradScaler.scale, torch.autograd.Function.__dict__["apply"],
+              torch.amp.autocast_mode.autocast.__enter__)
+    _, _, step = _loop(2, 2)
+    calls = sum(s.calls for s in step.audit.record.sites.values())
+    assert calls > 0 and len(step.audit.record.steps) == 2
+    step()                                                   # a third call runs bare
+    assert sum(s.calls for s in step.audit.record.sites.values()) == calls
+    assert len(step.audit.record.steps) == 2
+    after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks),
+             len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks),
+             torch.amp.GradScaler.scale, torch.autograd.Function.__dict__["apply"],
+             torch.amp.autocast_mode.autocast.__enter__)
+    assert after == before and torch._C._len_torch_dispatch_stack() == 0
+    assert step.audit.findings == []                         # bf16 autocast over fp32: clean
+
+
+def test_record_is_per_call_site_not_per_call() -> None:
+    _, _, step = _loop(2, 2)
+    sites_2 = len(step.audit.record.sites)
+    _, _, step10 = _loop(10, 10)
+    assert len(step10.audit.record.sites) == sites_2         # 5x the calls, the same sites
+    assert max(s.calls for s in step10.audit.record.sites.values()) >= 10
+
+
+def test_autocast_state_is_what_autocast_says() -> None:
+    """Under autocast, log_softmax on bf16 is autocast's (CUDA's runs it in fp32): no finding;
+    the same op on bf16 with autocast off is one, located on this file's line."""
+    logits = torch.randn(4, 8).bfloat16()
+    with precision_audit() as on:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.log_softmax(logits, -1)
+    with precision_audit() as off:
+        torch.log_softmax(logits, -1)
+    assert on.findings == []
+    (f,) = off.findings
+    assert f.rule_id == "AUD001" and f.path == __file__
+
+
+def test_fp16_range_uses_quant_analysis_limits() -> None:
+    from quant.analysis import dtype_limits
+
+    top = dtype_limits(torch.float16).max_normal
+    near = torch.tensor([0.95 * top], dtype=torch.float16)
+    far = torch.tensor([0.85 * top], dtype=torch.float16)
+    with precision_audit() as a:
+        near * 1.0
+    with precision_audit() as b:
+        far * 1.0
+    assert _rules(a.findings) == {"AUD003"} and b.findings == []
+
+
+def test_hugging_face_style_model() -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=32)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    found = {}
+    for mode in ("fp32", "autocast", "bf16-logprobs"):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg)
+        if mode == "bf16-logprobs":
+            model = model.to(torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        @audit_precision(steps=2, report=None)
+        def step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+                out = model(input_ids=ids, labels=None if mode == "bf16-logprobs" else ids)
+            loss = out.loss if out.loss is not None else \
+                -torch.log_softmax(out.logits, -1).gather(-1, ids.unsqueeze(-1)).float().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        step()
+        step()
+        found[mode] = _rules(step.audit.findings)
+        assert any(s.module.startswith("LlamaForCausalLM.model.layers.0")
+                   for s in step.audit.record.sites.values())
+    assert found == {"fp32": set(), "autocast": set(), "bf16-logprobs": {"AUD001"}}
+
+
+@pytest.mark.megatron
+def test_megatron_gpt_driver() -> None:
+    from training_driver import megatron_env as me
+    from training_driver.optim import MasterParams, build_adamw
+
+    me.quiet_megatron_warnings()
+    me.init_distributed(0, 1, master_port=me.free_port())
+    found = {}
+    try:
+        shape = me.LlamaShape(num_layers=1, hidden_size=32, ffn_hidden_size=64,
+                              num_attention_heads=4, num_query_groups=2, vocab_size=64, seq_length=16)
+        tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(7))
+        for mode in ("fp32", "bf16", "bf16-logits-loss"):
+            torch.manual_seed(0)
+            model = me.build_llama_model(shape, torch.float32 if mode == "fp32" else torch.bfloat16)
+            master = MasterParams(model)
+            opt = build_adamw(master.params, 1e-3, 0.01)
+
+            @audit_precision(steps=2, report=None)
+            def step() -> None:
+                if mode == "bf16-logits-loss":   # the loss on the model's own bf16 logits
+                    logits = model(tokens, labels=None, **me.causal_inputs(tokens))
+                    loss = F.cross_entropy(logits.flatten(0, 1), tokens.t().flatten())
+                else:
+                    loss = model(tokens, labels=tokens, **me.causal_inputs(tokens)).float().mean()
+                loss.backward()
+                master.grads_to_master()
+                opt.step()
+                opt.zero_grad()
+                master.master_to_model()
+
+            step()
+            step()
+            found[mode] = _rules(step.audit.findings)
+    finally:
+        me.destroy_distributed()
+    assert found == {"fp32": set(), "bf16": set(), "bf16-logits-loss": {"AUD001"}}
+
+
+def _exit(main, argv: list[str]) -> object:
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(body)
+    return str(path)
+
+
+LOOP = """import sys, torch
+model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+for i in range(int(sys.argv[1])):
+    print("step", i, flush=True)
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_cli_runs_the_script_for_its_steps(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    script = _script(tmp_path, LOOP)
+    out_json = tmp_path / "audit.json"
+    code = audit_main([script, "--steps", "3", "--json", str(out_json), "--", "50"])
+    out = capsys.readouterr().out
+    ran = [line for line in out.splitlines() if line.startswith("step ")]
+    assert ran == ["step 0", "step 1", "step 2"]                # stopped after 3 optimizer steps
+    assert code == 1 and "AUD006" in out and f"{script}:" not in out   # the text format
+    assert [f["rule"] for f in json.loads(out_json.read_text())["findings"]] == ["AUD006"]
+    assert audit_main([script, "--json", str(out_json), "--", "1"]) == 2   # refuses to overwrite
+    assert "--force" in capsys.readouterr().err
+    assert sys.argv[0] != script
+
+
+def test_cli_script_failing_on_its_own(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    script = _script(tmp_path, "import torch\nraise RuntimeError('no data here')\n")
+    assert audit_main([script]) == 1
+    err = capsys.readouterr().err
+    assert "script failed" in err and "RuntimeError: no data here" in err
+    tb = Path(err.strip().rsplit("its traceback: ", 1)[1])
+    assert "no data here" in tb.read_text() and "Traceback" in tb.read_text()
+    tb.unlink()
+    assert _exit(audit_main, [script, "--nope"]) == 2
+    assert _exit(audit_main, ["-m", "no_such_module_here"]) == 2
+    assert "no such module" in capsys.readouterr().err
+
+
+def test_static_checker_merges_the_audit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from training_profiler.static_checker import main as static_main
+
+    script = _script(tmp_path, LOOP.replace("int(sys.argv[1])", "3").replace('    print("step", i, flush=True)\n', ""))
+    code = static_main([script, "--audit", script, "--format", "json", "--min-confidence", "low"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["files_checked"] == 2
+    assert {f["rule"] for f in report["findings"] if f["rule"].startswith("AUD")} == {"AUD006"}
+    assert all(f["path"] == script for f in report["findings"])
