@@ -74,7 +74,7 @@ setup(
             "quant-demo=quant_tools.demo:main",
             "mxfp-scaling-test=quant_tools.scaling_cli:main",
             "megatron-tensor-patch=tensor_capture.patcher:main",
-            "enhanced-tensor-visualizer=tensor_viz.enhanced_visualizer:main",
+            "enhanced-tensor-visualizer=tensor_viz.analysis_cli:main",
             "quick-visualize=tensor_viz.quick_cli:main",
             "visualize-tensors=tensor_viz.full:main",
             "llama-train=training_driver.train:main",

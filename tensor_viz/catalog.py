@@ -35,7 +35,7 @@ class Entry:
     sample: Any = None                 # numpy float32 sample of values, when read
     heat: Any = None                   # small 2-D slice of values, when read
     #: the what-if record the report recomputed for formats capture did not store (the shape of
-    #: ``meta["whatif"]``; tensor_viz.values.recompute_whatif), None when none was
+    #: ``meta["whatif"]``; tensor_viz.file_reads.recompute_whatif), None when none was
     whatif: dict[str, Any] | None = None
 
     @property

@@ -10,7 +10,7 @@ The numbers capture stored are shown as stored (``source`` "capture"). What capt
 store (what-if off, an iteration over the what-if budget, a format the report was asked for
 beside the captured ones) is recomputed from the saved high-precision tensor by capture's own
 computation, on the axis capture used (:func:`capture_axis`), by the report's file readers
-(tensor_viz.values.recompute_whatif, at most ``--whatif-files`` tensors): ``source``
+(tensor_viz.file_reads.recompute_whatif, at most ``--whatif-files`` tensors): ``source``
 "recomputed".
 """
 from __future__ import annotations

@@ -33,20 +33,23 @@ SECTION_TABLE: tuple[tuple[str, str, str], ...] = (
      "Attention score maps, where they were captured."),
     ("quantization_analysis", "plots_quant:draw_quantization",
      "Quantization error, measured and what-if."),
-    ("layer_analysis", "plots_enhanced:draw_layers",
+    ("layer_analysis", "plots_analysis:draw_layers",
      "Attention vs linear, layer index, sample and batch size."),
-    ("overflow_analysis", "plots_enhanced:draw_overflow",
+    ("overflow_analysis", "plots_analysis:draw_overflow",
      "Overflow, underflow and flush-to-zero against each format."),
-    ("fp8_analysis", "plots_enhanced:draw_fp8", "HiFP8 vs MXFP8 runs."),
-    ("bf16_analysis", "plots_enhanced:draw_bf16",
+    ("fp8_analysis", "plots_analysis:draw_fp8", "HiFP8 vs MXFP8 runs."),
+    ("bf16_analysis", "plots_analysis:draw_bf16",
      "BF16 tensors: raw and normalized densities, shape statistics."),
-    ("backward_analysis", "plots_enhanced:draw_backward", "Forward vs backward, gradients."),
-    ("rank_analysis", "plots_enhanced:draw_ranks", "The same tensor across ranks."),
+    ("backward_analysis", "plots_analysis:draw_backward", "Forward vs backward, gradients."),
+    ("rank_analysis", "plots_analysis:draw_ranks", "The same tensor across ranks."),
     ("numerics_map", "plots_quant:draw_numerics_map",
      "A layer x tensor map of one statistic over iterations."),
     ("whatif_numerics", "plots_numerics:draw_numerics",
      "What-if numerics over training (stored at capture): SQNR timeline per format, block-scale "
      "histograms, SQNR by phase and component."),
+    ("run_timeline", "plots_timeline:draw_run_timeline",
+     "The whole run from the flight recorder's summaries: absmax, flush and NaN/Inf per layer "
+     "over every iteration, with its triggers."),
 )
 FULL_SECTIONS = tuple(name for name, _, _ in SECTION_TABLE)
 #: section name -> the one-line description index.html shows

@@ -32,7 +32,7 @@ from tensor_viz.result import Result
 __all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
            "Result", "build", "load", "draw"]
 from tensor_viz import workers as worker_pool
-from tensor_viz.values import FileTask, PairTask, progress_bar, run_tasks
+from tensor_viz.file_reads import FileTask, PairTask, progress_bar, run_tasks
 
 
 def _drawer(ref: str) -> Callable[[Dataset, FigureSet], None]:
@@ -142,7 +142,8 @@ def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = Tru
     ``index_state``: the manifests' columnar index when the caller refreshed it already."""
     opts = opts or Options()
     catalog = _catalog(tensor_dir, opts, index_state)
-    ds = Dataset(entries=list(catalog.entries), rank_view=catalog.view)
+    ds = Dataset(entries=list(catalog.entries), rank_view=catalog.view,
+                 capture_dir=str(tensor_dir))
     if not values:
         return catalog, ds, 0
     chosen = _select(ds.entries, opts)

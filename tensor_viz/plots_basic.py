@@ -30,7 +30,7 @@ from tensor_viz.figures import (
     short,
     value_boxes,
 )
-from tensor_viz.values import PROBABILITY_NAMES, SCORE_NAMES
+from tensor_viz.file_reads import PROBABILITY_NAMES, SCORE_NAMES
 
 PANELS_PER_PAGE = 12     # histogram / Q-Q panels per figure; more groups go on further pages
 BOXES_PER_PAGE = 30

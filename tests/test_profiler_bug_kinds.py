@@ -1,5 +1,6 @@
-"""The fourth pass's bug kinds (issue 30): each rule's premise checked with real torch where a CPU
-can show it, and the rule's edges (what it must not report) on small sources."""
+"""The checker's bug-kind rules (amp_rules.BUG_KIND_FAMILIES): each rule's premise checked with
+real torch where a CPU can show it, and the rule's edges (what it must not report) on small
+sources."""
 from __future__ import annotations
 
 import ast

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from viz_helpers import Evil, write_plain, write_tensor
 
 from tensor_capture import schema
-from tensor_viz import enhanced_visualizer, full, pipeline, quick_cli
+from tensor_viz import analysis_cli, full, pipeline, quick_cli
 from tensor_viz.catalog import scan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def test_bad_option_values(tmp_path, capsys):
 def test_empty_directory_draws_nothing_and_says_so(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
-    code = enhanced_visualizer.main(["--tensor_dir", str(tmp_path / "empty"), "--output_dir", str(out)] + FAST)
+    code = analysis_cli.main(["--tensor_dir", str(tmp_path / "empty"), "--output_dir", str(out)] + FAST)
     captured = capsys.readouterr()
     assert code == 2 and len(captured.err.strip().splitlines()) == 1
     assert "error: nothing could be drawn" in captured.err
@@ -123,7 +123,7 @@ def test_single_file_is_drawn(tmp_path, capsys):
     d = tmp_path / "one"
     write_plain(d, torch.randn(16, 2, 32))
     out = tmp_path / "out"
-    assert enhanced_visualizer.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST) == 0
+    assert analysis_cli.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST) == 0
     assert (out / "distributions" / "value_histograms.png").is_file()
     assert (out / "fp8_analysis" / "no_data.txt").is_file()        # one format only: says why
 
@@ -163,7 +163,7 @@ def test_stats_only_capture_draws_from_the_manifest(tmp_path, capsys):
     write_synthetic_run(d, quant_types=("mxfp8",), iterations=(0, 1, 2), num_layers=2, ranks=(0, 1),
                         stats_only=True)
     assert not list(d.glob("*.pt"))
-    code = enhanced_visualizer.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST)
+    code = analysis_cli.main(["--tensor_dir", str(d), "--output_dir", str(out)] + FAST)
     assert code == 0
     for section in ("statistics", "overflow_analysis", "numerics_map", "rank_analysis", "backward_analysis"):
         assert list((out / section).glob("*.png")) and not (out / section / "no_data.txt").exists(), section

@@ -349,7 +349,7 @@ def test_a_wgrad_operand_is_measured_against_its_twin_seen_as_tokens_by_features
     """The wgrad GEMM sees input as [s*b, h]; save_quantized stores it so. The report pairs it
     with the [s, b, h] high-precision file and measures it, instead of listing a mismatch."""
     from quant import metrics
-    from tensor_viz.values import PairTask, run_pair
+    from tensor_viz.file_reads import PairTask, run_pair
 
     x = torch.randn(8, 2, 64, generator=torch.Generator().manual_seed(3))
     hp = _save(saver := saver_for(tmp_path), x, operation="backward", tensor_name="input")

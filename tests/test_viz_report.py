@@ -16,7 +16,7 @@ import figure_checks
 from viz_helpers import browser_check, make_capture
 
 from tensor_capture import schema
-from tensor_viz import pipeline, values
+from tensor_viz import file_reads, pipeline
 from tensor_viz.plots_quant import numerics_matrix
 
 WHATIF = ("fp8_e4m3", "mxfp8", "mxfp4", "bf16")
@@ -159,9 +159,9 @@ def test_whatif_and_measured_errors_use_quant(built):
 def test_sampling_is_reproducible(built):
     cap, _, _, _ = built
     path = str(sorted(cap.glob("*weight.pt"))[0])
-    a = values.run_file(values.FileTask(path, sample_size=100, seed=3))["sample"]
-    b = values.run_file(values.FileTask(path, sample_size=100, seed=3))["sample"]
-    c = values.run_file(values.FileTask(path, sample_size=100, seed=4))["sample"]
+    a = file_reads.run_file(file_reads.FileTask(path, sample_size=100, seed=3))["sample"]
+    b = file_reads.run_file(file_reads.FileTask(path, sample_size=100, seed=3))["sample"]
+    c = file_reads.run_file(file_reads.FileTask(path, sample_size=100, seed=4))["sample"]
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     t, _ = schema.load_tensor_file(path)
     assert np.isin(a, t.float().numpy()).all()

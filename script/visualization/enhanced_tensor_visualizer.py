@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Enhanced analysis (the twelve draw/ folders, numerics map, index.html) of a captured-tensor directory.
 
-Thin wrapper over ``tensor_viz.enhanced_visualizer`` so it runs from a checkout without installing:
+Thin wrapper over ``tensor_viz.analysis_cli`` so it runs from a checkout without installing:
 ``python script/visualization/enhanced_tensor_visualizer.py --tensor_dir ./tensor_logs --output_dir ./draw`` (see --help).
 """
 import os
@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../..")))
 
-from tensor_viz.enhanced_visualizer import main
+from tensor_viz.analysis_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

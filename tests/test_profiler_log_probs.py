@@ -1,5 +1,5 @@
-"""The sixth pass's bug kind (issue 30): log-probabilities of a low-precision model's logits taken
-in the logits' own dtype (AMP032). Its premise checked with real torch, and its edges (what it
+"""The checker rule for log-probabilities of a low-precision model's logits taken in the logits'
+own dtype (AMP032), and AMP011's fill constants reached through names. Its premise checked with real torch, and its edges (what it
 must not report) on small projects."""
 from __future__ import annotations
 

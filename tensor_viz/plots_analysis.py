@@ -1,5 +1,6 @@
-"""Seed folders overflow_analysis/, fp8_analysis/, bf16_analysis/, backward_analysis/,
-layer_analysis/, rank_analysis/ (enhanced_tensor_analysis_summary.md items 2-5 and 8)."""
+"""The analysis folders overflow_analysis/, fp8_analysis/, bf16_analysis/, backward_analysis/,
+layer_analysis/, rank_analysis/: each compares the captured tensors along one axis (format range,
+run format, pass, layer, rank)."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt

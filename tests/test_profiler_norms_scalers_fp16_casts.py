@@ -1,4 +1,4 @@
-"""The fifth pass's bug kinds (issue 30): a total gradient norm in float16 (AMP029), a GradScaler
+"""Checker rules for a total gradient norm in float16 (AMP029), a GradScaler
 with nothing low precision to scale for (AMP030), float16 hard-coded where the project offers
 bfloat16 (AMP001). Each premise checked with real torch where a CPU can show it, and each rule's
 edges (what it must not report) on small projects."""
