@@ -3,7 +3,7 @@
 Every writer builds names here and every reader parses them here; nothing else
 splits a file name on underscores.
 
-Current file name (seed enhanced_tensor_analysis_summary.md, item 6)::
+Current file name (iteration, rank and micro-batch in the name)::
 
     {YYYYMMDD_HHMMSS}_{counter:04d}_iter{iteration}_{layer_type}_L{layer_idx}_{operation}_
     {phase}_{component}_{quant_type}_rank{rank}_sample{sample_idx}_{tensor_name}.pt
@@ -14,8 +14,8 @@ transformer layer, ``sampleNA`` when the micro-batch is unknown). ``layer_idx`` 
 
 Older names still parse (fields they lack come back as ``None`` / ``"unknown"``):
 
-- v2 (tensor_naming_rules.md): ``{ts}_{counter}_{layer_type}_L{idx}_{operation}_{phase}_{component}_{quant}_{tensor}.pt``
-- v1 (enhanced_tensor_saving_summary.md): ``{ts}_{counter}_{layer_type}[_L{idx}]_{operation}_{quant}_{tensor}.pt``
+- v2 (phase and component, no iteration / rank): ``{ts}_{counter}_{layer_type}_L{idx}_{operation}_{phase}_{component}_{quant}_{tensor}.pt``
+- v1 (the first capture's names): ``{ts}_{counter}_{layer_type}[_L{idx}]_{operation}_{quant}_{tensor}.pt``
 
 A saved file holds ``{"tensor": <CPU tensor, original dtype>, "metadata": {...}}``.
 Each rank appends one JSON object per saved tensor to ``manifest_rank{rank}.jsonl``

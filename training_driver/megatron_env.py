@@ -1,7 +1,6 @@
 """Bring up megatron-core's parallel state and build Llama-style GPT models.
 
-One place for the narrow shims CPU-only torch forces on megatron-core 0.16.1
-(see shared/reference/megatron_core_notes.md), so every caller (capture tests,
+One place for the narrow shims CPU-only torch forces on megatron-core 0.16.1, so every caller (capture tests,
 the training driver, the layer-wise precision diff) runs the same setup:
 
 - ``torch.cuda.current_device`` answers the CPU device when CUDA is absent,
