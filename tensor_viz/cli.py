@@ -95,7 +95,7 @@ REPORT_FILES = ("index.html", "quick_analysis.png", "tensor_stats.txt", ".report
 
 def claim_output(args: argparse.Namespace) -> None:
     """Refuse, before reading anything, an OUTPUT_DIR that cannot be written or that holds a
-    report of another capture (its figures would be replaced by this one's; issue 40). The
+    report of another capture (its figures would be replaced by this one's). The
     report of the same capture into the folder it wrote is a refresh of a derived view: it goes
     ahead, and is not even redrawn when nothing new was captured (tensor_viz.report_stamp)."""
     check_writable(args.output_dir, "--output_dir", folder=True)
