@@ -40,6 +40,23 @@ def _group_of_key(table: list[nd.Row]) -> dict[str, tuple[str, str]]:
     return {nd.row_key(r, mixed): (r["phase"], r["component"]) for r in table}
 
 
+def _formats_with(table: list[nd.Row], numbers) -> list[str]:
+    """The what-if formats for which ``numbers(table, fmt)`` (an aggregation of numerics_data)
+    has something to draw."""
+    return [f for f in nd.formats(table) if numbers(table, f)]
+
+
+def _panels(fmts: list[str]):
+    """One panel per format, three to a row (every figure of the section)."""
+    return grid(len(fmts), ncols=min(3, len(fmts)), size=(5.2, 3.8))
+
+
+def _format_figure(table: list[nd.Row], numbers):
+    """(formats, figure, panels) of the formats ``numbers`` has something for; None: none has."""
+    fmts = _formats_with(table, numbers)
+    return (fmts, *_panels(fmts)) if fmts else None
+
+
 def _iteration_labels(its: list) -> list[str]:
     return ["NA" if i is None else str(i) for i in its]
 
@@ -48,7 +65,7 @@ def draw_timeline(table: list[nd.Row], fs: FigureSet) -> bool:
     """SQNR per layer x tensor over iterations, one panel per what-if format; one line instead
     when too few iterations were captured for lines over them (the per-layer table of the
     summary and the phase x component boxes compare formats within an iteration)."""
-    fmts = [f for f in nd.formats(table) if nd.timeline(table, f)[0]]
+    fmts = _formats_with(table, lambda t, f: nd.timeline(t, f)[0])
     if not fmts:
         return False
     few = too_few_iterations(nd.iterations(table), "the what-if SQNR timeline")
@@ -57,7 +74,7 @@ def draw_timeline(table: list[nd.Row], fs: FigureSet) -> bool:
                 "names each format's lowest SQNR")
         return False
     groups = _group_of_key(table)
-    fig, axes = grid(len(fmts), ncols=min(3, len(fmts)), size=(5.2, 3.8))
+    fig, axes = _panels(fmts)
     worst_notes, exact = [], 0
     for ax, fmt in zip(axes, fmts):
         keys, its, cells = nd.timeline(table, fmt)
@@ -98,10 +115,10 @@ def draw_timeline(table: list[nd.Row], fs: FigureSet) -> bool:
 
 def draw_block_scales(table: list[nd.Row], fs: FigureSet) -> bool:
     """Histograms of the stored block scales of each block format, forward and backward apart."""
-    fmts = [f for f in nd.formats(table) if nd.block_scale_hist(table, f)]
-    if not fmts:
+    drawn = _format_figure(table, nd.block_scale_hist)
+    if drawn is None:
         return False
-    fig, axes = grid(len(fmts), ncols=min(3, len(fmts)), size=(5.2, 3.8))
+    fmts, fig, axes = drawn
     spans = []
     for ax, fmt in zip(axes, fmts):
         hists = nd.block_scale_hist(table, fmt, by="operation")
@@ -133,10 +150,10 @@ def draw_block_scales(table: list[nd.Row], fs: FigureSet) -> bool:
 
 def draw_phase_component(table: list[nd.Row], fs: FigureSet) -> bool:
     """SQNR grouped by phase (pre/post) and component (FA/linear), one panel per format."""
-    fmts = [f for f in nd.formats(table) if nd.by_phase_component(table, f)]
-    if not fmts:
+    drawn = _format_figure(table, nd.by_phase_component)
+    if drawn is None:
         return False
-    fig, axes = grid(len(fmts), ncols=min(3, len(fmts)), size=(5.2, 3.8))
+    fmts, fig, axes = drawn
     for ax, fmt in zip(axes, fmts):
         groups = nd.by_phase_component(table, fmt)
         ax.boxplot(list(groups.values()), showfliers=True, flierprops={"markersize": 3},
