@@ -152,8 +152,9 @@ def scan(directory: str | os.PathLike[str]) -> Catalog:
             if entry.path:
                 known.add(os.path.realpath(entry.path))
     ignored = 0
+    skipped = {CACHE_DIRNAME, schema.RECORDER_DIR}   # the index; the flight recorder's own files
     for path in sorted(p for p in root.rglob("*")
-                       if p.is_file() and CACHE_DIRNAME not in p.relative_to(root).parts):
+                       if p.is_file() and not skipped & set(p.relative_to(root).parts)):
         if path.suffix != schema.TENSOR_SUFFIX:
             if not path.match(schema.MANIFEST_GLOB):
                 ignored += 1

@@ -27,6 +27,7 @@ class Dataset:
     notes: dict[str, str] = field(default_factory=dict)   # section -> why something is missing
     numerics: list[dict[str, Any]] = field(default_factory=list)   # numerics_data.rows(entries)
     rank_view: Any = None   # rank_tables.RankView: header and outlier ranks from the columnar index
+    capture_dir: str = ""   # the folder read (figures from files beside the records: the recorder's)
 
     def sampled(self, entries: Iterable[Entry] | None = None) -> list[Entry]:
         return [e for e in (self.entries if entries is None else entries) if e.sample is not None]

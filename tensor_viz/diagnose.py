@@ -20,7 +20,7 @@ from typing import Any
 from lowp_common import UserError
 from tensor_capture import schema
 from tensor_capture.stats_read import merged_std_sql
-from tensor_viz import columnar, diagnose_format
+from tensor_viz import columnar, diagnose_format, recorder_view
 from tensor_viz import diagnose_loss as loss_kinds
 from tensor_viz import diagnose_rules as rules
 from tensor_viz.diagnose_loss import read_losses
@@ -47,11 +47,14 @@ class Kind:
     checked: str
     duckdb: Callable[..., list[Finding]]
     spark: Callable[..., list[Finding]] | None = None
+    #: reads only the narrow table, so it also runs on a flight recorder's summaries alone
+    narrow_only: bool = False
 
 
 def _narrow(query: Callable[..., list[Finding]], checked: str) -> Kind:
     """A kind whose query reads only the narrow table: the same SQL on both backends."""
-    return Kind(checked, lambda con, state, src, view: query(con, src), spark=query)
+    return Kind(checked, lambda con, state, src, view: query(con, src), spark=query,
+                narrow_only=True)
 
 
 #: kind -> its Kind (what it checked, each backend's query); the order breaks ranking ties.
@@ -86,10 +89,11 @@ class Diagnosis:
     checked: dict[str, str] = field(default_factory=dict)
     records: int = 0
     capture: str = ""
+    summary_rows: int = 0       # flight recorder summary rows read beside the records
 
     def to_json(self) -> dict[str, Any]:
         return {"findings": [f.to_dict() for f in self.findings], "checked": self.checked,
-                "records": self.records}
+                "records": self.records, "summary_rows": self.summary_rows}
 
     @property
     def healthy(self) -> bool:
@@ -97,11 +101,13 @@ class Diagnosis:
 
     def lines(self, limit: int = 20) -> list[str]:
         """The findings as text, the cause first (what the command and one-click print)."""
+        read = f"{self.records:,} records" + (
+            f" and {self.summary_rows:,} recorder summary rows" if self.summary_rows else "")
         if not self.findings:
-            out = [f"diagnosis of {self.capture}: healthy: no finding in {self.records:,} records."]
+            out = [f"diagnosis of {self.capture}: healthy: no finding in {read}."]
         else:
             out = [f"diagnosis of {self.capture}: {len(self.findings)} finding(s) in "
-                   f"{self.records:,} records, the cause first:"]
+                   f"{read}, the cause first:"]
             for n, f in enumerate(self.findings[:limit], 1):
                 out.append(f"{n:>3}. [{f.severity}] {f.kind}: {f.summary}")
                 out.append(f"     try: {f.action}")
@@ -161,12 +167,16 @@ def relate(findings: list[Finding]) -> None:
 
 def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
                skip_bad_lines: bool = False, what: str = "CAPTURE_DIR",
-               say: Callable[[str], None] | None = None) -> tuple[Any, columnar.IndexState]:
+               say: Callable[[str], None] | None = None
+               ) -> tuple[Any, columnar.IndexState | None]:
     """The index of a capture folder, refusing a folder without manifests and (unless
-    ``skip_bad_lines``) a manifest with a line that is not a record."""
+    ``skip_bad_lines``) a manifest with a line that is not a record. A flight recorder's folder
+    with summaries and no record yet gives (a connection, None): diagnosis reads the summaries."""
     root = Path(capture_dir)
     if not root.is_dir():
         raise UserError(f"{what} {root}: no such folder")
+    if not any(root.glob(schema.MANIFEST_GLOB)) and recorder_view.has_summaries(root):
+        return columnar.connect(), None          # a flight recorder that never triggered
     if not any(root.glob(schema.MANIFEST_GLOB)):
         raise UserError(f"{what} {root}: no {schema.MANIFEST_GLOB} in it; point at the folder "
                         "the capture wrote (TENSOR_SAVE_DIR)")
@@ -237,12 +247,30 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
     ref = None
     if reference is not None:
         ref = open_index(reference, None, skip_bad_lines, what="--reference", say=say)
-    result = Diagnosis(records=state.records, capture=str(capture_dir))
+        if ref[1] is None:
+            raise UserError(f"--reference {reference}: holds flight recorder summaries and no "
+                            "record; give a capture with records (a triggered recorder folder "
+                            "or a capture)")
+    result = Diagnosis(records=state.records if state is not None else 0,
+                       capture=str(capture_dir))
     found: list[Finding] = []
-    src = rules.materialize(con, state)
+    if state is None:                  # summaries only: the narrow table is theirs
+        src = rules.NARROW
+        result.summary_rows = recorder_view.narrow_from_summaries(con, src, capture_dir)
+    else:
+        src = rules.materialize(con, state)
+        result.summary_rows = recorder_view.add_summaries(con, src, capture_dir)
     for name, kind in KINDS.items():
+        if state is None and not kind.narrow_only:
+            continue                   # needs the records' index (what-if, histograms, ranks)
         found += kind.duckdb(con, state, src, rank_view)
         result.checked[name] = kind.checked
+    if result.summary_rows:
+        triggers = recorder_view.triggers_text(capture_dir)
+        result.checked["recorder"] = (
+            f"{result.summary_rows:,} summary rows of the flight recorder (iteration x site, "
+            "micro-batches merged) where no record covers the iteration; triggers: "
+            f"{triggers or 'none'}")
     if ref is not None:
         found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
         result.checked["reference_gap"] = f"std of each tensor against {reference}"

@@ -196,8 +196,11 @@ def first_nonfinite(con: Any, src: str) -> list[Finding]:
     bad_after = sum(1 for r in same_run if r["pos"] >= origin["pos"] and r["bad"])
     kinds = "NaN" if origin["nan"] else "Inf"
     where = "backward" if origin["operation"] == "backward" else "forward"
-    summary = (f"First {kinds}: iteration {origin['iteration']}, micro-batch "
-               f"{origin['sample_idx']}, rank {origin['rank']}, {_label(origin)}; {born}.")
+    micro = (f"micro-batch {origin['sample_idx']}" if origin["sample_idx"] is not None else
+             "micro-batches merged (a flight recorder summary: its ring dump or a replay names "
+             "the micro-batch)")
+    summary = (f"First {kinds}: iteration {origin['iteration']}, {micro}, rank "
+               f"{origin['rank']}, {_label(origin)}; {born}.")
     evidence = {
         "nan_count": origin["nan"], "inf_count": origin["inf"], "numel": origin["numel"],
         "quant_type": origin["quant_type"], "variant": origin["variant"],

@@ -14,6 +14,7 @@ from typing import Callable
 
 from tensor_capture import schema
 from tensor_viz import plots_quant as pq
+from tensor_viz import recorder_view
 from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
@@ -102,7 +103,12 @@ def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
 
     root = cat_mod.check_directory(tensor_dir)
     if not any(root.glob(schema.MANIFEST_GLOB)):
-        return scan(root)
+        catalog = scan(root)
+        if recorder_view.has_summaries(root):     # a flight recorder that never triggered
+            from tensor_viz.diagnose import diagnose
+
+            catalog.diagnosis = diagnose(root)
+        return catalog
     if state is None:
         state = columnar.refresh(root, opts.index_dir, say=_say(opts))
     con = columnar.connect()

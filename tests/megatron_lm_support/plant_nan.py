@@ -1,8 +1,9 @@
 """Test support: one NaN in a module's forward input at one iteration, inside a real run.
 
-``LOWP_TEST_PLANT_NAN=RANK:MODULE_PATH:ITERATION`` (read by ``sitecustomize.py`` beside this
-file) puts a NaN into the first micro-batch's forward input of the module at MODULE_PATH on
-global rank RANK in ITERATION, as the capture numbers iterations (Megatron-LM's own). The test
+``LOWP_TEST_PLANT_NAN=RANK:MODULE_PATH:ITERATION[:MICRO_BATCH]`` (read by ``sitecustomize.py``
+beside this file) puts a NaN into the forward input of the module at MODULE_PATH on global rank
+RANK in ITERATION, as the capture numbers iterations (Megatron-LM's own), in micro-batch
+MICRO_BATCH (default: the first one the module sees in that iteration). The test
 then asks ``lowp-diagnose`` where the first NaN was born.
 """
 from __future__ import annotations
@@ -15,10 +16,11 @@ _done: set[int] = set()
 
 
 def install(spec: str) -> None:
-    rank, path, iteration = spec.split(":")
+    rank, path, iteration, *micro = spec.split(":")
     if int(os.environ.get("RANK", "0")) != int(rank):
         return
     wanted = int(iteration)
+    micro_batch = int(micro[0]) if micro else None
 
     def pre_hook(module: torch.nn.Module, args: tuple) -> tuple | None:
         from tensor_capture.sites import site_of
@@ -26,6 +28,8 @@ def install(spec: str) -> None:
 
         saver = STATE.saver
         if saver is None or wanted in _done or getattr(saver, "iteration", None) != wanted:
+            return None
+        if micro_batch is not None and getattr(saver, "sample_idx", None) != micro_batch:
             return None
         if site_of(module).module_path != path or not args or not torch.is_tensor(args[0]):
             return None

@@ -1,0 +1,139 @@
+"""Diagnosis and the report on a flight recorder's output (issue 41 item 5).
+
+One real run of llama-train (megatron-core's schedule, the tiny model) in recorder mode with a
+NaN planted in micro-batch 1 of layer 1's fc1 input at iteration 37: lowp-diagnose must name that
+iteration, micro-batch, rank and module from the ring the trigger wrote, name the iteration and
+module from the summaries alone when only they are there, see drift over iterations no record
+covers, and the report must draw the run's timeline from the summaries.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+from training_helpers import ROOT, clean_env, small_data  # noqa: F401  (fixture)
+
+from tensor_capture import recorder_read, schema
+
+PLANT_ITERATION, PLANT_MICRO_BATCH = 37, 1
+PLANT_MODULE = "decoder.layers.1.mlp.linear_fc1"
+ITERATIONS = 42
+SUPPORT = ROOT / "tests" / "megatron_lm_support"
+
+
+@pytest.fixture(scope="module")
+def recorded(small_data, tmp_path_factory):
+    """The run's capture folder (ring dumps, triggered capture, summaries, triggers)."""
+    work = tmp_path_factory.mktemp("recorder_diag")
+    caps = work / "caps"
+    env = clean_env(TENSOR_SAVE_MODE="recorder", TENSOR_SAVE_DIR=str(caps),
+                    LOWP_TEST_PLANT_NAN=f"0:{PLANT_MODULE}:{PLANT_ITERATION}:{PLANT_MICRO_BATCH}")
+    env["PYTHONPATH"] = f"{SUPPORT}:{env['PYTHONPATH']}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "training_driver.train", "--data-path", small_data["data_path"],
+         "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--micro-batch-size", "2",
+         "--global-batch-size", "4", "--train-iters", str(ITERATIONS), "--warmup-iters", "4",
+         "--checkpoint-dir", str(work / "ck"), "--save-interval", "20", "--log-interval", "50"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    # the loss turns NaN after the plant; the loop may stop on it (exit 2) once the recorder
+    # has captured the iterations after the trigger: both are the run the user would have
+    assert proc.returncode in (0, 2), proc.stderr[-3000:]
+    assert PLANT_ITERATION in recorder_read.trigger_iterations(caps), proc.stderr[-3000:]
+    return caps
+
+
+def _diagnose(folder):
+    from tensor_viz.diagnose import diagnose
+
+    return diagnose(folder)
+
+
+def test_ring_names_iteration_micro_batch_rank_and_module(recorded):
+    result = _diagnose(recorded)
+    top = result.findings[0].to_dict()
+    assert top["kind"] == "first_nonfinite"
+    assert (top["iteration"], top["sample_idx"], top["rank"], top["module_path"]) == (
+        PLANT_ITERATION, PLANT_MICRO_BATCH, 0, PLANT_MODULE)
+    assert (top["operation"], top["tensor_name"]) == ("forward", "input")
+    assert result.summary_rows > 0
+    assert "iteration 37: " in result.checked["recorder"]
+
+
+def test_summaries_alone_name_the_iteration_and_module(recorded, tmp_path):
+    only = tmp_path / "summaries_only"
+    shutil.copytree(recorded / schema.RECORDER_DIR, only / schema.RECORDER_DIR)
+    result = _diagnose(only)
+    assert result.records == 0 and result.summary_rows > 0
+    top = result.findings[0].to_dict()
+    assert top["kind"] == "first_nonfinite"
+    assert (top["iteration"], top["sample_idx"], top["module_path"]) == (
+        PLANT_ITERATION, None, PLANT_MODULE)
+    assert "micro-batches merged" in top["summary"]
+    # kinds that need the records' index are not claimed as checked
+    assert "format_loss" not in result.checked and "first_nonfinite" in result.checked
+
+
+def test_summaries_fill_only_the_iterations_records_do_not_cover(recorded):
+    from tensor_viz import diagnose_rules as rules
+    from tensor_viz import recorder_view
+    from tensor_viz.diagnose import open_index
+
+    con, state = open_index(recorded)
+    src = rules.materialize(con, state)
+    covered = {r for r in con.execute(f"SELECT DISTINCT rank, iteration FROM {src}").fetchall()}
+    added = recorder_view.add_summaries(con, src, recorded)
+    table = recorder_read.read_summaries(recorded).to_pylist()
+    expected = sum(1 for r in table if (r["rank"], r["iteration"]) not in covered)
+    assert added == expected > 0
+    # the whole run is now seen: iteration 0 (never in a record) through the last summarised
+    its = {r[0] for r in con.execute(f"SELECT DISTINCT iteration FROM {src}").fetchall()}
+    assert min(its) == 0 and PLANT_ITERATION in its
+    # the summary rows' moments are the reader's (recorder_read.moments), merged from the sums
+    row = next(r for r in table if (r["rank"], r["iteration"]) not in covered and r["count"] > 2
+               and r["nan_count"] == 0)
+    mean, std = recorder_read.moments(row["count"], row["nan_count"], row["inf_count"],
+                                      row["sum"], row["sumsq"])
+    got = con.execute(f"SELECT mean, std, absmax FROM {src} WHERE rank = ? AND iteration = ? "
+                      "AND counter = ? AND sample_idx IS NULL",
+                      [row["rank"], row["iteration"], row["site"]]).fetchone()
+    assert got[0] == pytest.approx(mean, rel=1e-9) and got[1] == pytest.approx(std, rel=1e-9)
+    assert got[2] == max(abs(row["min"]), abs(row["max"]))
+
+
+def test_report_draws_the_run_timeline_from_the_summaries(recorded, tmp_path):
+    from tensor_viz import recorder_view
+    from tensor_viz.options import Options
+    from tensor_viz.pipeline import build
+
+    t = recorder_view.timeline(recorded)
+    table = recorder_read.summary_rows(recorded)
+    assert t["iterations"] == sorted({r["iteration"] for r in table})
+    # the per-layer absmax is the largest |x| of that layer's summary rows in each iteration
+    layer1 = [r for r in table if r["layer_idx"] == 1 and r["iteration"] == 3]
+    assert t["layers"]["layer 1"]["absmax"][t["iterations"].index(3)] == max(
+        r["absmax"] for r in layer1 if math.isfinite(r["absmax"]))
+    bad = t["layers"]["layer 1"]["nonfinite"]
+    first = next(i for i, v in zip(t["iterations"], bad) if v)
+    assert first == PLANT_ITERATION
+    assert {g["iteration"] for g in t["triggers"]} >= {PLANT_ITERATION}
+
+    out = tmp_path / "draw"
+    build(recorded, out, sections=("run_timeline",), opts=Options(progress=False, workers=1))
+    assert (out / "run_timeline" / "run_timeline.png").is_file()
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert f"The first non-finite value appears at iteration {PLANT_ITERATION}" in page
+
+
+def test_cli_reads_a_recorder_folder_json(recorded, tmp_path):
+    out = tmp_path / "d.json"
+    proc = subprocess.run([sys.executable, "-m", "tensor_viz.diagnose_cli", str(recorded),
+                           "--json", str(out)], env=clean_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["summary_rows"] > 0
+    assert data["findings"][0]["sample_idx"] == PLANT_MICRO_BATCH
