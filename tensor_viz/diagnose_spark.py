@@ -18,10 +18,13 @@ from typing import Any
 from tensor_viz import diagnose_rules as rules
 from tensor_viz.diagnose import KINDS, Diagnosis, rank
 
-#: the kinds run here: those registered with a Spark query
-SPARK_KINDS = {name: kind.spark for name, kind in KINDS.items() if kind.spark is not None}
 SOURCE_VIEW = "diag_source"
 _CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS (.*)$", re.DOTALL | re.IGNORECASE)
+
+
+def spark_kinds() -> dict[str, Any]:
+    """The kinds run here: those of ``tensor_viz.diagnose.KINDS`` registered with a Spark query."""
+    return {name: kind.spark for name, kind in KINDS.items() if kind.spark is not None}
 
 
 class _Result:
@@ -66,7 +69,7 @@ class SparkConnection:
 
 
 def diagnose_parquet(spark: Any, data_dir: str | Path) -> Diagnosis:
-    """The findings of the SPARK_KINDS over a columnar index's dataset (``<index>/data``: the
+    """The findings of the :func:`spark_kinds` over a columnar index's dataset (``<index>/data``: the
     ``rank=<r>`` partitions), ranked as tensor_viz.diagnose ranks them."""
     spark.read.option("basePath", str(data_dir)).parquet(str(data_dir)).createOrReplaceTempView(
         SOURCE_VIEW)
@@ -75,7 +78,7 @@ def diagnose_parquet(spark: Any, data_dir: str | Path) -> Diagnosis:
     records = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
     result = Diagnosis(records=int(records), capture=str(data_dir))
     found = []
-    for kind, query in SPARK_KINDS.items():
+    for kind, query in spark_kinds().items():
         found += query(con, src)
         result.checked[kind] = KINDS[kind].checked
     result.findings = rank(found)

@@ -369,3 +369,38 @@ def test_format_loss_grades_a_gradient_by_its_quantization_noise(tmp_path, sqnr,
     assert grad.severity == level and grad.evidence["below_gradient_noise"] == (level == "HIGH")
     assert grad.evidence["cause"] == "range" and "loss scale" in grad.action
     assert by_tensor["grad_input"].severity == "LOW" and not by_tensor["grad_input"].evidence["cast"]
+
+
+def test_a_new_kind_is_one_entry_in_kinds_with_each_backend_s_query(tmp_path, monkeypatch, capsys):
+    """docs/architecture.md, "A diagnosis kind": one ``Kind`` in ``tensor_viz.diagnose.KINDS``
+    (what it checked, its DuckDB query, its Spark query) and lowp-diagnose, the report's
+    Diagnosis section and the Spark runner all run it; its parameter is bound by the engine."""
+    from tensor_viz import diagnose as dg
+    from tensor_viz import diagnose_spark
+    from tensor_viz.diagnose_rules import MEDIUM, Finding
+
+    limit = 1.5
+
+    def above(con, src):
+        rows = con.execute(f"SELECT module_path, min(iteration) FROM {src} WHERE absmax > ? "
+                           "GROUP BY module_path ORDER BY module_path", [limit]).fetchall()
+        return [Finding("absmax_above", MEDIUM, f"{m}: absmax above {limit}",
+                        {"module_path": m}, onset=it) for m, it in rows]
+
+    monkeypatch.setitem(dg.KINDS, "absmax_above", dg.Kind(
+        f"absmax above {limit}", lambda con, state, src, view: above(con, src), spark=above))
+    def change(rec):
+        if rec["module_path"] == "decoder.layers.1.mlp.linear_fc1" and rec["iteration"] >= 2:
+            rec["stats"]["absmax"] = 3.0
+        return rec
+
+    cap = write_capture(tmp_path / "cap", change=change)
+    want = sorted({r["module_path"] for r in schema.read_manifest(cap)
+                   if r["stats"]["absmax"] > limit})
+    result = diagnose(cap)
+    assert result.checked["absmax_above"] == f"absmax above {limit}"
+    got = sorted(f.where["module_path"] for f in result.findings if f.kind == "absmax_above")
+    assert got == want and 0 < len(got) < len({r["module_path"] for r in schema.read_manifest(cap)})
+    assert diagnose_spark.spark_kinds()["absmax_above"] is above
+    assert diagnose_cli.main([str(cap)]) == 0
+    assert "absmax_above" in capsys.readouterr().out

@@ -40,10 +40,10 @@ def test_spark_sql_over_the_parquet_dataset_finds_what_duckdb_finds(tmp_path, sp
 
     cap = write_capture(tmp_path / "cap", ranks=2, change=change)
     _, state = open_index(cap)                                 # DuckDB builds the dataset
-    duck = [f.to_dict() for f in diagnose(cap).findings if f.kind in diagnose_spark.SPARK_KINDS]
+    duck = [f.to_dict() for f in diagnose(cap).findings if f.kind in diagnose_spark.spark_kinds()]
     result = diagnose_spark.diagnose_parquet(spark, state.data_dir)
     assert result.records == state.records == 400
-    assert set(result.checked) == set(diagnose_spark.SPARK_KINDS)
+    assert set(result.checked) == set(diagnose_spark.spark_kinds())
     got = [f.to_dict() for f in result.findings]
     assert [f["kind"] for f in got] == ["range_drift", "first_nonfinite"] == [f["kind"] for f in duck]
     assert got == duck
