@@ -383,3 +383,8 @@ def _batches(sources: list[str]) -> list[list[str]]:
 def sql_string(value: Any) -> str:
     """``value`` as a single-quoted SQL string literal (quotes doubled)."""
     return "'" + str(value).replace("'", "''") + "'"
+
+
+#: the high-precision variant (schema.VARIANT_HP) as an SQL literal; a record without a variant
+#: is one (the first captures wrote none)
+SQL_HP = sql_string(schema.VARIANT_HP)

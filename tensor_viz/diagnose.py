@@ -207,7 +207,7 @@ def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Findi
                         "same model")
     key = ", ".join(rules.TENSOR_KEY)
     q = (f"SELECT {key}, iteration, {merged_std_sql()} AS std FROM {{src}} WHERE "
-         f"variant = 'hp' AND {rules.FINITE_MOMENTS} GROUP BY {key}, iteration")
+         f"variant = {columnar.SQL_HP} AND {rules.FINITE_MOMENTS} GROUP BY {key}, iteration")
     ref = {tuple(r[:-1]): r[-1] for r in ref_con.execute(q.format(src=ref_src)).fetchall()}
     pos = rules.positions(con, src)
     gaps = []

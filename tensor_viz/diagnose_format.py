@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensor_capture.stats_read import fraction_below
+from tensor_viz.columnar import SQL_HP
 from tensor_viz.diagnose_rules import (
     HIGH,
     MEDIUM,
@@ -108,7 +109,7 @@ def _query(con: Any, src: str) -> list[dict[str, Any]]:
                max({rng}.underflow_ratio) AS underflow, max(stats.absmax) AS absmax,
                arg_max(stats.log2_hist, {rng}.flush_to_zero_ratio) AS hist
         FROM {src}
-        WHERE coalesce(variant, 'hp') = 'hp' AND quant_type IS NOT NULL
+        WHERE coalesce(variant, {SQL_HP}) = {SQL_HP} AND quant_type IS NOT NULL
           AND coalesce(stats.nan_count, 0) + coalesce(stats.inf_count, 0) = 0
           AND (operation, tensor_name) IN ({pairs}) AND {rng}.flush_to_zero_ratio IS NOT NULL
         GROUP BY {key}, iteration ORDER BY iteration""")

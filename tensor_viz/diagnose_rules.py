@@ -17,7 +17,7 @@ from typing import Any
 from quant.severity import HIGH_THRESHOLD
 from tensor_capture import schema
 from tensor_viz import rank_tables
-from tensor_viz.columnar import IndexState, sql_string
+from tensor_viz.columnar import SQL_HP, IndexState, sql_string
 
 HIGH, MEDIUM, LOW = "HIGH", "MEDIUM", "LOW"
 SEVERITY_ORDER = {HIGH: 0, MEDIUM: 1, LOW: 2}
@@ -116,7 +116,7 @@ def materialize(con: Any, state: IndexState | None, relation: str | None = None)
                 overflow_ratio := stats.range[quant_type].overflow_ratio))])) AS stats"""
     con.execute(f"""CREATE OR REPLACE TEMP TABLE {NARROW} AS SELECT
         rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase,
-        tensor_name, quant_type, emulated_format, coalesce(variant, 'hp') AS variant,
+        tensor_name, quant_type, emulated_format, coalesce(variant, {SQL_HP}) AS variant,
         {d['last_dim']} AS last_dim,
         stats.absmax AS absmax, stats.std AS std, stats.mean AS mean, stats.numel AS numel,
         coalesce(stats.nan_count, 0) AS nan_count, coalesce(stats.inf_count, 0) AS inf_count,
@@ -300,7 +300,7 @@ def _series_rows(con: Any, src: str) -> list[dict[str, Any]]:
         SELECT {key}, iteration, max(absmax) AS absmax, max(max_normal) AS max_normal,
                any_value(quant_type) AS quant_type
         FROM {src}
-        WHERE variant = 'hp' AND {_NONFINITE} = 0
+        WHERE variant = {SQL_HP} AND {_NONFINITE} = 0
         GROUP BY {key}, iteration ORDER BY iteration""")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from tensor_capture import schema
 from tensor_capture.stats_read import merged_std_sql
-from tensor_viz.columnar import IndexState, sql_string
+from tensor_viz.columnar import SQL_HP, IndexState, sql_string
 
 #: robust z-score above which a rank is an outlier of its layer x tensor x iteration
 OUTLIER_Z = 3.5
@@ -93,13 +93,13 @@ def _per_rank_sql(state: IndexState, metric: str) -> str:
         SELECT {key}, iteration, rank, {merged_std_sql("n", "m", "s")} AS v FROM (
             SELECT {key}, iteration, rank, CAST(stats.numel AS DOUBLE) AS n,
                    CAST(stats.mean AS DOUBLE) AS m, CAST({expr} AS DOUBLE) AS s
-            FROM {_source(state)} WHERE coalesce(variant, 'hp') = 'hp')
+            FROM {_source(state)} WHERE coalesce(variant, {SQL_HP}) = {SQL_HP})
         WHERE n > 0 AND isfinite(m) AND isfinite(s)
         GROUP BY {key}, iteration, rank"""
     return f"""
         SELECT {key}, iteration, rank, {fold}(v) AS v FROM (
             SELECT {key}, iteration, rank, CAST({expr} AS DOUBLE) AS v FROM {_source(state)}
-            WHERE coalesce(variant, 'hp') = 'hp')
+            WHERE coalesce(variant, {SQL_HP}) = {SQL_HP})
         WHERE v IS NOT NULL AND isfinite(v)
         GROUP BY {key}, iteration, rank"""
 
