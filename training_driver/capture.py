@@ -115,8 +115,97 @@ class SaverHooks:
     def wrap_schedule(self, schedule: Callable[..., Any]) -> Callable[..., Any]:
         return schedule if self.module is None else self.module.wrap_schedule(schedule)
 
+    def _recorder(self) -> Any:
+        if self.module is None:
+            return None
+        return getattr(self.module.get_tensor_saver(), "recorder", None)
+
+    def recorder_setup(self, cfg: Any, world_size: int, samples_per_iteration: int) -> None:
+        """Tell the flight recorder (recorder mode) how to replay this run from its checkpoints."""
+        if self._recorder() is None:
+            return
+        from tensor_capture import recorder
+
+        from .checkpoint import LATEST_FILE, saved_iterations
+
+        recorder.set_run_info(
+            name="llama-train", command=replay_command_builder(cfg, world_size, LATEST_FILE),
+            checkpoints=(lambda: saved_iterations(cfg.checkpoint_dir)) if cfg.checkpoint_dir
+            else None, checkpoint_dir=cfg.checkpoint_dir,
+            samples_per_iteration=samples_per_iteration,
+            rng="saved in the checkpoint (torch, python, CUDA), restored on resume")
+
+    def report(self, grad_norm: float) -> None:
+        """The iteration's gradient norm, for the recorder's grad_norm_spike trigger."""
+        if self._recorder() is not None:
+            from tensor_capture import recorder
+
+            recorder.report(grad_norm=grad_norm)
+
+    def capturing_after(self, iteration: int) -> bool:
+        """Whether the recorder's triggered capture still wants iterations after ``iteration``
+        (the loop's divergence stop waits for it)."""
+        rec = self._recorder()
+        return rec is not None and rec.capturing(iteration + 1)
+
     def close(self) -> None:
         if self.module is not None:
             saver = self.module.get_tensor_saver()
             saver.flush()
             saver.close()
+
+
+#: llama-train settings a replay sets itself (tensor_capture.recorder_replay): where it resumes
+#: from and where it stops, and the outputs of the original run it must not touch
+_REPLAY_SET = ("checkpoint_dir", "exit_interval", "save_interval", "resume", "force",
+               "stop_file", "progress_file", "tensorboard_dir", "patched_megatron_workdir")
+
+
+def replay_argv(cfg: Any) -> list[str]:
+    """llama-train's options for ``cfg`` (a TrainConfig), as its parser reads them back, less
+    those a replay sets itself: the run's exact settings, whether it was started from the
+    command line or by ``train()``."""
+    from dataclasses import fields
+
+    out: list[str] = []
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in _REPLAY_SET or f.name == "shape" or value is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+            continue
+        out += [flag, str(value)]
+    return out
+
+
+def replay_command_builder(cfg: Any, world_size: int, latest_file: str) -> Callable[..., str]:
+    """The recorder's replay command for this llama-train run (tensor_capture.recorder_replay.
+    RunInfo.command): the checkpoint linked into a fresh folder beside the replay's capture,
+    the same settings, full capture by ``env``, a stop after ``last`` (--exit-interval)."""
+    import shlex
+
+    base = replay_argv(cfg)
+    source = cfg.checkpoint_dir
+
+    def build(checkpoint: int | None, last: int, env: dict[str, str], replay_dir: Path) -> str:
+        ckpt = replay_dir / "checkpoints"
+        prep = ""
+        if checkpoint is not None and source:
+            name = f"iter_{checkpoint:07d}"
+            prep = (f"mkdir -p {shlex.quote(str(ckpt))} && ln -sfn "
+                    f"{shlex.quote(str(Path(source).absolute() / name))} "
+                    f"{shlex.quote(str(ckpt / name))} && echo {checkpoint} > "
+                    f"{shlex.quote(str(ckpt / latest_file))} && ")
+        launch = [sys.executable]
+        if world_size > 1:
+            launch += ["-m", "training_driver.torchrun", "--standalone", "--nproc-per-node",
+                       str(world_size)]
+        argv = [*launch, "-m", "training_driver.train", *base, "--checkpoint-dir", str(ckpt),
+                "--exit-interval", str(last + 1)]
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        return prep + assigns + " " + " ".join(shlex.quote(a) for a in argv)
+
+    return build

@@ -95,6 +95,15 @@ def latest_iteration(directory: str | os.PathLike[str]) -> int | None:
     return int(text)
 
 
+def saved_iterations(directory: str | os.PathLike[str]) -> list[int]:
+    """Iterations with a checkpoint folder (``iter_NNNNNNN``) in ``directory``, ascending."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in root.iterdir()
+                  if p.is_dir() and p.name.startswith("iter_") and p.name[5:].isdigit())
+
+
 def load_checkpoint(directory: str | os.PathLike[str], model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, config: dict[str, Any],
                     must_match: tuple[str, ...] = (), master=None) -> int:

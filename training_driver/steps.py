@@ -6,8 +6,6 @@ run there and under llama-train see the same micro-batch schedule and the same n
 """
 from __future__ import annotations
 
-import math
-
 
 def masked_mean(per_token, loss_mask):
     mask = loss_mask.to(per_token.dtype)
@@ -99,7 +97,9 @@ def average_loss_over_dp(loss: float, device) -> float:
 
     from megatron.core import parallel_state as ps
 
-    if ps.get_data_parallel_world_size() == 1 or math.isnan(loss):
+    # not the last pipeline stage: no loss here (NaN on every rank of the stage alike); a NaN
+    # loss of one replica still joins the all-reduce, or its peers would wait for it forever
+    if ps.get_data_parallel_world_size() == 1 or not ps.is_pipeline_last_stage():
         return loss
     t = torch.tensor([loss], dtype=torch.float64 if device.type == "cpu" else torch.float32,
                      device=device)

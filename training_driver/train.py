@@ -202,6 +202,7 @@ def _run(plan: RunPlan, opened: _Open) -> dict[str, Any]:
                                      cfg.train_iters * batches.global_batch_size, cfg.seed)
     opened.saver = saver = SaverHooks()
     saver.resume_at(start)
+    saver.recorder_setup(cfg, plan.world_size, batches.global_batch_size)
     loop = _Loop(plan, model, master, optimizer, dataset, batches,
                  next(model.parameters()).device, saver, log)
     losses = loop.run(start)
@@ -292,6 +293,7 @@ class _Loop:
         for it in range(start, cfg.train_iters):
             loss, norm, lr, seconds = self.iteration(it)
             losses.append(loss)
+            self.saver.report(float(norm))        # the flight recorder's grad-norm trigger
             self.log.iteration(it, cfg.train_iters, {"loss": loss, "grad_norm": float(norm),
                                                      "lr": lr,
                                                      "tokens_per_s": tokens_per_iter / seconds,
@@ -340,7 +342,10 @@ class _Loop:
         cfg, log = self.plan.cfg, self.log
         diverged, stop = agree(self.device, ps.is_pipeline_last_stage() and not math.isfinite(loss),
                                bool(cfg.stop_file) and os.path.exists(cfg.stop_file))
-        if diverged:
+        if diverged and self.saver.capturing_after(it):
+            log.say(f"llama-train: the loss is no longer finite at iteration {it + 1}; "
+                    "going on while the flight recorder captures the iterations after it")
+        elif diverged:
             raise UserError(f"the loss is no longer finite at iteration {it + 1}: lower --lr "
                             "or check the data")
         done = it + 1
