@@ -1,5 +1,6 @@
-"""``quantize``: the public fake-quantization entry point (the core in ``dispatch`` plus the
-optional pre-quantization analysis), and ``quantize_ste`` for a straight-through gradient.
+"""``quantize``: the public fake-quantization entry point (a quant.quantizer.Quantizer, built
+from the options or passed in, plus the optional pre-quantization analysis), and
+``quantize_ste`` for a straight-through gradient.
 """
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """The table of scaling families: ``FormatSpec.scaling`` -> the family object.
 
 Adding a family: one file (quant/family_<name>.py, a :class:`quant.scales.ScalingFamily` with
-its ``scales``, torch ``quantize`` and Triton ``quantize_triton``) and one row here; its formats
-are rows of quant.formats with that ``scaling``. quant.dispatch, quant.analysis, quant.whatif,
+its ``scales``, torch ``quantize`` and Triton ``quantize_triton``, both given the configured
+quant.quantizer.Quantizer) and one row here; its formats are rows of quant.formats with that
+``scaling``; a blocked family's Triton scale rule is a ``triton_kernels.BlockScaleRule`` (data for
+the one block kernel). quant.quantizer, quant.analysis, quant.whatif,
 quant.whatif_onepass and the recipes reach a family only through this table.
 """
 from __future__ import annotations
