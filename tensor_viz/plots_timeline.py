@@ -31,7 +31,7 @@ def draw_run_timeline(ds: Dataset, fs: FigureSet) -> None:
     if few:
         fs.skip(SECTION, "The run's timeline from the flight recorder", few)
         return
-    fig, axes = plt.subplots(3, 1, figsize=(10.0, 8.4), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(3, 1, figsize=(10.0, 9.0), squeeze=False)
     ax_abs, ax_flush, ax_bad = axes[:, 0]
     x = np.asarray(its, dtype=float)
     for label, cur in t["layers"].items():
@@ -43,8 +43,9 @@ def draw_run_timeline(ds: Dataset, fs: FigureSet) -> None:
     ax_abs.set_yscale("log")
     ax_abs.set(title="absmax per layer (ranks and tensors merged)", ylabel="absmax (log)")
     ax_flush.set(title="flushed to zero in the run's format", ylabel="elements flushed (%)")
-    ax_bad.set(title="NaN and Inf", ylabel="non-finite elements (count)",
-               xlabel=ITERATION_AXIS)
+    ax_bad.set(title="NaN and Inf", ylabel="non-finite elements (count)")
+    for ax in (ax_abs, ax_flush, ax_bad):
+        ax.set_xlabel(ITERATION_AXIS)
     for trig in t["triggers"]:
         for ax in (ax_abs, ax_flush, ax_bad):
             ax.axvline(trig["iteration"], color=TRIGGER_COLOUR, lw=0.9, ls="--", alpha=0.8)
@@ -52,7 +53,7 @@ def draw_run_timeline(ds: Dataset, fs: FigureSet) -> None:
                         xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
                         fontsize=7, color=TRIGGER_COLOUR)
     legend_outside(ax_abs, fontsize=7, title="layer", title_fontsize=7)
-    fig.subplots_adjust(hspace=0.35, right=0.84, top=0.93, bottom=0.07)
+    fig.subplots_adjust(hspace=0.55, right=0.84, top=0.93, bottom=0.07)
     first_bad = next((its[i] for i in range(len(its))
                       if any(c["nonfinite"][i] for c in t["layers"].values())), None)
     trig_text = ("; ".join(f"{g['iteration']} ({', '.join(g['kinds'])})" for g in t["triggers"])

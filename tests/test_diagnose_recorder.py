@@ -122,8 +122,11 @@ def test_report_draws_the_run_timeline_from_the_summaries(recorded, tmp_path):
     assert {g["iteration"] for g in t["triggers"]} >= {PLANT_ITERATION}
 
     out = tmp_path / "draw"
-    build(recorded, out, sections=("run_timeline",), opts=Options(progress=False, workers=1))
+    result = build(recorded, out, sections=("run_timeline",),
+                   opts=Options(progress=False, workers=1))
     assert (out / "run_timeline" / "run_timeline.png").is_file()
+    drawn = [f for f in result.figures.figures if f.section == "run_timeline"]
+    assert len(drawn) == 1 and not drawn[0].layout_issues, drawn
     page = (out / "index.html").read_text(encoding="utf-8")
     assert f"The first non-finite value appears at iteration {PLANT_ITERATION}" in page
 
