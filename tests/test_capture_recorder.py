@@ -1,0 +1,272 @@
+"""The flight recorder (mode: recorder) in one process: its settings, its statistics against the
+capture's own definitions, and its triggers, ring, summaries and replay file on megatron-core's
+schedule interface (tensor_capture.numbering.wrap_schedule over a schedule of our own).
+The runs of llama-train on the tiny Llama are in tests/test_capture_recorder_run.py."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tensor_capture import numbering, recorder, recorder_read, schema, stats
+from tensor_capture import saver as ts
+from tensor_capture.config import ConfigError, load_config
+from tensor_capture.recorder_ring import ring_bytes
+from tensor_capture.recorder_stats import (
+    FLUSH,
+    INF,
+    MAX,
+    MIN,
+    NAN,
+    SAT,
+    SUM,
+    SUMSQ,
+    device_row,
+    host_row,
+    judged_format,
+)
+
+
+# -- settings --------------------------------------------------------------------------------------
+def test_the_mode_turns_the_recorder_on_from_the_environment_or_the_file(tmp_path):
+    c = load_config(env={"TENSOR_SAVE_MODE": "recorder"})
+    assert c.enabled and c.mode == "recorder" and c.recorder_window == 8
+    cfg = tmp_path / "rec.yaml"
+    cfg.write_text("mode: recorder\nrecorder_window: 3\nrecorder_memory: 1MiB\n"
+                   "recorder_trigger_iterations: 4\nrecorder_summary_every: 7\n")
+    c = load_config(cfg, env={})
+    assert (c.enabled, c.recorder_window, c.recorder_memory, c.recorder_trigger_iterations,
+            c.recorder_summary_every) == (True, 3, 2**20, 4, 7)
+    assert not load_config(env={"TENSOR_SAVE_MODE": "capture"}).enabled
+    assert not load_config(cfg, env={"TENSOR_SAVE_ENABLED": "false"}).enabled   # asked: off
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("mode", "flight", "mode='flight' is not a capture mode: use capture or recorder"),
+    ("recorder_window", 0, "recorder_window=0 must be >= 1"),
+    ("recorder_trigger_iterations", 0, "recorder_trigger_iterations=0 must be >= 1"),
+    ("recorder_summary_every", -2, "recorder_summary_every=-2 must be >= 1"),
+    ("recorder_every", 0, "recorder_every=0 must be >= 1"),
+    ("recorder_memory", "lots", "recorder_memory='lots' is not a size"),
+    ("recorder_sigma", 0, "recorder_sigma=0.0 must be a positive number"),
+])
+def test_bad_recorder_settings_are_one_line(tmp_path, key, value, fragment):
+    cfg = tmp_path / "rec.yaml"
+    cfg.write_text(f"mode: recorder\n{key}: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, env={})
+    assert fragment in str(err.value) and str(cfg) in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="TENSOR_SAVE_MODE='x'"):
+        load_config(env={"TENSOR_SAVE_MODE": "x"})
+
+
+def test_the_preflight_refuses_a_ring_that_does_not_fit_its_memory():
+    from training_driver.errors import UserError
+    from training_driver.preflight import capture_sites, check_recorder
+    from training_driver.train_config import MODEL_SHAPES
+
+    shape = MODEL_SHAPES["tiny"]
+    c = load_config(env={}, mode="recorder")
+    sites = capture_sites(shape, c, shape["num_layers"])
+    # 7 tensors per linear (3 forward, 4 backward), 9 per attention (+ the probabilities' sample)
+    assert sites == 2 * (4 * 7 + 9) + 7
+    need = check_recorder(c, shape, num_micro_batches=4)
+    assert need == ring_bytes(sites * 4, c.recorder_window, c.recorder_every)
+    small = load_config(env={}, mode="recorder", recorder_memory=need - 1)
+    with pytest.raises(UserError) as err:
+        check_recorder(small, shape, num_micro_batches=4)
+    msg = str(err.value)
+    assert "more than recorder_memory" in msg and "\n" not in msg and f"{sites} tensors" in msg
+    assert check_recorder(load_config(env={}), shape, 4) is None     # not recording
+
+
+def test_the_adaptive_rule_has_one_definition():
+    from tensor_capture import adaptive
+    from training_profiler import monitor_thresholds
+
+    assert monitor_thresholds.AdaptiveThreshold is adaptive.AdaptiveThreshold
+
+
+# -- statistics ------------------------------------------------------------------------------------
+def _planted() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g) * 10
+    x[:5] = torch.tensor([1e-5, -2e-6, 600.0, -900.0, 0.0])   # flushed / saturated in e4m3
+    return x
+
+
+@pytest.mark.parametrize("quant", ["fp8_e4m3", None])
+def test_the_statistics_follow_the_capture_definitions(quant):
+    x = _planted()
+    fmt = judged_format(quant, x.dtype)
+    spec = stats.format_range(quant) if quant else stats.dtype_range(x.dtype)
+    full = stats.decode(stats.compute(x, (spec,)), (spec,))
+    ranges = full[schema.STAT_RANGE][spec.name]
+    for row in (host_row(x, fmt), device_row(x, fmt).tolist()):   # the two paths agree
+        assert row[SAT] == ranges["upper_overflow_count"] + ranges["lower_overflow_count"]
+        assert row[FLUSH] == ranges["flush_to_zero_count"]
+        assert (row[MIN], row[MAX]) == (full["min"], full["max"])
+        assert row[SUM] == pytest.approx(float(x.double().sum()), rel=1e-6)
+        assert row[SUMSQ] == pytest.approx(float((x.double() ** 2).sum()), rel=1e-6)
+        assert row[NAN] == row[INF] == 0
+    if quant:
+        assert host_row(x, fmt)[SAT] == 2 and host_row(x, fmt)[FLUSH] == 2
+    else:     # a value never saturates or flushes in its own dtype
+        assert host_row(x, fmt)[SAT] == host_row(x, fmt)[FLUSH] == 0
+
+
+def test_non_finite_values_are_counted_and_left_out_of_the_moments():
+    x = _planted()
+    x[10], x[11], x[12] = float("nan"), float("inf"), float("-inf")
+    fmt = judged_format("fp8_e4m3", x.dtype)
+    finite = x[torch.isfinite(x)].double()
+    for row in (host_row(x, fmt), device_row(x, fmt).tolist()):
+        assert (row[NAN], row[INF]) == (1, 2)
+        assert row[SAT] == 2 + 2                           # +-Inf overflow too
+        assert row[SUM] == pytest.approx(float(finite.sum()), rel=1e-9)
+        assert (row[MIN], row[MAX]) == (float(finite.min()), float(finite.max()))
+
+
+# -- a session on the schedule interface ------------------------------------------------------------
+SITES = 3
+MICRO = 2
+
+
+def _site(i: int) -> schema.CaptureSite:
+    return schema.CaptureSite(layer_type="linear", operation="forward", phase="pre",
+                              tensor_name=f"t{i}", module_path=f"decoder.layers.{i}.mlp",
+                              layer_idx=i, component="linear")
+
+
+def _run(iterations: int, plant: dict, losses: dict | None = None,
+         touch: tuple[int, object] | None = None) -> None:
+    """``iterations`` training calls of a schedule with MICRO micro-batches capturing SITES
+    tensors each; ``plant``: iteration -> (micro-batch, site) given a NaN; ``losses``:
+    iteration -> the loss each micro-batch returns (default 1.0)."""
+    losses = losses or {}
+    g = torch.Generator().manual_seed(0)
+
+    def forward_step(data_iterator, model):
+        saver = ts.get_tensor_saver()
+        it, mb = saver.iteration, saver.sample_idx
+        for i in range(SITES):
+            x = torch.randn(256, generator=g)
+            if plant.get(it) == (mb, i):
+                x[17] = float("nan")
+            saver.capture(x, _site(i))
+        return losses.get(it, 1.0 + 0.01 * (it % 3))
+
+    def schedule(*, forward_step_func, data_iterator, model, num_microbatches,
+                 forward_only=False):
+        return [forward_step_func(data_iterator, model) for _ in range(num_microbatches)]
+
+    step = numbering.wrap_schedule(schedule)
+    for it in range(iterations):
+        if touch is not None and touch[0] == it:
+            touch[1].touch()
+        step(forward_step_func=forward_step, data_iterator=None, model=[None],
+             num_microbatches=MICRO)
+    ts.get_tensor_saver().close()
+
+
+@pytest.fixture
+def session(tmp_path):
+    def start(**kw):
+        settings = dict(enabled=True, save_dir=str(tmp_path), mode="recorder",
+                        recorder_window=3, recorder_trigger_iterations=2,
+                        recorder_summary_every=4, recorder_warmup=3)
+        settings.update(kw)
+        return ts.configure(**settings)
+    yield start
+    ts.reset_tensor_saver()
+
+
+def test_a_nan_triggers_once_with_the_ring_before_it_and_full_capture_after(session, tmp_path):
+    session()
+    # a NaN at iteration 5 (micro-batch 1, site 1) and again at 6: one trigger (the kind re-arms
+    # only after a clean iteration); a third at 10, after clean ones: a second trigger
+    _run(12, {5: (1, 1), 6: (1, 1), 10: (0, 2)})
+    triggers = recorder_read.read_triggers(tmp_path)
+    assert [(t["iteration"], t["kinds"], t["ring"], t["capture"]) for t in triggers] == [
+        (5, ["nonfinite"], [3, 5], [6, 7]), (10, ["nonfinite"], [8, 10], [11, 12])]
+    assert triggers[0]["details"]["nonfinite"] == {
+        "module_path": "decoder.layers.1.mlp", "tensor_name": "t1", "operation": "forward",
+        "sample_idx": 1, "slot": SITES + 1}
+    records = list(schema.read_manifest(tmp_path))
+    by_it: dict[int, list] = {}
+    for r in records:
+        by_it.setdefault(r["iteration"], []).append(r)
+    assert sorted(by_it) == [3, 4, 5, 6, 7, 8, 9, 10, 11]    # 12 never ran
+    for it, recs in by_it.items():
+        assert len(recs) == SITES * MICRO
+        ring = it in (3, 4, 5, 8, 9, 10)
+        assert all((r["file"] is None) == ring for r in recs), it
+    # the ring's records: execution order in counter, the NaN where it was planted
+    ring5 = sorted(by_it[5], key=lambda r: r["counter"])
+    assert [(r["sample_idx"], r["tensor_name"]) for r in ring5] == [
+        (m, f"t{i}") for m in range(MICRO) for i in range(SITES)]
+    assert [r["stats"]["nan_count"] for r in ring5] == [0, 0, 0, 0, 1, 0]
+    from tensor_viz.diagnose import diagnose
+
+    first = diagnose(tmp_path).findings[0].to_dict()
+    assert (first["kind"], first["iteration"], first["sample_idx"], first["module_path"],
+            first["tensor_name"]) == ("first_nonfinite", 5, 1, "decoder.layers.1.mlp", "t1")
+    replay = recorder_read.read_replays(tmp_path)
+    assert [r["iteration"] for r in replay] == [5, 10]
+    assert replay[0]["capture"]["start"] == 3 and replay[0]["capture"]["end"] == 7
+    assert replay[0]["env"]["TENSOR_SAVE_MODE"] == "capture"
+    assert "iterations:\n  end: 7\n  start: 3" in open(replay[0]["capture"]["config"]).read()
+
+
+def test_summaries_merge_micro_batches_as_the_ring_holds_them(session, tmp_path):
+    session(recorder_window=20)
+    _run(9, {8: (0, 0)})                 # the trigger at 8 writes the ring of 0..8
+    rows = recorder_read.summary_rows(tmp_path)
+    assert sorted({r["iteration"] for r in rows}) == list(range(9))
+    assert len(rows) == 9 * SITES and {r["micro_batches"] for r in rows} == {MICRO}
+    ring = {(r["iteration"], r["tensor_name"], r["sample_idx"]): r["stats"]
+            for r in schema.read_manifest(tmp_path)}
+    for row in rows:
+        parts = [ring[(row["iteration"], row["tensor_name"], m)] for m in range(MICRO)]
+        assert row["count"] == sum(p["numel"] for p in parts)
+        assert row["nan_count"] == sum(p["nan_count"] for p in parts)
+        if not row["nan_count"]:
+            assert row["min"] == pytest.approx(min(p["min"] for p in parts))
+            assert row["max"] == pytest.approx(max(p["max"] for p in parts))
+            assert row["mean"] == pytest.approx(sum(p["mean"] for p in parts) / MICRO)
+    assert [f.name for f in recorder_read.summary_files(tmp_path)] == [
+        "summary_rank0_it0000000.parquet", "summary_rank0_it0000004.parquet",
+        "summary_rank0_it0000008.parquet"]
+
+
+def test_a_loss_spike_a_grad_norm_spike_and_a_request_trigger(session, tmp_path):
+    session()
+    _run(12, {}, losses={8: 9.0}, touch=(4, tmp_path / "TRIGGER"))
+    got = [(t["iteration"], t["kinds"]) for t in recorder_read.read_triggers(tmp_path)]
+    assert got == [(4, ["user_request"]), (8, ["loss_spike"])]
+    assert recorder_read.read_triggers(tmp_path)[1]["details"]["loss_spike"]["loss"] == 9.0
+    ts.reset_tensor_saver()
+    (tmp_path / "g").mkdir()
+    session(save_dir=str(tmp_path / "g"))
+    saver = ts.get_tensor_saver()
+    for it, norm in enumerate([1.0, 1.1, 0.9, 1.0, 1.05, 20.0, 1.0]):
+        saver.set_iteration(it)
+        saver.capture(torch.ones(8), _site(0))
+        recorder.report(grad_norm=norm)
+        numbering.end_iteration(saver, it)
+    got = [(t["iteration"], t["kinds"]) for t in recorder_read.read_triggers(tmp_path / "g")]
+    assert got == [(5, ["grad_norm_spike"])]
+
+
+def test_a_healthy_session_writes_summaries_only(session, tmp_path):
+    session(recorder_summary_every=5)
+    _run(10, {})
+    assert recorder_read.read_triggers(tmp_path) == []
+    assert not list(tmp_path.glob(schema.MANIFEST_GLOB)) and not list(tmp_path.glob("*.pt"))
+    assert len(recorder_read.summary_files(tmp_path)) == 2
+    assert not (tmp_path / "recorder" / "replay_it0000000.json").exists()
+    assert json.loads(json.dumps(recorder_read.summary_rows(tmp_path)[0]))["site"] == 0
+    assert math.isfinite(recorder_read.summary_rows(tmp_path)[0]["std"])
