@@ -46,6 +46,9 @@ __all__ = ["Recorder", "report", "set_run_info", "ring_bytes", "KINDS", "RunInfo
 class Recorder:
     """One capture session's recorder (owned by its TensorSaver)."""
 
+    #: CPU tensors take the host path (False: the device path, as for CUDA; tests use it)
+    host_path: bool = True
+
     def __init__(self, config: CaptureConfig, directory: Path, rank_info: Callable[[], dict],
                  label: Callable[[CaptureSite, torch.dtype], str],
                  warn: Callable[[str, str], None]) -> None:
@@ -86,7 +89,7 @@ class Recorder:
                 return
         fmt = book.sites[book.slot_site[slot]].fmt
         p = self._plane
-        if tensor.device.type == "cpu":
+        if tensor.device.type == "cpu" and self.host_path:
             book.host[p, slot] = host_row(tensor, fmt)
         else:
             book.device_buffer(tensor.device)[p, slot].copy_(device_row(tensor, fmt))

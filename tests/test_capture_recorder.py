@@ -270,3 +270,38 @@ def test_a_healthy_session_writes_summaries_only(session, tmp_path):
     assert not (tmp_path / "recorder" / "replay_it0000000.json").exists()
     assert json.loads(json.dumps(recorder_read.summary_rows(tmp_path)[0]))["site"] == 0
     assert math.isfinite(recorder_read.summary_rows(tmp_path)[0]["std"])
+
+
+def _summary(folder) -> tuple[list[tuple], list[float]]:
+    rows = recorder_read.summary_rows(folder)
+    return ([(r["iteration"], r["site"], r["count"], r["nan_count"], r["min"], r["max"])
+             for r in rows], [v for r in rows for v in (r["sum"], r["sumsq"])])
+
+
+def test_the_device_path_gives_what_the_host_path_gives(session, tmp_path, monkeypatch):
+    from tensor_capture.recorder import Recorder
+
+    (tmp_path / "host").mkdir()
+    (tmp_path / "dev").mkdir()
+    session(save_dir=str(tmp_path / "host"))
+    _run(8, {5: (1, 1)})
+    ts.reset_tensor_saver()
+    monkeypatch.setattr(Recorder, "host_path", False)     # the buffer copied at the boundary
+    session(save_dir=str(tmp_path / "dev"))
+    _run(8, {5: (1, 1)})
+    # the same counts and extremes; the sums within float32's rounding (the host path sums
+    # in float32, the device path in float64)
+    (dev, dev_sums), (host, host_sums) = _summary(tmp_path / "dev"), _summary(tmp_path / "host")
+    assert dev == host and dev_sums == pytest.approx(host_sums, rel=1e-6, abs=1e-5)
+    assert [t["iteration"] for t in recorder_read.read_triggers(tmp_path / "dev")] == [5]
+
+
+def test_every_n_iterations_judges_the_block_and_names_its_first_flagged_iteration(session,
+                                                                                   tmp_path):
+    session(recorder_every=3, recorder_window=6)
+    _run(12, {4: (0, 0)})        # block 3..5: the NaN in 4 is seen at 5's boundary
+    (t,) = recorder_read.read_triggers(tmp_path)
+    assert (t["iteration"], t["ring"], t["capture"]) == (4, [0, 5], [6, 7])
+    first = min((r for r in schema.read_manifest(tmp_path) if r["stats"]["nan_count"]),
+                key=lambda r: (r["iteration"], r["counter"]))
+    assert (first["iteration"], first["sample_idx"], first["tensor_name"]) == (4, 0, "t0")
