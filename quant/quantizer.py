@@ -80,9 +80,12 @@ class Quantizer:
     saturate: bool = True
     backend: str = "auto"
     params: ElemParams = dataclasses.field(init=False, repr=False, compare=False)
+    #: this configuration on other axes, built on first use (along)
+    _axes: dict = dataclasses.field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", ElemParams.of(self.spec))
+        object.__setattr__(self, "_axes", {})
 
     @classmethod
     def of(cls, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
@@ -98,16 +101,20 @@ class Quantizer:
         return _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend)
 
     @classmethod
-    def resolve(cls, fmt: Union[str, FormatSpec, "Quantizer"], where: str = "quantize",
-                **options) -> "Quantizer":
-        """``fmt`` itself when it is a Quantizer (then ``options`` must be :meth:`of`'s
-        defaults: its options are its own), else ``Quantizer.of(fmt, **options)``: how the
-        functions that take a format name or a quantizer (quant.quantize, the analysis) read
-        their arguments."""
+    def resolve(cls, fmt: Union[str, FormatSpec, "Quantizer"], where: str = "quantize", *,
+                block_size: Optional[int] = None, axis: int = -1,
+                rounding: Optional[str] = None, scale_mode: str = DEFAULT_SCALE_MODE,
+                saturate: bool = True, backend: str = "auto") -> "Quantizer":
+        """``fmt`` itself when it is a Quantizer (then the options must be :meth:`of`'s
+        defaults: its options are its own), else ``Quantizer.of(fmt, ...)``: how the functions
+        that take a format name or a quantizer (quant.quantize, the analysis) read their
+        arguments."""
+        options = (block_size, axis, rounding, scale_mode, saturate, backend)
         if not isinstance(fmt, Quantizer):
-            return cls.of(fmt, **options)
-        passed = sorted(k for k, v in options.items() if v != _OF_DEFAULTS[k])
-        if passed:
+            return cls.of(fmt, block_size=block_size, axis=axis, rounding=rounding,
+                          scale_mode=scale_mode, saturate=saturate, backend=backend)
+        if options != _OF_DEFAULTS:
+            passed = [k for k, v, d in zip(_OPTION_NAMES, options, _OF_DEFAULTS) if v != d]
             raise ValueError(f"{where}: options come from the Quantizer passed as fmt; build it "
                              f"with them (Quantizer.of(fmt, ...)) instead of passing {passed}")
         return fmt
@@ -119,7 +126,12 @@ class Quantizer:
 
     def along(self, axis: int) -> "Quantizer":
         """This configuration with blocks along ``axis`` (built once per axis)."""
-        return self if axis == self.axis else _along(self, _checked_axis(axis))
+        if axis == self.axis:
+            return self
+        q = self._axes.get(axis)
+        if q is None:
+            q = self._axes[axis] = dataclasses.replace(self, axis=_checked_axis(axis))
+        return q
 
     def __call__(self, x: torch.Tensor,
                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
@@ -140,9 +152,9 @@ class Quantizer:
             return run(xd, self, generator).contiguous()
 
 
-#: :meth:`Quantizer.of`'s option defaults
-_OF_DEFAULTS = dict(block_size=None, axis=-1, rounding=None, scale_mode=DEFAULT_SCALE_MODE,
-                    saturate=True, backend="auto")
+#: :meth:`Quantizer.of`'s options and their defaults
+_OPTION_NAMES = ("block_size", "axis", "rounding", "scale_mode", "saturate", "backend")
+_OF_DEFAULTS = (None, -1, None, DEFAULT_SCALE_MODE, True, "auto")
 
 
 def _checked_axis(axis) -> int:
@@ -159,9 +171,4 @@ def _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend) -> Qu
 
 #: typed: block_size=True must not reuse block_size=1's quantizer (bool is refused)
 _cached = lru_cache(maxsize=1024, typed=True)(_build)
-
-
-@lru_cache(maxsize=1024)
-def _along(q: Quantizer, axis: int) -> Quantizer:
-    return dataclasses.replace(q, axis=axis)
 
