@@ -79,26 +79,30 @@ def _gpt_step():
     return step, me.destroy_distributed
 
 
-def _median_time(step, n: int, audited: bool = False) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        if audited:
-            with precision_audit():
-                step()
-        else:
-            step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _timed(step, audited: bool) -> tuple[float, int]:
+    t = time.perf_counter()
+    if not audited:
+        step()
+        return time.perf_counter() - t, 0
+    with precision_audit() as audit:
+        step()
+    return time.perf_counter() - t, len(audit.findings)
 
 
-def cost(name: str, step, n: int = 5) -> None:
+def cost(name: str, step, n: int = 7) -> None:
+    """Bare and audited steps interleaved (a loaded machine slows both alike), then bare steps
+    after the last audit; medians."""
     step()                                   # warm-up
-    bare = _median_time(step, n)
-    audited = _median_time(step, n, audited=True)
-    after = _median_time(step, n)
-    print(f"{name:36s} bare {bare * 1e3:8.1f} ms | audited {audited * 1e3:8.1f} ms "
-          f"(x{audited / bare:.2f}) | after {after * 1e3:8.1f} ms (x{after / bare:.2f})")
+    bare, audited, findings = [], [], 0
+    for _ in range(n):
+        bare.append(_timed(step, False)[0])
+        seconds, found = _timed(step, True)
+        audited.append(seconds)
+        findings += found
+    after = statistics.median(_timed(step, False)[0] for _ in range(n))
+    b, a = statistics.median(bare), statistics.median(audited)
+    print(f"{name:40s} bare {b * 1e3:7.1f} ms | audited {a * 1e3:7.1f} ms (x{a / b:.2f}) | "
+          f"after {after * 1e3:7.1f} ms (x{after / b:.2f}) | findings {findings}")
 
 
 def findings_table() -> None:
