@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from training_helpers import small_data  # noqa: F401
 
 from training_profiler.audit import audit_precision, precision_audit, run_script
 from training_profiler.audit_cli import main as audit_main
@@ -202,6 +203,17 @@ def _exit(main, argv: list[str]) -> object:
         return main(argv)
     except SystemExit as exc:
         return exc.code
+
+
+@pytest.mark.megatron
+def test_embedded_default_training_is_clean(small_data) -> None:
+    """llama-train itself, fp32 and bf16 (bf16 model, fp32 master weights), under lowp-audit -m."""
+    args = ["--data-path", small_data["data_path"], "--tokenizer", small_data["tokenizer"],
+            "--model", "tiny", "--train-iters", "3", "--no-resume"]
+    for dtype in ("fp32", "bf16"):
+        out = run_script("training_driver.train", [*args, "--dtype", dtype], steps=2, module=True)
+        assert out.error is None and out.steps == 2, out.error
+        assert out.findings == [], [f"{f.rule_id} {f.message}" for f in out.findings]
 
 
 def _script(tmp_path: Path, body: str) -> str:

@@ -267,6 +267,7 @@ class Recorder(TorchDispatchMode):
         self._undo: list[Callable[[], None]] = []
         self._snap: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._stopping = False
+        self.backward_where = Where("<unknown>", 0)   # the last user line that started a backward
 
     # ---- the op record ------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -280,6 +281,8 @@ class Recorder(TorchDispatchMode):
         ins = _tensors(args) + _tensors(list((kwargs or {}).values()))
         backward = torch._C._current_graph_task_id() != -1
         where = user_frame(2)
+        if backward and where.path == "<unknown>":  # autograd's device threads: no user frame
+            where = self.backward_where
         dev = outs[0].device.type
         key = (op, backward, self.modules.current() if not backward else "", where,
                tuple(_dtype_name(t) for t in ins), tuple(_dtype_name(t) for t in outs),
@@ -315,6 +318,7 @@ class Recorder(TorchDispatchMode):
         self._undo += [pre.remove, post.remove]
         self._wrap_scaler()
         self._wrap_function_apply()
+        self._wrap_backward()
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -335,6 +339,20 @@ class Recorder(TorchDispatchMode):
 
         cls.scale = scale
         self._undo.append(lambda: setattr(cls, "scale", original))
+
+    def _wrap_backward(self) -> None:
+        """Note where each backward starts (``Tensor.backward`` calls ``torch.autograd.backward``):
+        backward ops run on autograd's device threads on a GPU, where no user frame is seen."""
+        original = torch.autograd.backward
+        rec = self
+
+        def backward(*args, **kwargs):
+            rec.backward_where = user_frame(2)
+            rec.record.backward_calls += 1
+            return original(*args, **kwargs)
+
+        torch.autograd.backward = backward
+        self._undo.append(lambda: setattr(torch.autograd, "backward", original))
 
     def _wrap_function_apply(self) -> None:
         fn_cls = torch.autograd.function.Function
