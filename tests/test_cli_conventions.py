@@ -146,7 +146,7 @@ MISTAKES: dict[str, dict[str, list[str] | str]] = {
         "unwritable": ["{tmp}", "--json", "{unwritable}/d.json"]},
     "lowp-audit": {
         "missing": ["{missing}"], "corrupt": ["{corrupt_py}"],
-        "unknown": ["{corrupt_py}", "--fail-on", "fatal"], "flag": ["{corrupt_py}", "--step", "2"],
+        "unknown": ["{corrupt_py}", "--fail-on", "fatal"], "flag": ["{missing}", "--step", "2"],
         "unwritable": ["{corrupt_py}", "--json", "{unwritable}/a.json"]},
 }
 KINDS = ("missing", "corrupt", "unknown", "flag", "unwritable")
