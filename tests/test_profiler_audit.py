@@ -127,6 +127,23 @@ def test_fp16_range_uses_quant_analysis_limits() -> None:
     assert _rules(a.findings) == {"AUD003"} and b.findings == []
 
 
+def test_sparse_zero_gradients_are_not_flushed_ones() -> None:
+    """An embedding's unused rows are zero in any dtype: AUD004 needs underflow under way too."""
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(4096, 16).half(), torch.nn.Linear(16, 4).half()
+    opt = torch.optim.SGD([*emb.parameters(), *head.parameters()], lr=0.1)
+    with precision_audit() as sparse:
+        F.cross_entropy(head(emb(torch.tensor([1, 2, 3]))).float(), torch.tensor([0, 1, 2])).backward()
+        opt.step()
+    opt.zero_grad()
+    with precision_audit() as tiny:
+        (1e-5 * F.cross_entropy(head(emb(torch.tensor([1, 2, 3]))).float(),
+                                torch.tensor([0, 1, 2]))).backward()
+        opt.step()
+    assert sparse.record.steps[0].lowp_grad_flushed > 0.9 * sparse.record.steps[0].lowp_grad_elems
+    assert "AUD004" not in _rules(sparse.findings) and "AUD004" in _rules(tiny.findings)
+
+
 def test_hugging_face_style_model() -> None:
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,

@@ -76,7 +76,8 @@ class StepEvent:
     where: Where
     optimizer: str
     lowp_grad_elems: int = 0
-    lowp_grad_flushed: int = 0
+    lowp_grad_flushed: int = 0      # zero or below min_normal
+    lowp_grad_subnormal: int = 0    # nonzero and below min_normal: underflow under way
     grad_dtypes: set[str] = field(default_factory=set)
     lowp_param_dtypes: set[str] = field(default_factory=set)
     moved_elems: int = 0            # low-precision elements whose grad was nonzero
@@ -394,8 +395,11 @@ class Recorder(TorchDispatchMode):
                 ev.grad_dtypes.add(_dtype_name(g))
                 if g.dtype in LOW_PRECISION:
                     lim = dtype_limits(g.dtype)
+                    a = g.detach().abs()
+                    below = int(torch.count_nonzero(a < lim.min_normal))
                     ev.lowp_grad_elems += g.numel()
-                    ev.lowp_grad_flushed += int(torch.count_nonzero(g.detach().abs() < lim.min_normal))
+                    ev.lowp_grad_flushed += below
+                    ev.lowp_grad_subnormal += below - (g.numel() - int(torch.count_nonzero(a)))
                 if p.dtype in LOW_PRECISION:
                     ev.lowp_param_dtypes.add(_dtype_name(p))
                     self._snap.append((p, p.detach().clone(), g.detach() != 0))

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from quant.analysis import dtype_limits
+from quant.analysis import SEVERITY_HIGH, dtype_limits, severity
 from training_profiler.amp_rules import Confidence, Finding, Severity
 from training_profiler.audit_record import FunctionCall, OpSite, Record, Where
 
@@ -95,8 +95,13 @@ def _near_fp16_max(rec: Record) -> Iterator[Hit]:
 
 
 def _flushed_grads(rec: Record) -> Iterator[Hit]:
+    """Zeros alone are no evidence (an embedding's unused rows): the nonzero gradients must
+    also show underflow under way, a subnormal fraction of quant.analysis's 'high' severity."""
     for ev in rec.steps:
-        if ev.lowp_grad_elems and ev.lowp_grad_flushed / ev.lowp_grad_elems > FLUSHED_GRADS:
+        nonzero = ev.lowp_grad_elems - ev.lowp_grad_flushed + ev.lowp_grad_subnormal
+        if not (nonzero and severity(ev.lowp_grad_subnormal / nonzero) == SEVERITY_HIGH):
+            continue
+        if ev.lowp_grad_flushed / ev.lowp_grad_elems > FLUSHED_GRADS:
             frac = ev.lowp_grad_flushed / ev.lowp_grad_elems
             yield ev.where, (f"{frac:.0%} of the {'/'.join(sorted(ev.grad_dtypes & set(LOWP)))} "
                              f"gradients reaching {ev.optimizer}.step are zero or below min_normal")
