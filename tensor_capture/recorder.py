@@ -70,6 +70,7 @@ class Recorder:
         self.triggers: list[dict[str, Any]] = []
         self._formats: dict[torch.dtype, Any] = {}
         self._full = False                  # recorder_memory reached: no new slots
+        self._params: dict[tuple, Any] = {}  # this iteration's parameter rows, by version
 
     # -- the hot path ---------------------------------------------------------------------------
     def capturing(self, iteration: int) -> bool:
@@ -89,17 +90,27 @@ class Recorder:
                 return
         fmt = book.sites[book.slot_site[slot]].fmt
         p = self._plane
+        # a parameter is taken twice a step (forward and backward operand) unchanged: its row
+        # once per version (``_version`` changes on any in-place update)
+        key = ((tensor.data_ptr(), tensor._version, tensor.shape, fmt)
+               if tensor.is_leaf and tensor.requires_grad else None)
+        done = self._params.get(key) if key is not None else None
         if tensor.device.type == "cpu" and self.host_path:
-            book.host[p, slot] = host_row(tensor, fmt)
+            row = host_row(tensor, fmt) if done is None else done
+            book.host[p, slot] = row
         else:
-            book.device_buffer(tensor.device)[p, slot].copy_(device_row(tensor, fmt))
+            row = device_row(tensor, fmt) if done is None else done
+            book.device_buffer(tensor.device)[p, slot].copy_(row)
             book.on_dev[p, slot] = True
+        if key is not None:
+            self._params[key] = row
         book.count[p, slot] = tensor.numel()
         book.seen[p, slot] = True
 
     def _begin(self, iteration: int) -> None:
         if len(self.block) >= self.config.recorder_every:   # a boundary was missed: keep going
             self._collect()
+        self._params.clear()
         self.block.append(iteration)
         self.losses.append(math.nan)
         self._plane = len(self.block) - 1

@@ -10,7 +10,8 @@ saturation (upper and lower overflow, +-Inf included) and flush to zero (stats.R
 
 Two paths, the same numbers:
 
-- host (CPU tensors): sum, dot(x, x) and aminmax (three passes); the NaN / Inf counts only
+- host (CPU tensors): sum, dot(x, x), amin and amax (one pass from memory, three over the
+  cached tensor); the NaN / Inf counts only
   when the sums are not finite, the format's counts only when the format is not the tensor's
   own dtype (a value of a dtype never saturates or flushes in that same dtype, so those counts
   are then the Inf count and 0). Branching on a value is free on the host.
@@ -69,17 +70,33 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return a if a.dtype == ct else a.to(ct)
 
 
+_ONES: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def _sum(a: torch.Tensor) -> float:
+    """sum(a) of a flat CPU tensor through a matrix-vector product with ones (BLAS: about twice
+    as fast as torch's cascaded sum on one core) when it folds into rows of 1024 elements."""
+    n = a.numel()
+    if n < (1 << 16) or n % 1024:
+        return float(a.sum())
+    ones = _ONES.get((1024, a.dtype))
+    if ones is None:
+        ones = _ONES[(1024, a.dtype)] = torch.ones(1024, dtype=a.dtype)
+    return float(torch.mv(a.view(-1, 1024), ones).sum())
+
+
 def host_row(x: torch.Tensor, fmt: Judged | None) -> list[float]:
     """The statistics of a CPU tensor as floats (schema.REC_STATS order)."""
     a = _flat(x)
     if a.numel() == 0:
         return list(EMPTY_ROW)
-    s = float(a.sum())
+    s = _sum(a)
     q = float(torch.dot(a, a))
     if not (math.isfinite(s) and math.isfinite(q)):
         return device_row(x, fmt).tolist()      # NaN / Inf present (or a square overflowed)
-    mn, mx = torch.aminmax(a)
-    row = [s, q, float(mn), float(mx), 0.0, 0.0, 0.0, 0.0]
+    # amin and amax: two fast passes over a tensor the sums brought into cache (aminmax is
+    # about twice slower than both together on a CPU)
+    row = [s, q, float(a.amin()), float(a.amax()), 0.0, 0.0, 0.0, 0.0]
     if fmt is not None and not fmt.own_dtype:
         up = fmt.overflow
         if row[MAX] >= up or row[MIN] <= -up:

@@ -1,0 +1,179 @@
+"""The flight recorder on real training (slow tier): llama-train on the tiny Llama through
+megatron-core's schedule wrapper, the patched megatron-core, recorder mode.
+
+- a NaN planted (tests/megatron_lm_support/plant_nan.py) in ``decoder.layers.1.mlp.linear_fc1``'s
+  forward input on rank 0 at iteration 37 of 60, two data-parallel ranks: both ranks trigger at
+  37, the ring holds 34..37 (W = 4), the full capture 38..39 (J = 2), ``lowp-diagnose`` names the
+  planted module and micro-batch first; the replay file's command, run as written, resumes from
+  the checkpoint of iteration 30 and finds the fault in the same iteration, micro-batch, module;
+- a learning rate that blows the loss up: a loss_spike trigger where the loss is well above the
+  first ones;
+- a healthy 200-iteration run: no trigger, the summaries only, at most 1 KiB per site per K;
+- a ring that cannot fit recorder_memory: one line, exit 2, before training.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from training_helpers import ROOT, clean_env, one_error_line, run, small_data  # noqa: F401
+
+from tensor_capture import recorder_read, schema
+from tensor_viz.diagnose import diagnose
+
+PLANTED = "decoder.layers.1.mlp.linear_fc1"
+SUPPORT = ROOT / "tests" / "megatron_lm_support"
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> str:
+    from training_driver.capture import prepare_patched_tree
+
+    return str(prepare_patched_tree(tmp_path_factory.mktemp("patched")))
+
+
+def _train(data, *extra: str) -> list[str]:
+    return ["-m", "training_driver.train", "--data-path", data["data_path"], "--tokenizer",
+            data["tokenizer"], "--model", "tiny", "--seq-length", "32", "--log-interval", "1",
+            *extra]
+
+
+def _config(path: Path, text: str) -> Path:
+    path.write_text("mode: recorder\n" + text)
+    return path
+
+
+def _losses(log: str) -> dict[int, float]:
+    """llama-train's logged loss by 0-based iteration (it logs iterations from 1)."""
+    out = {}
+    for ln in log.splitlines():
+        if ln.startswith("iter ") and "| loss " in ln:
+            out[int(ln.split()[1].split("/")[0]) - 1] = float(ln.split("| loss ")[1].split()[0])
+    return out
+
+
+def test_a_nan_at_37_of_60_triggers_every_rank_and_its_replay_finds_it(small_data, patched,
+                                                                       tmp_path):
+    cap = tmp_path / "cap"
+    cfg = _config(tmp_path / "rec.yaml", "recorder_window: 4\nrecorder_trigger_iterations: 2\n"
+                                         "recorder_summary_every: 10\n")
+    env = dict(PYTHONPATH=os.pathsep.join([str(ROOT), str(SUPPORT)]),
+               LOWP_TEST_PLANT_NAN=f"0:{PLANTED}:37", MEGATRON_LOWP_PATCHED_DIR=patched)
+    proc = run([sys.executable, "-m", "training_driver.torchrun", "--standalone",
+                "--nproc-per-node", "2",
+                *_train(small_data, "--micro-batch-size", "1", "--global-batch-size", "4",
+                        "--train-iters", "60", "--save-interval", "30", "--checkpoint-dir",
+                        str(tmp_path / "ckpt"))],
+               cwd=tmp_path, timeout=400, TENSOR_SAVE_CONFIG=str(cfg), TENSOR_SAVE_DIR=str(cap),
+               **env)
+    # the loop's own divergence stop waits for the triggered capture, then ends the run (exit 2)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "the loss is no longer finite at iteration 40" in one_error_line(proc.stderr)
+    assert "recorder: trigger nonfinite at iteration 37" in proc.stderr
+    triggers = recorder_read.read_triggers(cap)
+    assert [(t["rank"], t["iteration"], t["kinds"], t["ring"], t["capture"])
+            for t in triggers] == [(r, 37, ["nonfinite"], [34, 37], [38, 39]) for r in (0, 1)]
+    assert triggers[0]["details"]["nonfinite"]["module_path"] == PLANTED
+    per_micro = {}
+    for rec in schema.read_manifest(cap):
+        key = (rec["rank"], rec["iteration"], rec["file"] is None)
+        per_micro[key] = per_micro.get(key, 0) + 1
+    sites = per_micro[(0, 34, True)] // 2
+    assert sites == 81            # training_driver.preflight.capture_sites of the tiny Llama
+    assert per_micro == {(r, it, it <= 37): 2 * sites for r in (0, 1) for it in range(34, 40)}
+    first = diagnose(cap).findings[0].to_dict()
+    assert (first["kind"], first["iteration"], first["sample_idx"], first["rank"],
+            first["module_path"], first["operation"], first["tensor_name"]) == (
+        "first_nonfinite", 37, 0, 0, PLANTED, "forward", "input")
+    # the summaries cover every iteration up to the trigger on both ranks
+    rows = recorder_read.read_summaries(cap, columns=["iteration", "rank"]).to_pylist()
+    assert {(r["rank"], r["iteration"]) for r in rows} >= {(r, i) for r in (0, 1)
+                                                             for i in range(38)}
+
+    (replay,) = recorder_read.read_replays(cap)
+    assert replay["iteration"] == 37 and replay["checkpoint"]["iteration"] == 30
+    assert (replay["capture"]["start"], replay["capture"]["end"]) == (34, 39)
+    assert replay["consumed_samples"]["at_checkpoint"] == 30 * 4
+    again = subprocess.run(["bash", "-c", replay["commands"]["llama-train"]], cwd=tmp_path,
+                           env=clean_env(**env), capture_output=True, text=True, timeout=400)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "at iteration 30" in again.stdout
+    where = Path(replay["capture"]["dir"])
+    found = diagnose(where).findings[0].to_dict()
+    assert (found["kind"], found["iteration"], found["sample_idx"], found["rank"],
+            found["module_path"], found["tensor_name"]) == (
+        "first_nonfinite", 37, 0, 0, PLANTED, "input")
+    # the resumed run is the same run: its statistics of iteration 36 are the ring's
+    ring = {(r["rank"], r["sample_idx"], r["counter"]): r["stats"]
+            for r in schema.read_manifest(cap) if r["iteration"] == 36}
+    full = [r for r in schema.read_manifest(where) if r["iteration"] == 36]
+    assert len(full) == len(ring) and any(r["file"] for r in full)
+    by_order: dict = {}
+    for r in sorted(full, key=lambda r: r["counter"]):
+        by_order.setdefault((r["rank"], r["sample_idx"]), []).append(r["stats"])
+    for (rank, mb), seq in by_order.items():
+        mine = [ring[k] for k in sorted(k for k in ring if k[:2] == (rank, mb))]
+        assert [s["numel"] for s in seq] == [s["numel"] for s in mine]
+        for s, t in zip(seq, mine):
+            assert t["max"] == s["max"] and t["min"] == s["min"]
+            assert t["mean"] == pytest.approx(s["mean"], rel=1e-4, abs=1e-9)
+
+
+def test_a_loss_divergence_triggers_a_loss_spike(small_data, patched, tmp_path):
+    cap = tmp_path / "cap"
+    cfg = _config(tmp_path / "rec.yaml", "recorder_warmup: 2\n")
+    proc = run([sys.executable, *_train(small_data, "--micro-batch-size", "2", "--train-iters",
+                                        "6", "--lr", "1.0", "--clip-grad", "0",
+                                        "--warmup-iters", "6")],
+               cwd=tmp_path, timeout=240, TENSOR_SAVE_CONFIG=str(cfg), TENSOR_SAVE_DIR=str(cap),
+               MEGATRON_LOWP_PATCHED_DIR=patched)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = _losses(proc.stdout)
+    spikes = [t for t in recorder_read.read_triggers(cap) if "loss_spike" in t["kinds"]]
+    assert spikes, proc.stderr[-2000:]
+    it = spikes[0]["iteration"]
+    assert losses[it] > 2 * losses[0]                        # it diverged, really
+    assert spikes[0]["details"]["loss_spike"]["loss"] == pytest.approx(losses[it], rel=1e-4)
+    assert all(losses[i] < 1.5 * losses[0] for i in range(2))   # the baseline was healthy
+
+
+def test_a_healthy_run_of_200_iterations_writes_summaries_only(small_data, patched, tmp_path):
+    cap = tmp_path / "cap"
+    cfg = _config(tmp_path / "rec.yaml", "recorder_summary_every: 50\n")
+    proc = run([sys.executable, *_train(small_data, "--micro-batch-size", "2", "--train-iters",
+                                        "200", "--log-interval", "50")],
+               cwd=tmp_path, timeout=400, TENSOR_SAVE_CONFIG=str(cfg), TENSOR_SAVE_DIR=str(cap),
+               MEGATRON_LOWP_PATCHED_DIR=patched)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trigger" not in proc.stderr.replace("a trigger (", "")
+    assert recorder_read.read_triggers(cap) == [] and recorder_read.read_replays(cap) == []
+    assert not list(cap.glob(schema.MANIFEST_GLOB)) and not list(cap.glob("*.pt"))
+    files = recorder_read.summary_files(cap)
+    assert [f.name for f in files] == [f"summary_rank0_it{i:07d}.parquet"
+                                       for i in (0, 50, 100, 150)]
+    rows = recorder_read.read_summaries(cap, columns=["iteration", "site"]).to_pylist()
+    sites = len({r["site"] for r in rows})
+    assert sites == 81 and len(rows) == 200 * sites
+    per_site_per_k = max(f.stat().st_size for f in files) / sites
+    assert per_site_per_k <= 1024, per_site_per_k
+    print(f"summary bytes per site per 50 iterations: {per_site_per_k:.0f}")
+
+
+def test_a_ring_over_its_memory_is_refused_before_training(small_data, patched, tmp_path):
+    cfg = _config(tmp_path / "rec.yaml", "recorder_memory: 10kB\n")
+    proc = run([sys.executable, *_train(small_data, "--train-iters", "2")], cwd=tmp_path,
+               timeout=240, TENSOR_SAVE_CONFIG=str(cfg), TENSOR_SAVE_DIR=str(tmp_path / "cap"),
+               MEGATRON_LOWP_PATCHED_DIR=patched)
+    assert proc.returncode == 2
+    line = one_error_line(proc.stderr)
+    assert line.startswith("llama-train: error: tensor capture: the flight recorder needs")
+    assert "recorder_memory=10.0 kB" in line and "iter " not in proc.stdout
+    proc = run([sys.executable, *_train(small_data, "--train-iters", "2")], cwd=tmp_path,
+               timeout=240, TENSOR_SAVE_MODE="flight", MEGATRON_LOWP_PATCHED_DIR=patched)
+    assert proc.returncode == 2
+    assert "TENSOR_SAVE_MODE='flight' is not a capture mode" in one_error_line(proc.stderr)
+    assert json.dumps(proc.returncode) == "2"
