@@ -21,8 +21,10 @@ with the schedule's loss dicts (tensor_capture.numbering); a training loop may a
 """
 from __future__ import annotations
 
+import atexit
 import math
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,6 +73,7 @@ class Recorder:
         self._formats: dict[torch.dtype, Any] = {}
         self._full = False                  # recorder_memory reached: no new slots
         self._params: dict[tuple, Any] = {}  # this iteration's parameter rows, by version
+        _LIVE.add(self)          # a run that ends on an error still writes its summaries
 
     # -- the hot path ---------------------------------------------------------------------------
     def capturing(self, iteration: int) -> bool:
@@ -217,6 +220,21 @@ class Recorder:
                 self._summaries().add(self.book, entry)
         if self.summaries is not None:
             self.summaries.write()
+        _LIVE.discard(self)
+
+
+_LIVE: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
+
+
+def _close_all_at_exit() -> None:
+    for rec in list(_LIVE):
+        try:
+            rec.close()
+        except Exception:  # exiting: never raise from atexit
+            pass
+
+
+atexit.register(_close_all_at_exit)
 
 
 def loss_of(losses: Any) -> float:
