@@ -92,6 +92,20 @@ def test_decorator_audits_only_its_steps_and_removes_everything() -> None:
     assert step.audit.findings == []                         # bf16 autocast over fp32: clean
 
 
+def test_decorator_prints_the_findings_after_its_last_audited_step(capsys) -> None:
+    @audit_precision(steps=2)
+    def step() -> None:
+        torch.log_softmax(torch.randn(2, 4).bfloat16(), -1)
+
+    step()
+    assert capsys.readouterr().err == ""
+    step()
+    err = capsys.readouterr().err
+    assert "AUD001" in err and f"File: {__file__}" in err
+    step()
+    assert capsys.readouterr().err == ""
+
+
 def test_record_is_per_call_site_not_per_call() -> None:
     _, _, step = _loop(2, 2)
     sites_2 = len(step.audit.record.sites)

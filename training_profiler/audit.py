@@ -66,10 +66,14 @@ def format_findings(findings: Sequence[Finding], fmt: str = "text", files_checke
     return FORMATTERS[fmt](Report(findings=list(findings), files_checked=files_checked))
 
 
+_STDERR: Any = object()   # the decorator's default stream: sys.stderr as it is when it prints
+
+
 def audit_precision(fn: Callable | None = None, *, steps: int = 2,
-                    report: TextIO | None = sys.stderr) -> Callable:
+                    report: TextIO | None = _STDERR) -> Callable:
     """Decorator: audit the first ``steps`` calls of a training-step function, then print the
-    findings to ``report`` (None: print nothing) and run later calls without any recorder.
+    findings to ``report`` (default stderr; None: print nothing) and run later calls without
+    any recorder.
     The wrapped function's ``.audit`` holds the :class:`PrecisionAudit` (``.audit.findings``)."""
     if steps < 1:
         raise ValueError(f"audit_precision: steps must be >= 1, got {steps}")
@@ -86,7 +90,7 @@ def audit_precision(fn: Callable | None = None, *, steps: int = 2,
             with audit:
                 out = step_fn(*args, **kwargs)
             if calls[0] == steps and report is not None:
-                print(format_findings(audit.findings), file=report)
+                print(format_findings(audit.findings), file=sys.stderr if report is _STDERR else report)
             return out
 
         wrapper.audit = audit
