@@ -151,7 +151,8 @@ def range_stats(t: torch.Tensor) -> tuple[float, float, float]:
     lim = dtype_limits(t.dtype)
     if lim is None or t.numel() == 0:
         return 0.0, 0.0, 0.0
-    absmax = float(torch.linalg.vector_norm(t.detach(), float("inf")))
+    lo, hi = torch.aminmax(t.detach())       # one pass, no |x| copy (vector_norm(inf) is ~10x slower)
+    absmax = max(-float(lo), float(hi))
     under = 0.0
     if lim.min_normal > _FP32_MIN_NORMAL:
         a = t.detach().abs()
