@@ -18,6 +18,8 @@ from typing import Any, Iterable, Optional
 import torch
 from transformer_engine.pytorch.quantized_tensor import QuantizedTensorStorage, Quantizer
 
+from quant.formats import HIGH_PRECISION
+
 from .emulated_gemm import as_2d, hp_gemm, usage_values
 
 _ONE = 1.0   # the stored values are already dequantized: every scale is 1
@@ -34,7 +36,7 @@ class EmulatedTensor(QuantizedTensorStorage):
     dtype: Optional[torch.dtype] = None
     device: Optional[torch.device] = None
     original_shape: Optional[tuple] = None
-    fmt: str = "hp"
+    fmt: str = HIGH_PRECISION
     _quantizer: Optional[Quantizer] = None
     #: the weight these layouts were quantized from (weights only: a parameter that lives
     #: anyway), so a layout asked for later can be quantized from it
