@@ -67,13 +67,15 @@ class Quantizer:
     """A validated fake-quantization configuration; ``quantizer(x, generator=None)`` returns the
     dequantized values of ``x`` (same shape and dtype, new contiguous tensor, no autograd).
 
-    Build it with :meth:`of` (which validates and resolves the defaults); ``rounding`` and
-    ``block`` are the resolved values (``block`` 0 for formats without blocks), ``params`` the
-    element cast's constants. :meth:`along` gives the same configuration on another axis.
+    Build it with :meth:`of` (validated, and built once per configuration) or directly (also
+    validated); ``spec`` may be given as a name, ``rounding`` None and ``block`` 0 mean the
+    format's own, and they hold the resolved values after construction (``block`` stays 0 for
+    formats without blocks); ``params`` holds the element cast's constants. :meth:`along` gives
+    the same configuration on another axis.
     """
 
     spec: FormatSpec
-    rounding: str
+    rounding: Optional[str] = None
     scale_mode: str = DEFAULT_SCALE_MODE
     block: int = 0
     axis: int = -1
@@ -84,8 +86,12 @@ class Quantizer:
     _axes: dict = dataclasses.field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "params", ElemParams.of(self.spec))
-        object.__setattr__(self, "_axes", {})
+        spec = get_format(self.spec)
+        rounding, block = _check_options(spec, self.rounding, self.scale_mode, self.block or None)
+        _checked_axis(self.axis)
+        for name, value in (("spec", spec), ("rounding", rounding), ("block", block),
+                            ("params", ElemParams.of(spec)), ("_axes", {})):
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,

@@ -69,3 +69,13 @@ def test_validation_is_not_skipped_by_the_cache():
         Quantizer.of("mxfp8", axis=1.0)
     with pytest.raises(ValueError, match="unknown quantization format"):
         Quantizer.of("mxfp9")
+
+
+def test_built_directly_it_is_validated_and_resolved_too():
+    q = Quantizer("hifp8")
+    assert q == Quantizer.of("hifp8") and q.rounding == "nearest_away" and q.block == 0
+    assert Quantizer("nvfp4", axis=0).block == 16
+    with pytest.raises(ValueError, match="rounding"):
+        Quantizer("mxfp8", rounding="bogus")
+    with pytest.raises(ValueError, match="only applies to MX"):
+        Quantizer("nvfp4", scale_mode="ceil")
