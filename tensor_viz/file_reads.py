@@ -126,7 +126,11 @@ def run_file(task: FileTask) -> dict[str, Any]:
     captured = stored.get(schema.WHATIF_FORMATS) if isinstance(stored, dict) else None
     todo = tuple(f for f in task.whatif if not isinstance(captured, dict) or f not in captured)
     if todo and n:
-        out["whatif"] = recompute_whatif(t, todo, task.whatif_axis)
+        from tensor_viz.numerics_data import record_axis
+
+        # a file read without its manifest record: the axis its own metadata names
+        axis = task.whatif_axis if task.whatif_axis is not None else record_axis(meta)
+        out["whatif"] = recompute_whatif(t, todo, axis)
     return out
 
 

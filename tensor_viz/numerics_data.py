@@ -57,7 +57,9 @@ def captured(meta: dict[str, Any]) -> dict[str, Any] | None:
     return _record(meta.get(schema.META_WHATIF))
 
 
-def _record_axis(meta: dict[str, Any]) -> int | None:
+def record_axis(meta: dict[str, Any]) -> int | None:
+    """The GEMM reduction axis a record names: its what-if axis (when capture took it from the
+    GEMM), else its quantization analysis' axis; None when it names none."""
     w = captured(meta)
     if w is not None:
         return int(w[schema.WHATIF_AXIS]) if w.get(schema.WHATIF_AXIS_SOURCE) == schema.AXIS_FROM_GEMM \
@@ -78,7 +80,7 @@ def site_axes(entries: Iterable[Entry]) -> dict[tuple, int]:
     """{(layer type, pass, tensor name): the GEMM reduction axis} as the records say it."""
     out: dict[tuple, int] = {}
     for e in entries:
-        a = _record_axis(e.meta)
+        a = record_axis(e.meta)
         if a is not None:
             out.setdefault(_site(e), a)
     return out
@@ -89,7 +91,7 @@ def capture_axis(entry: Entry, axes: dict[tuple, int]) -> int | None:
     axis, else its quantization analysis' axis (the reduction axis of the GEMM the tensor
     feeds), else what another record of the same site says (``axes``: :func:`site_axes`, e.g.
     an iteration that got what-if numbers); None: no record names one (capture's last axis)."""
-    a = _record_axis(entry.meta)
+    a = record_axis(entry.meta)
     return a if a is not None else axes.get(_site(entry))
 
 
