@@ -188,7 +188,8 @@ class Recorder:
         rank = info["rank"]
         ring = list(self.book.ring)
         stamp = time.strftime("%Y%m%d_%H%M%S")
-        write_ring(self.directory, rank, ring_records(self.book, ring, info, stamp))
+        write_ring(self.directory, rank, ring_records(self.book, ring, info, stamp,
+                                                      c.quant_type if c.emulating else None))
         self.capture_from, self.capture_until = last + 1, last + c.recorder_trigger_iterations
         if c.recorder_stop_on_trigger:
             self._stop_after = self.capture_until

@@ -118,7 +118,7 @@ def record_stats(row: np.ndarray, count: float, fmt_name: str | None) -> dict[st
 
 
 def ring_records(book: SlotBook, ring: list[IterStats], rank_info: dict[str, Any],
-                 timestamp: str) -> list[dict[str, Any]]:
+                 timestamp: str, emulated: str | None = None) -> list[dict[str, Any]]:
     """The ring as manifest records: every slot seen in each iteration, in slot (execution)
     order; ``counter`` is the slot's order, so a reader's per-micro-batch order is the run's."""
     out = []
@@ -136,7 +136,7 @@ def ring_records(book: SlotBook, ring: list[IterStats], rank_info: dict[str, Any
                 schema.META_SHAPE: info.shape, schema.META_DTYPE: info.dtype,
                 schema.META_MODULE_PATH: s.module_path, schema.META_SUBMODULE: s.submodule,
                 schema.META_VARIANT: s.variant, schema.META_SAMPLED_ROWS: None,
-                schema.META_SAMPLED_ROW_STRIDE: None,
+                schema.META_SAMPLED_ROW_STRIDE: None, schema.META_EMULATED_FORMAT: emulated,
                 **{k: rank_info.get(k) for k in schema.META_PARALLEL},
                 schema.META_STATS: record_stats(entry.stats[slot], entry.count[slot],
                                                 info.fmt.name if info.fmt else None),

@@ -305,3 +305,20 @@ def test_every_n_iterations_judges_the_block_and_names_its_first_flagged_iterati
     first = min((r for r in schema.read_manifest(tmp_path) if r["stats"]["nan_count"]),
                 key=lambda r: (r["iteration"], r["counter"]))
     assert (first["iteration"], first["sample_idx"], first["tensor_name"]) == (4, 0, "t0")
+
+
+def test_a_flush_ratio_jump_in_the_emulated_format_triggers(session, tmp_path):
+    session(quant_type="fp8_e4m3")
+    saver = ts.get_tensor_saver()
+    g = torch.Generator().manual_seed(1)
+    for it in range(10):
+        saver.set_iteration(it)
+        scale = 1e-4 if it == 7 else 1.0          # most of it below e4m3's smallest subnormal
+        for i in range(SITES):
+            saver.capture(torch.randn(512, generator=g) * scale, _site(i))
+        numbering.end_iteration(saver, it)
+    (t,) = recorder_read.read_triggers(tmp_path)
+    assert (t["iteration"], t["kinds"]) == (7, ["flush_jump"])
+    assert t["details"]["flush_jump"]["flush_ratio"] > 0.5
+    rows = [r for r in recorder_read.summary_rows(tmp_path) if r["iteration"] == 7]
+    assert all(r["flush_ratio"] > 0.5 and r["quant_type"] == "fp8_e4m3" for r in rows)
