@@ -322,3 +322,39 @@ def test_a_flush_ratio_jump_in_the_emulated_format_triggers(session, tmp_path):
     assert t["details"]["flush_jump"]["flush_ratio"] > 0.5
     rows = [r for r in recorder_read.summary_rows(tmp_path) if r["iteration"] == 7]
     assert all(r["flush_ratio"] > 0.5 and r["quant_type"] == "fp8_e4m3" for r in rows)
+
+
+def test_the_replay_file_under_megatron_lm_resumes_pretrain_gpt_from_its_checkpoint(
+        tmp_path, monkeypatch):
+    """Megatron-LM's arguments (megatron.training.global_vars) give the checkpoint folder, the
+    batch and the command line; the replay drops --load/--save and resumes from the last
+    checkpoint at or before the trigger."""
+    import types
+
+    from tensor_capture.recorder_replay import write_replay
+
+    save = tmp_path / "ckpt"
+    for it in (10, 20, 30):
+        (save / f"iter_{it:07d}").mkdir(parents=True)
+    args = types.SimpleNamespace(save=str(save), global_batch_size=16,
+                                 consumed_train_samples=26 * 16)
+    monkeypatch.setitem(__import__("sys").modules, "megatron.training.global_vars",
+                        types.SimpleNamespace(_GLOBAL_ARGS=args))
+    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", "--num-layers", "2", "--save",
+                                     str(save), "--load=/elsewhere", "--train-iters", "100"])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    config = load_config(env={}, mode="recorder", save_dir=str(tmp_path / "cap"),
+                         recorder_window=4, layers=[1])
+    path = write_replay(tmp_path / "cap" / "recorder", 25, ["loss_spike"], config, 27)
+    replay = json.loads(path.read_text())
+    assert replay["checkpoint"] == {"iteration": 20, "dir": str(save)}
+    assert replay["consumed_samples"] == {"at_checkpoint": 20 * 16, "at_trigger": 26 * 16}
+    assert (replay["capture"]["start"], replay["capture"]["end"]) == (22, 27)
+    cmd = replay["commands"]["pretrain_gpt"]
+    assert "pretrain_gpt.py --num-layers 2 --train-iters 100 --load " + str(save) in cmd
+    assert "--ckpt-step 20" in cmd and "--exit-interval 28" in cmd
+    assert "/elsewhere" not in cmd and cmd.count(str(save)) == 1
+    assert cmd.startswith("TENSOR_SAVE_ENABLED=true TENSOR_SAVE_MODE=capture ")
+    settings = load_config(replay["capture"]["config"], env={})
+    assert (settings.mode, settings.iter_start, settings.iter_end, settings.layers) == (
+        "capture", 22, 27, (1,))
