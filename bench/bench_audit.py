@@ -8,7 +8,7 @@ recorder and every hook removed), the same step in the same run; the ratio is au
 (the issue asks <= 3x for the audited steps, 1x after). Findings: every reproduction of
 ``bench/audit_cases/expected.json`` must give its rule (recall), its clean twin nothing, and so
 must the embedded default training, llama-train fp32 and bf16, run under ``lowp-audit -m``
-(false findings).
+(false findings), as must tiny Hugging Face models trained correctly.
 """
 from __future__ import annotations
 
@@ -120,9 +120,55 @@ def findings_table() -> None:
               f"rules {','.join(rules):28s} twin {len(twin.findings)} finding(s)")
     print(f"recall {caught}/{len(rows)} = {caught / len(rows):.2f}; findings on the {len(rows)} clean "
           f"twins: {twin_findings}")
+    _hf_sweep()
     embedded = _embedded_default()
     print("embedded default (llama-train --model tiny, 2 audited steps): "
           + ", ".join(f"{k}: {v} finding(s)" for k, v in embedded.items()))
+
+
+def _hf_sweep() -> None:
+    """Tiny Hugging Face models built from configs (no download), trained correctly for 2 steps:
+    fp32, bf16 autocast, fp16 autocast with a GradScaler. Every finding here is a false one."""
+    try:
+        import transformers as T
+    except ImportError:
+        print("Hugging Face models: skipped (transformers is not installed)")
+        return
+    builders = {
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4,
+                                                       n_positions=32)),
+        "bert-cls": lambda: T.BertForSequenceClassification(T.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, num_labels=3)),
+        "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(
+            vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
+        "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2)),
+    }
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    runs, false = 0, 0
+    for name, build in builders.items():
+        for dtype in (None, torch.bfloat16, torch.float16):
+            torch.manual_seed(0)
+            model = build()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+            labels = torch.tensor([0, 2]) if name == "bert-cls" else ids
+            with precision_audit() as audit:
+                for _ in range(2):
+                    with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                        loss = model(input_ids=ids, labels=labels).loss
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                    opt.zero_grad()
+            runs += 1
+            false += len(audit.findings)
+            for f in audit.findings:
+                print(f"  {name} {dtype}: {f.rule_id} {f.message}")
+    print(f"Hugging Face models (GPT-2, BERT classifier, T5, Mistral x fp32 / bf16 autocast / fp16 "
+          f"autocast + GradScaler): {false} finding(s) in {runs} runs")
 
 
 def _embedded_default() -> dict[str, int]:
