@@ -278,6 +278,28 @@ def test_cli_runs_the_script_for_its_steps(tmp_path: Path, capsys: pytest.Captur
     assert sys.argv[0] != script
 
 
+def test_a_run_that_keeps_overflowing_stops_after_its_iterations(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """Every step is skipped by the GradScaler (the loss is Inf): no optimizer step ever runs,
+    yet the audit stops after --steps iterations, counted by GradScaler.update."""
+    script = _script(tmp_path, """import torch
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(50):
+    print("iteration", i, flush=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = (model(torch.randn(2, 4)) * 1e5).float().pow(2).sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+""")
+    out = run_script(script, [], steps=2)
+    assert out.error is None and out.steps == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration")] \
+        == ["iteration 0", "iteration 1"]
+
+
 def test_cli_script_failing_on_its_own(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     script = _script(tmp_path, "import torch\nraise RuntimeError('no data here')\n")
     assert audit_main([script]) == 1

@@ -107,7 +107,8 @@ class Record:
     dropped_sites: int = 0
     steps: list[StepEvent] = field(default_factory=list)
     functions: dict[tuple, FunctionCall] = field(default_factory=dict)
-    scaler_calls: list[tuple[Where, bool]] = field(default_factory=list)
+    scaler_calls: dict[tuple[Where, bool], int] = field(default_factory=dict)  # (site, enabled)
+    scaler_updates: int = 0         # iterations under an enabled scaler, skipped steps included
     backward_calls: int = 0
 
 
@@ -331,16 +332,27 @@ class Recorder(TorchDispatchMode):
                 self._undo.pop()()
 
     def _wrap_scaler(self) -> None:
+        """Note each ``GradScaler.scale`` call site; count ``update`` calls, which end every
+        iteration under a scaler, also one whose optimizer step was skipped (an overflow), so a
+        run that keeps overflowing still stops after its audited iterations."""
         cls = torch.amp.GradScaler
-        original = cls.scale
-        rec = self.record
+        scale_, update_ = cls.scale, cls.update
+        rec, recorder = self.record, self
 
         def scale(scaler, outputs):
-            rec.scaler_calls.append((user_frame(2), bool(scaler.is_enabled())))
-            return original(scaler, outputs)
+            key = (user_frame(2), bool(scaler.is_enabled()))
+            rec.scaler_calls[key] = rec.scaler_calls.get(key, 0) + 1
+            return scale_(scaler, outputs)
 
-        cls.scale = scale
-        self._undo.append(lambda: setattr(cls, "scale", original))
+        def update(scaler, new_scale=None):
+            out = update_(scaler, new_scale)
+            if scaler.is_enabled():
+                rec.scaler_updates += 1
+                recorder._stop_after(rec.scaler_updates)
+            return out
+
+        cls.scale, cls.update = scale, update
+        self._undo.append(lambda: (setattr(cls, "scale", scale_), setattr(cls, "update", update_)))
 
     def _wrap_backward(self) -> None:
         """Note where each backward starts (``Tensor.backward`` calls ``torch.autograd.backward``):
@@ -417,6 +429,10 @@ class Recorder(TorchDispatchMode):
                 if isinstance(value, torch.Tensor) and value.dtype == torch.float16 and value.numel() > 1:
                     if name not in ev.fp16_states:
                         ev.fp16_states.append(name)
-        if self.max_steps is not None and len(self.record.steps) >= self.max_steps and not self._stopping:
+        self._stop_after(len(self.record.steps))
+
+    def _stop_after(self, iterations: int) -> None:
+        """Raise StopAudit once ``iterations`` reach ``max_steps`` (when a script is audited)."""
+        if self.max_steps is not None and iterations >= self.max_steps and not self._stopping:
             self._stopping = True
             raise StopAudit
