@@ -113,7 +113,7 @@ def run_script(script: str, args: Sequence[str] = (), steps: int = 2, module: bo
                ) -> ScriptOutcome:
     """Run ``script`` (a module name with ``module=True``, as ``python -m``) as ``__main__`` in
     this process with ``sys.argv = [script, *args]``, under the audit, stopping after ``steps``
-    optimizer steps (a script without an optimizer runs to its end). ``sys.argv``, ``sys.path``
+    optimizer steps or GradScaler iterations (a script with neither runs to its end). ``sys.argv``, ``sys.path``
     and the environment are restored afterwards. Ctrl-C propagates; any other failure of the
     script is returned as its traceback."""
     audit = PrecisionAudit(max_steps=steps)

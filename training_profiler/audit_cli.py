@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--module", default=None, metavar="MODULE",
                    help="run a module instead of a script, as python -m (e.g. training_driver.train)")
     p.add_argument("--steps", type=int, default=2,
-                   help="optimizer steps to audit before the script is stopped (default 2)")
+                   help="optimizer steps (or GradScaler iterations, skipped ones included) to audit "
+                   "before the script is stopped (default 2)")
     p.add_argument("--format", choices=("text", "line", "json"), default="text",
                    help="output format on stdout (default text, as amp-static-check)")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the findings as JSON")
