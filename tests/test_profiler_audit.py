@@ -128,6 +128,18 @@ def test_autocast_state_is_what_autocast_says() -> None:
     assert f.rule_id == "AUD001" and f.path == __file__
 
 
+def test_torch_checkpointing_is_not_a_dtype_changing_function() -> None:
+    """CheckpointFunction returns autocast's bf16 for fp32 inputs and restores autocast itself."""
+    from torch.utils.checkpoint import checkpoint
+
+    lin = torch.nn.Linear(4, 4)
+    with precision_audit() as audit:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = checkpoint(lin, torch.randn(2, 4, requires_grad=True), use_reentrant=True)
+        out.float().sum().backward()
+    assert audit.findings == [] and out.dtype == torch.bfloat16
+
+
 def test_fp16_range_uses_quant_analysis_limits() -> None:
     from quant.analysis import dtype_limits
 

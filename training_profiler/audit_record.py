@@ -375,6 +375,8 @@ class Recorder(TorchDispatchMode):
 
         def apply(cls, *args, **kwargs):
             out = original.__func__(cls, *args, **kwargs)
+            if cls.__module__.startswith("torch."):  # torch's own (checkpointing) keep autocast's state
+                return out
             ins = [t for t in _tensors(list(args)) if t.is_floating_point()]
             outs = [t for t in _tensors(out) if t.is_floating_point()]
             if ins and outs:
