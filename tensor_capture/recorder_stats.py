@@ -10,8 +10,8 @@ saturation (upper and lower overflow, +-Inf included) and flush to zero (stats.R
 
 Two paths, the same numbers:
 
-- host (CPU tensors): sum, dot(x, x), amin and amax (one pass from memory, three over the
-  cached tensor); the NaN / Inf counts only
+- host (CPU tensors): sum, dot(x, x), amin and amax, piece by piece for a large tensor (one
+  pass from memory, three over the cached piece); the NaN / Inf counts only
   when the sums are not finite, the format's counts only when the format is not the tensor's
   own dtype (a value of a dtype never saturates or flushes in that same dtype, so those counts
   are then the Inf count and 0). Branching on a value is free on the host.
@@ -77,7 +77,7 @@ def _sum(a: torch.Tensor) -> float:
     """sum(a) of a flat CPU tensor through a matrix-vector product with ones (BLAS: about twice
     as fast as torch's cascaded sum on one core) when it folds into rows of 1024 elements."""
     n = a.numel()
-    if n < (1 << 16) or n % 1024:
+    if n < (1 << 15) or n % 1024:
         return float(a.sum())
     ones = _ONES.get((1024, a.dtype))
     if ones is None:
@@ -85,18 +85,36 @@ def _sum(a: torch.Tensor) -> float:
     return float(torch.mv(a.view(-1, 1024), ones).sum())
 
 
+#: elements per piece of a large CPU tensor (1 MiB of float32: stays in a core's cache while the
+#: four reductions run over it, so only the first reads memory; 1.7x faster on an 11 MB tensor)
+CHUNK = 1 << 18
+
+
+def _moments(a: torch.Tensor) -> tuple[float, float, float, float]:
+    """(sum, sum of squares, min, max) of a flat CPU tensor: amin and amax separately (aminmax
+    is about twice slower than both on a CPU)."""
+    return _sum(a), float(torch.dot(a, a)), float(a.amin()), float(a.amax())
+
+
+def _chunked(a: torch.Tensor) -> tuple[float, float, float, float]:
+    """:func:`_moments` piece by piece (sums added in float64)."""
+    s = q = 0.0
+    lo, hi = math.inf, -math.inf
+    for piece in a.split(CHUNK):
+        ps, pq, plo, phi = _moments(piece)
+        s, q, lo, hi = s + ps, q + pq, min(lo, plo), max(hi, phi)
+    return s, q, lo, hi
+
+
 def host_row(x: torch.Tensor, fmt: Judged | None) -> list[float]:
     """The statistics of a CPU tensor as floats (schema.REC_STATS order)."""
     a = _flat(x)
     if a.numel() == 0:
         return list(EMPTY_ROW)
-    s = _sum(a)
-    q = float(torch.dot(a, a))
+    s, q, lo, hi = _moments(a) if a.numel() <= 2 * CHUNK else _chunked(a)
     if not (math.isfinite(s) and math.isfinite(q)):
         return device_row(x, fmt).tolist()      # NaN / Inf present (or a square overflowed)
-    # amin and amax: two fast passes over a tensor the sums brought into cache (aminmax is
-    # about twice slower than both together on a CPU)
-    row = [s, q, float(a.amin()), float(a.amax()), 0.0, 0.0, 0.0, 0.0]
+    row = [s, q, lo, hi, 0.0, 0.0, 0.0, 0.0]
     if fmt is not None and not fmt.own_dtype:
         up = fmt.overflow
         if row[MAX] >= up or row[MIN] <= -up:

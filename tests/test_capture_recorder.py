@@ -358,3 +358,17 @@ def test_the_replay_file_under_megatron_lm_resumes_pretrain_gpt_from_its_checkpo
     settings = load_config(replay["capture"]["config"], env={})
     assert (settings.mode, settings.iter_start, settings.iter_end, settings.layers) == (
         "capture", 22, 27, (1,))
+
+
+def test_a_large_tensor_is_reduced_piece_by_piece_to_the_same_numbers():
+    from tensor_capture.recorder_stats import CHUNK
+
+    x = torch.randn(2 * CHUNK + 3 * 1024 + 5, generator=torch.Generator().manual_seed(5))
+    x[CHUNK + 9] = 40.0                                   # the max in the second piece
+    fmt = judged_format(None, x.dtype)
+    host, dev = host_row(x, fmt), device_row(x, fmt).tolist()
+    assert (host[MIN], host[MAX]) == (dev[MIN], dev[MAX]) and host[MAX] == 40.0
+    assert host[SUM] == pytest.approx(dev[SUM], rel=1e-6, abs=1e-3)
+    assert host[SUMSQ] == pytest.approx(dev[SUMSQ], rel=1e-6)
+    x[2 * CHUNK + 7] = float("nan")                      # in the last piece: the general path
+    assert host_row(x, fmt)[NAN] == 1
