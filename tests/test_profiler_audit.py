@@ -115,12 +115,15 @@ def test_record_is_per_call_site_not_per_call() -> None:
 
 
 def test_autocast_state_is_what_autocast_says() -> None:
-    """Under autocast, log_softmax on bf16 is autocast's (CUDA's runs it in fp32): no finding;
+    """Under autocast, log_softmax on bf16 is autocast's (CUDA's runs it in fp32) and a mean it
+    leaves in bf16 its policy: no finding;
     the same op on bf16 with autocast off is one, located on this file's line."""
     logits = torch.randn(4, 8).bfloat16()
+    conv = torch.nn.Conv2d(3, 4, 3)
     with precision_audit() as on:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             torch.log_softmax(logits, -1)
+            conv(torch.randn(2, 3, 8, 8)).mean((2, 3))   # pooling a bf16 conv: autocast's policy
     with precision_audit() as off:
         torch.log_softmax(logits, -1)
     assert on.findings == []

@@ -80,9 +80,12 @@ def _lowp_loss(rec: Record) -> Iterator[Hit]:
 
 
 def _lowp_reduction(rec: Record) -> Iterator[Hit]:
+    """Only with autocast off: under autocast, a reduction it leaves in low precision (mean,
+    a pooling) is its policy, kept by every AMP training; the bugs are tensors made low
+    precision by hand (a .half() model, an autocast-disabled region fed low-precision input)."""
     for s in _forward(rec):
         d = next((o for o in s.out_dtypes if o in LOWP), None)
-        if s.op in REDUCTION_OPS and d and _lowp_in(s) and s.reduced > 1 and not _autocast_upcasts(s):
+        if s.op in REDUCTION_OPS and d and _lowp_in(s) and s.reduced > 1 and s.autocast is None:
             yield s.where, f"{s.op} accumulated {s.reduced} values into {d}{_at(s)}"
 
 
