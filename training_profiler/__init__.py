@@ -1,4 +1,5 @@
-"""Training profiler: static AMP checker, ``@watch_training``, ``analyze_tensor``, layer-wise diff.
+"""Training profiler: static AMP checker, run-time precision audit, ``@watch_training``,
+``analyze_tensor``, layer-wise diff.
 
 Imports are lazy so that ``import training_profiler`` stays cheap (no Megatron, no TensorBoard)
 and the command-line tools start fast.
@@ -15,6 +16,8 @@ _LAZY = {
     "check_source": ("training_profiler.static_checker", "check_source"),
     "check_paths": ("training_profiler.static_checker", "check_paths"),
     "layer_diff": ("training_profiler.layer_diff", "layer_diff"),
+    "audit_precision": ("training_profiler.audit", "audit_precision"),
+    "precision_audit": ("training_profiler.audit", "precision_audit"),
 }
 
 __all__ = sorted(_LAZY)
