@@ -53,8 +53,8 @@ def _att(op: str, phase: str, name: str, gemm: Optional[str] = None) -> Slot:
 #: (namespace, debug-API tensor name) -> Slot. TE's activation/weight/gradient are the forward
 #: and dgrad operands as TE hands them over (before quantization).
 SLOTS: dict[tuple[str, str], Slot] = {
-    (TE_NAMESPACE, "activation"): _lin("forward", "pre", "input", "forward", "input"),
-    (TE_NAMESPACE, "weight"): _lin("forward", "pre", "weight", "forward", "weight"),
+    (TE_NAMESPACE, "activation"): _lin("forward", "pre", "input", "fprop", "input"),
+    (TE_NAMESPACE, "weight"): _lin("forward", "pre", "weight", "fprop", "weight"),
     (TE_NAMESPACE, "gradient"): _lin("backward", "pre", "grad_output", "dgrad", "grad_output"),
     (TE_NAMESPACE, "output"): _lin("forward", "post", "output"),
     (TE_NAMESPACE, "dgrad"): _lin("backward", "post", "grad_input"),
