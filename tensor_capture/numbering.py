@@ -126,6 +126,12 @@ def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     n.running = True
     try:
         out = func(*args, **kwargs)
+    except (Exception, SystemExit) as exc:
+        # the step died inside the schedule (Megatron-LM's own NaN check raises there): the
+        # flight recorder writes what it holds, this rank alone, before the run ends
+        if saver.enabled and saver.recorder is not None:
+            saver.recorder.dump_on_error(it, exc)
+        raise
     finally:
         n.running = False
         n.next_iteration = it + 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -181,7 +182,7 @@ class Recorder:
         return self.summaries
 
     def _trigger(self, iteration: int, last: int, kinds: list[str],
-                 flagged: dict[int, dict[str, Any]]) -> None:
+                 flagged: dict[int, dict[str, Any]], replay_here: bool = False) -> None:
         """Ring out, capture window open, record and replay file written, one line said."""
         c = self.config
         info = self._rank_info()
@@ -195,22 +196,51 @@ class Recorder:
             self._stop_after = self.capture_until
         self._summaries().write()                 # the summaries up to the trigger, on disk now
         details = {k: v for it in sorted(flagged) for k, v in flagged[it].items()}
-        replay = write_replay(self.out_dir, iteration, kinds, c, self.capture_until) if rank == 0 \
-            else self.out_dir / schema.recorder_replay_name(iteration)
+        replay = (write_replay(self.out_dir, iteration, kinds, c, self.capture_until)
+                  if rank == 0 or replay_here else
+                  self.out_dir / schema.recorder_replay_name(iteration))
         record = {"iteration": iteration, "kinds": kinds, "rank": rank,
                   "ring": [ring[0].iteration, ring[-1].iteration] if ring else None,
-                  "capture": [self.capture_from, self.capture_until], "details": details,
+                  "capture": None if replay_here else [self.capture_from, self.capture_until],
+                  "details": details,
                   "replay": replay.name}
         append_trigger(self.out_dir, rank, record)
         self.triggers.append(record)
         where = details.get("nonfinite") or details.get(kinds[0]) or {}
         at = f" ({where.get('module_path')} {where.get('tensor_name')}, micro-batch " \
              f"{where.get('sample_idx')} on rank {rank})" if where.get("module_path") else ""
-        budget.announce(
+        announce = budget.announce if not replay_here else _say
+        announce(
             f"tensor capture: recorder: trigger {'+'.join(kinds)} at iteration {iteration}{at}; "
             f"ring of iterations {record['ring'][0] if ring else '-'}.."
             f"{record['ring'][1] if ring else '-'} written to {self.directory}, capturing "
             f"iterations {self.capture_from}..{self.capture_until} in full; replay: {replay}")
+
+    def dump_on_error(self, iteration: int, exc: BaseException) -> None:
+        """The step of ``iteration`` raised (e.g. Megatron-LM's NaN check in its loss function):
+        the buffer, this iteration's records so far included, goes into the ring, and the ring,
+        a trigger record of kind ``error`` and a replay file are written by this rank alone (no
+        agreement: the other ranks may be anywhere); the run then ends as it would."""
+        try:
+            if not self.block or self.block[-1] != iteration:
+                self._begin(iteration)
+            entries = self.book.collect(self.block, self.losses)
+            self.block, self.losses = [], []
+            for entry in entries:
+                self._summaries().add(self.book, entry)
+            flagged = {}
+            for entry in entries:
+                slot = self.book.first_nonfinite(entry)
+                if slot is not None:
+                    flagged = {entry.iteration: self.rules.judge(self.book, entry)}
+                    break
+            flagged.setdefault(iteration, {})["error"] = {
+                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+            self._trigger(iteration, iteration, ["error"], flagged, replay_here=True)
+            self.close()
+        except Exception as inner:  # never hide the step's own error behind ours
+            self._warn("recorder-error", f"tensor capture: recorder: could not write the ring "
+                       f"after the step's error ({type(inner).__name__}: {inner})")
 
     def close(self) -> None:
         """Write what the buffer and the summaries still hold (end of the run)."""
@@ -222,6 +252,11 @@ class Recorder:
         if self.summaries is not None:
             self.summaries.write()
         _LIVE.discard(self)
+
+
+def _say(line: str) -> None:
+    """One line on this rank's stderr (a rank's own event: the others may not get there)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 _LIVE: "weakref.WeakSet[Recorder]" = weakref.WeakSet()

@@ -372,3 +372,42 @@ def test_a_large_tensor_is_reduced_piece_by_piece_to_the_same_numbers():
     assert host[SUMSQ] == pytest.approx(dev[SUMSQ], rel=1e-6)
     x[2 * CHUNK + 7] = float("nan")                      # in the last piece: the general path
     assert host_row(x, fmt)[NAN] == 1
+
+
+def test_a_step_that_raises_writes_the_ring_with_its_partial_iteration(session, tmp_path):
+    """Megatron-LM's own NaN check raises inside the loss function, before the schedule
+    returns: the ring (this iteration's records so far included) is written all the same."""
+    session()
+    g = torch.Generator().manual_seed(0)
+
+    def forward_step(data_iterator, model):
+        saver = ts.get_tensor_saver()
+        for i in range(SITES):
+            x = torch.randn(64, generator=g)
+            if saver.iteration == 6 and i == 2:
+                x[0] = float("nan")
+            saver.capture(x, _site(i))
+        if saver.iteration == 6:
+            raise RuntimeError("Rerun state machine: NaN in the loss\nsecond line")
+        return 1.0
+
+    def schedule(*, forward_step_func, data_iterator, model, num_microbatches,
+                 forward_only=False):
+        return [forward_step_func(data_iterator, model) for _ in range(num_microbatches)]
+
+    step = numbering.wrap_schedule(schedule)
+    with pytest.raises(RuntimeError, match="Rerun state machine"):
+        for _ in range(10):
+            step(forward_step_func=forward_step, data_iterator=None, model=[None],
+                 num_microbatches=MICRO)
+    (t,) = recorder_read.read_triggers(tmp_path)
+    assert (t["iteration"], t["kinds"], t["ring"], t["capture"]) == (6, ["error"], [4, 6], None)
+    assert t["details"]["error"]["error"] == "RuntimeError: Rerun state machine: NaN in the loss"
+    assert t["details"]["nonfinite"]["tensor_name"] == "t2"
+    its = sorted({r["iteration"] for r in schema.read_manifest(tmp_path)})
+    assert its == [4, 5, 6]
+    partial = [r for r in schema.read_manifest(tmp_path) if r["iteration"] == 6]
+    assert [(r["sample_idx"], r["tensor_name"]) for r in partial] == [(0, "t0"), (0, "t1"),
+                                                                      (0, "t2")]
+    assert [r["iteration"] for r in recorder_read.read_replays(tmp_path)] == [6]
+    assert max(r["iteration"] for r in recorder_read.summary_rows(tmp_path)) == 6
