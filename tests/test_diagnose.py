@@ -174,7 +174,8 @@ def test_json_schema_and_atomic_output(tmp_path, capsys):
     assert diagnose_cli.main([str(cap), "--json", str(out)]) == 0
     assert "healthy" in capsys.readouterr().out               # the text too
     data = json.loads(out.read_text())
-    assert set(data) == {"findings", "checked", "records"} and data["records"] == 200
+    assert set(data) == {"findings", "checked", "records", "summary_rows"}
+    assert data["records"] == 200 and data["summary_rows"] == 0   # no flight recorder here
     assert diagnose_cli.main([str(cap), "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out) == data        # '-': the JSON alone on stdout
 
