@@ -251,6 +251,7 @@ class Recorder:
                 self._summaries().add(self.book, entry)
         if self.summaries is not None:
             self.summaries.write()
+        self.rules.signal.restore()
         _LIVE.discard(self)
 
 

@@ -53,11 +53,19 @@ class _Signal:
 
     def __init__(self) -> None:
         self.raised = False
+        self.installed = False
         sig = getattr(signal, "SIGUSR1", None)
         if sig is None or threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, self._on)
+            self.installed = True
+
+    def restore(self) -> None:
+        """Give SIGUSR1 back its default (the session ended)."""
+        if self.installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            self.installed = False
 
     def _on(self, signum: int, frame: Any) -> None:
         self.raised = True

@@ -411,3 +411,22 @@ def test_a_step_that_raises_writes_the_ring_with_its_partial_iteration(session, 
                                                                       (0, "t2")]
     assert [r["iteration"] for r in recorder_read.read_replays(tmp_path)] == [6]
     assert max(r["iteration"] for r in recorder_read.summary_rows(tmp_path)) == 6
+
+
+def test_sigusr1_asks_for_a_trigger_while_the_recorder_runs(session, tmp_path):
+    import os
+    import signal
+
+    session()
+    saver = ts.get_tensor_saver()
+    for it in range(4):
+        saver.set_iteration(it)
+        saver.capture(torch.ones(8), _site(0))
+        if it == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        numbering.end_iteration(saver, it)
+    saver.close()
+    (t,) = recorder_read.read_triggers(tmp_path)
+    assert (t["iteration"], t["kinds"], t["details"]["user_request"]) == (
+        2, ["user_request"], {"signal": "SIGUSR1"})
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL      # given back at close
