@@ -364,6 +364,7 @@ def test_a_large_tensor_is_reduced_piece_by_piece_to_the_same_numbers():
     from tensor_capture.recorder_stats import CHUNK
 
     x = torch.randn(2 * CHUNK + 3 * 1024 + 5, generator=torch.Generator().manual_seed(5))
+    assert x.numel() > CHUNK
     x[CHUNK + 9] = 40.0                                   # the max in the second piece
     fmt = judged_format(None, x.dtype)
     host, dev = host_row(x, fmt), device_row(x, fmt).tolist()
