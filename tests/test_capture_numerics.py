@@ -207,6 +207,16 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
         return list(r.fieldnames or []), list(r)
 
 
+def _report_csv(folder, out_dir):
+    """numerics.csv as the report writes it: the entries and what-if rows of pipeline.load (which
+    recomputes, on capture's axis, what a record did not store)."""
+    from tensor_viz import numerics_csv, pipeline
+    from tensor_viz.options import Options
+
+    _, ds, _ = pipeline.load(folder, Options(progress=False, workers=1, whatif=WHATIF_FORMATS))
+    return numerics_csv.write_csv(ds.entries, out_dir, ds.numerics)
+
+
 def test_numerics_csv_rows_per_tensor_and_format(tmp_path):
     from tensor_capture.synthetic import write_synthetic_run
     from tensor_viz import numerics_csv
@@ -215,12 +225,12 @@ def test_numerics_csv_rows_per_tensor_and_format(tmp_path):
     run = write_synthetic_run(tmp_path / "run", quant_types=("bf16",), iterations=(0, 1),
                               num_layers=1)
     entries = scan(run).entries
-    assert numerics_csv.write_csv(entries, tmp_path) == "numerics.csv"
+    assert _report_csv(run, tmp_path) == "numerics.csv"
     header, rows = _read_csv(tmp_path / "numerics.csv")
     assert header == ["file", "layer_type", "layer_idx", "operation", "phase", "component",
                       "tensor_name", "iteration", "rank", "format", "sqnr_db", "rel_error",
                       "overflow_ratio", "underflow_ratio", "flush_ratio", "block_scale_min",
-                      "block_scale_max", "block_scale_std", "short_axis"]
+                      "block_scale_max", "block_scale_std", "axis", "source", "short_axis"]
     assert len(rows) == len(entries) * len(WHATIF_FORMATS)
     assert {(r["file"], r["format"]) for r in rows} == {
         (Path(e.path).name, f) for e in entries for f in WHATIF_FORMATS}
@@ -232,14 +242,12 @@ def test_numerics_csv_rows_per_tensor_and_format(tmp_path):
 
 
 def test_numerics_csv_recomputes_a_file_without_whatif_metadata(tmp_path):
-    from tensor_viz import numerics_csv
-    from tensor_viz.catalog import scan
 
     x = _tensor((16, 64))
     name = "20240101_000000_0001_iter000002_linear_L3_forward_pre_linear_bf16_rank00_sample000_input.pt"
     torch.save({"tensor": x, "metadata": {}}, tmp_path / name)       # an older capture
     (tmp_path / "out").mkdir()
-    numerics_csv.write_csv(scan(tmp_path).entries, tmp_path / "out")
+    _report_csv(tmp_path, tmp_path / "out")
     _, rows = _read_csv(tmp_path / "out" / "numerics.csv")
     mx = next(r for r in rows if r["format"] == "mxfp8")
     assert (mx["file"], mx["iteration"], mx["layer_idx"]) == (name, "2", "3")
@@ -248,8 +256,6 @@ def test_numerics_csv_recomputes_a_file_without_whatif_metadata(tmp_path):
 
 def test_numerics_csv_reads_a_file_found_without_its_manifest(tmp_path):
     from tensor_capture.saver import TensorSaver
-    from tensor_viz import numerics_csv
-    from tensor_viz.catalog import scan
 
     g = torch.randn(128, 32, generator=torch.Generator().manual_seed(4))
     g[:, ::2] *= 1e3                   # blocks down a column: small or large; across a row: large
@@ -260,7 +266,7 @@ def test_numerics_csv_reads_a_file_found_without_its_manifest(tmp_path):
     for m in (tmp_path / "cap").glob("manifest_*"):
         m.unlink()
     (tmp_path / "out").mkdir()
-    numerics_csv.write_csv(scan(tmp_path / "cap").entries, tmp_path / "out")
+    _report_csv(tmp_path / "cap", tmp_path / "out")
     _, rows = _read_csv(tmp_path / "out" / "numerics.csv")
     along0 = _sqnr(g, quant.quantize(g, "mxfp8", axis=0))
     assert float(rows[0]["sqnr_db"]) == pytest.approx(along0, abs=1e-4)
