@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +154,13 @@ def write_ring(directory: Path, rank: int, records: list[dict[str, Any]]) -> Non
 
 
 def append_trigger(directory: Path, rank: int, record: dict[str, Any]) -> Path:
+    """One line in this rank's triggers file, as one write (O_APPEND keeps lines whole)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / schema.recorder_triggers_name(rank)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, default=str) + "\n")
+    line = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
     return path
