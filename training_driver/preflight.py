@@ -334,8 +334,11 @@ def check_training_run(cfg: Any, derived: Mapping[str, Any], vocab_size: int, ra
     ``ranks``: training processes on this node."""
     env = os.environ if env is None else env
     capture = capture_config(env)
-    check_recorder(capture, derived["shape"], derived["num_micro_batches"],
-                   cfg.pipeline_model_parallel_size)
+    ring = check_recorder(capture, derived["shape"], derived["num_micro_batches"],
+                          cfg.pipeline_model_parallel_size)
+    if ring is not None and say is not None:
+        say(f"flight recorder: ring and buffer ~{human_bytes(ring)} per rank (recorder_memory "
+            f"{human_bytes(capture.recorder_memory)})")
     estimate = estimate_run(derived["shape"], vocab_size, cfg.dtype, cfg.micro_batch_size,
                             derived["num_micro_batches"], cfg.tensor_model_parallel_size,
                             cfg.pipeline_model_parallel_size, ranks, capture)
