@@ -45,6 +45,7 @@ class Judged:
     overflow: float
     flush: float
     own_dtype: bool
+    spec: stats.RangeSpec             # the limits themselves (the fused kernel takes them)
 
 
 def judged_format(quant_type: str | None, dtype: torch.dtype) -> Judged | None:
@@ -57,7 +58,7 @@ def judged_format(quant_type: str | None, dtype: torch.dtype) -> Judged | None:
         spec = stats.dtype_range(dtype)
     if spec is None:
         return None
-    return Judged(spec.name, spec.overflow_bound(ct), spec.flush_bound(ct), own)
+    return Judged(spec.name, spec.overflow_bound(ct), spec.flush_bound(ct), own, spec)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -111,8 +112,14 @@ def host_row(x: torch.Tensor, fmt: Judged | None) -> list[float]:
     return row
 
 
-def device_row(x: torch.Tensor, fmt: Judged | None) -> torch.Tensor:
-    """The statistics of any tensor as a float64 vector on its device, with no host sync."""
+def device_row(x: torch.Tensor, fmt: Judged | None, kernel: bool | None = None) -> torch.Tensor:
+    """The statistics of any tensor as a float64 vector on its device, with no host sync.
+    ``kernel`` (default: on for CUDA tensors when Triton imports): from tensor_capture.stats'
+    fused Triton pass, one read of the tensor, instead of a dozen torch reductions."""
+    if kernel is None:
+        kernel = x.is_cuda and stats.fused_kernel_available()
+    if kernel and x.numel() and x.dtype != torch.float64:
+        return _kernel_row(x, fmt)
     a = _flat(x)
     n = a.numel()
     dev = a.device
@@ -137,3 +144,30 @@ def device_row(x: torch.Tensor, fmt: Judged | None) -> torch.Tensor:
         flush = ((absf < fmt.flush) & (absf > 0)).sum()
     counts = torch.stack([nan, inf, flush, sat]).double()
     return torch.cat([torch.stack([s, q, mn, mx]), counts])
+
+
+#: where tensor_capture.stats' packed vector holds what the row needs (see stats._SCALARS)
+_N, _LO, _HI, _MEAN, _STD, _NANS, _INFS = 0, 1, 2, 3, 4, 7, 8
+_RANGES = 9            # then upper overflow, lower overflow, underflow, flush of the first spec
+
+
+def _kernel_row(x: torch.Tensor, fmt: Judged | None) -> torch.Tensor:
+    """The row from the fused pass: sums from its finite mean and std (n - 1), the counts as
+    they are (upper + lower overflow, +-Inf included, is the saturation; its flush count)."""
+    ranges = (fmt.spec,) if fmt is not None else ()
+    v = stats.compute(x, ranges, kernel=True)
+    n, nan, inf = v[_N], v[_NANS], v[_INFS]
+    nf = n - nan - inf
+    some = nf > 0
+    mean = torch.where(some, v[_MEAN], 0.0)
+    std = torch.where(nf > 1, v[_STD], 0.0)
+    total = mean * nf
+    sumsq = std * std * (nf - 1).clamp_min(0) + nf * mean * mean
+    lo = torch.where(some, v[_LO], math.inf)
+    hi = torch.where(some, v[_HI], -math.inf)
+    if ranges:
+        sat = v[_RANGES] + v[_RANGES + 1]
+        flush = v[_RANGES + 3]
+    else:
+        sat, flush = inf, torch.zeros_like(inf)
+    return torch.stack([total, sumsq, lo, hi, nan, inf, flush, sat])

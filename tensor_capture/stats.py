@@ -94,6 +94,11 @@ def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool |
 _KERNEL: dict = {}
 
 
+def fused_kernel_available() -> bool:
+    """Whether the fused Triton pass (``stats_kernel``) imports here (CUDA tensors use it)."""
+    return _stats_kernel() is not None
+
+
 def _stats_kernel():
     """``tensor_capture.stats_kernel`` when Triton imports, else None (imported once)."""
     if "module" not in _KERNEL:

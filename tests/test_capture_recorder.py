@@ -431,3 +431,17 @@ def test_sigusr1_asks_for_a_trigger_while_the_recorder_runs(session, tmp_path):
     assert (t["iteration"], t["kinds"], t["details"]["user_request"]) == (
         2, ["user_request"], {"signal": "SIGUSR1"})
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL      # given back at close
+
+
+@pytest.mark.parametrize("quant", ["fp8_e4m3", None])
+def test_the_fused_kernel_row_is_the_torch_row(quant):
+    """CUDA tensors take tensor_capture.stats' fused Triton pass (here Triton's interpreter)."""
+    pytest.importorskip("triton")
+    x = _planted()[:1024].clone()
+    x[10], x[11] = float("nan"), float("-inf")
+    fmt = judged_format(quant, x.dtype)
+    fused, plain = device_row(x, fmt, kernel=True).tolist(), device_row(x, fmt).tolist()
+    for i in (MIN, MAX, NAN, INF, FLUSH, SAT):
+        assert fused[i] == plain[i], i
+    assert fused[SUM] == pytest.approx(plain[SUM], rel=1e-5, abs=1e-3)
+    assert fused[SUMSQ] == pytest.approx(plain[SUMSQ], rel=1e-5)
