@@ -182,8 +182,9 @@ def end_iteration(saver: Any, iteration: int, losses: Any = None) -> None:
     stop_if_over_budget(saver, iteration)
     if not saver.enabled:
         return
-    if saver.recorder is not None:
-        saver.recorder.end_iteration(iteration, losses)
+    if saver.recorder is not None and saver.recorder.end_iteration(iteration, losses):
+        saver.flush()                 # the triggered capture on disk, then a clean exit
+        raise SystemExit(0)
     reason = budget.finished_reason(saver.config, saver.saved_iterations, iteration + 1)
     if reason is None:
         return

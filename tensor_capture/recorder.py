@@ -138,10 +138,12 @@ class Recorder:
         return self.book.new_slot(site, sample, info)
 
     # -- the step boundary --------------------------------------------------------------------------
-    def end_iteration(self, iteration: int, losses: Any = None) -> None:
+    def end_iteration(self, iteration: int, losses: Any = None) -> bool:
         """After the schedule of ``iteration`` returned (``losses``: its per-micro-batch loss
         dicts on the last stage): when N iterations are buffered, move them to the host, judge,
-        agree, and act on a trigger; summaries every K iterations."""
+        agree, and act on a trigger; summaries every K iterations. True when the run should
+        stop here (recorder_stop_on_trigger, the triggered capture done; the recorder is then
+        closed and the caller ends the run)."""
         if not self.block or self.block[-1] != iteration:
             self._begin(iteration)
         self.losses[-1] = loss_of(losses)
@@ -151,7 +153,8 @@ class Recorder:
             self.close()
             budget.announce(f"tensor capture: recorder: stopping after iteration {iteration} "
                             "(recorder_stop_on_trigger)")
-            raise SystemExit(0)
+            return True
+        return False
 
     def _collect(self) -> None:
         entries = self.book.collect(self.block, self.losses)

@@ -445,3 +445,13 @@ def test_the_fused_kernel_row_is_the_torch_row(quant):
         assert fused[i] == plain[i], i
     assert fused[SUM] == pytest.approx(plain[SUM], rel=1e-5, abs=1e-3)
     assert fused[SUMSQ] == pytest.approx(plain[SUMSQ], rel=1e-5)
+
+
+def test_stop_on_trigger_ends_the_run_after_the_triggered_capture(session, tmp_path, capsys):
+    session(recorder_stop_on_trigger=True)
+    with pytest.raises(SystemExit) as stop:
+        _run(20, {5: (0, 0)})
+    assert stop.value.code == 0
+    assert sorted({r["iteration"] for r in schema.read_manifest(tmp_path)}) == [3, 4, 5, 6, 7]
+    assert "stopping after iteration 7 (recorder_stop_on_trigger)" in capsys.readouterr().err
+    assert max(r["iteration"] for r in recorder_read.summary_rows(tmp_path)) == 7
