@@ -51,7 +51,8 @@ def test_record_builder_names_and_stages_a_record(tmp_path):
                       extra={"extra": 1})
     assert meta["iteration"] == 1 and meta["shape"] == [8, 64] and meta["extra"] == 1
     assert meta["quant_analysis"]["mxfp8"]["axis"] == -1 and meta["emulated_format"] == "mxfp8"
-    item = b.build(tmp_path, 0, "f.pt", x, x, False, None, ranges, meta)
+    item = b.build(tmp_path, 0, "f.pt", x, kept=x, sampled=False, stats_vec=None, ranges=ranges,
+                   meta=meta)
     assert item.stats_vec is None and torch.equal(item.stats_src, x)     # stats on the writer
     assert item.tensor is item.stats_src and item.stats_src.data_ptr() != x.data_ptr()
 

@@ -38,8 +38,8 @@ def _capture(tmp_path, **kw):
             saver.set_sample_idx(sample)
             x = torch.randn(16, 64, generator=g) * (it + 1)
             xs[(it, sample)] = x
-            saver.save_tensor(x, "linear", "forward", None, "input", 2, "pre", "linear",
-                              submodule="linear_fc1", quant_axis=-1)
+            saver.save_tensor(x, "linear", "forward", None, "input", 2, phase="pre",
+                              component="linear", submodule="linear_fc1", quant_axis=-1)
     saver.close()
     return xs
 
