@@ -9,8 +9,8 @@ capture and emulation run unchanged; Megatron-LM's own CUDA calls are answered o
 in these tests' processes.
 
 One module-scoped checkout serves every case: 1 process (mxfp8, then a resume with stats of every
-iteration, what-if numbers and a precision plan, then the diagnosis and the report), TP=2 (nvfp4
-and a NaN planted in a real run), DP=2 through ``python -m te_integration.megatron_lm``, PP=2.
+iteration, what-if numbers and a precision plan, then the diagnosis and the report), TP=2 (nvfp4,
+the flight recorder and a NaN planted in a real run), DP=2 through ``python -m te_integration.megatron_lm``, PP=2.
 """
 from __future__ import annotations
 
@@ -178,30 +178,43 @@ def test_one_process_mxfp8_then_a_resume_with_stats_a_plan_the_diagnosis_and_the
     assert (work / "draw" / "index.html").is_file()
 
 
-def test_tensor_parallel_nvfp4_and_a_nan_planted_in_a_real_run(checkout, small_data, tmp_path):
-    """TP=2 over gloo with nvfp4 emulated; a NaN put into layer 1's fc1 input on rank 0 in
-    iteration 1 is where lowp-diagnose says the first non-finite value was born."""
+def test_tensor_parallel_nvfp4_flight_recorder_and_a_nan_planted_in_a_real_run(
+        checkout, small_data, tmp_path):
+    """TP=2 over gloo with nvfp4 emulated and capture in recorder mode; a NaN put into layer 1's
+    fc1 input on rank 0 in iteration 1: both ranks agree on a trigger there, the ring (iterations
+    0..1) and the triggered capture (iteration 2) are records of both TP ranks, the replay file
+    names Megatron-LM's own command, and lowp-diagnose says where the first non-finite value was
+    born, at the micro-batch."""
+    from tensor_capture import recorder_read
     from tensor_viz.diagnose import diagnose
 
     work = tmp_path / "tp2"
-    stats = work / "stats"
+    caps = work / "recorder"
+    config = tmp_path / "recorder.yaml"
+    config.write_text(f"mode: recorder\nsave_dir: {caps}\nstats_only: true\n"
+                      "recorder_window: 4\nrecorder_trigger_iterations: 1\n")
     out = launch(checkout, small_data, work, nproc=2, iters=3,
                  extra_args="--no-check-for-nan-in-loss-and-grad --ckpt-format torch",
-                 TP="2", TENSOR_SAVE_CONFIG=_stats_config(tmp_path / "capture.yaml", stats),
-                 CUSTOM_QUANT_TYPE="nvfp4",
-                 LOWP_TEST_PLANT_NAN="0:decoder.layers.1.mlp.linear_fc1:1")
+                 TP="2", TENSOR_SAVE_CONFIG=str(config), CUSTOM_QUANT_TYPE="nvfp4",
+                 LOWP_TEST_PLANT_NAN="0:decoder.layers.1.mlp.linear_fc1:1:1")
     text = ok(out)
     got = losses(out)
     assert 0 < got[1] < 10, got
     # iteration 1 (0-based; Megatron logs it as 2) is the NaN's: no finite loss, a NaN norm
     assert 2 not in got or got[2] != got[2], got
     assert re.search(r"iteration\s+2/\s*3 \|[^\n]*grad norm: nan", text), text[-3000:]
-    recs = records(stats)
+    triggers = recorder_read.read_triggers(caps)
+    assert {(t["iteration"], t["rank"]) for t in triggers} == {(1, 0), (1, 1)}, triggers
+    assert all("nonfinite" in t["kinds"] for t in triggers)
+    recs = records(caps)
     assert {r["tp_rank"] for r in recs} == {0, 1} and {r["iteration"] for r in recs} == {0, 1, 2}
     assert {r["emulated_format"] for r in recs if r.get("emulated_format")} == {"nvfp4"}
-    first = diagnose(stats).findings[0].to_dict()
+    assert recorder_read.summary_files(caps)
+    replay = recorder_read.read_replays(caps)[0]
+    assert replay["iteration"] == 1 and "pretrain_gpt" in replay["commands"], replay
+    first = diagnose(caps).findings[0].to_dict()
     assert (first["kind"], first["severity"]) == ("first_nonfinite", "HIGH")
-    assert (first["iteration"], first["rank"]) == (1, 0)
+    assert (first["iteration"], first["sample_idx"], first["rank"]) == (1, 1, 0)
     assert (first["module_path"], first["operation"], first["tensor_name"]) == (
         "decoder.layers.1.mlp.linear_fc1", "forward", "input")
 
