@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from . import accel
 from .backends import triton_kernels
 from .elemwise import float_exponent, pow2_any
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP, SCALING_MX, FormatSpec
-from .layout import along_inner, block_axis, block_noise, blocks_in_place, noise, to_blocks
+from .layout import block_axis, block_noise, quantize_blocked
 from .scales import Scales, ScalingFamily, cast_scaled
 
 
@@ -89,14 +88,8 @@ class MXFamily(ScalingFamily):
         return self.scales_of_amax(amax_b, spec.emax, spec.max_normal, scale_mode)
 
     def quantize(self, x, q, generator=None):
-        static = (q.params, q.spec.emax, q.rounding, q.scale_mode, q.saturate)
-        inner_axis = along_inner(x, q.axis, q.rounding)
-        if inner_axis is not None:      # weights / wgrad operands: no transposing copies
-            xb, restore = blocks_in_place(x, inner_axis, q.block)
-            return restore(accel.run(_quantize_inner, xb, static, keep_dims=2))
-        xb, restore = to_blocks(x, q.axis, q.block)
-        nz = noise(xb.shape, xb.device, generator, q.rounding)
-        return restore(accel.run(_quantize_blocks, xb, static, nz, keep_dims=1))
+        return quantize_blocked(x, q, (q.params, q.spec.emax, q.rounding, q.scale_mode, q.saturate), _quantize_inner,
+                                _quantize_blocks, generator)
 
     def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from . import accel
 from .backends import triton_kernels
 from .elemwise import finish, float_exponent, round_magnitude_
 from .formats import SCALING_NVFP4, FormatSpec
-from .layout import along_inner, block_axis, block_noise, blocks_in_place, noise, to_blocks
+from .layout import block_axis, block_noise, quantize_blocked
 from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 from .scales import Scales, ScalingFamily, cast_scaled, finite_amax
 
@@ -73,14 +72,8 @@ class NVFP4Family(ScalingFamily):
         return self.scales_of_amax(amax_b, tensor_amax)
 
     def quantize(self, x, q, generator=None):
-        static = (q.params, q.rounding, q.saturate)
-        inner_axis = along_inner(x, q.axis, q.rounding)
-        if inner_axis is not None:
-            xb, restore = blocks_in_place(x, inner_axis, q.block)
-            return restore(accel.run(_quantize_inner, xb, static, keep_dims=2))
-        xb, restore = to_blocks(x, q.axis, q.block)
-        nz = noise(xb.shape, xb.device, generator, q.rounding)
-        return restore(accel.run(_quantize_blocks, xb, static, nz, keep_dims=1))
+        return quantize_blocked(x, q, (q.params, q.rounding, q.saturate), _quantize_inner,
+                                _quantize_blocks, generator)
 
     def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()

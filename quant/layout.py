@@ -94,3 +94,20 @@ def block_axis(x: torch.Tensor, axis: int) -> int:
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis {axis} out of range for a tensor of shape {tuple(x.shape)}")
     return axis % x.dim()
+
+
+def quantize_blocked(x: torch.Tensor, q, static: tuple, inner, gathered, generator=None):
+    """The torch path every block-scaled family shares: blocks taken in place along an inner
+    axis (weights and wgrad operands, deterministic rounding: no transposing copy) with
+    ``inner``, else gathered along the last axis with ``gathered`` and the caller's noise for the
+    random roundings. ``static``: the family's constants (the kernels' cache key); ``q``: the
+    quant.quantizer.Quantizer (axis, block, rounding)."""
+    from . import accel
+
+    inner_axis = along_inner(x, q.axis, q.rounding)
+    if inner_axis is not None:
+        xb, restore = blocks_in_place(x, inner_axis, q.block)
+        return restore(accel.run(inner, xb, static, keep_dims=2))
+    xb, restore = to_blocks(x, q.axis, q.block)
+    nz = noise(xb.shape, xb.device, generator, q.rounding)
+    return restore(accel.run(gathered, xb, static, nz, keep_dims=1))

@@ -102,29 +102,12 @@ def summary_rows(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    out = []
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue            # a torn last line (a crash mid-write)
-                if isinstance(rec, dict):
-                    out.append(rec)
-    return out
-
-
 def read_triggers(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every rank's trigger records (keys schema.REC_TRIGGER_KEYS), by (iteration, rank)."""
     d = recorder_dir(folder)
     if d is None:
         return []
-    recs = _jsonl(sorted(d.glob(schema.RECORDER_TRIGGERS_GLOB)))
+    recs = list(schema.read_json_lines(sorted(d.glob(schema.RECORDER_TRIGGERS_GLOB))))
     recs.sort(key=lambda r: (r.get("iteration", -1), r.get("rank", -1)))
     return recs
 

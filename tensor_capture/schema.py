@@ -29,7 +29,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from quant.formats import HIGH_PRECISION, UNDERSCORED_NAMES  # the format table; loads no torch
 
@@ -371,9 +371,10 @@ def append_manifest(directory: str | os.PathLike[str], rank: int | None, record:
         os.close(fd)
 
 
-def read_manifest(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every record of every rank's manifest; a torn last line (crash mid-write) is skipped."""
-    for path in sorted(Path(directory).glob(MANIFEST_GLOB)):
+def read_json_lines(paths: Iterable[str | os.PathLike[str]]) -> Iterator[dict[str, Any]]:
+    """Every JSON object of these JSON-lines files, in order; a torn last line (a crash
+    mid-write) and lines that are not objects are skipped."""
+    for path in paths:
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 line = line.strip()
@@ -385,6 +386,11 @@ def read_manifest(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]
                     continue
                 if isinstance(record, dict):
                     yield record
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Every record of every rank's manifest; a torn last line (crash mid-write) is skipped."""
+    yield from read_json_lines(sorted(Path(directory).glob(MANIFEST_GLOB)))
 
 
 def record_name(record: dict[str, Any]) -> TensorName:
