@@ -124,6 +124,21 @@ def _quantizer(name: str, axis: int):
     return Quantizer.of(name, axis=axis)
 
 
+def _emulate(x: torch.Tensor, axis: int, fmt: str | None, cast, *, kind: str | None,
+             site: str | None, iteration: int | None, layer: int | None) -> torch.Tensor:
+    """``cast`` (quant.quantize or quant.quantize_ste) of x to the attention operand's format,
+    with the underflow warning when it is on; x itself when attention is not emulated."""
+    name = _attention_format(fmt, site, layer)
+    if name is None:
+        return x
+    q = cast(x, _quantizer(name, axis))
+    if STATE.warn_underflow and kind is not None:
+        from . import underflow
+
+        underflow.check(x, q, name, axis, kind, site=site, iteration=iteration)
+    return q
+
+
 def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: str | None = None,
              site: str | None = None, iteration: int | None = None,
              layer: int | None = None) -> torch.Tensor:
@@ -131,15 +146,8 @@ def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: s
     plan's fprop rule for the attention at ``site``), same shape/dtype."""
     import quant
 
-    name = _attention_format(fmt, site, layer)
-    if name is None:
-        return x
-    q = quant.quantize(x, _quantizer(name, axis))
-    if STATE.warn_underflow and kind is not None:
-        from . import underflow
-
-        underflow.check(x, q, name, axis, kind, site=site, iteration=iteration)
-    return q
+    return _emulate(x, axis, fmt, quant.quantize, kind=kind, site=site, iteration=iteration,
+                    layer=layer)
 
 
 def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
@@ -148,12 +156,5 @@ def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
     """As :func:`quantize`, with a straight-through gradient (for autograd-tracked operands)."""
     import quant
 
-    name = _attention_format(fmt, site, layer)
-    if name is None:
-        return x
-    q = quant.quantize_ste(x, _quantizer(name, axis))
-    if STATE.warn_underflow and kind is not None:
-        from . import underflow
-
-        underflow.check(x, q, name, axis, kind, site=site, iteration=iteration)
-    return q
+    return _emulate(x, axis, fmt, quant.quantize_ste, kind=kind, site=site,
+                    iteration=iteration, layer=layer)
