@@ -104,6 +104,19 @@ def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: in
     return q
 
 
+#: the pass each linear GEMM's operands are captured in (capture's "operation")
+_GEMM_OPERATION = {"fprop": "forward", "dgrad": "backward"}
+
+
+def _save_operands(saver, site: Site, gemm: str, tensors: tuple, it: int,
+                   sample: int | None) -> None:
+    """Capture a linear GEMM's operands (phase pre), each with its reduction axis."""
+    for p, t in zip(gemm_plan.GEMM_OPERANDS[gemm], tensors):
+        at = _at(site, "linear", _GEMM_OPERATION[gemm], "pre", p.operand)
+        if saver.captures(at, it):
+            _save(saver, t, at, it, sample, axis=p.axis)
+
+
 def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None) -> torch.Tensor:
     """input @ weight.t() (+ bias), on fake-quantized operands when emulating; captures."""
@@ -113,10 +126,7 @@ def linear_forward(ctx: Any, total_input: torch.Tensor, weight: torch.Tensor,
     cap = saver.enabled and not STATE.paused
     ctx._tc = _LinearCall(site, it, sample, cap)
     if cap:
-        for p, t in zip(gemm_plan.GEMM_OPERANDS["fprop"], (total_input, weight)):
-            at = _at(site, "linear", "forward", "pre", p.operand)
-            if saver.captures(at, it):
-                _save(saver, t, at, it, sample, axis=p.axis)
+        _save_operands(saver, site, "fprop", (total_input, weight), it, sample)
     q = _emulator(saver, cap, "linear", site, it, sample) if STATE.emulate else None
     output = gemm_plan.linear_forward(total_input, weight, bias, q)
     if cap:
@@ -142,10 +152,7 @@ def linear_dgrad(ctx: Any, grad_output: torch.Tensor, weight: torch.Tensor) -> t
     cap = call.capture_bwd and saver.enabled
     site, it, sample = call.site, call.iteration, call.sample_idx
     if cap:
-        for p, t in zip(gemm_plan.GEMM_OPERANDS["dgrad"], (grad_output, weight)):
-            at = _at(site, "linear", "backward", "pre", p.operand)
-            if saver.captures(at, it):
-                _save(saver, t, at, it, sample, axis=p.axis)
+        _save_operands(saver, site, "dgrad", (grad_output, weight), it, sample)
     q = _emulator(saver, cap, "linear", site, it, sample) if STATE.emulate else None
     return gemm_plan.linear_dgrad(grad_output, weight, q)
 
