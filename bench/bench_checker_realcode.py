@@ -48,6 +48,7 @@ from typing import Callable, Iterable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lowp_common import CommandParser, UserError, atomic_write_json, cli_entry
+from training_profiler.amp_project import PROGRAM_MARKERS
 from training_profiler.amp_rules import Confidence
 from training_profiler.static_checker import check_paths
 
@@ -58,6 +59,10 @@ BUG_WINDOW = 3          # a bug is caught by a finding within this many lines of
 TIMING_LINES = 10_000   # size of the tree whose scan is timed
 TIMING_GOAL_S = 5.0
 VERDICTS = ("tp", "fp")
+# project markers extracted beside the .py/.sh files: the checker tells the programs of a scan
+# apart by them (training_profiler.amp_project.program_root); bumped when extraction changes
+_MARKERS = {m.encode() for m in PROGRAM_MARKERS if m != ".git"}
+EXTRACT_VERSION = "markers-1"
 Key = tuple[str, str, int, str]   # (repo, path, line, rule)
 
 
@@ -152,10 +157,11 @@ def mirror_dir(mirrors: Path, repo: str) -> Path:
 
 
 def extract(gitdir: Path, commit: str, folders: Sequence[str], cache: Path, repo: str) -> Path:
-    """The .py and .sh files of the scan folders of ``repo`` at ``commit``, under the cache
+    """The .py and .sh files (and project markers: pyproject.toml, setup.cfg) of the scan
+    folders of ``repo`` at ``commit``, with an empty ``.git`` at the root as a clone has, under the cache
     (extracted once, then reused). Blobs the mirror lacks (snapshots leave out files of 4 MiB
     and more) are skipped; only the checker's own inputs are written."""
-    want = "\n".join(sorted(folders))
+    want = "\n".join(sorted(folders)) + f"\n{EXTRACT_VERSION}"
     # keyed on the scan list as well: two runs with different scan lists share a cache safely
     dest = cache / repo.replace("/", "+") / f"{commit}-{hashlib.sha1(want.encode()).hexdigest()[:8]}"
     done = dest / ".extracted"
@@ -176,7 +182,8 @@ def extract(gitdir: Path, commit: str, folders: Sequence[str], cache: Path, repo
             continue
         meta, _, name = entry.partition(b"\t")
         mode, kind, sha = meta.split()
-        if kind == b"blob" and mode != b"120000" and name.endswith((b".py", b".sh")):
+        if kind == b"blob" and mode != b"120000" and (name.endswith((b".py", b".sh"))
+                                                      or name.rsplit(b"/", 1)[-1] in _MARKERS):
             blobs.append((sha.decode(), name.decode()))
     listed = {n for _, n in blobs}
     absent = [f for f in paths if f not in listed and not any(n.startswith(f + "/") for n in listed)]
@@ -196,6 +203,7 @@ def extract(gitdir: Path, commit: str, folders: Sequence[str], cache: Path, repo
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(out[pos:pos + size])
         pos += size + 1
+    (dest / ".git").mkdir(exist_ok=True)  # the checkout's root, as a clone has it: one program
     done.write_text(want)
     return dest
 

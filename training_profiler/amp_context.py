@@ -100,6 +100,7 @@ class FileContext:
         self._scope: dict[ast.AST, AmpScope | None] = {}
         self._scopes_state = 0  # 0 not computed, 1 computing, 2 done
         self._autocast_scopes: list[AmpScope] = []
+        self.facts: dict[object, object] = {}  # module-wide facts the rules ask once (amp_intent.per_module)
         self.nodes: list[ast.AST] = list(ast.walk(tree))  # every node, in ast.walk's order: walked once
         self._collect_aliases()
         for node in self.nodes:
@@ -242,9 +243,9 @@ class FileContext:
         """This module, or a module of the scanned project that imports it (directly or through
         others), trains with AMP: model code whose precision its training script decides.
         Asked once per call by some rules, so kept (rules run after every module is parsed)."""
-        if "_project_uses_amp" not in self.__dict__:
-            self.__dict__["_project_uses_amp"] = any(m.uses_amp or m.library_amp for m in self.project.users_of(self))
-        return self.__dict__["_project_uses_amp"]
+        if "_project_uses_amp" not in self.facts:
+            self.facts["_project_uses_amp"] = any(m.uses_amp or m.library_amp for m in self.project.users_of(self))
+        return self.facts["_project_uses_amp"]
 
     @property
     def uses_lowp(self) -> bool:
@@ -417,7 +418,7 @@ class FileContext:
 
     def caller_scope(self, fn: ast.AST) -> AmpScope | None:
         """One call level up: the scope shared by every call site of ``fn`` in the project."""
-        cache = self.__dict__.setdefault("_caller_scopes", {})
+        cache = self.facts.setdefault("_caller_scopes", {})
         if fn in cache:
             return cache[fn]
         cache[fn] = None  # recursion guard

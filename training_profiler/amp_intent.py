@@ -330,28 +330,30 @@ def on_non_amp_branch(ctx: FileContext, node: ast.AST) -> bool:
 
 
 # ---- casts the training makes ------------------------------------------------------------
-def _per_module(fn):
-    """Cache a module-wide fact on the module's context: the rules ask it once per node."""
+def per_module(fn):
+    """Cache a module-wide fact in the module's ``facts``: the rules ask it once per node."""
     key = "_fact_" + fn.__name__
 
     @functools.wraps(fn)
     def cached(ctx: FileContext):
-        if key not in ctx.__dict__:
-            ctx.__dict__[key] = fn(ctx)
-        return ctx.__dict__[key]
+        if key not in ctx.facts:
+            ctx.facts[key] = fn(ctx)
+        return ctx.facts[key]
     return cached
 
 
 def per_project(fn):
-    """Cache a project-wide fact on the project: every module's rules ask it, the answer is one."""
-    key = "_fact_" + fn.__name__
+    """Cache a program-wide fact in the project's ``facts``, once per program of the scan
+    (``Project.program_key``): every module of a program gets the one answer, and a module of
+    another repository scanned beside it gets its own."""
+    name = "_fact_" + fn.__name__
 
     @functools.wraps(fn)
     def cached(ctx: FileContext):
-        project = ctx.project
-        if key not in project.__dict__:
-            project.__dict__[key] = fn(ctx)
-        return project.__dict__[key]
+        facts, key = ctx.project.facts, (name, ctx.project.program_key(ctx))
+        if key not in facts:
+            facts[key] = fn(ctx)
+        return facts[key]
     return cached
 
 
@@ -361,7 +363,7 @@ def trains(ctx: FileContext) -> bool:
     return bool(training_backward_calls(ctx) or ctx.scaler_calls)
 
 
-@_per_module
+@per_module
 def training_lowp_casts(ctx: FileContext) -> list[ast.Call]:
     """Manual low-precision casts whose purpose is training (not a checkpoint copy, an
     evaluation model, a round trip or a frozen module) in a module that trains, off any

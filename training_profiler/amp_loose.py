@@ -21,6 +21,7 @@ from training_profiler.amp_intent import (
     cast_purpose,
     float32_result,
     on_non_amp_branch,
+    per_project,
     profiling_region,
     trains,
 )
@@ -44,9 +45,9 @@ def _amp_seen(ctx: FileContext) -> bool:
 
 def _users_use_amp(ctx: FileContext) -> bool:
     key = "_fact_users_use_amp"
-    if key not in ctx.__dict__:
-        ctx.__dict__[key] = any(m.uses_amp or m.library_amp for m in ctx.project.users_of(ctx) if m is not ctx)
-    return ctx.__dict__[key]
+    if key not in ctx.facts:
+        ctx.facts[key] = any(m.uses_amp or m.library_amp for m in ctx.project.users_of(ctx) if m is not ctx)
+    return ctx.facts[key]
 
 
 # ---- low-precision values made by casts -----------------------------------------------------
@@ -95,7 +96,7 @@ def cast_names_before(ctx: FileContext, node: ast.AST) -> dict[str, str]:
     assignments above ``node`` in source order (branches are not told apart)."""
     fn = ctx.enclosing_function(node)
     key = "_fact_cast_assigns"
-    table = ctx.__dict__.setdefault(key, {})
+    table = ctx.facts.setdefault(key, {})
     if fn not in table:
         assigns = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Assign)
                           and ctx.enclosing_function(n) is fn), key=lambda n: (n.lineno, n.col_offset))
@@ -215,29 +216,31 @@ class LooseReduction(RuleVisitor):
 
 def _applied_under_autocast(ctx: FileContext, cls: ast.ClassDef) -> tuple[FileContext, ast.Call] | None:
     """A ``Cls.apply(...)`` call (or of a name bound to ``Cls.apply``) under an enabled autocast,
-    in this module or any project module (indexed once per project, by class name)."""
-    project = ctx.project
-    index = project.__dict__.get("_applied_under_autocast")
-    if index is None:
-        index = {}
-        for m in list(project.modules.values()):
-            aliases = {t.id: st.value.value.id for st in ast.walk(m.tree) if isinstance(st, ast.Assign)
-                       and isinstance(st.value, ast.Attribute) and st.value.attr == "apply"
-                       and isinstance(st.value.value, ast.Name) for t in st.targets if isinstance(t, ast.Name)}
-            for c in m.calls:
-                f = c.func
-                name = f.value.id if (isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name)) \
-                    else aliases.get(f.id) if isinstance(f, ast.Name) else None
-                if name and index.get(name) is None:
-                    index[name] = (m, c) if _in_enabled_autocast(m, c) else None
-        project.__dict__["_applied_under_autocast"] = index
-    return index.get(cls.name)
+    in this module or any module of its program (indexed once per program, by class name)."""
+    return _apply_index(ctx).get(cls.name)
+
+
+@per_project
+def _apply_index(ctx: FileContext) -> dict[str, tuple[FileContext, ast.Call] | None]:
+    """Class name -> its first ``.apply`` call under an enabled autocast in the program (None
+    when applied only outside autocast), built once per program."""
+    index: dict[str, tuple[FileContext, ast.Call] | None] = {}
+    for m in ctx.project.program_modules(ctx):
+        aliases = {t.id: st.value.value.id for st in ast.walk(m.tree) if isinstance(st, ast.Assign)
+                   and isinstance(st.value, ast.Attribute) and st.value.attr == "apply"
+                   and isinstance(st.value.value, ast.Name) for t in st.targets if isinstance(t, ast.Name)}
+        for c in m.calls:
+            f = c.func
+            name = f.value.id if (isinstance(f, ast.Attribute) and f.attr == "apply" and isinstance(f.value, ast.Name)) \
+                else aliases.get(f.id) if isinstance(f, ast.Name) else None
+            if name and index.get(name) is None:
+                index[name] = (m, c) if _in_enabled_autocast(m, c) else None
+    return index
 
 
 def _applied(ctx: FileContext, cls: ast.ClassDef) -> bool:
     """``Cls.apply`` is called somewhere in the scan (under autocast or not)."""
-    _applied_under_autocast(ctx, cls)
-    return cls.name in ctx.project.__dict__["_applied_under_autocast"]
+    return cls.name in _apply_index(ctx)
 
 
 class LooseAutogradFunction(RuleVisitor):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 from training_profiler.amp_context import MIXED, TRUE, FileContext, dotted
-from training_profiler.amp_intent import compared_dtypes, training_lowp_casts, trains
+from training_profiler.amp_intent import compared_dtypes, per_project, training_lowp_casts, trains
 
 FLOAT16 = "float16"
 BFLOAT16 = "bfloat16"
@@ -44,7 +44,7 @@ def _callee(ctx: FileContext, call: ast.Call) -> str:
 def loaded_lowp_models(ctx: FileContext) -> list[tuple[ast.Call, str]]:
     """``from_pretrained(..., torch_dtype=torch.float16)`` calls (``dtype=`` too) and their dtype:
     the model's parameters themselves are in low precision."""
-    cached = ctx.__dict__.get("_fact_loaded_lowp")
+    cached = ctx.facts.get("_fact_loaded_lowp")
     if cached is None:
         cached = []
         for c in ctx.calls:
@@ -52,32 +52,35 @@ def loaded_lowp_models(ctx: FileContext) -> list[tuple[ast.Call, str]]:
                 d = _dtype_value(ctx, _kw(c, "torch_dtype") or _kw(c, "dtype"))
                 if d:
                     cached.append((c, d))
-        ctx.__dict__["_fact_loaded_lowp"] = cached
+        ctx.facts["_fact_loaded_lowp"] = cached
     return cached
 
 
 def own_precisions(ctx: FileContext) -> set[str]:
     """The low precisions this module trains in: enabled autocast, a training cast of a model,
     a model loaded in low precision, a trainer's fp16/bf16 flag."""
-    cached = ctx.__dict__.get("_fact_own_precisions")
+    cached = ctx.facts.get("_fact_own_precisions")
     if cached is not None:
         return cached
     out = {s.dtype for s in ctx.autocast_scopes if s.enabled and s.dtype in (FLOAT16, BFLOAT16)}
     out |= {d for c in training_lowp_casts(ctx) if (d := ctx.lowp_cast_dtype(c))}
     out |= {d for _, d in loaded_lowp_models(ctx)}
     out |= {d for d, how in ctx.library_precisions if how == MIXED}
-    ctx.__dict__["_fact_own_precisions"] = out
+    ctx.facts["_fact_own_precisions"] = out
     return out
 
 
 def in_model_library(ctx: FileContext) -> bool:
-    """Nothing in the scan trains, by any means: a model library (x-transformers, mmcv's
+    """Nothing in the program trains, by any means: a model library (x-transformers, mmcv's
     bricks, fairseq's models) whose users choose the precision it runs in. The scan cannot see
     that choice, only that it is made outside it: MEDIUM confidence by definition."""
-    project = ctx.project
-    if "_fact_model_library" not in project.__dict__:
-        project.__dict__["_fact_model_library"] = not any(_training_signal(m) for m in project.modules.values())
-    return project.__dict__["_fact_model_library"]
+    return _model_library(ctx)
+
+
+@per_project
+def _model_library(ctx: FileContext) -> bool:
+    """Nothing in ``ctx``'s program trains (answered once per program of the scan)."""
+    return not any(_training_signal(m) for m in ctx.project.program_modules(ctx))
 
 
 def _training_signal(ctx: FileContext) -> bool:
@@ -112,9 +115,9 @@ def lowp_parameters(ctx: FileContext) -> str | None:
     torch_dtype=float16, or cast with .half() for training), not an adapter on a frozen base:
     no float32 master weights, so an optimizer's eps is added in float16."""
     key = "_fact_lowp_parameters"
-    if key not in ctx.__dict__:
-        ctx.__dict__[key] = _lowp_parameters(ctx)
-    return ctx.__dict__[key]
+    if key not in ctx.facts:
+        ctx.facts[key] = _lowp_parameters(ctx)
+    return ctx.facts[key]
 
 
 def _lowp_parameters(ctx: FileContext) -> str | None:
@@ -133,14 +136,14 @@ def activation_dtype_tests(ctx: FileContext) -> dict[str, ast.Compare]:
     torch.float16:`` with ``orig_dtype = x.dtype``, in a function (not at import). Code that
     branches on float16 activations is written to run with them, whoever casts the model."""
     key = "_fact_activation_dtype_tests"
-    if key not in ctx.__dict__:
+    if key not in ctx.facts:
         found: dict[str, ast.Compare] = {}
         for node in ctx.nodes:
             if isinstance(node, ast.Compare) and _tests_a_tensor_dtype(ctx, node):
                 for dtype in compared_dtypes(ctx, node) & {FLOAT16, BFLOAT16}:
                     found.setdefault(dtype, node)
-        ctx.__dict__[key] = found
-    return ctx.__dict__[key]
+        ctx.facts[key] = found
+    return ctx.facts[key]
 
 
 def _tests_a_tensor_dtype(ctx: FileContext, test: ast.Compare) -> bool:

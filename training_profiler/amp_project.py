@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from training_profiler.amp_questions import EVALUATING
+from training_profiler.amp_questions import Questions
 from training_profiler.amp_values import FUNCTION, Val
 from training_profiler.amp_values import ModuleView as FileContext
 
@@ -54,11 +54,41 @@ def module_names(paths: Iterable[Path]) -> dict[Path, str]:
     return named
 
 
-class Project:
-    """Modules of one scanned tree, by dotted name."""
+PROGRAM_MARKERS = ("setup.py", "pyproject.toml", "setup.cfg", ".git")
 
-    def __init__(self) -> None:
+
+def program_root(path: Path, scan_roots: Sequence[Path] = ()) -> Path | None:
+    """The folder of the program ``path`` belongs to, so that two repositories scanned side by
+    side never vouch for each other: the outermost folder holding a project marker (setup.py,
+    pyproject.toml, setup.cfg, .git) at or below the scan root the file was found under; else
+    the nearest such folder above it (a scan of a repository's sub-folders); else None (no
+    marker anywhere: the scan is one program, as before)."""
+    path = path.resolve()
+    folders = list(path.parents)
+    root = next((r for r in sorted((r.resolve() for r in scan_roots), key=lambda r: -len(r.parts))
+                 if r == path or r in folders), None)
+    below = [f for f in folders if root is not None and (f == root or root in f.parents)]
+    marked = [f for f in below if _marked(f)]
+    if marked:
+        return marked[-1]  # parents run upward: the last is the outermost
+    return next((f for f in folders if f not in below and _marked(f)), None)
+
+
+def _marked(folder: Path) -> bool:
+    return any((folder / m).exists() for m in PROGRAM_MARKERS)
+
+
+class Project:
+    """Modules of one scanned tree, by dotted name. A scan may hold several programs (two
+    repositories side by side): each module's program (``program_key``) bounds what vouches
+    for it, what its imports resolve to and the evidence the rules gather for it."""
+
+    def __init__(self, scan_roots: Sequence[str | Path] = ()) -> None:
         self.modules: dict[str, FileContext] = {}
+        self.scan_roots = tuple(Path(r) for r in scan_roots)
+        self.questions = Questions()  # the fixpoint of this scan's questions (amp_questions)
+        self.facts: dict[object, object] = {}  # project-wide facts the rules ask once (per program)
+        self._programs: dict[str, Path | None] = {}
         self._by_last: dict[str, list[str]] = {}
         self._calls: dict[str, _CallSites] | None = None
         self._qualnames: dict[tuple[str, str, str], frozenset[Val] | None] = {}
@@ -67,23 +97,41 @@ class Project:
 
     def add(self, ctx: FileContext) -> None:
         self.modules[ctx.module_name] = ctx
+        self._programs[ctx.module_name] = (program_root(Path(ctx.path), self.scan_roots)
+                                           if Path(ctx.path).is_file() else None)
         self._by_last.setdefault(ctx.module_name.rsplit(".", 1)[-1], []).append(ctx.module_name)
         self._calls = None
         self._importers = None
         self._calls_to.clear()
         self._qualnames.clear()
 
+    # ---- programs ------------------------------------------------------------------------
+    def program_key(self, ctx: FileContext) -> Path | None:
+        """The root folder of ``ctx``'s program (``program_root``); None: the scan's one program."""
+        return self._programs.get(ctx.module_name)
+
+    def program_modules(self, ctx: FileContext) -> list[FileContext]:
+        """Every module of ``ctx``'s program: the modules a project-wide fact (a float16 cast,
+        a GradScaler, training) is gathered from for ``ctx``, never another program's."""
+        key = self._programs.get(ctx.module_name)
+        return [m for n, m in self.modules.items() if self._programs.get(n) == key]
+
+    def _same_program(self, a: str, b: str) -> bool:
+        return self._programs.get(a) == self._programs.get(b)
+
     # ---- imports -------------------------------------------------------------------------
     def find_module(self, dotted: str, importer: FileContext) -> FileContext | None:
         """The project module an import names: exact, else the module whose name ends with it,
         nearest to the importer (scripts import siblings as top-level modules)."""
-        if dotted in self.modules:
+        if dotted in self.modules and self._same_program(dotted, importer.module_name):
             return self.modules[dotted]
         last = dotted.rsplit(".", 1)[-1]
         # the scan may start below the import root (megatron/core scanned, megatron.core.x
-        # imported) or above it (a repo scanned, its scripts import siblings by short name)
+        # imported) or above it (a repo scanned, its scripts import siblings by short name);
+        # only inside the importer's own program
         cands = [m for m in self._by_last.get(last, [])
-                 if m.endswith("." + dotted) or dotted.endswith("." + m)]
+                 if (m.endswith("." + dotted) or dotted.endswith("." + m))
+                 and self._same_program(m, importer.module_name)]
         if not cands:
             return None
         here = importer.module_name.rsplit(".", 1)[0] if "." in importer.module_name else ""
@@ -98,7 +146,7 @@ class Project:
         def compute() -> frozenset[Val] | None:
             found = self._resolve(qual, importer)
             return None if found is None else frozenset(found)
-        return EVALUATING.answer(("qualname", qual, importer.module_name), self._qualnames, compute,
+        return self.questions.answer(("qualname", qual, importer.module_name), self._qualnames, compute,
                                  frozenset())
 
     def _resolve(self, qual: str, importer: FileContext) -> set[Val] | None:
@@ -146,7 +194,7 @@ class Project:
                     todo.append(user)
         if "." in ctx.module_name:  # a package is one program: its trainer decides for its heads
             top = ctx.module_name.split(".", 1)[0] + "."
-            seen |= {n for n in self.modules if n.startswith(top)}
+            seen |= {n for n in self.modules if n.startswith(top) and self._same_program(n, ctx.module_name)}
         return [self.modules[n] for n in sorted(seen) if n in self.modules]  # a set's order varies per run
 
     def _importer_index(self) -> dict[str, set[str]]:
@@ -198,9 +246,9 @@ class Project:
         if sites is None:
             return []
         key = ("calls_to", id(fn))
-        if key in EVALUATING.on_stack:  # asked again while finding them: the values' own cuts decide
+        if key in self.questions.on_stack:  # asked again while finding them: the values' own cuts decide
             return list(sites.resolving_to(fn))
-        return list(EVALUATING.answer(key, self._calls_to, lambda: sites.resolving_to(fn), ()))
+        return list(self.questions.answer(key, self._calls_to, lambda: sites.resolving_to(fn), ()))
 
 
 class _CallSites:

@@ -2,9 +2,10 @@
 
 The value analysis (``amp_values``) and the project's call sites and names (``amp_project``) are
 questions whose answers need other answers: what ``ctx`` holds needs what the function that made
-it returns, which needs what its callers pass, which may need ``ctx`` again. ``EVALUATING``
-answers them as one fixpoint across every module of a scan; ``deep_stack`` gives it the stack
-that the long chains of large projects need. Nothing here knows about AMP.
+it returns, which needs what its callers pass, which may need ``ctx`` again. A ``Questions``
+(one per scanned project, ``amp_project.Project.questions``: no process-wide state) answers
+them as one fixpoint across every module of a scan; ``deep_stack`` gives it the stack that the
+long chains of large projects need. Nothing here knows about AMP.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class _Frame:
     under: list = field(default_factory=list)  # frames answered unfinished under this one
 
 
-class _Evaluating:
+class Questions:
     """The questions being answered right now, across every module of the project, and the
     cycles met under them.
 
@@ -203,5 +204,3 @@ def _val_key(v: Any) -> tuple:
     identity = getattr(v, "identity", None)
     return identity() if callable(identity) else (v,)
 
-
-EVALUATING = _Evaluating()

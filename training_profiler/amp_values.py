@@ -17,7 +17,6 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
-from training_profiler.amp_questions import EVALUATING
 from training_profiler.amp_scopes import Bindings, ScopeBuilder, dotted
 
 
@@ -144,7 +143,7 @@ class Evaluator:
         key = id(expr)
         if key in self._memo:  # the common case, answered without a frame of its own
             return self._memo[key]
-        return EVALUATING.answer(key, self._memo, lambda: frozenset(self._value(expr)),
+        return self.ctx.project.questions.answer(key, self._memo, lambda: frozenset(self._value(expr)),
                                  frozenset())
 
     def known(self, expr: ast.AST) -> frozenset[Val] | None:
@@ -277,7 +276,7 @@ class Evaluator:
     def class_is_scaler(self, cls: ast.ClassDef) -> bool:
         """A class that holds a GradScaler (timm's NativeScaler, fairseq-style wrappers); asked
         each time the class is named, so answered once (whole) per class."""
-        return EVALUATING.answer(("scaler_class", id(cls)), self._memo_facts,
+        return self.ctx.project.questions.answer(("scaler_class", id(cls)), self._memo_facts,
                                  lambda: self._holds_scaler(cls), False)
 
     def _holds_scaler(self, cls: ast.ClassDef) -> bool:

@@ -19,7 +19,7 @@ import sys
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from lowp_common import CommandParser, UserError, cli_entry
 from training_profiler.amp_catalog import RULES, RULES_BY_ID, RULES_BY_NAME
@@ -74,10 +74,13 @@ def default_confidence(project_mode: bool, model_library: bool = False) -> Confi
     return Confidence.MEDIUM if model_library else Confidence.HIGH
 
 
-def apply_min_confidence(report: Report, minimum: Confidence | None) -> Report:
-    """Keep the findings at or above ``minimum`` (None: the mode's default); count the rest."""
+def apply_min_confidence(report: Report, minimum: Confidence | None,
+                         per_path: Mapping[str, Confidence] | None = None) -> Report:
+    """Keep the findings at or above ``minimum`` (None: the mode's default, per program when
+    ``per_path`` gives a file's program default); count the rest."""
     report.min_confidence = default_confidence(report.project_mode, report.model_library) if minimum is None else minimum
-    kept = [f for f in report.findings if f.confidence >= report.min_confidence]
+    per_path = per_path if minimum is None and per_path else {}
+    kept = [f for f in report.findings if f.confidence >= per_path.get(f.path, report.min_confidence)]
     report.hidden += len(report.findings) - len(kept)
     report.findings = kept
     return report
@@ -205,7 +208,8 @@ def _check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] 
                  context: Iterable[str | os.PathLike[str]], min_confidence: Confidence | None) -> Report:
     report = Report()
     rules = list(rules) if rules is not None else list(_ALL_RULES)
-    project = Project()
+    paths, context = list(paths), list(context)
+    project = Project(scan_roots=[*paths, *context])
     parsed: list[tuple[FileContext, str]] = []
     targets = list(iter_python_files(paths))
     wanted = {f.resolve() for f in targets}
@@ -233,9 +237,26 @@ def _check_paths(paths: Iterable[str | os.PathLike[str]], rules: Sequence[Rule] 
     for ctx, source in parsed:
         report.files_checked += 1
         report.findings.extend(run_rules(ctx, source, rules))
-    report.project_mode = project.is_one_program([c for c, _ in parsed])
-    report.model_library = report.project_mode and bool(parsed) and in_model_library(parsed[0][0])
-    return apply_min_confidence(report, min_confidence)
+    modes = program_modes(project, [c for c, _ in parsed])
+    projects = [lib for mode, lib in modes.values() if mode]
+    report.project_mode = bool(projects)
+    report.model_library = bool(projects) and all(projects)
+    per_path = {c.path: default_confidence(*modes[project.program_key(c)]) for c, _ in parsed}
+    return apply_min_confidence(report, min_confidence, per_path)
+
+
+def program_modes(project: Project, scanned: list[FileContext]) -> dict[Path | None, tuple[bool, bool]]:
+    """Each program of the scan (``Project.program_key``) -> (a project, not loose scripts;
+    a model library in which nothing trains): what its findings are shown at by default,
+    decided for each repository of a scan apart, never by another's code."""
+    groups: dict[Path | None, list[FileContext]] = {}
+    for ctx in scanned:
+        groups.setdefault(project.program_key(ctx), []).append(ctx)
+    out = {}
+    for key, members in groups.items():
+        mode = project.is_one_program(members)
+        out[key] = (mode, mode and in_model_library(members[0]))
+    return out
 
 
 def _read_python(f: Path) -> str | FileError:

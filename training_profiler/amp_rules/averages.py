@@ -26,7 +26,7 @@ def float16_model_cast(ctx: FileContext) -> tuple[FileContext, ast.Call] | None:
     """Where the project casts a model (not a tensor) to float16 for training: ``model.half()``
     as a statement of its own (in place: only a module casts in place), or assigned back to a
     name that says model. The first such cast, with its module."""
-    return next(((m, c) for m in ctx.project.modules.values() for c in m.manual_lowp_casts
+    return next(((m, c) for m in ctx.project.program_modules(ctx) for c in m.manual_lowp_casts
                  if m.lowp_cast_dtype(c) == FLOAT16 and cast_purpose(m, c) == TRAINING and _casts_a_model(m, c)),
                 None)
 

@@ -7,7 +7,7 @@ import re
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import _per_module, receiver_root, training_lowp_casts
+from training_profiler.amp_intent import per_module, receiver_root, training_lowp_casts
 from training_profiler.amp_precision import FLOAT16
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import (
@@ -152,7 +152,7 @@ def _bf16_option(ctx: FileContext) -> str | None:
                  for n in _bf16_choices(m)), None)
 
 
-@_per_module
+@per_module
 def _bf16_choices(m: FileContext) -> list[ast.AST]:
     """The nodes of ``m`` that offer bfloat16 as a choice: a switch
     (``cfg.bf16``, ``use_bf16=``), a command-line option (``"--bf16"``, ``choices=[..., "bfloat16"]``),

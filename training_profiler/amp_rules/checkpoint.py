@@ -67,7 +67,7 @@ def _project_saves_scaler(ctx: FileContext) -> bool:
     """Some module of the scan saves a loss scaler's state: a framework whose save helpers take
     the optimizer (Megatron, Accelerate) saves the scaler through another path, so a helper given
     the optimizer alone says nothing there."""
-    return any(_module_saves_scaler(m) or _save_calls_given_a_scaler(m) for m in ctx.project.modules.values())
+    return any(_module_saves_scaler(m) or _save_calls_given_a_scaler(m) for m in ctx.project.program_modules(ctx))
 
 
 def _save_calls_given_a_scaler(ctx: FileContext) -> set[str]:
@@ -76,14 +76,11 @@ def _save_calls_given_a_scaler(ctx: FileContext) -> set[str]:
             and any(_scalerish(ctx, a) for a in [*c.args, *(k.value for k in c.keywords)])}
 
 
+@per_project
 def _helpers_given_a_scaler(ctx: FileContext) -> set[str]:
-    """Save helpers the scan hands a scaler somewhere: one called without it here leaves the
+    """Save helpers the program hands a scaler somewhere: one called without it here leaves the
     scaler out where the other training scripts put it in (Coqui TTS's vocoder scripts)."""
-    key = "_fact_helpers_given_a_scaler"
-    project = ctx.project
-    if key not in project.__dict__:
-        project.__dict__[key] = set().union(*(_save_calls_given_a_scaler(m) for m in project.modules.values()))
-    return project.__dict__[key]
+    return set().union(*(_save_calls_given_a_scaler(m) for m in ctx.project.program_modules(ctx)))
 
 
 def _module_saves_scaler(ctx: FileContext) -> bool:

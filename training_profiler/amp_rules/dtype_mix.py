@@ -104,9 +104,9 @@ def _confidence(ctx: FileContext) -> tuple[Confidence, str]:
     expects = expects_lowp_activations(ctx)
     if expects:
         return Confidence.HIGH, expects
-    if any(lowp_parameters(m) for m in ctx.project.modules.values()):
+    if any(lowp_parameters(m) for m in ctx.project.program_modules(ctx)):
         return Confidence.MEDIUM, " (a float16 model is trained elsewhere in the project)"
-    if any(activation_dtype_tests(m) for m in ctx.project.modules.values()):
+    if any(activation_dtype_tests(m) for m in ctx.project.program_modules(ctx)):
         return Confidence.MEDIUM, " (code elsewhere in the project expects low-precision tensors)"
     if in_model_library(ctx):
         return Confidence.MEDIUM, LIBRARY_NOTE.format(

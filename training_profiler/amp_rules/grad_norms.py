@@ -85,7 +85,7 @@ def _float16_gradients(ctx: FileContext) -> str | None:
     """Where the project shows float16 parameters or gradients: a gradient or parameter data
     cast to float16, a parameter made with a float16 dtype, or a parameter's dtype compared
     with float16."""
-    return next((w for m in ctx.project.modules.values() if (w := _float16_here(m))), None)
+    return next((w for m in ctx.project.program_modules(ctx) if (w := _float16_here(m))), None)
 
 
 def _float16_here(m: FileContext) -> str | None:

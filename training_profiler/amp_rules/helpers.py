@@ -9,7 +9,7 @@ import numpy as np
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import _per_module, is_float32_cast, training_lowp_casts
+from training_profiler.amp_intent import is_float32_cast, per_module, training_lowp_casts
 from training_profiler.amp_precision import (
     BFLOAT16,
     FLOAT16,
@@ -139,7 +139,7 @@ def _const_value(node: ast.AST) -> float | None:
     return None
 
 
-@_per_module
+@per_module
 def _fp16_evidence(ctx: FileContext) -> bool:
     """This module trains in float16 (autocast's float16, or a float16 training cast), or,
     when it says nothing itself, a project module that imports it does (model code whose
@@ -167,7 +167,7 @@ def _fp16_confidence(ctx: FileContext, node: ast.AST | None = None,
     scope = ctx.scope_of(node) if node is not None else None
     if (scope is not None and scope.enabled and scope.dtype == FLOAT16) or trains_in(ctx, FLOAT16):
         return Confidence.HIGH, ""
-    if any(FLOAT16 in own_precisions(m) for m in ctx.project.modules.values()):
+    if any(FLOAT16 in own_precisions(m) for m in ctx.project.program_modules(ctx)):
         return Confidence.MEDIUM, " (float16 training elsewhere in the project)"
     if library and in_model_library(ctx):
         return Confidence.MEDIUM, LIBRARY_NOTE.format(why="float16 is one they use")

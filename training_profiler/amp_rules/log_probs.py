@@ -17,7 +17,7 @@ import re
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import _per_module, training_lowp_casts
+from training_profiler.amp_intent import per_module, training_lowp_casts
 from training_profiler.amp_precision import BFLOAT16, FLOAT16, loaded_lowp_models
 from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import assigned_values, names_in, test_module, upcast_in
@@ -135,7 +135,7 @@ def _deepspeed_section(m: FileContext) -> str | None:
     return None
 
 
-@_per_module
+@per_module
 def _lowp_weights_here(m: FileContext) -> str | None:
     """A model made low precision in ``m``: loaded so, cast so for training (a receiver that
     names a model, not a batch), or a DeepSpeed precision section; a test file says nothing."""
@@ -166,7 +166,7 @@ def _weights_tested_for_lowp(m: FileContext) -> str | None:
     return None
 
 
-@_per_module
+@per_module
 def lowp_weights(ctx: FileContext) -> str | None:
     """Where ``ctx`` or a module next to it (``Project.neighbours_of``: what it imports, what
     imports it) makes a model's weights low precision, or None. Not its whole package: a
@@ -207,7 +207,7 @@ def _helper_log_prob(ctx: FileContext, call: ast.Call) -> tuple[str, str] | None
 
 def _param_log_probs(mod: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
     """Parameter -> the log-domain op ``fn`` takes of it in its own dtype; once per function."""
-    cache = mod.__dict__.setdefault("_fact_param_log_probs", {})
+    cache = mod.facts.setdefault("_fact_param_log_probs", {})
     if fn not in cache:
         params = {a.arg for a in fn.args.args}
         cache[fn] = {}

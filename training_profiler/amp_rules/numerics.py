@@ -6,7 +6,7 @@ import ast
 import re
 
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_intent import _per_module, is_float32_cast, training_lowp_casts
+from training_profiler.amp_intent import is_float32_cast, per_module, training_lowp_casts
 from training_profiler.amp_precision import (
     FLOAT16,
     expects_lowp_activations,
@@ -106,7 +106,7 @@ def _eps_added_to(ctx: FileContext, fn: ast.FunctionDef, cls: ast.ClassDef, stat
     return None
 
 
-@_per_module
+@per_module
 def _lowp_note(ctx: FileContext) -> str:
     """Low precision here (a cast, an autocast) or in the code that uses this module: no note;
     this module's code testing for float16 tensors: that test; else the dtype is unknown."""

@@ -89,7 +89,7 @@ def _low_precision_model(ctx: FileContext, cls: ast.ClassDef) -> tuple[Confidenc
     lowp = sorted(names & {FLOAT16, BFLOAT16})
     if lowp:
         return Confidence.HIGH, f" (this class is written for {' and '.join(lowp)} models)"
-    if any(own_precisions(m) for m in ctx.project.modules.values()):
+    if any(own_precisions(m) for m in ctx.project.program_modules(ctx)):
         return Confidence.HIGH, " (the project trains in low precision)"
     expects = expects_lowp_activations(ctx)
     if expects:
@@ -167,7 +167,7 @@ class RotaryAnglesInLowPrecision(RuleVisitor):
 
     def _activations_confidence(self) -> tuple[Confidence, str]:
         ctx = self.ctx
-        if any(own_precisions(m) for m in ctx.project.modules.values()):
+        if any(own_precisions(m) for m in ctx.project.program_modules(ctx)):
             return Confidence.HIGH, " (the project trains in low precision)"
         if in_model_library(ctx):
             return Confidence.MEDIUM, LIBRARY_NOTE.format(why="with bfloat16 or float16 activations the angles are too")

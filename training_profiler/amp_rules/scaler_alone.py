@@ -29,7 +29,7 @@ def _lowp_anywhere(ctx: FileContext) -> bool:
     the HF Trainer). A bfloat16 cast does not count: it needs no GradScaler; nor does FSDP's
     MixedPrecision: a plain GradScaler refuses its float16 gradients, and AMP027 asks for the
     sharded one there."""
-    return any(_lowp_here(m) for m in ctx.project.modules.values())
+    return any(_lowp_here(m) for m in ctx.project.program_modules(ctx))
 
 
 def _lowp_here(m: FileContext) -> bool:

@@ -122,7 +122,7 @@ def _self_attr_sources(ctx: FileContext, func: ast.AST) -> list[ast.AST]:
     cls = ctx.values.enclosing_class(func)
     if cls is None:
         return []
-    index = ctx.__dict__.setdefault("_fact_self_attr_sources", {})
+    index = ctx.facts.setdefault("_fact_self_attr_sources", {})
     if cls not in index:
         table: dict[str, list[ast.AST]] = {}
         for st in ast.walk(cls):
@@ -237,10 +237,10 @@ def _users_autocast(ctx: FileContext) -> set[str]:
     """The dtypes of the enabled autocasts of the modules that use this one ('unknown' when a
     library decides, as ``accelerator.autocast()``): this module's code runs under them."""
     key = "_fact_users_autocast"
-    if key not in ctx.__dict__:
-        ctx.__dict__[key] = {s.dtype for m in ctx.project.users_of(ctx) if m is not ctx
-                             for s in m.autocast_scopes if s.enabled}
-    return ctx.__dict__[key]
+    if key not in ctx.facts:
+        ctx.facts[key] = {s.dtype for m in ctx.project.users_of(ctx) if m is not ctx
+                         for s in m.autocast_scopes if s.enabled}
+    return ctx.facts[key]
 
 
 def _confidence(ctx: FileContext, node: ast.AST, op: SensitiveOp) -> tuple[Confidence, str] | None:
@@ -260,7 +260,7 @@ def _confidence(ctx: FileContext, node: ast.AST, op: SensitiveOp) -> tuple[Confi
     expects = expects_lowp_activations(ctx, op.breaks_in)
     if expects and _module_method(ctx, node):
         return Confidence.HIGH, expects
-    if any(d in own_precisions(m) for m in ctx.project.modules.values() for d in op.breaks_in):
+    if any(d in own_precisions(m) for m in ctx.project.program_modules(ctx) for d in op.breaks_in):
         return Confidence.MEDIUM, " (low-precision training elsewhere in the project)"
     if ctx.project_uses_amp:
         return Confidence.MEDIUM, " (code that uses this module trains under autocast)"
@@ -273,7 +273,7 @@ def _guarded_ops(ctx: FileContext) -> dict[str, ast.AST]:
     """The rows of SENSITIVE_OPS this module computes inside ``autocast(enabled=False)``, each
     with the first place it does."""
     key = "_fact_guarded_sensitive_ops"
-    if key not in ctx.__dict__:
+    if key not in ctx.facts:
         found: dict[str, ast.AST] = {}
         for scope in ctx.autocast_scopes:
             region = scope.node
@@ -286,14 +286,14 @@ def _guarded_ops(ctx: FileContext) -> dict[str, ast.AST]:
                     for op in SENSITIVE_OPS:
                         if op.what not in found and op.spot(ctx, node) is not None:
                             found[op.what] = node
-        ctx.__dict__[key] = found
-    return ctx.__dict__[key]
+        ctx.facts[key] = found
+    return ctx.facts[key]
 
 
 def _guarded_elsewhere(ctx: FileContext, op: SensitiveOp) -> str | None:
     """A note naming where the project itself turns autocast off around the same computation:
     its authors know this code runs under autocast, and that this op breaks there."""
-    for m in (ctx, *ctx.project.modules.values()):
+    for m in (ctx, *ctx.project.program_modules(ctx)):
         node = _guarded_ops(m).get(op.what)
         if node is not None:
             where = "" if m is ctx else f"{Path(m.path).name}:"

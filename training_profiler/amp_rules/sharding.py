@@ -29,12 +29,12 @@ def _wraps_fsdp(ctx: FileContext, nodes) -> ast.Call | None:
 
 @per_project
 def _project_facts(ctx: FileContext) -> tuple[bool, list[FileContext]]:
-    """(a ShardedGradScaler is named anywhere in the scan, the modules that wrap with FSDP)."""
-    project = ctx.project
+    """(a ShardedGradScaler is named anywhere in the program, the modules that wrap with FSDP)."""
+    modules = ctx.project.program_modules(ctx)
     sharded = any(((isinstance(n, (ast.Name, ast.Attribute)) and (m.qualname(n) or "").endswith(_SHARDED))
                    or (isinstance(n, ast.ImportFrom) and any(a.name == _SHARDED for a in n.names)))
-                  for m in project.modules.values() for n in m.nodes)
-    wrapping = [m for m in project.modules.values() if _wraps_fsdp(m, m.calls) is not None]
+                  for m in modules for n in m.nodes)
+    wrapping = [m for m in modules if _wraps_fsdp(m, m.calls) is not None]
     return sharded, wrapping
 
 
