@@ -146,7 +146,7 @@ class LossOutsideAutocast(RuleVisitor):
                         self.report(call, f"loss `{q.rsplit('.', 1)[-1]}(...)` on the raw output of a model "
                                           f"Accelerate prepares in mixed precision (`{sorted(used)[0]}` not cast "
                                           "to float32: float16 under DeepSpeed, set by `accelerate config` "
-                                          "outside the code: unknown)")
+                                          "outside the code: unknown)", Confidence.MEDIUM)
                 if isinstance(st, ast.Assign) and not has_loss:  # a loss's value is computed in float32 by it
                     called = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in prepared
                                  for c in ast.walk(st.value))

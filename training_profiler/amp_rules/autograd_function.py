@@ -7,7 +7,7 @@ import ast
 
 from training_profiler import amp_values as av
 from training_profiler.amp_context import FileContext, dotted
-from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import cast_inputs_dtype
 
 _DTYPE_SENSITIVE = {"mm", "bmm", "matmul", "einsum", "linear", "conv1d", "conv2d", "conv3d",
@@ -112,7 +112,8 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
                         for d in item.decorator_list]
                 if not any(d.split(".")[-1] == want for d in decs):
                     note = "" if amp_here else " (autocast is decided by its callers, outside the scan: unknown)"
-                    self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}")
+                    self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}",
+                                Confidence.HIGH if amp_here else Confidence.MEDIUM)
         self.generic_visit(node)
 
 

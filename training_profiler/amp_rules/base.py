@@ -76,11 +76,9 @@ class RuleVisitor(ast.NodeVisitor):
         self.ctx = ctx
         self.hits: list[tuple[ast.AST, str, Confidence]] = []
 
-    def report(self, node: ast.AST, message: str, confidence: Confidence | None = None) -> None:
-        """A hit; its confidence defaults to HIGH, or MEDIUM when the message says the
-        precision is decided outside the scan ("unknown")."""
-        if confidence is None:
-            confidence = Confidence.MEDIUM if message.endswith("unknown)") else Confidence.HIGH
+    def report(self, node: ast.AST, message: str, confidence: Confidence = Confidence.HIGH) -> None:
+        """A hit at ``confidence`` (a field the rule sets, never read back from the message's
+        words): MEDIUM where the precision is decided outside the scan."""
         self.hits.append((node, message, confidence))
 
     def run(self) -> list[tuple[ast.AST, str, Confidence]]:

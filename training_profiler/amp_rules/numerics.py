@@ -13,7 +13,7 @@ from training_profiler.amp_precision import (
     lowp_parameters,
     own_precisions,
 )
-from training_profiler.amp_rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_rules.base import Confidence, Rule, RuleVisitor, Severity, declare_rule
 from training_profiler.amp_rules.helpers import (
     FP16_MAX,
     FP16_MIN_NORMAL,
@@ -71,6 +71,7 @@ class NormStatsInInputPrecision(RuleVisitor):
             upcast = {t.id for st in ast.walk(node) if isinstance(st, ast.Assign) and is_float32_cast(self.ctx, st.value)
                       for t in st.targets if isinstance(t, ast.Name)}
             note = _lowp_note(ctx)
+            conf = Confidence.MEDIUM if note == _UNKNOWN_NOTE else Confidence.HIGH
             for c in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
                 q = ctx.call_name(c) or ""
                 method = isinstance(c.func, ast.Attribute) and c.func.attr in _STAT_CALLS and not q.startswith("torch.")
@@ -83,12 +84,12 @@ class NormStatsInInputPrecision(RuleVisitor):
                 what = c.func.attr if isinstance(c.func, ast.Attribute) else q.rsplit(".", 1)[-1]
                 if what in ("mean", "sum") and not isinstance(operand, ast.Name):
                     self.report(c, f"{what}() of `{ast.unparse(operand)}`: squares taken in the input's "
-                                   f"precision before rsqrt{note}")
+                                   f"precision before rsqrt{note}", conf)
                 elif what.startswith(("var", "std")):
                     eps = _eps_added_to(ctx, node, cls, c)
                     if eps is not None and 0 < eps < FP16_MIN_NORMAL:
                         self.report(c, f"{what}() in the input's precision plus eps={eps:g}, below "
-                                       f"float16's smallest normal ({FP16_MIN_NORMAL:.3g}){note}")
+                                       f"float16's smallest normal ({FP16_MIN_NORMAL:.3g}){note}", conf)
         self.generic_visit(node)
 
 
@@ -112,7 +113,10 @@ def _lowp_note(ctx: FileContext) -> str:
     this module's code testing for float16 tensors: that test; else the dtype is unknown."""
     if ctx.uses_lowp or any(m.uses_lowp or m.library_amp for m in ctx.project.users_of(ctx)):
         return ""
-    return expects_lowp_activations(ctx) or " (its dtype is decided by the model's callers: unknown)"
+    return expects_lowp_activations(ctx) or _UNKNOWN_NOTE
+
+
+_UNKNOWN_NOTE = " (its dtype is decided by the model's callers: unknown)"  # MEDIUM confidence
 
 
 _FILL_CALLS = ("masked_fill", "masked_fill_", "fill_", "full", "full_like", "new_full", "clamp",
