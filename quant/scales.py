@@ -14,15 +14,28 @@ tensors keep that dimension with size 1, so they broadcast over the blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import torch
 
 from .elemwise import ElemParams, finish, round_magnitude_
 from .formats import FormatSpec
 
-if TYPE_CHECKING:
-    from .quantizer import Quantizer
+
+class QuantizerOptions(Protocol):
+    """What a family's kernels read of a quant.quantizer.Quantizer (its validated options).
+    A protocol here, so that the families and the Triton kernels name the type without
+    importing the quantizer that dispatches to them."""
+
+    spec: FormatSpec
+    rounding: Optional[str]
+    scale_mode: str
+    block: int
+    axis: int
+    saturate: bool
+    params: ElemParams
+
+    def along(self, axis: int) -> "QuantizerOptions": ...
 
 
 @dataclass(frozen=True)
@@ -123,13 +136,13 @@ class ScalingFamily:
              noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         return cast_scaled(x, s, p, rounding, saturate, noise)
 
-    def quantize(self, x: torch.Tensor, q: "Quantizer",
+    def quantize(self, x: torch.Tensor, q: QuantizerOptions,
                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """The torch kernels: x quantized as ``q`` (a validated quant.quantizer.Quantizer:
         its element constants, rounding, saturation, scale mode, block and axis) configures."""
         raise NotImplementedError
 
-    def quantize_triton(self, x: torch.Tensor, q: "Quantizer",
+    def quantize_triton(self, x: torch.Tensor, q: QuantizerOptions,
                         generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """The Triton kernels (quant.triton_kernels), bit-identical to :meth:`quantize`; a
         blocked family passes its scale rule (a Triton function, data) to the one block

@@ -28,7 +28,7 @@ tensors; the tests use that to check them against the torch backend without a GP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 import triton
@@ -37,9 +37,7 @@ import triton.language as tl
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP
 from .interpreter import triton_interpreting
 from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
-
-if TYPE_CHECKING:
-    from .quantizer import Quantizer
+from .scales import QuantizerOptions
 
 #: rounding mode name -> the kernels' constexpr code
 ROUNDING_CODE = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "stochastic": 3,
@@ -349,7 +347,7 @@ def _block_kernel(x_ptr, y_ptr, noise_ptr, st_ptr, nblocks, n, inner, nkb,
 
 # ---- host side -----------------------------------------------------------------------------
 
-def _elem_constants(q: "Quantizer") -> dict:
+def _elem_constants(q: QuantizerOptions) -> dict:
     p = q.params
     return dict(GRID_EMIN=p.grid_emin, GRID_EMAX=p.grid_emax, MBITS=p.mbits, TAPERED=p.tapered,
                 ROUNDING=ROUNDING_CODE[q.rounding], MAX_NORMAL=float(p.max_normal),
@@ -366,7 +364,7 @@ def finite_amax(x: torch.Tensor) -> torch.Tensor:
     return partial.amax()
 
 
-def cast_elements(x: torch.Tensor, q: "Quantizer", noise: Optional[torch.Tensor] = None,
+def cast_elements(x: torch.Tensor, q: QuantizerOptions, noise: Optional[torch.Tensor] = None,
                   scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Element cast of contiguous x (any supported dtype) as ``q`` configures it, result in
     x's dtype; with ``scale`` (0-dim float32) the per-tensor scaled cast, inverse computed as
@@ -394,7 +392,7 @@ def _block_geometry(x: torch.Tensor, axis: int, block: int) -> tuple[int, int, i
     return n, inner, nkb, outer * nkb * inner
 
 
-def quantize_blocks(x: torch.Tensor, q: "Quantizer", rule: BlockScaleRule,
+def quantize_blocks(x: torch.Tensor, q: QuantizerOptions, rule: BlockScaleRule,
                     noise: Optional[torch.Tensor] = None,
                     tensor_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Block fake quantization of contiguous x as ``q`` configures it (``q.axis`` non-negative,

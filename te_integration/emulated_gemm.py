@@ -21,12 +21,12 @@ import torch
 from quant import gemm_plan
 from quant.formats import HIGH_PRECISION_NAMES
 
-from .factory import LAYOUT_GEMM
+from .layouts import LAYOUT_GEMM
 
 #: TE layout -> the axis (of the [rows, cols] tensor) its blocks run along
 AXIS_OF_USAGE = {"rowwise": -1, "columnwise": 0}
 #: (QuantizerRole.tensor_type, layout) -> the quant.gemm_plan (gemm, operand) that layout feeds
-#: (derived from factory.LAYOUT_GEMM, the one table of which GEMM each layout feeds)
+#: (derived from LAYOUT_GEMM, the one table of which GEMM each layout feeds)
 USAGE_PLAN: dict[tuple[str, str], tuple[str, str]] = {
     (tensor, layout): (gemm, tensor) for (tensor, layout), gemm in LAYOUT_GEMM.items()}
 

@@ -24,7 +24,7 @@ module path, ``field~=regex`` searches; format a quant.FORMATS name or ``hp``), 
 A precision plan (CUSTOM_QUANT_PLAN, quant.precision_plan: module regex / layers x GEMM role
 -> format) applies to linear operand slots no LOWP_TE_ROLE_FORMATS rule matched: the role's
 ``name`` is the module path, its layer the number after ``layers.`` in it, and each layout of
-the slot gets the format of the GEMM it feeds (``LAYOUT_GEMM``: an input's rowwise layout feeds
+the slot gets the format of the GEMM it feeds (``layouts.LAYOUT_GEMM``: an input's rowwise layout feeds
 fprop, its columnwise one wgrad, ...). TE names a module only when something assigned the
 name (:func:`module_path`: a name the debug API's infer_and_assign_layer_names gave, which
 numbers layers from 1, is mapped back to the module path); an unnamed role matches only rules
@@ -46,13 +46,11 @@ from lowp_common import CommandParser, UserError
 from quant.formats import HIGH_PRECISION as HP
 from quant.formats import HIGH_PRECISION_NAMES
 
+from .layouts import LAYOUT_GEMM
+
 ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_ROLE_FORMATS = "LOWP_TE_ROLE_FORMATS"
 ENV_PLAN = "CUSTOM_QUANT_PLAN"
-#: (tensor_type, layout) -> the GEMM that layout of the operand feeds (TE's convention)
-LAYOUT_GEMM = {("input", "rowwise"): "fprop", ("input", "columnwise"): "wgrad",
-               ("weight", "rowwise"): "fprop", ("weight", "columnwise"): "dgrad",
-               ("grad_output", "rowwise"): "dgrad", ("grad_output", "columnwise"): "wgrad"}
 #: the dotted path Megatron-LM's --fp8-quantizer-factory takes
 FACTORY_PATH = "te_integration.factory.quantizer_factory"
 #: TE that has CustomRecipe (2.9) and QuantizerRole's module_type / tensor_type / name (2.16)

@@ -125,7 +125,7 @@ class EmulatedQuantizer(Quantizer):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.internal = True
         self.fmt = fmt
-        # the transposed layout feeds another GEMM (factory.LAYOUT_GEMM): a precision plan
+        # the transposed layout feeds another GEMM (layouts.LAYOUT_GEMM): a precision plan
         # may give it another format
         self.fmt_columnwise = fmt_columnwise or fmt
         self.tensor_type = tensor_type

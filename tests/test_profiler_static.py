@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from training_profiler import findings_report as fr
 from training_profiler import static_checker as sc
 from training_profiler.amp_catalog import RULES
 from training_profiler.amp_rules import Severity
@@ -20,8 +21,8 @@ CASES = sorted(GOLDEN.glob("*.py"))
 
 def _line_output(path: Path) -> str:
     findings, err = sc.check_source(path.read_text(), path.name)
-    report = sc.Report(findings=findings, errors=[err] if err else [], files_checked=1)
-    return sc.format_line(report)
+    report = fr.Report(findings=findings, errors=[err] if err else [], files_checked=1)
+    return fr.format_line(report)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
@@ -78,7 +79,7 @@ def test_rule_selection() -> None:
 
 def test_text_format_matches_seed_layout() -> None:
     report = sc.check_paths([GOLDEN / "AMP002_bce.py"])
-    text = sc.format_text(report)
+    text = fr.format_text(report)
     assert text.startswith(f"File: {GOLDEN / 'AMP002_bce.py'}\n")
     assert "Line 5: [HIGH] AMP002 BCELoss usage in AMP code\n  -> " in text
     assert "\n  -> Suggestion: Use binary_cross_entropy_with_logits" in text
@@ -86,7 +87,7 @@ def test_text_format_matches_seed_layout() -> None:
 
 def test_json_format_round_trips() -> None:
     report = sc.check_paths([GOLDEN / "AMP010_clip.py", GOLDEN / "syntax_error.py"])
-    data = json.loads(sc.format_json(report))
+    data = json.loads(fr.format_json(report))
     assert data["files_checked"] == 2
     assert [(f["rule"], f["line"], f["severity"]) for f in data["findings"]] == [("AMP010", 7, "MEDIUM")]
     assert data["errors"][0]["path"].endswith("syntax_error.py") and data["errors"][0]["line"] == 2

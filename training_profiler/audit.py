@@ -61,7 +61,7 @@ def precision_audit(max_steps: int | None = None) -> PrecisionAudit:
 def format_findings(findings: Sequence[Finding], fmt: str = "text", files_checked: int = 1) -> str:
     """The static checker's text / line / json output of run-time findings (``files_checked``:
     the scripts audited, for its summary line)."""
-    from training_profiler.static_checker import FORMATTERS, Report
+    from training_profiler.findings_report import FORMATTERS, Report
 
     return FORMATTERS[fmt](Report(findings=list(findings), files_checked=files_checked))
 

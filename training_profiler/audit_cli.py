@@ -83,7 +83,7 @@ def merge_audit(report, script: str, steps: int = 2) -> list:
     """``amp-static-check --audit SCRIPT``: run SCRIPT under the audit and add its findings to
     the static checker's ``report``; returns the static checker's ``FileError`` for a script
     that failed on its own (so the command exits 1), else nothing."""
-    from training_profiler.static_checker import FileError
+    from training_profiler.findings_report import FileError
 
     outcome, failed = audit_script(script, (), steps, prog="amp-static-check")
     report.findings.extend(outcome.findings)

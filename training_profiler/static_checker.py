@@ -12,12 +12,10 @@ from __future__ import annotations
 import argparse
 import ast
 import io
-import json
 import os
 import re
 import sys
 import tokenize
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -28,6 +26,12 @@ from training_profiler.amp_precision import in_model_library
 from training_profiler.amp_project import Project, module_names
 from training_profiler.amp_questions import deep_stack
 from training_profiler.amp_rules import Confidence, Finding, Rule, Severity
+from training_profiler.findings_report import (
+    FORMATTERS,
+    FileError,
+    Report,
+    exit_code,
+)
 from training_profiler.launch_rules import (
     LAUNCH_RULES,
     LAUNCH_RULES_BY_ID,
@@ -39,27 +43,6 @@ from training_profiler.launch_rules import (
 
 _SUPPRESS = re.compile(r"#\s*amp-check:\s*ignore(?:\[([^\]]*)\])?", re.I)
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
-
-
-@dataclass
-class FileError:
-    path: str
-    line: int
-    message: str
-
-    def to_dict(self) -> dict:
-        return {"path": self.path, "line": self.line, "error": self.message}
-
-
-@dataclass
-class Report:
-    findings: list[Finding] = field(default_factory=list)
-    errors: list[FileError] = field(default_factory=list)
-    files_checked: int = 0
-    project_mode: bool = False
-    model_library: bool = False  # a project in which nothing trains
-    min_confidence: Confidence = Confidence.LOW
-    hidden: int = 0  # findings below min_confidence
 
 
 def default_confidence(project_mode: bool, model_library: bool = False) -> Confidence:
@@ -300,60 +283,6 @@ def _check_launch(f: Path, rules: list[LaunchRule], report: Report) -> None:
         report.errors.append(FileError(str(f), 1, str(exc)))
         return
     report.files_checked += 1
-
-
-# ---- output formats ------------------------------------------------------------------------
-def format_text(report: Report) -> str:
-    lines: list[str] = []
-    by_file: dict[str, list] = {}
-    for f in report.findings:
-        by_file.setdefault(f.path, []).append(f)
-    for e in report.errors:
-        by_file.setdefault(e.path, []).append(e)
-    for path, items in by_file.items():
-        lines.append(f"File: {path}")
-        for it in sorted(items, key=lambda x: x.line):
-            if isinstance(it, FileError):
-                lines.append(f"Line {it.line}: [SKIPPED] {it.message}")
-            else:
-                conf = "" if it.confidence == Confidence.HIGH else f" ({it.confidence.name.lower()} confidence)"
-                lines.append(f"Line {it.line}: [{it.severity.name}] {it.rule_id} {it.message}{conf}")
-                lines.append(f"  -> {it.explanation}")
-                lines.append(f"  -> Suggestion: {it.suggestion}")
-            lines.append("")
-    counts = {s.name: sum(1 for f in report.findings if f.severity == s) for s in Severity}
-    lines.append(f"{report.files_checked} file(s) checked, {len(report.findings)} finding(s) "
-                 f"(HIGH {counts['HIGH']}, MEDIUM {counts['MEDIUM']}, LOW {counts['LOW']}), "
-                 f"{len(report.errors)} file(s) skipped")
-    if report.hidden:
-        lines.append(f"{report.hidden} finding(s) below {report.min_confidence.name.lower()} confidence "
-                     "not shown (--min-confidence low shows them)")
-    return "\n".join(lines)
-
-
-def format_line(report: Report) -> str:
-    out = [f"{f.path}:{f.line}:{f.col}: {f.rule_id} {f.message}"
-           + ("" if f.confidence == Confidence.HIGH else f" [{f.confidence.name.lower()} confidence]")
-           for f in report.findings]
-    out += [f"{e.path}:{e.line}:0: E999 {e.message}" for e in report.errors]
-    return "\n".join(out)
-
-
-def format_json(report: Report) -> str:
-    return json.dumps({"files_checked": report.files_checked, "project_mode": report.project_mode,
-                       "model_library": report.model_library,
-                       "min_confidence": report.min_confidence.name.lower(), "hidden": report.hidden,
-                       "findings": [f.to_dict() for f in report.findings],
-                       "errors": [e.to_dict() for e in report.errors]}, indent=2)
-
-
-FORMATTERS = {"text": format_text, "line": format_line, "json": format_json}
-
-
-def exit_code(report: Report, fail_on: Severity) -> int:
-    if report.errors or any(f.severity >= fail_on for f in report.findings):
-        return 1
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
