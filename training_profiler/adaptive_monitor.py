@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from quant.analysis import dtype_limits as quant_dtype_limits
+from training_profiler import monitor_judging
 from training_profiler.monitor_judging import SIGNALS, TENSOR_LABELS, Signal, judge_step
 from training_profiler.monitor_sinks import MonitorOutput, Sink
 from training_profiler.monitor_state import MonitorCadence, MonitorState, capture_iteration
@@ -89,7 +90,8 @@ class TrainingMonitor:
                          "grad_norm": min(self.grad_norm_every, cad.layer_stats_every)}
         #: signal name -> its AdaptiveThreshold (one per adaptive signal of SIGNALS)
         self.thresholds: dict[str, AdaptiveThreshold] = {
-            sig.name: self._new_threshold(sig) for sig in SIGNALS if sig.threshold is not None}
+            sig.name: self._new_threshold(sig) for sig in monitor_judging.SIGNALS
+            if sig.threshold is not None}
         self.th_loss, self.th_layer_gnorm = self.thresholds["loss"], self.thresholds["layer_grad_norm"]
         self.state = MonitorState(cad, th, layer_filter)
         self._collect = cad.layer_stats_every == 1  # are the hooks recording during this step?
@@ -184,7 +186,7 @@ class TrainingMonitor:
             self._cadence["grad_norm"] = 1
             if self.th_gnorm.step == 0:
                 self.thresholds["grad_norm"] = self._new_threshold(
-                    next(s for s in SIGNALS if s.name == "grad_norm"))
+                    next(s for s in monitor_judging.SIGNALS if s.name == "grad_norm"))
         self.state.put_grad_norm(slot, grad_norm)
 
     def sync(self) -> None:

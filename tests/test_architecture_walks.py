@@ -1,0 +1,76 @@
+"""docs/architecture.md's "Where to add things", walked: each extension is added the way the page
+says, in the one place it names, and then works end to end. (The scaling family and the diagnosis
+kind are walked beside their peers: tests/test_quant_families.py and tests/test_diagnose.py.)"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from tensor_capture import schema, stats_read
+from tensor_capture.saver import TensorSaver
+from training_profiler import monitor_judging, watch_training
+from training_profiler.monitor_judging import Signal
+
+
+def _captured_records(tmp_path, tensors: list[torch.Tensor]) -> list[dict]:
+    saver = TensorSaver(enabled=True, save_dir=str(tmp_path))
+    for i, x in enumerate(tensors):
+        saver.save_tensor(x, "linear", "forward", tensor_name="input", layer_idx=i)
+    saver.close()
+    return list(schema.read_manifest(tmp_path))
+
+
+def test_a_derived_capture_statistic_is_one_function_over_what_records_store(tmp_path) -> None:
+    """A statistic that follows from the stored stats is one function (as in stats_read); capture
+    is not touched. Here: the share of a tensor's nonzero elements below 2^-k, and the std of two
+    captured tensors taken together, both from the records alone, against the tensors."""
+    gen = torch.Generator().manual_seed(0)
+    scale = torch.logspace(-7, 2, 48, base=2.0)
+    a = torch.randn(32, 48, generator=gen) * scale
+    b = torch.randn(16, 48, generator=gen) * 3 + 1
+    recs = _captured_records(tmp_path, [a, b])
+
+    def share_below(stats: dict, bound: float) -> float:   # the new statistic: one function
+        return stats_read.fraction_below(stats["log2_hist"], bound)
+
+    for k in (-6, -3, 0, 2):
+        nz = a[a != 0].abs()
+        brute = float((nz < 2.0 ** k).sum()) / nz.numel()
+        assert share_below(recs[0]["stats"], 2.0 ** k) == brute, k
+
+    parts = [(r["stats"]["numel"], r["stats"]["mean"], r["stats"]["std"]) for r in recs]
+    n, mean, std = stats_read.merge_moments(parts)
+    both = torch.cat([a.flatten(), b.flatten()]).double()
+    assert n == both.numel()
+    assert math.isclose(mean, float(both.mean()), rel_tol=1e-6)
+    assert math.isclose(std, float(both.std()), rel_tol=1e-6)
+    naive = sum(p[2] for p in parts) / len(parts)   # what an average of std would say
+    assert not math.isclose(naive, std, rel_tol=1e-2)
+
+
+def test_a_monitor_signal_is_one_row_of_signals(monkeypatch) -> None:
+    """A Signal row added to monitor_judging.SIGNALS alone gets its threshold, is judged, named
+    in its alert and kept in the history: nothing else is edited."""
+    new = Signal("loss_drop", lambda m, v: None if v.loss is None else -v.loss,
+                 dict(direction="down"), record="loss_drop", note="loss fell away from its baseline")
+    monkeypatch.setattr(monitor_judging, "SIGNALS", monitor_judging.SIGNALS + (new,))
+
+    rng = np.random.default_rng(0)
+    losses = np.linspace(3.0, 2.0, 200) * (1 + 0.02 * rng.standard_normal(200))
+    losses[150] *= 1.6
+
+    @watch_training(sinks=[], warmup_steps=60)
+    def step(value: float) -> torch.Tensor:
+        return torch.tensor(value)
+
+    for v in losses:
+        step(float(v))
+    step.monitor.close()
+    mine = [a for a in step.monitor.alerts if a["metric"] == "loss_drop"]
+    assert [a["step"] for a in mine] == [151]
+    assert "loss fell away from its baseline" in mine[0]["message"]
+    assert "loss_drop" in step.monitor.thresholds
+    kept = [h["loss_drop"] for h in step.monitor.history if "loss_drop" in h]
+    assert len(kept) == len(losses) and kept[150] == -float(torch.tensor(float(losses[150])))
