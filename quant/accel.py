@@ -34,15 +34,31 @@ from typing import Callable, Optional
 
 import torch
 
-_CACHE: dict = {}      # key -> compiled callable, verified
-_QUEUED: set = set()   # keys handed to the background compiler
-_BROKEN: list = []     # holds the first compile error; non-empty disables compilation
-_JOBS: "queue.Queue" = queue.Queue()
-_WORKER: list = []
-_CALLS: dict = {}      # key -> eager calls so far (a kernel is compiled once it is hot)
-_EXITING = threading.Event()   # the interpreter is shutting down: compiles are dropped
 DEFAULT_MIN_NUMEL = 1 << 14
 DEFAULT_HOT_AFTER = 8
+
+
+class CompileState:
+    """Everything this module keeps per process, in one object (``COMPILE``): the verified
+    kernels, the background compiler and the error that ended compiling. Kernels outlive any
+    caller (a compile costs seconds); tests swap a field with ``monkeypatch.setattr(COMPILE,
+    ...)`` or call :meth:`forget_kernels`."""
+
+    def __init__(self) -> None:
+        self.kernels: dict = {}     # key -> compiled callable, verified
+        self.queued: set = set()    # keys handed to the background compiler
+        self.calls: dict = {}       # key -> eager calls so far (a kernel is compiled once hot)
+        self.broken: Optional[BaseException] = None   # the first compile error: compile no more
+        self.jobs: "queue.Queue" = queue.Queue()
+        self.worker: Optional[threading.Thread] = None
+        self.exiting = threading.Event()   # the interpreter is shutting down: compiles dropped
+
+    def forget_kernels(self) -> None:
+        """Drop the compiled kernels and the call counts (the next hot kernel compiles again)."""
+        self.kernels, self.queued, self.calls = {}, set(), {}
+
+
+COMPILE = CompileState()
 
 
 def _mode() -> str:
@@ -60,7 +76,7 @@ def should_compile(numel: int, device_type: str = "cpu") -> bool:
     auto mode: CPU only (the compiled kernels are verified against the eager ones on CPU; CUDA
     tensors go to the Triton kernels), from QUANT_COMPILE_MIN_NUMEL elements up.
     """
-    if _BROKEN:
+    if COMPILE.broken is not None:
         return False
     mode = _mode()
     if mode == "off":
@@ -101,7 +117,7 @@ class _Cancelled(Exception):
 
 def _exiting() -> bool:
     """Whether the interpreter is shutting down (its main thread has returned)."""
-    return (_EXITING.is_set() or sys.is_finalizing() or not threading.main_thread().is_alive()
+    return (COMPILE.exiting.is_set() or sys.is_finalizing() or not threading.main_thread().is_alive()
             or bool(getattr(threading, "_SHUTTING_DOWN", False)))
 
 
@@ -133,9 +149,9 @@ def _write_details(exc: BaseException) -> str | None:
 
 def _disable(exc: BaseException, what: str = "a kernel") -> None:
     """Compile no more; say so once, with what failed and where the details are."""
-    if _BROKEN:
+    if COMPILE.broken is not None:
         return
-    _BROKEN.append(exc)
+    COMPILE.broken = exc
     root = _root_cause(exc)
     first = str(root).strip().splitlines()[0][:200] if str(root).strip() else ""
     details = _write_details(exc)
@@ -186,7 +202,7 @@ def _build(key, fn: Callable, static: tuple, sample: torch.Tensor) -> None:
             got = kernel(sample)
         if not _same_bits(got, _in_float32(fn, static)(sample)):
             raise RuntimeError(f"compiled {fn.__name__} differs from the eager kernel")
-        _CACHE[key] = kernel
+        COMPILE.kernels[key] = kernel
     except Exception as exc:  # compiler missing, unsupported op, mismatch: stay eager
         if not _exiting():    # a compile cut short by the exit is no failure: drop it
             _disable(exc, f"the {fn.__name__} kernel")
@@ -195,14 +211,14 @@ def _build(key, fn: Callable, static: tuple, sample: torch.Tensor) -> None:
 def _worker() -> None:
     try:
         while True:
-            job = _JOBS.get()
+            job = COMPILE.jobs.get()
             if job is None:                     # shutdown
-                _JOBS.task_done()
+                COMPILE.jobs.task_done()
                 return
             key, fn, static, sample = job
-            if not _BROKEN and not _EXITING.is_set():
+            if COMPILE.broken is None and not COMPILE.exiting.is_set():
                 _build(key, fn, static, sample)
-            _JOBS.task_done()
+            COMPILE.jobs.task_done()
     except _Cancelled:                          # arrived between two jobs
         return
 
@@ -210,8 +226,8 @@ def _worker() -> None:
 def _drain() -> None:
     while True:
         try:
-            _JOBS.get_nowait()
-            _JOBS.task_done()
+            COMPILE.jobs.get_nowait()
+            COMPILE.jobs.task_done()
         except queue.Empty:
             return
 
@@ -220,12 +236,12 @@ def _shutdown() -> None:
     """At exit (first thing in the interpreter's shutdown): drop the queued compiles, cut the
     one under way short, and wait until its thread has left torch (a process torn down in the
     middle of an Inductor compile can abort in C++ teardown). Quiet: nothing failed."""
-    _EXITING.set()
-    if not _WORKER or not _WORKER[0].is_alive():
+    COMPILE.exiting.set()
+    thread = COMPILE.worker
+    if thread is None or not thread.is_alive():
         return
     _drain()
-    _JOBS.put(None)
-    thread = _WORKER[0]
+    COMPILE.jobs.put(None)
     if thread.ident is not None:   # an exception raised in that thread at its next bytecode
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
                                                    ctypes.py_object(_Cancelled))
@@ -254,18 +270,18 @@ def _hot_after() -> int:
 
 def _enqueue(key, fn: Callable, static: tuple, x: torch.Tensor) -> None:
     """Count a call of an uncompiled kernel; queue its compile once it is hot."""
-    if key in _QUEUED:
+    if key in COMPILE.queued:
         return
-    _CALLS[key] = _CALLS.get(key, 0) + 1
-    if _CALLS[key] < _hot_after():
+    COMPILE.calls[key] = COMPILE.calls.get(key, 0) + 1
+    if COMPILE.calls[key] < _hot_after():
         return
-    _QUEUED.add(key)
-    if not _WORKER:
+    COMPILE.queued.add(key)
+    if COMPILE.worker is None:
         thread = threading.Thread(target=_worker, name="quant-compile", daemon=True)
-        _WORKER.append(thread)
+        COMPILE.worker = thread
         _on_exit(_shutdown)
         thread.start()
-    _JOBS.put((key, fn, static, x.detach().clone()))
+    COMPILE.jobs.put((key, fn, static, x.detach().clone()))
 
 
 def wait_for_background(timeout: Optional[float] = None) -> bool:
@@ -274,7 +290,7 @@ def wait_for_background(timeout: Optional[float] = None) -> bool:
     done = threading.Event()
 
     def waiter():
-        _JOBS.join()
+        COMPILE.jobs.join()
         done.set()
     threading.Thread(target=waiter, daemon=True).start()
     return done.wait(timeout)
@@ -295,10 +311,10 @@ def run(fn: Callable, x: torch.Tensor, static: tuple,
             return _in_float32(fn, static)(x, noise)
         key = (fn, static, x.dtype, keep_dims, flat.shape[flat.dim() - keep_dims]
                if keep_dims else 0, x.device.type)
-        kernel = _CACHE.get(key)
+        kernel = COMPILE.kernels.get(key)
         if kernel is None and _mode() == "sync":
             _build(key, fn, static, flat)
-            kernel = _CACHE.get(key)
+            kernel = COMPILE.kernels.get(key)
         elif kernel is None:
             _enqueue(key, fn, static, flat)
         if kernel is not None:
@@ -312,4 +328,4 @@ def run(fn: Callable, x: torch.Tensor, static: tuple,
 
 def compile_error():
     """The exception that disabled compilation, or None."""
-    return _BROKEN[0] if _BROKEN else None
+    return COMPILE.broken

@@ -12,21 +12,17 @@ from typing import Optional
 import torch
 
 from .interpreter import triton_interpreting
+from .optional import OptionalModule
 
 BACKENDS = ("auto", "torch", "triton")
-_STATE: dict = {}
+#: the Triton kernels, imported on first use; this process's one record of whether Triton
+#: imports (``TRITON_KERNELS.reset()`` makes the next use try again)
+TRITON_KERNELS = OptionalModule(f"{__package__}.triton_kernels")
 
 
 def triton_kernels() -> Optional[ModuleType]:
     """``quant.triton_kernels`` or None when Triton is not installed (imported once)."""
-    if "module" not in _STATE:
-        try:
-            from . import triton_kernels as module
-        except ImportError as exc:
-            module = None
-            _STATE["error"] = exc
-        _STATE["module"] = module
-    return _STATE["module"]
+    return TRITON_KERNELS.get()
 
 
 def resolve_backend(backend: str, x: torch.Tensor) -> str:
@@ -40,7 +36,7 @@ def resolve_backend(backend: str, x: torch.Tensor) -> str:
         return "triton" if x.is_cuda and triton_kernels() is not None else "torch"
     if triton_kernels() is None:
         raise RuntimeError("backend='triton' needs the triton package, which is not importable "
-                           f"({_STATE.get('error')}); install it with `pip install triton` (CUDA "
+                           f"({TRITON_KERNELS.error}); install it with `pip install triton` (CUDA "
                            "builds of torch bring it) or use backend='torch'")
     if not x.is_cuda and not triton_interpreting():
         raise ValueError(f"backend='triton' runs on CUDA tensors; x is on {x.device}. Move x "

@@ -43,7 +43,7 @@ def test_compiled_equals_eager(name, kw, monkeypatch):
 
 def _compiled_keys(name):
     params = ElemParams.of(quant.get_format(name))
-    return [k for k in accel._CACHE if k[1][0] == params]
+    return [k for k in accel.COMPILE.kernels if k[1][0] == params]
 
 
 def test_background_compile_takes_over_without_recompiling(monkeypatch):
@@ -53,8 +53,8 @@ def test_background_compile_takes_over_without_recompiling(monkeypatch):
     monkeypatch.setenv("QUANT_COMPILE", "auto")
     monkeypatch.setenv("QUANT_COMPILE_MIN_NUMEL", "100")
     monkeypatch.setenv("QUANT_COMPILE_AFTER", "2")
-    for name, fresh in (("_CACHE", {}), ("_QUEUED", set()), ("_CALLS", {})):
-        monkeypatch.setattr(accel, name, fresh)
+    for name, fresh in (("kernels", {}), ("queued", set()), ("calls", {})):
+        monkeypatch.setattr(accel.COMPILE, name, fresh)
     g = torch.Generator().manual_seed(4)
     first = torch.randn(40, 64, generator=g)
     for name in ("fp8_e5m2", "mxfp6_e3m2"):

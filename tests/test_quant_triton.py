@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 import quant
 from quant import backends
 from quant.formats import FORMATS, HIF8_ROUNDING_MODES, ROUNDING_MODES, SCALE_MODES
+from quant.optional import OptionalModule
 
 # numpy warns where the interpreter casts an overflowing value (to Inf, as torch does)
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -138,8 +139,8 @@ def test_unknown_backend_lists_the_valid_ones():
 
 
 def test_triton_missing_names_the_fix(monkeypatch):
-    monkeypatch.setattr(backends, "_STATE", {"module": None,
-                                             "error": ImportError("No module named 'triton'")})
+    # the import of a module that is not there fails as Triton's does where it is absent
+    monkeypatch.setattr(backends, "TRITON_KERNELS", OptionalModule("quant.no_such_kernels"))
     with pytest.raises(RuntimeError, match=r"pip install triton.*backend='torch'"):
         quant.quantize(torch.zeros(3), "mxfp8", backend="triton")
     # auto quietly stays on torch
