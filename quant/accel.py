@@ -41,8 +41,8 @@ DEFAULT_HOT_AFTER = 8
 class CompileState:
     """Everything this module keeps per process, in one object (``COMPILE``): the verified
     kernels, the background compiler and the error that ended compiling. Kernels outlive any
-    caller (a compile costs seconds); tests swap a field with ``monkeypatch.setattr(COMPILE,
-    ...)`` or call :meth:`forget_kernels`."""
+    caller (a compile costs seconds); a test that needs a fresh start swaps a field
+    (``monkeypatch.setattr(COMPILE, "kernels", {})``)."""
 
     def __init__(self) -> None:
         self.kernels: dict = {}     # key -> compiled callable, verified
@@ -52,10 +52,6 @@ class CompileState:
         self.jobs: "queue.Queue" = queue.Queue()
         self.worker: Optional[threading.Thread] = None
         self.exiting = threading.Event()   # the interpreter is shutting down: compiles dropped
-
-    def forget_kernels(self) -> None:
-        """Drop the compiled kernels and the call counts (the next hot kernel compiles again)."""
-        self.kernels, self.queued, self.calls = {}, set(), {}
 
 
 COMPILE = CompileState()
