@@ -9,11 +9,18 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lowp_common import UserError
 from tensor_capture import schema
 from tensor_viz.columnar import CACHE_DIRNAME
+
+if TYPE_CHECKING:                      # names for annotations only: cataloguing imports neither
+    import duckdb
+    import numpy as np
+
+    from tensor_viz.columnar import IndexState
+    from tensor_viz.rank_tables import RankView
 
 
 @dataclass
@@ -32,8 +39,8 @@ class Entry:
     path: str | None
     stats: dict[str, Any] | None
     source: str                        # "manifest" or "file"
-    sample: Any = None                 # numpy float32 sample of values, when read
-    heat: Any = None                   # small 2-D slice of values, when read
+    sample: np.ndarray | None = None   # float32 sample of values, when read
+    heat: np.ndarray | None = None     # small 2-D slice of values, when read
     #: the what-if record the report recomputed for formats capture did not store (the shape of
     #: ``meta["whatif"]``; tensor_viz.file_reads.recompute_whatif), None when none was
     whatif: dict[str, Any] | None = None
@@ -76,16 +83,32 @@ class Entry:
 
 
 @dataclass
+class ManifestIndex:
+    """The manifests' columnar index as one run opened it (tensor_viz.columnar): kept open so
+    that the figures, numerics.csv and the diagnosis read the same index, not each its own."""
+
+    con: duckdb.DuckDBPyConnection
+    state: IndexState
+    view: RankView                     # what the report shows from it: header, outlier ranks
+
+
+@dataclass
 class Catalog:
+    """Where a capture's tensors are and what was wrong with its input; no finding about them
+    (the diagnosis is its own step: tensor_viz.pipeline.diagnosis)."""
+
     directory: str
     entries: list[Entry]
     problems: list[Problem]
     ignored: int = 0                   # files that are neither tensors nor manifests
-    view: Any = None                   # rank_tables.RankView of the columnar index, when built
-    selected: str | None = None        # a large capture: which records the figures draw from
-    index: Any = None                  # a large capture: (DuckDB connection, columnar.IndexState)
-    index_state: Any = None            # columnar.IndexState of the manifests, when they exist
-    diagnosis: Any = None              # tensor_viz.diagnose.Diagnosis of the manifests, when built
+    index: ManifestIndex | None = None  # the manifests' columnar index, when they exist
+    #: a large capture: which records the figures draw from (numerics.csv then comes from the
+    #: index, every record); None when every record was catalogued
+    selected: str | None = None
+
+    @property
+    def view(self) -> RankView | None:
+        return self.index.view if self.index is not None else None
 
     def problem_counts(self) -> dict[str, int]:
         return dict(Counter(p.kind for p in self.problems))

@@ -132,8 +132,8 @@ def _run(argv: list[str] | None, prog: str, sections: tuple[str, ...], quick: bo
         return result.exit_code
     print(f"{prog}: {len(cat.entries)} tensors in {cat.directory}; read values from {result.files_read} files; "
           f"{result.drawn} figures drawn into {args.output_dir}")
-    if cat.diagnosis is not None:          # the findings, the cause first (tensor_viz.diagnose)
-        for line in cat.diagnosis.lines(limit=10):
+    if result.diagnosis is not None:       # the findings, the cause first (tensor_viz.diagnose)
+        for line in result.diagnosis.lines(limit=10):
             print(f"{prog}: {line}")
     counts = cat.problem_counts()
     if counts:

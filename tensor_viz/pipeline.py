@@ -10,12 +10,13 @@ import importlib
 import random
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tensor_capture import schema
 from tensor_viz import plots_quant as pq
 from tensor_viz import recorder_view
-from tensor_viz.catalog import Catalog, Entry, Problem, UserError, scan
+from tensor_viz.catalog import Catalog, Entry, ManifestIndex, Problem, UserError, scan
+from tensor_viz.columnar import IndexState
 from tensor_viz.data import Dataset, PairError
 from tensor_viz.figures import FigureSet
 
@@ -30,8 +31,11 @@ from tensor_viz.options import (
 )
 from tensor_viz.result import Result
 
+if TYPE_CHECKING:
+    from tensor_viz.diagnose import Diagnosis
+
 __all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
-           "Result", "build", "load", "draw"]
+           "Result", "build", "diagnosis", "load", "draw"]
 from tensor_viz import workers as worker_pool
 from tensor_viz.file_reads import FileTask, PairTask, progress_bar, run_tasks
 
@@ -92,28 +96,23 @@ def _say(opts: Options):
     return (lambda line: print(f"visualize-tensors: {line}", flush=True)) if opts.progress else None
 
 
-def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
-    """The catalog; with manifests, first their columnar index (tensor_viz.columnar): its header
-    and outlier ranks always, and for a capture of more than ``opts.max_records`` records a
-    catalog of a selection of them (the rank with the lowest number and the outlier ranks, at
-    evenly spaced iterations) instead of every record. ``state``: the index already refreshed
-    by this report (columnar.IndexState), else it is refreshed here."""
+def _catalog(tensor_dir: str | Path, opts: Options, state: IndexState | None = None) -> Catalog:
+    """The catalog, and nothing judged about it (the diagnosis is its own step: :func:`diagnosis`);
+    with manifests, first their columnar index (tensor_viz.columnar): its header and outlier
+    ranks always, and for a capture of more than ``opts.max_records`` records a catalog of a
+    selection of them (the rank with the lowest number and the outlier ranks, at evenly spaced
+    iterations) instead of every record. ``state``: the index already refreshed by this report
+    (columnar.IndexState), else it is refreshed here."""
     from tensor_viz import catalog as cat_mod
     from tensor_viz import columnar, rank_tables
 
     root = cat_mod.check_directory(tensor_dir)
     if not any(root.glob(schema.MANIFEST_GLOB)):
-        catalog = scan(root)
-        if recorder_view.has_summaries(root):     # a flight recorder that never triggered
-            from tensor_viz.diagnose import diagnose
-
-            catalog.diagnosis = diagnose(root)
-        return catalog
+        return scan(root)
     if state is None:
         state = columnar.refresh(root, opts.index_dir, say=_say(opts))
     con = columnar.connect()
     view = rank_tables.rank_view(con, state)
-    diagnosis = _diagnosis(root, con, state, view)
     if state.records <= opts.max_records:
         catalog = scan(root)
     else:
@@ -126,24 +125,27 @@ def _catalog(tensor_dir: str | Path, opts: Options, state=None) -> Catalog:
                             f"records: rank(s) {', '.join(map(str, ranks))} at {len(its)} "
                             f"iteration(s) ({', '.join(map(str, its[:12]))}{', ...' if len(its) > 12 else ''}); "
                             "the header, outlier ranks and numerics.csv cover every record")
-        catalog.index = (con, state)
-    catalog.view = view
-    catalog.index_state = state
-    catalog.diagnosis = diagnosis
+    catalog.index = ManifestIndex(con, state, view)
     return catalog
 
 
-def _diagnosis(root: Path, con, state, view):
-    """The findings of tensor_viz.diagnose over the same index (None when it has no record)."""
-    if not state.records:
-        return None
+def diagnosis(catalog: Catalog) -> Diagnosis | None:
+    """The findings of tensor_viz.diagnose over the index the catalog opened (None when it
+    holds no record); a flight recorder's folder that never triggered (summaries, no manifest):
+    the findings of its summaries. Called once by the report, which passes the result along."""
     from tensor_viz.diagnose import diagnose
 
-    return diagnose(root, con=con, state=state, rank_view=view)
+    idx = catalog.index
+    if idx is None:
+        root = Path(catalog.directory)
+        return diagnose(root) if recorder_view.has_summaries(root) else None
+    if not idx.state.records:
+        return None
+    return diagnose(Path(catalog.directory), con=idx.con, state=idx.state, rank_view=idx.view)
 
 
 def load(tensor_dir: str | Path, opts: Options | None = None, values: bool = True,
-         index_state=None) -> tuple[Catalog, Dataset, int]:
+         index_state: IndexState | None = None) -> tuple[Catalog, Dataset, int]:
     """Catalog the directory and read what the plots need. Returns (catalog, dataset, files read).
     ``index_state``: the manifests' columnar index when the caller refreshed it already."""
     opts = opts or Options()
@@ -323,7 +325,7 @@ _HEAVY = ("distributions", "heatmaps", "comparisons", "numerics_map", "overflow_
 
 
 def _stamp(tensor_dir, out: Path, opts: Options, sections, quick: bool, report: bool
-           ) -> tuple[str, Result | None, object]:
+           ) -> tuple[str, Result | None, IndexState | None]:
     """(the stamp of this report, the reused Result when the report in ``out`` is current, the
     refreshed columnar index or None). Only captures with manifests are stamped (their index
     says whether anything is new)."""
@@ -341,7 +343,6 @@ def _stamp(tensor_dir, out: Path, opts: Options, sections, quick: bool, report: 
     if summary is None:
         return stamp, None, state
     catalog = Catalog(directory=str(root), entries=[], problems=[])
-    catalog.index_state = state
     return stamp, Result(catalog, Dataset(entries=[]), FigureSet(out), reused=summary), state
 
 
@@ -366,17 +367,18 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
     if reused is not None:                       # nothing new: the report there is current
         return reused
     catalog, ds, nread = load(tensor_dir, opts, index_state=state)
+    found = diagnosis(catalog) if report else None    # the report's first section, once
     fs = draw(ds, out, sections, opts)
-    result = Result(catalog, ds, fs, files_read=nread)
+    result = Result(catalog, ds, fs, files_read=nread, diagnosis=found)
     from tensor_viz import numerics_csv
 
-    index = getattr(catalog, "index", None)
-    if index is not None:     # a large capture: every record's numerics, written by DuckDB
+    index = catalog.index
+    if index is not None and catalog.selected is not None:
         from tensor_viz import rank_tables
 
-        con, state = index
+        # a large capture: every record's numerics, written by DuckDB from the index
         csv_name = numerics_csv.FILE_NAME if rank_tables.write_numerics_csv(
-            con, state, out, numerics_csv.COLUMNS) else None
+            index.con, index.state, out, numerics_csv.COLUMNS) else None
     else:
         csv_name = numerics_csv.write_csv(ds.entries, out, ds.numerics)
     if csv_name:
@@ -391,7 +393,6 @@ def build(tensor_dir: str | Path, out_dir: str | Path, sections: tuple[str, ...]
 
         report_stamp.write(out, stamp, {"tensors": len(catalog.entries), "drawn": result.drawn,
                                         "files_read": nread,
-                                        "records": catalog.index_state.records,
-                                        "diagnosis": (catalog.diagnosis.lines()
-                                                      if catalog.diagnosis else [])})
+                                        "records": index.state.records if index else 0,
+                                        "diagnosis": found.lines() if found else []})
     return result

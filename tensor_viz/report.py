@@ -136,7 +136,7 @@ def render_index(result: Result, sections: tuple[str, ...], opts: Options) -> st
                              "subset": subset_note(len(rows), n_any, f"tensors with any {what}",
                                                    "those with the largest ratios")})
     return _template().render(
-        diagnosis=_diagnosis_view(cat.diagnosis),
+        diagnosis=_diagnosis_view(result.diagnosis),
         directory=cat.directory, n_tensors=len(ds.entries),
         capture_header=view.header.line() if view is not None else None,
         selected=cat.selected,

@@ -6,10 +6,14 @@ importing the pipeline that builds it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tensor_viz.catalog import Catalog
 from tensor_viz.data import Dataset
 from tensor_viz.figures import FigureSet
+
+if TYPE_CHECKING:
+    from tensor_viz.diagnose import Diagnosis
 
 
 @dataclass
@@ -21,6 +25,8 @@ class Result:
     extra_files: list[str] = field(default_factory=list)   # quick_analysis.png, tensor_stats.txt, ...
     #: nothing new since the report in the output folder: its stored summary (tensor_viz.report_stamp)
     reused: dict | None = None
+    #: the findings of the capture (tensor_viz.pipeline.diagnosis), when the run took them
+    diagnosis: Diagnosis | None = None
 
     @property
     def drawn(self) -> int:

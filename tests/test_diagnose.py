@@ -259,6 +259,41 @@ def test_the_report_and_the_one_click_output_open_with_the_diagnosis(tmp_path, c
     assert "decoder.layers.1.self_attention.linear_qkv forward output" in page
 
 
+def test_cataloguing_runs_no_diagnosis_and_the_report_runs_it_once(tmp_path, monkeypatch):
+    """The catalog says where the tensors are and judges nothing: building it never enters
+    tensor_viz.diagnose, nor does the quick view; the report diagnoses once and shows it."""
+    from tensor_viz import diagnose as diagnose_mod
+    from tensor_viz import pipeline
+
+    def change(rec):
+        if rec["iteration"] == 1 and rec["tensor_name"] == "output" and rec["layer_idx"] == 1:
+            rec["stats"]["nan_count"] = 2
+        return rec
+
+    cap = write_capture(tmp_path / "cap", iterations=2, micro=1, change=change)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return diagnose(*args, **kwargs)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("cataloguing ran the diagnosis")
+
+    opts = pipeline.Options(workers=1, progress=False, whatif=())
+    monkeypatch.setattr(diagnose_mod, "diagnose", refused)
+    catalog, _, _ = pipeline.load(cap, opts)
+    assert catalog.index is not None and catalog.index.state.records == len(catalog.entries) > 0
+    pipeline.build(cap, tmp_path / "quick", (), opts, quick=True, report=False)
+
+    monkeypatch.setattr(diagnose_mod, "diagnose", counted)
+    result = pipeline.build(cap, tmp_path / "out", ("overflow_analysis",), opts)
+    assert len(calls) == 1 and result.diagnosis.findings[0].kind == "first_nonfinite"
+    page = (tmp_path / "out" / "index.html").read_text()
+    at = page.index("<h2 id=diagnosis>Diagnosis</h2>")
+    assert "first_nonfinite" in page[at:page.index("<h2 id=summary>")]
+
+
 def test_the_report_tables_mark_a_cell_by_the_same_judgment():
     from quant.format_loss import baseline_sqnr
     from tensor_viz.report import _loss_mark
