@@ -40,6 +40,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "ruff==0.17.6", "hypothesis>=6", "ml_dtypes>=0.5", "en_dtypes>=0.0.4",
+                 # the dead-code check (tests/test_dead_code.py)
+                 "vulture==2.16",
                  "safetensors>=0.4", "scipy>=1.10", "tensorboard>=2.10",
                  # the tests load our tokenizer as Megatron-LM does (AutoTokenizer); no torch pulled
                  "transformers>=4.40",

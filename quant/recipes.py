@@ -27,7 +27,6 @@ import torch
 from . import gemm_plan, te_arith
 from .formats import FORMATS, MX_OF_ELEMENT
 
-TENSORS = ("input", "weight", "grad_output")
 GEMMS = gemm_plan.LINEAR_GEMMS
 #: the six operand roles (tensor, gemm), in the order the GEMMs run (from quant.gemm_plan.PLAN)
 ROLES: tuple[tuple[str, str], ...] = tuple((p.operand, p.gemm) for p in gemm_plan.PLAN

@@ -6,7 +6,7 @@ computes ``a @ b.T`` on the layouts TE picks per GEMM (fprop: input and weight r
 grad_output rowwise, weight columnwise; wgrad: grad_output and input columnwise), so each GEMM
 sums over the last axis of both stored operands. Blocking a rowwise layout along its last axis
 and a columnwise one along the original's axis 0 is therefore exactly quant.gemm_plan's plan
-(``USAGE_PLAN`` says which plan entry each is; the tests check the axes agree), the plan our
+(``layouts.LAYOUT_GEMM`` says which GEMM each layout feeds; the tests check the axes agree), the plan our
 own emulation of megatron-core linears uses. Values are quant.quantize's (dequantized, in the
 input's dtype); the GEMM runs in float32 over them and returns ``out_dtype``.
 
@@ -18,17 +18,10 @@ from typing import Optional
 
 import torch
 
-from quant import gemm_plan
 from quant.formats import HIGH_PRECISION_NAMES
-
-from .layouts import LAYOUT_GEMM
 
 #: TE layout -> the axis (of the [rows, cols] tensor) its blocks run along
 AXIS_OF_USAGE = {"rowwise": -1, "columnwise": 0}
-#: (QuantizerRole.tensor_type, layout) -> the quant.gemm_plan (gemm, operand) that layout feeds
-#: (derived from LAYOUT_GEMM, the one table of which GEMM each layout feeds)
-USAGE_PLAN: dict[tuple[str, str], tuple[str, str]] = {
-    (tensor, layout): (gemm, tensor) for (tensor, layout), gemm in LAYOUT_GEMM.items()}
 
 
 def as_2d(x: torch.Tensor) -> torch.Tensor:
@@ -65,10 +58,3 @@ def hp_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
     if out is not None:
         return out.copy_(y)
     return y
-
-
-def plan_axis(tensor_type: str, usage: str) -> Optional[int]:
-    """The quant.gemm_plan axis of the operand a layout feeds, on the [rows, cols] tensor
-    (None for a tensor type that feeds no linear GEMM)."""
-    key = USAGE_PLAN.get((tensor_type, usage))
-    return None if key is None else gemm_plan.axis(*key) % 2

@@ -1,5 +1,5 @@
 """Which GEMM each layout of a Transformer Engine operand feeds: the one table the quantizer
-factory (a slot's format) and the emulated GEMM (a layout's blocking axis) both read.
+factory reads (a slot's format) and the tests hold the emulated GEMM's blocking axis to.
 
 Its own module, standard library only, so that the factory loads without torch and neither of
 the two imports the other.

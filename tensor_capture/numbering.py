@@ -75,11 +75,6 @@ def first_iteration(saver: Any, env: Any = os.environ) -> int:
     return from_args if from_args is not None else saver.iteration
 
 
-def current_iteration() -> int | None:
-    """The iteration the running (or next) training call has."""
-    return _n().next_iteration
-
-
 def _model_of(args: tuple, kwargs: dict) -> Any:
     return args[1] if len(args) > 1 else kwargs.get("model")
 

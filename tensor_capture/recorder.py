@@ -69,7 +69,6 @@ class Recorder:
         self._plane = 0
         self.capture_from = self.capture_until = -1   # full capture of these iterations
         self._stop_after: int | None = None
-        self._flagged: dict[int, dict[str, Any]] = {}
         self.triggers: list[dict[str, Any]] = []
         self._formats: dict[torch.dtype, Any] = {}
         self._full = False                  # recorder_memory reached: no new slots

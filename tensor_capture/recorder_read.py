@@ -103,7 +103,7 @@ def summary_rows(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def read_triggers(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every rank's trigger records (keys schema.REC_TRIGGER_KEYS), by (iteration, rank)."""
+    """Every rank's trigger records (the keys Recorder's trigger writes), by (iteration, rank)."""
     d = recorder_dir(folder)
     if d is None:
         return []

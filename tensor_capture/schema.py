@@ -35,11 +35,6 @@ from quant.formats import HIGH_PRECISION, UNDERSCORED_NAMES  # the format table;
 
 SCHEMA_VERSION = 3
 
-LAYER_TYPES = ("attention", "linear")
-OPERATIONS = ("forward", "backward")
-PHASES = ("pre", "post", "unknown")
-COMPONENTS = ("FA", "linear", "unknown")
-
 MANIFEST_GLOB = "manifest_rank*.jsonl"
 TENSOR_SUFFIX = ".pt"
 
@@ -292,9 +287,6 @@ class CaptureSite:
     variant: str = VARIANT_HP
 
 
-SITE_FIELDS = tuple(f.name for f in fields(CaptureSite))
-
-
 # Statistics computed on the whole tensor before any copy or sampling.
 STAT_KEYS = (
     "numel", "min", "max", "mean", "std", "absmax", "min_nonzero_abs",
@@ -488,8 +480,6 @@ REC_MERGE = {"count": "sum", "sum": "sum", "sumsq": "sum", "min": "min", "max": 
 REC_SITE_KEYS = ("site", "module_path", "layer_type", "layer_idx", "operation", "phase",
                  "tensor_name", "variant", "quant_type")
 REC_SUMMARY_COLUMNS = ("iteration", "rank", *REC_SITE_KEYS, "micro_batches", "count", *REC_STATS)
-#: a trigger record's keys (triggers_rank*.jsonl; the replay file repeats the first four)
-REC_TRIGGER_KEYS = ("iteration", "kinds", "rank", "ring", "capture", "details", "replay")
 
 
 def recorder_summary_name(rank: int | None, first_iteration: int) -> str:

@@ -66,8 +66,6 @@ class BackgroundWriter:
         self._on_error = on_error
         self._on_record = on_record     # told each record once it is in the manifest
         self.failed: str | None = None
-        self.files_written = 0
-        self.records_written = 0
         self._thread = threading.Thread(target=self._run, name="tensor-capture-writer", daemon=True)
         self._closed = False
         self._thread.start()
@@ -138,11 +136,9 @@ class BackgroundWriter:
         if item.filename is not None and item.tensor is not None:
             with atomic_path(item.directory / item.filename) as tmp:
                 torch.save({"tensor": item.tensor, "metadata": meta}, tmp)
-            self.files_written += 1
         record = dict(meta)
         record[schema.MANIFEST_FILE] = item.filename if item.tensor is not None else None
         schema.append_manifest(item.directory, item.rank, record)
-        self.records_written += 1
         if self._on_record is not None:
             self._on_record(record)
         if item.done is not None:

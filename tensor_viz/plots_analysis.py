@@ -197,7 +197,7 @@ def draw_bf16(ds: Dataset, fs: FigureSet) -> None:
     axes[1].hist(norm, bins=100, density=True)
     axes[1].set(title="normalized to [0, 1]", xlabel="(x - min) / (max - min) (unitless)",
                 ylabel="density (per unit of normalized value)")
-    raw_d, edges = np.histogram(v, bins=100, density=True)
+    raw_d, _ = np.histogram(v, bins=100, density=True)
     norm_d, _ = np.histogram(norm, bins=100, range=(0, 1), density=True)
     centers = (np.arange(100) + 0.5) / 100
     axes[2].plot(centers, raw_d, label="raw density (per unit of value)")

@@ -155,6 +155,6 @@ def test_wrap_schedule_counts_samples_per_model_chunk(tmp_path):
         train = [x for x in seen if not x[3]]
         assert train == [(c, m, it, False) for it in (0, 1) for m in range(3) for c in chunks]
         assert [x[2] for x in seen if x[3]] == [0, 0, 1, 1]          # evaluation: no new iteration
-        assert numbering.current_iteration() == 2 and s.sample_idx is None
+        assert numbering._n().next_iteration == 2 and s.sample_idx is None
     finally:
         saver_mod.reset_tensor_saver()

@@ -88,7 +88,7 @@ def test_gemm_tables_and_high_precision_are_defined_once():
     """Issue 42 item 4: each of these tables is the one definition, imported where it is used."""
     from quant import analysis, gemm_plan, precision_plan, recipes, severity
     from quant.formats import HIGH_PRECISION, HIGH_PRECISION_NAMES
-    from te_integration import emulated_gemm, factory, layouts
+    from te_integration import factory, layouts
     from tensor_capture import emulation, schema, sites
     from tensor_viz import diagnose_rules
     from training_profiler import lowp_emulation
@@ -97,10 +97,10 @@ def test_gemm_tables_and_high_precision_are_defined_once():
     assert recipes.ROLES == tuple((p.operand, p.gemm) for p in gemm_plan.PLAN
                                   if p.gemm in gemm_plan.LINEAR_GEMMS)
     assert {g for _, g in recipes.ROLES} == set(gemm_plan.LINEAR_GEMMS)
-    # the layout table: its GEMM names are the plan's; the factory and the emulation read it
+    # the layout table: its GEMM names are the plan's; the factory reads it, and the emulated
+    # GEMM's blocking axes follow it (test_te_integration.test_layouts_follow_the_gemm_plan)
     assert set(layouts.LAYOUT_GEMM.values()) == set(gemm_plan.LINEAR_GEMMS)
     assert factory.LAYOUT_GEMM is layouts.LAYOUT_GEMM
-    assert {k: v[0] for k, v in emulated_gemm.USAGE_PLAN.items()} == layouts.LAYOUT_GEMM
     assert precision_plan.HP == factory.HP == schema.VARIANT_HP == HIGH_PRECISION
     for word in HIGH_PRECISION_NAMES:
         assert precision_plan.check_format(word.upper(), "t") == HIGH_PRECISION

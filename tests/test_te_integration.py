@@ -26,6 +26,7 @@ from te_helpers import ROOT, initialize, make_logger, te_linear_calls
 import quant
 from quant import gemm_plan
 from te_integration import emulated_gemm, factory, names, options
+from te_integration.layouts import LAYOUT_GEMM
 
 FC1 = "model.decoder.layers.2.mlp.linear_fc1"     # layer_number 2: our layer index 1
 
@@ -365,10 +366,10 @@ def test_factory_without_transformer_engine_is_one_line():
 def test_layouts_follow_the_gemm_plan():
     """Each TE layout (rowwise: the tensor, columnwise: its transpose) is blocked along the
     axis quant.gemm_plan gives the operand it feeds: the GEMM's reduction axis."""
-    for (ttype, usage), (gemm, operand) in emulated_gemm.USAGE_PLAN.items():
-        assert emulated_gemm.plan_axis(ttype, usage) == emulated_gemm.AXIS_OF_USAGE[usage] % 2
+    for (operand, usage), gemm in LAYOUT_GEMM.items():
+        assert gemm_plan.axis(gemm, operand) % 2 == emulated_gemm.AXIS_OF_USAGE[usage] % 2
         assert gemm_plan.plan(gemm, operand).operand == operand
-    assert {k[0] for k in emulated_gemm.USAGE_PLAN} == set(factory.OPERAND_TYPES)
+    assert {k[0] for k in LAYOUT_GEMM} == set(factory.OPERAND_TYPES)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3_tensor"])

@@ -7,6 +7,7 @@ resumed run reads exactly the samples the uninterrupted run would have, with no 
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,13 +57,13 @@ def check_tokenizer_matches(prefix: str, tokenizer: Tokenizer) -> None:
 def _ensure_helpers() -> None:
     """megatron's sample index builder is C++; wheels ship it compiled, source installs may not."""
     try:
-        from megatron.core.datasets import helpers_cpp
+        importlib.import_module("megatron.core.datasets.helpers_cpp")   # compiled already?
     except ImportError:
         try:
             from megatron.core.datasets.utils import compile_helpers
 
             compile_helpers()
-            from megatron.core.datasets import helpers_cpp  # noqa: F401
+            importlib.import_module("megatron.core.datasets.helpers_cpp")
         except Exception as exc:
             raise UserError("megatron-core's dataset helpers (helpers_cpp) are not compiled and "
                             f"building them failed ({exc}); install a megatron-core wheel or run "

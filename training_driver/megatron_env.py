@@ -124,13 +124,6 @@ class LlamaShape:
     extra_config: dict[str, Any] = field(default_factory=dict)
 
 
-# Llama 3.2 1B: 16 layers, hidden 2048, FFN 8192, 32 heads, 8 KV groups, RoPE base 500000.
-LLAMA32_1B = LlamaShape(
-    num_layers=16, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32,
-    num_query_groups=8, vocab_size=128256, seq_length=2048, rotary_base=500000,
-)
-
-
 def llama_config(shape: LlamaShape, params_dtype: torch.dtype = torch.float32, **overrides: Any):
     """TransformerConfig for RMSNorm + SwiGLU + RoPE + GQA, untied embeddings, no biases."""
     import torch.nn.functional as F

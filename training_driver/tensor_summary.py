@@ -20,7 +20,6 @@ class TensorSummary:
     by_operation: Counter = field(default_factory=Counter)
     by_quant_type: Counter = field(default_factory=Counter)
     iterations: Counter = field(default_factory=Counter)
-    unparsed: int = 0
 
 
 def tensor_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -46,7 +45,6 @@ def summarize(directory: str | os.PathLike[str], only: set[Path] | None = None) 
             name = parse_filename(path.name)
             size = path.stat().st_size
         except (ValueError, OSError):
-            s.unparsed += 1
             continue
         s.files += 1
         s.bytes += size

@@ -104,12 +104,10 @@ class Record:
     """Everything the rules read (see :mod:`training_profiler.audit_rules`)."""
 
     sites: dict[tuple, OpSite] = field(default_factory=dict)
-    dropped_sites: int = 0
     steps: list[StepEvent] = field(default_factory=list)
     functions: dict[tuple, FunctionCall] = field(default_factory=dict)
     scaler_calls: dict[tuple[Where, bool], int] = field(default_factory=dict)  # (site, enabled)
     scaler_updates: int = 0         # iterations under an enabled scaler, skipped steps included
-    backward_calls: int = 0
 
 
 _CODE_INTERNAL: dict[Any, bool] = {}
@@ -293,7 +291,6 @@ class Recorder(TorchDispatchMode):
         site = self.record.sites.get(key)
         if site is None:
             if len(self.record.sites) >= MAX_SITES:
-                self.record.dropped_sites += 1
                 return out
             site = self.record.sites[key] = OpSite(op, "backward" if backward else "forward",
                                                    key[2], where, key[4], key[5], key[6])
@@ -362,7 +359,6 @@ class Recorder(TorchDispatchMode):
 
         def backward(*args, **kwargs):
             rec.backward_where = user_frame(2)
-            rec.record.backward_calls += 1
             return original(*args, **kwargs)
 
         torch.autograd.backward = backward

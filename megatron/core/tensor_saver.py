@@ -32,8 +32,6 @@ from tensor_capture.saver import (
 from tensor_capture.sites import register_model
 from tensor_capture.state import STATE, env_requests_activity
 
-TENSOR_SAVER_PATCH_VERSION = 1
-
 __all__ = [
     "STATE", "TensorSaver", "CaptureConfig", "ConfigError", "load_config", "configure",
     "get_tensor_saver", "reset_tensor_saver", "save_tensor", "save_attention_tensors",
