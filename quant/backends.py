@@ -15,9 +15,17 @@ from .interpreter import triton_interpreting
 from .optional import OptionalModule
 
 BACKENDS = ("auto", "torch", "triton")
+
+
+def _load_triton_kernels() -> ModuleType:
+    from . import triton_kernels
+
+    return triton_kernels
+
+
 #: the Triton kernels, imported on first use; this process's one record of whether Triton
 #: imports (``TRITON_KERNELS.reset()`` makes the next use try again)
-TRITON_KERNELS = OptionalModule(f"{__package__}.triton_kernels")
+TRITON_KERNELS = OptionalModule(_load_triton_kernels)
 
 
 def triton_kernels() -> Optional[ModuleType]:

@@ -31,6 +31,7 @@ from lowp_common import human_bytes
 
 from .config import MODE_RECORDER, CaptureConfig
 from .ranks import global_rank
+from .state import STATE
 
 DISK_FRACTION = 0.5          # of the free disk at start, per node
 
@@ -48,17 +49,13 @@ class CaptureBudgetError(Exception):
         self.message = message
 
 
-#: the work handle of the latest :func:`any_rank` collective, so that this process's main thread
-#: drops the last reference to it (replaced by the next agreement, a later session's)
-_AGREEMENT_WORK: list[Any] = []
-
-
 def any_rank(flag: bool) -> bool:
     """Whether ``flag`` is true on any rank: an all-reduce over the default process group when
     torch.distributed runs more than one rank (every rank must call it at the same point),
     else ``flag`` itself.
 
-    Why the work handle is kept (``_AGREEMENT_WORK``): a budget stop exits right after this
+    Why the work handle is kept (``STATE.agreement_work``, which a session reset leaves alone:
+    the next agreement replaces it, a later session's too): a budget stop exits right after this
     collective, and its tensor must not be let go by a backend thread while the interpreter
     exits. In torch 2.13 a tensor that C++ code also holds keeps its Python object alive, and
     the thread that drops the last such C++ reference takes the GIL to release that object.
@@ -89,7 +86,7 @@ def max_over_ranks(values: list[float]) -> list[float]:
     vec = torch.tensor(values, dtype=torch.float64, device=device)
     work = dist.all_reduce(vec, op=dist.ReduceOp.MAX, async_op=True)
     work.wait()
-    _AGREEMENT_WORK[:] = [work]
+    STATE.agreement_work = work
     return vec.tolist()
 
 
@@ -192,16 +189,6 @@ def finished_reason(config: CaptureConfig, saved: set[int] | list[int], next_ite
     return None
 
 
-#: callables adding a clause to the stop line (a module with per-session counts registers one
-#: here instead of this module importing it)
-_STOP_NOTES: list[Callable[[], str | None]] = []
-
-
-def add_stop_note(note: Callable[[], str | None]) -> None:
-    if note not in _STOP_NOTES:
-        _STOP_NOTES.append(note)
-
-
 def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
     saved = saver.saved_iterations
     its = f"{saved[0]}..{saved[-1]}" if len(saved) > 1 else (str(saved[0]) if saved else "none")
@@ -213,7 +200,7 @@ def stop_line(saver: Any, last_iteration: int, reason: str) -> str:
     return (f"tensor capture: stopped after iteration {last_iteration} ({reason}): "
             f"{len(saved)} iteration(s) saved ({its}), {human_bytes(saver.bytes_saved)} of files "
             f"on rank {global_rank()} in {saver.directory}{whatif}"
-            + "".join(f"; {n}" for n in (note() for note in _STOP_NOTES) if n))
+            + "".join(f"; {n}" for n in STATE.stop_notes()))
 
 
 class ByteBudget:

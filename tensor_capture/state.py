@@ -6,7 +6,12 @@ every GEMM, and everything else is imported only when it is true; and a new capt
 :meth:`CaptureState.reset` and nothing else. The process-wide saver (tensor_capture.saver) owns
 it: it sets the flags from its config and calls the reset; other modules read the flags and keep
 their per-session books as :meth:`CaptureState.session` parts (iteration numbering, emulation's
-delayed-scaling state, the underflow warning's turns), so the saver never imports them.
+delayed-scaling state, the underflow warning's turns), so the saver never imports them. A part
+with something to say in the capture's stop line defines ``stop_note()`` (:meth:`stop_notes`).
+
+What a reset keeps: what describes the process rather than a session (the inspector route, the
+model's sites, the outcome of importing the fused statistics kernel, the handle of the ranks'
+latest agreement, which tensor_capture.budget explains).
 
 What is deliberately not here: the call a linear layer's backward needs (site, iteration,
 micro-batch of its forward) travels on the autograd ``ctx`` (tensor_capture.hooks), because
@@ -15,11 +20,20 @@ several forwards (micro-batches, pipeline stages) run before their backwards.
 from __future__ import annotations
 
 import weakref
+from types import ModuleType
 from typing import Any, TypeVar
+
+from quant.optional import OptionalModule
 
 from .config import env_requests_activity  # noqa: F401  (the facade imports it from here)
 
 _Part = TypeVar("_Part")
+
+
+def _load_stats_kernel() -> ModuleType:
+    from . import stats_kernel
+
+    return stats_kernel
 
 
 class CaptureState:
@@ -27,7 +41,7 @@ class CaptureState:
 
     __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "plan", "current_linear",
                  "paused", "warn_underflow", "inspector", "saver", "running_attention", "sites",
-                 "discovery", "_session")
+                 "discovery", "stats_kernel", "agreement_work", "_session")
 
     def __init__(self) -> None:
         # inspector(module, site, iteration, {name: tensor}) for attention tensors: the debug
@@ -38,6 +52,11 @@ class CaptureState:
         # session (a reset keeps it; weak keys let a dropped model go)
         self.sites: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
         self.discovery: list[Any] = []     # handle of the global module pre-hook (tensor_capture.sites)
+        # the fused Triton statistics pass, imported on first CUDA tensor (None without Triton)
+        self.stats_kernel = OptionalModule(_load_stats_kernel)
+        # work handle of the ranks' latest agreement (tensor_capture.budget.max_over_ranks):
+        # replaced by the next one, whichever session it belongs to
+        self.agreement_work: Any = None
         self.reset()
 
     def reset(self) -> None:
@@ -64,6 +83,11 @@ class CaptureState:
     def forget(self, kind: type) -> None:
         """Drop this session's ``kind`` part alone (its next use starts afresh)."""
         self._session.pop(kind, None)
+
+    def stop_notes(self) -> list[str]:
+        """The clauses this session's parts add to the stop line (``part.stop_note()``)."""
+        notes = (getattr(part, "stop_note", lambda: None)() for part in self._session.values())
+        return [note for note in notes if note]
 
 
 STATE = CaptureState()

@@ -21,6 +21,7 @@ from quant.analysis import CastLimits, cast_limits, dtype_limits
 from quant.formats import SCALING_IDENTITY, SCALING_NONE, get_format
 
 from . import schema
+from .state import STATE
 
 HIST_MIN_EXP = -1100   # covers float64 subnormals (2^-1074)
 HIST_MAX_EXP = 1024
@@ -91,23 +92,15 @@ def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool |
     return _compute_device(x, ranges)
 
 
-_KERNEL: dict = {}
-
-
 def fused_kernel_available() -> bool:
     """Whether the fused Triton pass (``stats_kernel``) imports here (CUDA tensors use it)."""
     return _stats_kernel() is not None
 
 
 def _stats_kernel():
-    """``tensor_capture.stats_kernel`` when Triton imports, else None (imported once)."""
-    if "module" not in _KERNEL:
-        try:
-            from . import stats_kernel as module
-        except ImportError:
-            module = None
-        _KERNEL["module"] = module
-    return _KERNEL["module"]
+    """``tensor_capture.stats_kernel`` when Triton imports, else None (imported once per
+    process: ``STATE.stats_kernel``, which a capture session's reset keeps)."""
+    return STATE.stats_kernel.get()
 
 
 def _compute_kernel(x: torch.Tensor, ranges: Sequence[RangeSpec]) -> torch.Tensor:

@@ -23,7 +23,6 @@ import sys
 
 import torch
 
-from . import budget
 from .state import STATE
 
 _ICON = {"high": "\U0001f534", "medium": "\U0001f7e1", "none": "\U0001f7e2"}
@@ -41,6 +40,14 @@ class _Turns:
         self.levels: dict[tuple, str] = {}             # (module, kind, format) -> level last said
         self.said = 0                                  # warnings printed this session
 
+    def stop_note(self) -> str | None:
+        """The stop line's clause (STATE.stop_notes): how many warnings, how many still above."""
+        if not self.said:
+            return None
+        keys = sum(1 for v in self.levels.values() if v != "none")
+        return (f"{self.said} pre-quantization warning(s) ({keys} module x operand x format now "
+                "above the margin)")
+
 
 def _turns() -> _Turns:
     return STATE.session(_Turns)
@@ -49,22 +56,6 @@ def _turns() -> _Turns:
 def reset() -> None:
     """Forget the turns and levels said (the next warning starts afresh)."""
     STATE.forget(_Turns)
-
-
-def warnings_said() -> int:
-    return _turns().said
-
-
-def _stop_note() -> str | None:
-    t = _turns()
-    if not t.said:
-        return None
-    keys = sum(1 for v in t.levels.values() if v != "none")
-    return (f"{t.said} pre-quantization warning(s) ({keys} module x operand x format now above "
-            "the margin)")
-
-
-budget.add_stop_note(_stop_note)
 
 
 def _my_turn(t: _Turns, kind: str, site: str | None) -> bool:

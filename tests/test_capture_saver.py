@@ -137,6 +137,7 @@ def test_any_rank_keeps_its_collective_for_the_main_thread_to_release(monkeypatc
     import torch.distributed as dist
 
     from tensor_capture import budget
+    from tensor_capture.state import STATE
 
     works = []
 
@@ -156,11 +157,13 @@ def test_any_rank_keeps_its_collective_for_the_main_thread_to_release(monkeypatc
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(budget, "_AGREEMENT_WORK", [])
+    monkeypatch.setattr(STATE, "agreement_work", None)
     assert budget.any_rank(False) is True and works[0].waited
-    assert budget._AGREEMENT_WORK == [works[0]]
+    assert STATE.agreement_work is works[0]
+    saver_mod.reset_tensor_saver()                    # a new session keeps it
+    assert STATE.agreement_work is works[0]
     budget.any_rank(False)
-    assert budget._AGREEMENT_WORK == [works[1]]      # the next agreement replaces it
+    assert STATE.agreement_work is works[1]           # the next agreement replaces it
 
 
 def test_stats_only_and_row_sampling(tmp_path):

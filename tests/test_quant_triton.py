@@ -139,8 +139,10 @@ def test_unknown_backend_lists_the_valid_ones():
 
 
 def test_triton_missing_names_the_fix(monkeypatch):
-    # the import of a module that is not there fails as Triton's does where it is absent
-    monkeypatch.setattr(backends, "TRITON_KERNELS", OptionalModule("quant.no_such_kernels"))
+    def load():        # the import fails as the kernels' does where Triton is absent
+        import no_such_triton  # noqa: F401
+
+    monkeypatch.setattr(backends, "TRITON_KERNELS", OptionalModule(load))
     with pytest.raises(RuntimeError, match=r"pip install triton.*backend='torch'"):
         quant.quantize(torch.zeros(3), "mxfp8", backend="triton")
     # auto quietly stays on torch
