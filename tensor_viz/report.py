@@ -9,6 +9,7 @@ import functools
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
 
@@ -19,6 +20,9 @@ from tensor_viz.data import Dataset, group, ratio
 from tensor_viz.figures import NO_DATA, Figure, subset_note
 from tensor_viz.options import SECTION_DESCRIPTIONS, Options
 from tensor_viz.result import Result
+
+if TYPE_CHECKING:
+    from tensor_viz.diagnose import Diagnosis
 
 TOP = 10
 MAX_PROBLEMS_SHOWN = 50
@@ -173,7 +177,7 @@ def _not_drawn(figures: list[Figure], sections: tuple[str, ...]) -> list[dict]:
              "whole": f.path.endswith("/" + NO_DATA)} for f in skipped]
 
 
-def _diagnosis_view(diagnosis) -> dict | None:
+def _diagnosis_view(diagnosis: Diagnosis | None) -> dict | None:
     """What the page's Diagnosis section shows: the findings (the cause first) and what was
     checked; None without manifests (lowp-diagnose reads the capture's manifests)."""
     if diagnosis is None:
