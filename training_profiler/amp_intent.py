@@ -189,11 +189,37 @@ def cast_purpose(ctx: FileContext, call: ast.Call) -> str:
     frozen = _frozen_receivers(ctx, fn)
     if root and (root in frozen or any(root.startswith(f + ".") for f in frozen)):
         return FROZEN
+    if root and _frozen_on_branch(ctx, call, root, fn):
+        return FROZEN
     # the cast result bound to a name that is then frozen
     stmt = next((a for a in ctx.parents_chain(call) if isinstance(a, ast.stmt)), None)
     if isinstance(stmt, ast.Assign) and any(dotted(t) in frozen for t in stmt.targets):
         return FROZEN
     return TRAINING
+
+
+def _frozen_on_branch(ctx: FileContext, call: ast.Call, root: str, fn: ast.AST) -> bool:
+    """The cast sits on the branch where the module's gradients were switched off by a flag:
+    ``m.requires_grad_(train_m)`` and then ``if not train_m: m.to(dtype=weight_dtype)``
+    (the ``else`` of ``if train_m:`` too). On that branch ``requires_grad_`` got a false
+    value, so nothing of ``m`` trains whatever the flag is at run time."""
+    flags = {c.args[0].id for c in _method_calls(fn, "requires_grad_")
+             if dotted(c.func.value) == root and len(c.args) == 1 and isinstance(c.args[0], ast.Name)}
+    if not flags:
+        return False
+    child: ast.AST = call
+    for a in ctx.parents_chain(call):
+        if a is fn:
+            return False
+        if isinstance(a, ast.If):
+            test = a.test
+            negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+            name = test.operand if negated else test
+            if isinstance(name, ast.Name) and name.id in flags and (
+                    (negated and child in a.body) or (not negated and child in a.orelse)):
+                return True
+        child = a
+    return False
 
 
 def _matches_tested_dtype(ctx: FileContext, call: ast.Call) -> bool:

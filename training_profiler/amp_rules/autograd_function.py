@@ -112,9 +112,37 @@ class AutogradFunctionNoCustomFwd(RuleVisitor):
                         for d in item.decorator_list]
                 if not any(d.split(".")[-1] == want for d in decs):
                     note = "" if amp_here else " (autocast is decided by its callers, outside the scan: unknown)"
-                    self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}",
-                                Confidence.HIGH if amp_here else Confidence.MEDIUM)
+                    conf = Confidence.HIGH if amp_here else Confidence.MEDIUM
+                    sibling = None if _applied_under_autocast(ctx, node) else _decorated_sibling(ctx, node)
+                    if sibling:
+                        note = (f" (`{sibling}` in this module is decorated: its authors chose per Function, "
+                                "and a kernel may take mixed dtypes by design)")
+                        conf = Confidence.LOW
+                    self.report(item, f"autograd.Function {node.name}.{item.name} without @{want}{note}", conf)
         self.generic_visit(node)
+
+
+def _applied_under_autocast(ctx: FileContext, cls: ast.ClassDef) -> bool:
+    """``cls.apply(...)`` is called inside an autocast region of this module: the mixed
+    dtypes reach it, whatever its authors chose."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "apply"
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == cls.name and ctx.in_autocast(n)
+               for n in ctx.nodes)
+
+
+def _decorated_sibling(ctx: FileContext, cls: ast.ClassDef) -> str | None:
+    """Another autograd Function of the module whose forward or backward carries custom_fwd /
+    custom_bwd: the module handles autocast Function by Function (mamba's MambaInnerFn beside
+    the selective scan whose kernel takes half inputs with float32 weights), so an undecorated
+    one there is more likely a choice than an oversight."""
+    for other in ctx.nodes:
+        if isinstance(other, ast.ClassDef) and other is not cls and _is_autograd_function(ctx, other) and any(
+                isinstance(i, ast.FunctionDef) and any(
+                    (ctx.qualname(d.func if isinstance(d, ast.Call) else d) or "").split(".")[-1]
+                    in ("custom_fwd", "custom_bwd") for d in i.decorator_list)
+                for i in other.body):
+            return other.name
+    return None
 
 
 def _unified_operands(ctx: FileContext, cls: ast.ClassDef, forward: ast.FunctionDef

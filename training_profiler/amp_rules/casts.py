@@ -41,7 +41,11 @@ class ManualCast(RuleVisitor):
                 self.report(node, f"{what} on the bfloat16 path (`{ast.unparse(bf16_if.test)[:60]}`)")
             elif ctx.uses_amp and node in training_lowp_casts(ctx):
                 note = _runtime_dtype_note(ctx, node)
-                if not note or _module_like(ctx, node):
+                held = "" if note else _held_instead(ctx, node)
+                if held:
+                    self.report(node, f"{what} call detected (the optimizer built beside it holds {held}, "
+                                      "not this module: it may be a frozen part)", Confidence.LOW)
+                elif not note or _module_like(ctx, node):
                     self.report(node, f"{what} call detected{note}")
         self.generic_visit(node)
 
@@ -50,27 +54,51 @@ _MODULE_METHODS = {"parameters", "named_parameters", "eval", "train", "requires_
                    "load_state_dict", "modules", "children", "set_progress_bar_config", "register_buffer"}
 
 
-def _module_like(ctx: FileContext, call: ast.Call) -> bool:
-    """The cast's receiver is used as a module (its parameters, train/eval, state_dict...) in
-    the same function: a run-time dtype cast of a batch or an activation to match a frozen
-    model (``batch["pixel_values"].to(dtype=weight_dtype)``) is data plumbing, not a cast of
-    trained weights."""
+def _module_receiver(ctx: FileContext, call: ast.Call) -> str | None:
+    """The cast's receiver when it is used as a module (its parameters, train/eval,
+    state_dict...) in the same function; None for anything else (a batch, an activation)."""
     name = dotted(receiver_root(call))
     if not name:
-        return False
+        return None
     fn = ctx.enclosing_function(call)
-    if not any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _MODULE_METHODS
-               and dotted(c.func.value) == name for c in ast.walk(fn)):
+    return name if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _MODULE_METHODS
+                       and dotted(c.func.value) == name for c in ast.walk(fn)) else None
+
+
+def _module_like(ctx: FileContext, call: ast.Call) -> bool:
+    """The cast's receiver is a module that trains (or nothing says otherwise): a run-time
+    dtype cast of a batch or an activation to match a frozen model
+    (``batch["pixel_values"].to(dtype=weight_dtype)``) is data plumbing, not a cast of trained
+    weights."""
+    name = _module_receiver(ctx, call)
+    if not name:
         return False
-    trained = _optimized_modules(ctx, fn)
+    trained = _optimized_modules(ctx, ctx.enclosing_function(call))
     return trained is None or name.split(".")[0] in trained
 
 
-def _optimized_modules(ctx: FileContext, fn: ast.AST) -> set[str] | None:
+def _held_instead(ctx: FileContext, call: ast.Call) -> str:
+    """The modules the optimizer built in the cast's function holds, as text, when the cast
+    module is not one of them (``unet.to(torch.float16)`` beside
+    ``Adam(control_net.prepare_optimizer_params())``); '' when it is, when no optimizer is
+    built there, or when what it holds is not known. Not proof that the module is frozen (a
+    wrapper may hold it), so such a finding is low confidence."""
+    name = _module_receiver(ctx, call)
+    if not name:
+        return ""
+    held = _optimized_modules(ctx, ctx.enclosing_function(call), any_method=True)
+    if not held or name.split(".")[0] in held:
+        return ""
+    return ", ".join(f"`{h}`" for h in sorted(held))
+
+
+def _optimized_modules(ctx: FileContext, fn: ast.AST, any_method: bool = False) -> set[str] | None:
     """Names whose parameters reach an optimizer built in ``fn`` (through the call's arguments
     and the variables they name, one assignment back); None when ``fn`` builds none. A module
     cast to ``weight_dtype`` next to an optimizer that does not hold it is not being trained
-    (diffusers' T2I-adapter script trains the adapter, not the UNet)."""
+    (diffusers' T2I-adapter script trains the adapter, not the UNet). ``any_method``: the
+    receiver of any method called there counts (``net.prepare_optimizer_params()``), not only
+    of ``parameters()``."""
     built = [c for c in ast.walk(fn) if isinstance(c, ast.Call)
              and any(v.kind == av.OPTIMIZER for v in ctx.values.value(c))]
     if not built:
@@ -83,8 +111,9 @@ def _optimized_modules(ctx: FileContext, fn: ast.AST) -> set[str] | None:
         more = []
         for e in exprs:
             for n in ast.walk(e):
-                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
-                        "parameters", "named_parameters") and dotted(n.func.value):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and (any_method or n.func.attr in (
+                        "parameters", "named_parameters")) and dotted(n.func.value) \
+                        and dotted(n.func.value).split(".")[0] not in ctx.aliases:  # not a module's function
                     out.add(dotted(n.func.value).split(".")[0])
                 elif isinstance(n, ast.Name) and n.id in assigned:
                     more.append(assigned.pop(n.id))
