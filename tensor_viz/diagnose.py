@@ -95,10 +95,6 @@ class Diagnosis:
         return {"findings": [f.to_dict() for f in self.findings], "checked": self.checked,
                 "records": self.records, "summary_rows": self.summary_rows}
 
-    @property
-    def healthy(self) -> bool:
-        return not any(f.severity in (HIGH, MEDIUM) for f in self.findings)
-
     def lines(self, limit: int = 20) -> list[str]:
         """The findings as text, the cause first (what the command and one-click print)."""
         read = f"{self.records:,} records" + (

@@ -265,7 +265,7 @@ def absmax_trend(series: list[tuple[int, float]], max_normal: float | None) -> T
     pts = [(i, math.log2(v)) for i, v in series if v and v > 0 and math.isfinite(v)]
     if len(pts) < MIN_TREND_POINTS:
         return None
-    slope, icpt, r2 = fit(pts)
+    slope, _, r2 = fit(pts)
     span = pts[-1][0] - pts[0][0]
     if slope <= 0 or r2 < MIN_R2 or pts[-1][1] - pts[0][1] < MIN_RISE_BINADES or span <= 0:
         return None

@@ -140,11 +140,6 @@ _.layout_issues
 _.audit_precision
 
 # ---- pending other helpers (issue 42, 2026-11-28): in files another helper was editing -------
-# tensor_viz/diagnose.py Diagnosis.healthy: read by tests only; docs/diagnose.md lists the
-# report's API without it: name it there or remove it (and its reads in tests)
-_.healthy
-# tensor_viz/diagnose_rules.py absmax_trend: the fit's intercept is never used (`slope, _, r2`)
-_.icpt
 # training_profiler/skills/numerical_issues: case_masked_softmax_fp16.train_demo (the loop the
 # case comes from, never run or read), case_outlier_saturation.OUTLIER_LAYER (read by
 # tests/test_profiler_skills.py only)
