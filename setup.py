@@ -81,7 +81,7 @@ setup(
             "visualize-tensors=tensor_viz.full:main",
             "llama-train=training_driver.train:main",
             "preprocess-corpus=training_driver.preprocess:main",
-            "amp-static-check=training_profiler.static_checker:main",
+            "amp-static-check=training_profiler.amp_checker.checker:main",
             "analyze-tensor=training_profiler.tensor_analyzer:main",
             "precision-diff=training_profiler.layer_diff:main",
             "lowp-te-check=te_integration.check_cli:main",

@@ -48,9 +48,9 @@ from typing import Callable, Iterable, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lowp_common import CommandParser, UserError, atomic_write_json, cli_entry
-from training_profiler.amp_project import PROGRAM_MARKERS
-from training_profiler.amp_rules import Confidence
-from training_profiler.static_checker import check_paths
+from training_profiler.amp_checker.checker import check_paths
+from training_profiler.amp_checker.project import PROGRAM_MARKERS
+from training_profiler.amp_checker.rules import Confidence
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = ROOT / "bench" / "realcode" / "corpus.json"
@@ -60,7 +60,7 @@ TIMING_LINES = 10_000   # size of the tree whose scan is timed
 TIMING_GOAL_S = 5.0
 VERDICTS = ("tp", "fp")
 # project markers extracted beside the .py/.sh files: the checker tells the programs of a scan
-# apart by them (training_profiler.amp_project.program_root); bumped when extraction changes
+# apart by them (training_profiler.amp_checker.project.program_root); bumped when extraction changes
 _MARKERS = {m.encode() for m in PROGRAM_MARKERS if m != ".git"}
 EXTRACT_VERSION = "markers-1"
 Key = tuple[str, str, int, str]   # (repo, path, line, rule)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from training_profiler import static_checker as sc
+from training_profiler.amp_checker import checker as sc
 
 LOW = sc.Confidence.parse("low")
 

@@ -47,7 +47,7 @@ ALLOWED = {
         "weak set of the open background writers, flushed by the atexit hook beside it",
     ("tensor_viz.pipeline", "_DRAW_STATE"):
         "a drawing worker process's arguments, set by the pool's initializer in that process",
-    ("training_profiler.amp_rules.base", "_DISPATCH"):
+    ("training_profiler.amp_checker.rules.base", "_DISPATCH"):
         "memo of a pure function: (visitor class, node class) -> its visit method",
     ("training_profiler.audit_record", "_CODE_INTERNAL"):
         "memo of a pure function: code object -> whether it is torch's or ours (a hot path)",
@@ -56,9 +56,9 @@ ALLOWED = {
 #: (writer module, module.name written) -> why it is still there. Pending, not accepted: the
 #: tables belong in amp_values (or a table module both import), which amp_context then reads.
 PENDING_CROSS_WRITES = {
-    ("training_profiler.amp_context", "training_profiler.amp_values._AUTOCAST_QUALS"):
+    ("training_profiler.amp_checker.context", "training_profiler.amp_checker.values._AUTOCAST_QUALS"):
         "amp_context fills amp_values' table of autocast entry points at import",
-    ("training_profiler.amp_context", "training_profiler.amp_values._DTYPES"):
+    ("training_profiler.amp_checker.context", "training_profiler.amp_checker.values._DTYPES"):
         "amp_context fills amp_values' table of dtype names at import",
 }
 

@@ -329,7 +329,7 @@ def test_cli_script_failing_on_its_own(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_static_checker_merges_the_audit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from training_profiler.static_checker import main as static_main
+    from training_profiler.amp_checker.checker import main as static_main
 
     script = _script(tmp_path, LOOP.replace("int(sys.argv[1])", "3").replace('    print("step", i, flush=True)\n', ""))
     code = static_main([script, "--audit", script, "--format", "json", "--min-confidence", "low"])

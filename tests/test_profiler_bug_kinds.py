@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from training_profiler import static_checker as sc
-from training_profiler.amp_context import FileContext
-from training_profiler.amp_rules.helpers import EXACT_INTEGERS
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.context import FileContext
+from training_profiler.amp_checker.rules.helpers import EXACT_INTEGERS
 
 
 def _rules(source: str) -> list[tuple[int, str]]:
@@ -289,8 +289,8 @@ def test_tables_made_fresh_inside_the_region_are_not_inputs() -> None:
 def test_the_rotary_texts_say_the_exact_integer_limits() -> None:
     """The rule text is declared literally (test_profiler_static_rule_layout); it must still say
     the one definition's numbers."""
-    from training_profiler.amp_rules.positions import RotaryAnglesInLowPrecision
-    from training_profiler.amp_rules.sensitive_ops import SENSITIVE_OPS
+    from training_profiler.amp_checker.rules.positions import RotaryAnglesInLowPrecision
+    from training_profiler.amp_checker.rules.sensitive_ops import SENSITIVE_OPS
     text = RotaryAnglesInLowPrecision.rule.explanation
     assert f"up to {EXACT_INTEGERS['bfloat16']} (float16: {EXACT_INTEGERS['float16']})" in text
     assert f"up to {EXACT_INTEGERS['bfloat16']} (float16 up to {EXACT_INTEGERS['float16']})" in SENSITIVE_OPS[0].reason

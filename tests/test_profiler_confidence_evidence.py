@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import textwrap
 
-from training_profiler import static_checker as sc
-from training_profiler.amp_rules import Confidence
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.rules import Confidence
 
 _KV_CACHE = """
 import torch

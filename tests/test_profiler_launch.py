@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from training_profiler import launch_rules
-from training_profiler.static_checker import check_paths, main, select_rules
+from training_profiler.amp_checker import launch_rules
+from training_profiler.amp_checker.checker import check_paths, main, select_rules
 
 HERE = Path(__file__).parent / "profiler_launch"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from amp_project_helpers import LOW, found, make_project
 
-from training_profiler import static_checker as sc
+from training_profiler.amp_checker import checker as sc
 
 
 # ---- AMP029 gradient norm in float16 ------------------------------------------------------------

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from training_profiler import static_checker as sc
-from training_profiler.amp_context import FileContext
-from training_profiler.amp_project import Project, program_root
-from training_profiler.amp_rules import Confidence
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.context import FileContext
+from training_profiler.amp_checker.project import Project, program_root
+from training_profiler.amp_checker.rules import Confidence
 
 # a hand-written total gradient norm, in a package whose trainer uses native AMP
 NORM = """

@@ -27,7 +27,7 @@ def _bugs() -> list[dict]:
 
 
 def _rule_ids() -> set[str]:
-    out = subprocess.run([sys.executable, "-m", "training_profiler.static_checker", "--list-rules"],
+    out = subprocess.run([sys.executable, "-m", "training_profiler.amp_checker.checker", "--list-rules"],
                          capture_output=True, text=True, check=True, cwd=REPO).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
@@ -103,7 +103,7 @@ def test_case_is_caught_where_marked(case: Path) -> None:
     """`# expect: AMPxxx` lines are reported with that rule; `# missed: AMPxxx` marks a class a
     rule should cover but the checker does not catch yet (the reason is in BUGS.md), so a case
     that starts being caught shows up here as well."""
-    from training_profiler.static_checker import check_paths
+    from training_profiler.amp_checker.checker import check_paths
     found = {(f.line, f.rule_id) for f in check_paths([case]).findings}
     lines = case.read_text().splitlines()
     for n, line in enumerate(lines, 1):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from training_profiler import static_checker as sc
-from training_profiler.amp_project import module_names
-from training_profiler.amp_rules import Confidence
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.project import module_names
+from training_profiler.amp_checker.rules import Confidence
 
 TRAIN = """
 import torch

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import training_profiler.skills.numerical_issues as cases
-from training_profiler.static_checker import check_paths
+from training_profiler.amp_checker.checker import check_paths
 
 CASE_DIR = Path(cases.__file__).parent
 SKILLS = CASE_DIR.parent
@@ -80,5 +80,5 @@ def test_readmes_exist_and_name_the_cases() -> None:
     text = (SKILLS / "numerical_issues" / "README.md").read_text()
     assert all(f"{name}.py" in text for name in RUNTIME)
     rules_text = (SKILLS / "unsafe_ops" / "README.md").read_text()
-    from training_profiler.amp_catalog import RULES
+    from training_profiler.amp_checker.catalog import RULES
     assert all(r.id in rules_text for r in RULES)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from training_profiler import findings_report as fr
-from training_profiler import static_checker as sc
-from training_profiler.amp_catalog import RULES
-from training_profiler.amp_rules import Severity
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.catalog import RULES
+from training_profiler.amp_checker.rules import Severity
 
 GOLDEN = Path(__file__).parent / "profiler_golden"
 CASES = sorted(GOLDEN.glob("*.py"))
@@ -94,7 +94,7 @@ def test_json_format_round_trips() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training_profiler.static_checker", *args],
+    return subprocess.run([sys.executable, "-m", "training_profiler.amp_checker.checker", *args],
                           capture_output=True, text=True)
 
 
@@ -158,7 +158,7 @@ def test_precision_decided_outside_the_scan_is_not_guessed() -> None:
 
 
 def test_context_flag_on_the_command_line() -> None:
-    out = subprocess.run([sys.executable, "-m", "training_profiler.static_checker",
+    out = subprocess.run([sys.executable, "-m", "training_profiler.amp_checker.checker",
                           str(PROJECT / "train.py"), "--context", str(PROJECT), "--format", "line"],
                          capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout.strip().endswith("AMP003 loss `lm_loss(...)` computed outside the autocast block")
@@ -239,7 +239,7 @@ def test_a_context_with_several_autocasts_is_judged_the_same_whatever_the_hash_s
     not with PYTHONHASHSEED."""
     (tmp_path / "precision.py").write_text(_PRECISION_MODULE)
     (tmp_path / "train.py").write_text(_TRAIN_MODULE)
-    code = ("from training_profiler import static_checker as sc\n"
+    code = ("from training_profiler.amp_checker import checker as sc\n"
             f"print(sorted((f.path[-8:], f.rule_id) for f in sc.check_paths([{str(tmp_path)!r}]).findings))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(8)}

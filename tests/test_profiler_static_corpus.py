@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from training_profiler.static_checker import check_paths
+from training_profiler.amp_checker.checker import check_paths
 
 CORPUS = Path(__file__).parent / "profiler_corpus"
 _EXPECT = re.compile(r"#\s*expect:\s*([A-Z0-9, ]+)")

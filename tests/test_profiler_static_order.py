@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training_profiler import static_checker as sc
-from training_profiler.amp_project import Project, module_name
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.project import Project, module_name
 
 REPO = Path(__file__).resolve().parents[1]
 CASE = Path(__file__).parent / "profiler_cycle"
@@ -30,7 +30,7 @@ def _expected() -> set[tuple[str, int, str]]:
 def _scan(seed: str) -> str:
     env = {**os.environ, "PYTHONHASHSEED": seed,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "training_profiler.static_checker", "steppkg",
+    out = subprocess.run([sys.executable, "-m", "training_profiler.amp_checker.checker", "steppkg",
                           "--format", "line", "--min-confidence", "low"],
                          cwd=CASE, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode in (0, 1), out.stderr

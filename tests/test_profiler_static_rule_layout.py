@@ -11,9 +11,9 @@ import pkgutil
 import sys
 from pathlib import Path
 
-import training_profiler.amp_rules as amp_rules
-from training_profiler.amp_catalog import RULES as CHECKED_RULES
-from training_profiler.amp_rules.base import Rule
+import training_profiler.amp_checker.rules as amp_rules
+from training_profiler.amp_checker.catalog import RULES as CHECKED_RULES
+from training_profiler.amp_checker.rules.base import Rule
 
 PACKAGE = Path(amp_rules.__file__).parent
 DECLARED_RULES = amp_rules.RULES + amp_rules.BUG_KIND_RULES
@@ -38,7 +38,7 @@ def test_every_rule_text_is_declared_on_its_visitor_in_the_visitors_module() -> 
     assert DECLARED_RULES
     for rule in DECLARED_RULES:
         visitor = rule.visitor
-        assert visitor.__module__.startswith("training_profiler.amp_rules."), rule.id
+        assert visitor.__module__.startswith("training_profiler.amp_checker.rules."), rule.id
         assert visitor.rule is rule, rule.id
         call = _decorator_call(visitor)
         rule_id, name, severity = call.args

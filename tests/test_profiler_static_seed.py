@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training_profiler import static_checker as sc
-from training_profiler.amp_catalog import RULES
-from training_profiler.amp_rules import RULES as BASE_RULES
-from training_profiler.amp_rules import Confidence
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker.catalog import RULES
+from training_profiler.amp_checker.rules import RULES as BASE_RULES
+from training_profiler.amp_checker.rules import Confidence
 
 HERE = Path(__file__).parent
 SEED = HERE / "profiler_seed"
@@ -76,7 +76,7 @@ def test_every_new_rule_and_extension_has_a_golden_and_a_clean_twin() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training_profiler.static_checker", *args],
+    return subprocess.run([sys.executable, "-m", "training_profiler.amp_checker.checker", *args],
                           capture_output=True, text=True)
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from training_profiler import amp_questions as aq
-from training_profiler import amp_values as av
-from training_profiler import static_checker as sc
-from training_profiler.amp_project import Project
+from training_profiler.amp_checker import checker as sc
+from training_profiler.amp_checker import questions as aq
+from training_profiler.amp_checker import values as av
+from training_profiler.amp_checker.project import Project
 
 
 def _module(source: str, project: Project | None = None, name: str = "mod") -> sc.FileContext:

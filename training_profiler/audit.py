@@ -26,9 +26,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TextIO
 
-from training_profiler.amp_rules import Finding
 from training_profiler.audit_record import Record, Recorder, StopAudit
 from training_profiler.audit_rules import judge
+from training_profiler.findings_report import Finding
 
 
 class PrecisionAudit:

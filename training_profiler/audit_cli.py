@@ -27,9 +27,9 @@ from lowp_common import (
     cli_entry,
     refuse_overwrite,
 )
-from training_profiler.amp_rules import Severity
 from training_profiler.audit import ScriptOutcome, format_findings, run_script
 from training_profiler.audit_rules import RULES
+from training_profiler.findings_report import Severity
 
 PROG = "lowp-audit"
 

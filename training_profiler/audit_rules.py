@@ -15,8 +15,8 @@ from typing import Callable, Iterator
 import torch
 
 from quant.analysis import SEVERITY_HIGH, dtype_limits, severity
-from training_profiler.amp_rules import Confidence, Finding, Severity
 from training_profiler.audit_record import FunctionCall, OpSite, Record, Where
+from training_profiler.findings_report import Confidence, Finding, Severity
 
 LOWP = ("float16", "bfloat16")
 #: fraction of float16's max_normal at which a value is reported as about to overflow

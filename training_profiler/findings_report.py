@@ -1,13 +1,60 @@
-"""The static checker's report and its output formats (text, line, json, the exit code): what
-``amp-static-check`` prints and what the run-time audit (training_profiler.audit) prints its
-findings in, so both speak one format and neither imports the other's command.
+"""A finding, its levels, the report and its output formats (text, line, json, the exit code):
+what ``amp-static-check`` (training_profiler.amp_checker) prints and what the run-time audit
+(training_profiler.audit) prints its findings in, so both speak one format and the audit never
+imports the checker.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import IntEnum
 
-from training_profiler.amp_rules import Confidence, Finding, Severity
+
+class _Level(IntEnum):
+    """A three-level scale read from a command line (low / medium / high)."""
+
+    @classmethod
+    def parse(cls, text: str):
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown {cls.__name__.lower()} {text!r}; "
+                             "use low, medium or high") from None
+
+
+class Severity(_Level):
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+
+
+class Confidence(_Level):
+    """How sure the checker is that a finding's pattern is live in mixed-precision training:
+    HIGH, the training (autocast, a scaler, a low-precision model that an optimizer steps) is
+    seen; MEDIUM, the precision is decided outside the scan (a library, a launcher's config);
+    LOW, no training is seen at all: the documented pattern only, reported in case it runs
+    under AMP."""
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule_id: str
+    severity: Severity
+    path: str
+    line: int
+    col: int
+    message: str
+    explanation: str
+    suggestion: str
+    confidence: Confidence = Confidence.HIGH
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "line": self.line, "col": self.col, "rule": self.rule_id,
+                "severity": self.severity.name, "confidence": self.confidence.name.lower(),
+                "message": self.message, "explanation": self.explanation, "suggestion": self.suggestion}
 
 
 @dataclass
