@@ -2,11 +2,11 @@
 
 The rules of ``training_profiler.amp_checker.rules`` (one module per family, each rule declared on its
 visitor) judge a pattern where mixed-precision training is seen. Extension visitors reach further
-under the same id: ``amp_loose`` reports the documented patterns where no training is seen (at LOW
+under the same id: ``loose`` reports the documented patterns where no training is seen (at LOW
 confidence, saying why), and visitors in the rule's own family module cover bug kinds public
 projects fixed (values judged against the precision a model trains in, evaluation losses, unused
 float32 copies). ``EXTENSIONS`` names them; each runs after the rule's own visitor, and the first
-hit at a position wins. The bug-kind rules (``amp_rules.BUG_KIND_RULES``: checkpoints without the
+hit at a position wins. The bug-kind rules (``rules.BUG_KIND_RULES``: checkpoints without the
 loss scale, long reductions of attention products) follow the documented ones.
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Rules ask three questions again and again: "what is this name really?" (import and alias
 resolution), "is this node under autocast, and which one?" (scope tracking), and "does this file
 use AMP / low precision at all?". Answering them once here keeps each rule's visitor small.
-Names are followed to what they hold (``amp_values``) and across the scanned tree
-(``amp_project``), so an autocast held in a variable or a GradScaler made in another module count.
+Names are followed to what they hold (``values``) and across the scanned tree
+(``project``), so an autocast held in a variable or a GradScaler made in another module count.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class FileContext:
         self._scope: dict[ast.AST, AmpScope | None] = {}
         self._scopes_state = 0  # 0 not computed, 1 computing, 2 done
         self._autocast_scopes: list[AmpScope] = []
-        self.facts: dict[object, object] = {}  # module-wide facts the rules ask once (amp_intent.per_module)
+        self.facts: dict[object, object] = {}  # module-wide facts the rules ask once (intent.per_module)
         self.nodes: list[ast.AST] = list(ast.walk(tree))  # every node, in ast.walk's order: walked once
         self._collect_aliases()
         for node in self.nodes:

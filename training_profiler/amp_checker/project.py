@@ -86,7 +86,7 @@ class Project:
     def __init__(self, scan_roots: Sequence[str | Path] = ()) -> None:
         self.modules: dict[str, FileContext] = {}
         self.scan_roots = tuple(Path(r) for r in scan_roots)
-        self.questions = Questions()  # the fixpoint of this scan's questions (amp_questions)
+        self.questions = Questions()  # the fixpoint of this scan's questions (questions)
         self.facts: dict[object, object] = {}  # project-wide facts the rules ask once (per program)
         self._programs: dict[str, Path | None] = {}
         self._by_last: dict[str, list[str]] = {}
@@ -142,7 +142,7 @@ class Project:
 
     def resolve_qualname(self, qual: str, importer: FileContext) -> frozenset[Val] | None:
         """Values of ``pkg.mod.attr.sub`` when a prefix of it is a project module (None when
-        none is); a re-export cycle between packages is a cycle of questions (amp_values)."""
+        none is); a re-export cycle between packages is a cycle of questions (values)."""
         def compute() -> frozenset[Val] | None:
             found = self._resolve(qual, importer)
             return None if found is None else frozenset(found)

@@ -1,9 +1,9 @@
 """Questions about code that ask each other, answered once each, cycles included.
 
-The value analysis (``amp_values``) and the project's call sites and names (``amp_project``) are
+The value analysis (``values``) and the project's call sites and names (``project``) are
 questions whose answers need other answers: what ``ctx`` holds needs what the function that made
 it returns, which needs what its callers pass, which may need ``ctx`` again. A ``Questions``
-(one per scanned project, ``amp_project.Project.questions``: no process-wide state) answers
+(one per scanned project, ``project.Project.questions``: no process-wide state) answers
 them as one fixpoint across every module of a scan; ``deep_stack`` gives it the stack that the
 long chains of large projects need. Nothing here knows about AMP.
 """

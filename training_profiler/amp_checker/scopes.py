@@ -1,5 +1,5 @@
 """Scopes of one module: which expressions each name is bound to, per module / function / lambda
-body, and what ``self.x = ...`` sets per class. ``amp_values.Evaluator`` reads these bindings
+body, and what ``self.x = ...`` sets per class. ``values.Evaluator`` reads these bindings
 flow-insensitively to say what a name holds."""
 from __future__ import annotations
 

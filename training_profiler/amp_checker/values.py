@@ -8,7 +8,7 @@ torch.autocast(...)``, ``amp = partial(torch.autocast, "cuda")``, ``self.autocas
 flow-insensitive bindings per scope (assignments, ``with ... as``, parameters with their defaults
 and, one call level up, the arguments of their callers), class attributes set through
 ``self.x = ...``, conditional and boolean expressions as unions, ``functools.partial`` and lambdas
-as factories, and calls into functions and classes of the scanned project (``amp_project``).
+as factories, and calls into functions and classes of the scanned project (``project``).
 What comes from outside the project is ``EXTERNAL``: the rules say "unknown" instead of guessing.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from training_profiler.amp_checker.scopes import Bindings, ScopeBuilder, dotted
 
 
 class ModuleView(Protocol):
-    """What the evaluator and the project read of one parsed module (``amp_context.FileContext``
+    """What the evaluator and the project read of one parsed module (``context.FileContext``
     provides it); named here so these modules do not import the context that builds on them."""
 
     tree: ast.Module
@@ -31,7 +31,7 @@ class ModuleView(Protocol):
     parents: dict[ast.AST, ast.AST]
     aliases: dict[str, str]
     calls: list[ast.Call]
-    project: Any  # amp_project.Project
+    project: Any  # project.Project
 
     @property
     def values(self) -> "Evaluator": ...
@@ -49,7 +49,7 @@ class Val:
     externals and torch objects."""
 
     kind: str
-    scope: Any = None  # the amp_context.AmpScope an autocast value opens
+    scope: Any = None  # the context.AmpScope an autocast value opens
     node: ast.AST | None = None
     ctx: ModuleView | None = field(default=None, repr=False)
     name: str = ""
@@ -443,6 +443,6 @@ def _argument(call: ast.Call, name: str, index: int | None, is_method: bool) -> 
 #: value kind -> the kind calling it makes (a scaler factory makes a scaler, a loss class a loss)
 _CALL_PRODUCTS = {SCALER_FACTORY: SCALER, LOSS_FN: LOSS, OPTIMIZER_CLASS: OPTIMIZER}
 
-# Filled by amp_context (its tables of autocast entry points and dtype names are the one definition).
+# Filled by context (its tables of autocast entry points and dtype names are the one definition).
 _AUTOCAST_QUALS: set[str] = set()
 _DTYPES: dict[str, str] = {}

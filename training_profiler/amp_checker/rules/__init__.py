@@ -4,7 +4,7 @@ The rules follow PyTorch's automatic-mixed-precision documentation: which ops au
 float32 and which in low precision, what autocast refuses (binary_cross_entropy on CUDA), the
 GradScaler workflow (unscale before clipping), and the deprecated ``torch.cuda.amp`` names.
 Each visitor only reports; filtering (suppression comments, rule selection) happens in
-``static_checker``.
+``checker``.
 
 A family module holds its visitors, each under ``@declare_rule(id, name, severity,
 explanation=..., suggestion=...)`` (``base``), and ends with ``RULES``, the rules it declares.
