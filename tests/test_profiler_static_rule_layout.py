@@ -78,3 +78,55 @@ def test_tables_are_in_rule_id_order_with_unique_ids_and_names() -> None:
     assert [r.id for r in CHECKED_RULES] == [r.id for r in DECLARED_RULES]
     assert amp_rules.RULES[-1].id < amp_rules.BUG_KIND_RULES[0].id
     assert set(amp_rules.RULES_BY_ID) == {r.id for r in amp_rules.RULES}
+
+
+# ---- walking docs/architecture.md's "A checker rule" with a rule declared here -------------------
+from training_profiler.amp_checker.rules import casts as _casts_family  # noqa: E402
+from training_profiler.amp_checker.rules.base import RuleVisitor, Severity, declare_rule  # noqa: E402
+
+_TEST_ID = "AMP900"  # a test-only id, above every real rule
+
+
+@declare_rule(_TEST_ID, "test-default-dtype-half", Severity.MEDIUM,
+              explanation="Test-only rule: the default dtype set to float16 makes every new tensor half.",
+              suggestion="Leave the default dtype float32; let autocast choose per op.")
+class _DefaultDtypeHalf(RuleVisitor):
+    """``torch.set_default_dtype(torch.float16)``: declared in this test, never shipped."""
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self.ctx.call_name(node) == "torch.set_default_dtype" and node.args \
+                and self.ctx.literal_dtype(node.args[0]) == "float16":
+            self.report(node, "default dtype set to float16")
+        self.generic_visit(node)
+
+
+def test_a_rule_declared_and_listed_as_the_architecture_page_says_runs(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """One class in a family module (here: the test's, listed in the ``casts`` family's
+    ``RULES``) is all a rule needs: the package's ``RULES`` puts it in id order, the catalog and
+    the command read that, and the rule fires in ``check_paths`` and shows in ``--list-rules``."""
+    import importlib
+
+    from training_profiler.amp_checker import catalog, checker
+
+    (tmp_path / "train.py").write_text("import torch\ntorch.set_default_dtype(torch.float16)\n")
+    assert _TEST_ID not in {r.id for r in checker._ALL_RULES}
+    monkeypatch.setattr(_casts_family, "RULES", _casts_family.RULES + (_DefaultDtypeHalf.rule,))
+    monkeypatch.setattr(amp_rules, "RULES", amp_rules._in_id_order(amp_rules.FAMILIES))
+    try:
+        importlib.reload(catalog)
+        importlib.reload(checker)
+        ids = [r.id for r in amp_rules.RULES]
+        assert ids == sorted(ids) and ids[-1] == _TEST_ID  # in rule-id order, as the checker runs them
+        assert [r.id for r in catalog.RULES[:len(ids)]] == ids
+        found = [(f.rule_id, f.line, f.message) for f in checker.check_paths([str(tmp_path)]).findings
+                 if f.rule_id == _TEST_ID]
+        assert found == [(_TEST_ID, 2, "default dtype set to float16")]
+        assert checker.main(["--list-rules"]) in (0, None)
+        assert any(line.startswith(_TEST_ID) and "test-default-dtype-half" in line
+                   for line in capsys.readouterr().out.splitlines())
+    finally:
+        monkeypatch.undo()
+        importlib.reload(catalog)
+        importlib.reload(checker)
+    assert _TEST_ID not in {r.id for r in checker._ALL_RULES}
