@@ -1,4 +1,5 @@
 """Our own case: modules cast where the code shows they do not train, and one where it does."""
+import bitsandbytes as bnb
 import torch
 from torch.amp import GradScaler, autocast
 
@@ -24,7 +25,7 @@ def train(args, model, backbone, loader, weight_dtype):
 def train_adapter(base, adapter, loader):
     base.to("cuda").to(torch.float16)               # low: the optimizer holds only the adapter's parameters
     base.train()
-    opt = torch.optim.Adam(adapter.trainable_params(), 1e-3)
+    opt = bnb.optim.Adam8bit(adapter.trainable_params(), 1e-3)   # an optimizer by its use (scaler.step)
     for x in loader:
         with autocast("cuda"):
             loss = base(adapter(x)).float().mean()

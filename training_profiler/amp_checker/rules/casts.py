@@ -107,6 +107,8 @@ def _optimized_modules(ctx: FileContext, fn: ast.AST, any_method: bool = False) 
     of ``parameters()``."""
     built = [c for c in ast.walk(fn) if isinstance(c, ast.Call)
              and any(v.kind == av.OPTIMIZER for v in ctx.values.value(c))]
+    if any_method:
+        built += _used_as_optimizer(fn)
     if not built:
         return None
     exprs: list[ast.AST] = [a for c in built for a in [*c.args, *(k.value for k in c.keywords)]]
@@ -125,6 +127,18 @@ def _optimized_modules(ctx: FileContext, fn: ast.AST, any_method: bool = False) 
                     more.append(assigned.pop(n.id))
         exprs = more
     return out
+
+
+def _used_as_optimizer(fn: ast.AST) -> list[ast.Call]:
+    """Calls bound to a name that ``fn`` then uses as an optimizer (``opt.zero_grad()``,
+    ``scaler.step(opt)``): an optimizer from outside torch.optim (bitsandbytes' ``Adam8bit``),
+    known by its use."""
+    used = {c.func.value.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+            and c.func.attr == "zero_grad" and isinstance(c.func.value, ast.Name)}
+    used |= {c.args[0].id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+             and c.func.attr == "step" and len(c.args) == 1 and isinstance(c.args[0], ast.Name)}
+    return [st.value for st in ast.walk(fn) if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)
+            and any(isinstance(t, ast.Name) and t.id in used for t in st.targets)]
 
 
 def _in_body(branch: ast.If, node: ast.AST) -> bool:
