@@ -21,10 +21,10 @@ _ = _Names()
 # the fork-safe worker start clears __main__.__spec__ (tensor_viz/workers.py)
 _.__getattr__
 _.__spec__
-# ast.NodeVisitor dispatches visit_<NodeType> (training_profiler/amp_scopes.py, amp_rules/)
+# ast.NodeVisitor dispatches visit_<NodeType> (training_profiler/amp_checker/scopes.py, rules/)
 _.visit_AnnAssign
 _.visit_NamedExpr
-# shlex.shlex settings the tokenizer reads (training_profiler/launch_rules.py)
+# shlex.shlex settings the tokenizer reads (training_profiler/amp_checker/launch_rules.py)
 _.whitespace_split
 _.commenters
 # tqdm reads the class attribute to start its monitor thread (tensor_viz/file_reads.py)
@@ -139,13 +139,13 @@ _.layout_issues
 # training_profiler's exports (its __all__; README and docs/profiler.md name audit_precision)
 _.audit_precision
 
-# ---- pending other helpers (issue 42, 2026-11-28): in files another helper was editing -------
-# training_profiler/skills/numerical_issues: case_masked_softmax_fp16.train_demo (the loop the
-# case comes from, never run or read), case_outlier_saturation.OUTLIER_LAYER (read by
-# tests/test_profiler_skills.py only)
-_.train_demo
-_.OUTLIER_LAYER
-# training_profiler/static_checker.py check_source: exported in training_profiler.__all__ and
-# called by tests only; no doc names it (docs/profiler.md names check_paths): document it as
-# library use or drop the export
+# the static checker on a source string (docs/amp_checker.md, its layout table)
 _.check_source
+
+# ---- case scripts: what their docs and the tools read ------------------------------------------
+# skills/numerical_issues/case_masked_softmax_fp16.train_demo: the loop the case comes from, kept
+# as code for amp-static-check to find (tests/test_profiler_skills.py's STATIC); never run
+_.train_demo
+# skills/numerical_issues/case_outlier_saturation.OUTLIER_LAYER: the layer the case plants its
+# outlier in, the answer its detector must name (the case's documented expectation)
+_.OUTLIER_LAYER

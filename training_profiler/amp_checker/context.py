@@ -14,24 +14,10 @@ from functools import cached_property
 
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.project import Project
-from training_profiler.amp_checker.values import dotted
+from training_profiler.amp_checker.values import AUTOCAST_APIS, DTYPE_NAMES, dotted
 
-# Canonical autocast entry points -> (device when fixed by the name, positional argument names).
-_AUTOCAST_APIS: dict[str, tuple[str | None, tuple[str, ...]]] = {
-    "torch.autocast": (None, ("device_type", "dtype", "enabled", "cache_enabled")),
-    "torch.amp.autocast": (None, ("device_type", "dtype", "enabled", "cache_enabled")),
-    "torch.amp.autocast_mode.autocast": (None, ("device_type", "dtype", "enabled", "cache_enabled")),
-    "torch.cuda.amp.autocast": ("cuda", ("enabled", "dtype", "cache_enabled")),
-    "torch.cuda.amp.autocast_mode.autocast": ("cuda", ("enabled", "dtype", "cache_enabled")),
-    "torch.cpu.amp.autocast": ("cpu", ("enabled", "dtype", "cache_enabled")),
-}
 # Autocast's documented default dtype per device.
 _DEFAULT_DTYPE = {"cuda": "float16", "cpu": "bfloat16"}
-_DTYPE_NAMES = {
-    "torch.float16": "float16", "torch.half": "float16",
-    "torch.bfloat16": "bfloat16",
-    "torch.float32": "float32", "torch.float": "float32",
-}
 LOWP_DTYPES = ("float16", "bfloat16")
 MIXED = "mixed"  # a library runs autocast in the precision (the model's parameters stay float32)
 TRUE = "true"    # a library casts the model's parameters to the precision
@@ -58,8 +44,6 @@ LIBRARY_AMP_FLAGS: tuple[LibraryAmpFlag, ...] = (
         "bf16": ("bfloat16", MIXED), "bf16-mixed": ("bfloat16", MIXED),
         "16-true": ("float16", TRUE), "bf16-true": ("bfloat16", TRUE)}),
 )
-av._AUTOCAST_QUALS.update(_AUTOCAST_APIS)
-av._DTYPES.update(_DTYPE_NAMES)
 
 
 @dataclass(frozen=True)
@@ -309,15 +293,15 @@ class FileContext:
     def literal_dtype(self, expr: ast.AST | None) -> str | None:
         """'float16' / 'bfloat16' / 'float32' when ``expr`` names a torch dtype itself
         (``torch.half``), not a variable that may hold one; else None."""
-        return _DTYPE_NAMES.get(self.qualname(expr)) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+        return DTYPE_NAMES.get(self.qualname(expr)) if isinstance(expr, (ast.Name, ast.Attribute)) else None
 
     def dtype_of(self, expr: ast.AST | None) -> str | None:
         """'float16' / 'bfloat16' / 'float32' for a dtype expression, 'unknown' otherwise."""
         if expr is None:
             return None
         q = self.qualname(expr)
-        if q in _DTYPE_NAMES:
-            return _DTYPE_NAMES[q]
+        if q in DTYPE_NAMES:
+            return DTYPE_NAMES[q]
         choices = self.dtype_choices(expr)
         if len(choices) == 1:
             return next(iter(choices))
@@ -338,7 +322,7 @@ class FileContext:
         """The scope an autocast(...) call opens, or None if ``expr`` is not one."""
         if not isinstance(expr, ast.Call):
             return None
-        api = _AUTOCAST_APIS.get(self.call_name(expr) or "")
+        api = AUTOCAST_APIS.get(self.call_name(expr) or "")
         if api is None:
             return None
         fixed_device, positional = api

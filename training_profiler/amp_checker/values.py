@@ -19,6 +19,22 @@ from typing import Any, Iterable, Protocol
 
 from training_profiler.amp_checker.scopes import Bindings, ScopeBuilder, dotted
 
+# Canonical autocast entry points -> (device when fixed by the name, positional argument names).
+AUTOCAST_APIS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "torch.autocast": (None, ("device_type", "dtype", "enabled", "cache_enabled")),
+    "torch.amp.autocast": (None, ("device_type", "dtype", "enabled", "cache_enabled")),
+    "torch.amp.autocast_mode.autocast": (None, ("device_type", "dtype", "enabled", "cache_enabled")),
+    "torch.cuda.amp.autocast": ("cuda", ("enabled", "dtype", "cache_enabled")),
+    "torch.cuda.amp.autocast_mode.autocast": ("cuda", ("enabled", "dtype", "cache_enabled")),
+    "torch.cpu.amp.autocast": ("cpu", ("enabled", "dtype", "cache_enabled")),
+}
+# Torch's dtype names, spelled as the code may spell them -> the dtype.
+DTYPE_NAMES = {
+    "torch.float16": "float16", "torch.half": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.float32": "float32", "torch.float": "float32",
+}
+
 
 class ModuleView(Protocol):
     """What the evaluator and the project read of one parsed module (``context.FileContext``
@@ -191,11 +207,11 @@ class Evaluator:
         """Values of a name that resolves to something outside this module."""
         ctx = self.ctx
         last = q.rsplit(".", 1)[-1]
-        if q in _DTYPES:
-            return {Val(DTYPE, name=_DTYPES[q])}
+        if q in DTYPE_NAMES:
+            return {Val(DTYPE, name=DTYPE_NAMES[q])}
         if q.startswith("torch.optim.") and last[:1].isupper():
             return {Val(OPTIMIZER_CLASS, name=q)}
-        if q in _AUTOCAST_QUALS:
+        if q in AUTOCAST_APIS:
             return {Val(AUTOCAST_FACTORY, name=q)}
         if is_scaler_class(q):
             return {Val(SCALER_FACTORY, name=q)}
@@ -349,7 +365,7 @@ class Evaluator:
         """What a call of a torch / functools API we know by name gives; None for any other."""
         ctx = self.ctx
         q = ctx.call_name(call) or ""
-        if q in _AUTOCAST_QUALS:
+        if q in AUTOCAST_APIS:
             scope = ctx.autocast_call(call)
             return {Val(AUTOCAST, scope=scope)} if scope is not None else set()
         if q in _NULL_CONTEXTS or q.rsplit(".", 1)[-1] == "nullcontext":
@@ -443,6 +459,3 @@ def _argument(call: ast.Call, name: str, index: int | None, is_method: bool) -> 
 #: value kind -> the kind calling it makes (a scaler factory makes a scaler, a loss class a loss)
 _CALL_PRODUCTS = {SCALER_FACTORY: SCALER, LOSS_FN: LOSS, OPTIMIZER_CLASS: OPTIMIZER}
 
-# Filled by context (its tables of autocast entry points and dtype names are the one definition).
-_AUTOCAST_QUALS: set[str] = set()
-_DTYPES: dict[str, str] = {}
