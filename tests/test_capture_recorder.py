@@ -9,12 +9,14 @@ import math
 
 import pytest
 import torch
+from error_bounds import dot_error_bound, exact_sum, exact_sumsq, gamma, sum_error_bound
 
 from tensor_capture import numbering, recorder, recorder_read, schema, stats
 from tensor_capture import saver as ts
 from tensor_capture.config import ConfigError, load_config
 from tensor_capture.recorder_ring import ring_bytes
 from tensor_capture.recorder_stats import (
+    CHUNK,
     FLUSH,
     INF,
     MAX,
@@ -105,12 +107,16 @@ def test_the_statistics_follow_the_capture_definitions(quant):
     spec = stats.format_range(quant) if quant else stats.dtype_range(x.dtype)
     full = stats.decode(stats.compute(x, (spec,)), (spec,))
     ranges = full[schema.STAT_RANGE][spec.name]
-    for row in (host_row(x, fmt), device_row(x, fmt).tolist()):   # the two paths agree
+    # the host path sums in float32, the device path in float64: each within its own bound
+    for row, acc in ((host_row(x, fmt), torch.float32), (device_row(x, fmt).tolist(),
+                                                         torch.float64)):
         assert row[SAT] == ranges["upper_overflow_count"] + ranges["lower_overflow_count"]
         assert row[FLUSH] == ranges["flush_to_zero_count"]
         assert (row[MIN], row[MAX]) == (full["min"], full["max"])
-        assert row[SUM] == pytest.approx(float(x.double().sum()), rel=1e-6)
-        assert row[SUMSQ] == pytest.approx(float((x.double() ** 2).sum()), rel=1e-6)
+        assert abs(row[SUM] - exact_sum(x)) <= sum_error_bound(x, acc) + sum_error_bound(
+            x, torch.float64)
+        assert abs(row[SUMSQ] - exact_sumsq(x)) <= dot_error_bound(x, x, acc) + dot_error_bound(
+            x, x, torch.float64)
         assert row[NAN] == row[INF] == 0
     if quant:
         assert host_row(x, fmt)[SAT] == 2 and host_row(x, fmt)[FLUSH] == 2
@@ -126,7 +132,7 @@ def test_non_finite_values_are_counted_and_left_out_of_the_moments():
     for row in (host_row(x, fmt), device_row(x, fmt).tolist()):
         assert (row[NAN], row[INF]) == (1, 2)
         assert row[SAT] == 2 + 2                           # +-Inf overflow too
-        assert row[SUM] == pytest.approx(float(finite.sum()), rel=1e-9)
+        assert abs(row[SUM] - exact_sum(finite)) <= 2 * sum_error_bound(finite, torch.float64)
         assert (row[MIN], row[MAX]) == (float(finite.min()), float(finite.max()))
 
 
@@ -289,10 +295,15 @@ def test_the_device_path_gives_what_the_host_path_gives(session, tmp_path, monke
     monkeypatch.setattr(Recorder, "host_path", False)     # the buffer copied at the boundary
     session(save_dir=str(tmp_path / "dev"))
     _run(8, {5: (1, 1)})
-    # the same counts and extremes; the sums within float32's rounding (the host path sums
-    # in float32, the device path in float64)
+    # the same counts and extremes; the sums within float32's summation bound (the host path
+    # sums in float32, the device path in float64), which a row's own count and extremes give:
+    # sum |x| <= count * absmax
     (dev, dev_sums), (host, host_sums) = _summary(tmp_path / "dev"), _summary(tmp_path / "host")
-    assert dev == host and dev_sums == pytest.approx(host_sums, rel=1e-6, abs=1e-5)
+    assert dev == host
+    for (_, _, count, _, lo, hi), i in zip(host, range(0, len(host_sums), 2)):
+        absmax = max(abs(lo), abs(hi))
+        assert abs(dev_sums[i] - host_sums[i]) <= 2 * gamma(count) * count * absmax
+        assert abs(dev_sums[i + 1] - host_sums[i + 1]) <= 2 * gamma(count) * count * absmax ** 2
     assert [t["iteration"] for t in recorder_read.read_triggers(tmp_path / "dev")] == [5]
 
 
@@ -361,16 +372,19 @@ def test_the_replay_file_under_megatron_lm_resumes_pretrain_gpt_from_its_checkpo
 
 
 def test_a_large_tensor_is_reduced_piece_by_piece_to_the_same_numbers():
-    from tensor_capture.recorder_stats import CHUNK
-
-    x = torch.randn(2 * CHUNK + 3 * 1024 + 5, generator=torch.Generator().manual_seed(5))
-    assert x.numel() > CHUNK
+    # small integers: every partial sum of values and of squares (at most 2.4e6 < 2**24 in a
+    # piece) is exact in float32 in any order, so the pieces' sums must equal the whole's exactly
+    # on every processor; a piece lost or counted twice changes them
+    x = torch.randint(-3, 4, (2 * CHUNK + 3 * 1024 + 5,),
+                      generator=torch.Generator().manual_seed(5)).float()
+    assert x.numel() > CHUNK and CHUNK * 3 ** 2 + 40 ** 2 < 2 ** 24
     x[CHUNK + 9] = 40.0                                   # the max in the second piece
     fmt = judged_format(None, x.dtype)
     host, dev = host_row(x, fmt), device_row(x, fmt).tolist()
     assert (host[MIN], host[MAX]) == (dev[MIN], dev[MAX]) and host[MAX] == 40.0
-    assert host[SUM] == pytest.approx(dev[SUM], rel=1e-6, abs=1e-3)
-    assert host[SUMSQ] == pytest.approx(dev[SUMSQ], rel=1e-6)
+    assert host[SUM] == dev[SUM] == exact_sum(x)
+    assert host[SUMSQ] == dev[SUMSQ] == exact_sumsq(x)
+    assert host_row(x[CHUNK:], fmt)[SUMSQ] == exact_sumsq(x[CHUNK:])   # the tail's pieces alone
     x[2 * CHUNK + 7] = float("nan")                      # in the last piece: the general path
     assert host_row(x, fmt)[NAN] == 1
 
@@ -443,8 +457,13 @@ def test_the_fused_kernel_row_is_the_torch_row(quant):
     fused, plain = device_row(x, fmt, kernel=True).tolist(), device_row(x, fmt).tolist()
     for i in (MIN, MAX, NAN, INF, FLUSH, SAT):
         assert fused[i] == plain[i], i
-    assert fused[SUM] == pytest.approx(plain[SUM], rel=1e-5, abs=1e-3)
-    assert fused[SUMSQ] == pytest.approx(plain[SUMSQ], rel=1e-5)
+    # both accumulate in float64; the kernel's sums come back through its mean and Chan-combined
+    # centred variance (a few float64 operations per element: gamma(8 n) covers them)
+    finite = x[torch.isfinite(x)]
+    n = finite.numel()
+    assert abs(fused[SUM] - plain[SUM]) <= gamma(8 * n, torch.float64) * float(
+        finite.double().abs().sum())
+    assert abs(fused[SUMSQ] - plain[SUMSQ]) <= gamma(8 * n, torch.float64) * exact_sumsq(finite)
 
 
 def test_stop_on_trigger_ends_the_run_after_the_triggered_capture(session, tmp_path, capsys):

@@ -1,0 +1,61 @@
+"""Tolerances from error bounds, so that a numeric comparison holds on every processor.
+
+Why: a float32 reduction's last bits depend on the order of its additions, and that order
+changes with the processor (ATen's ``ATEN_CPU_CAPABILITY`` kernels, the BLAS code path MKL picks
+for the CPU, ``MKL_CBWR``), the thread count and the library version. A tolerance picked because
+it passed here (``rel=1e-6`` on a sum of half a million squares) fails on the next machine. What
+does not depend on the order is the bound of floating-point summation: any order of n - 1
+additions of n terms, each rounded with unit roundoff u, errs by at most
+``gamma(n - 1) * sum(|term|)`` with ``gamma(k) = k u / (1 - k u)`` (the standard first-order-free
+bound of recursive summation; pairwise and blocked orders are special cases of it). A dot product
+adds one rounding per product: ``gamma(n) * sum(|a_i b_i|)``.
+
+Use these where the arithmetic of the thing compared is inexact; where the comparison can be made
+exact instead (data whose every partial sum is representable, float64 accumulation), prefer that.
+"""
+from __future__ import annotations
+
+import torch
+
+#: unit roundoff (half an ulp of 1) of each floating dtype a reduction may accumulate in
+UNIT_ROUNDOFF = {
+    torch.float64: 2.0 ** -53,
+    torch.float32: 2.0 ** -24,
+    torch.float16: 2.0 ** -11,
+    torch.bfloat16: 2.0 ** -8,
+}
+
+
+def gamma(k: int, dtype: torch.dtype = torch.float32) -> float:
+    """gamma_k = k u / (1 - k u): the relative error bound of k rounded operations in a row."""
+    ku = max(k, 0) * UNIT_ROUNDOFF[dtype]
+    if ku >= 1:
+        raise ValueError(f"gamma({k}) is unbounded in {dtype}: too many operations")
+    return ku / (1 - ku)
+
+
+def sum_error_bound(terms: torch.Tensor, dtype: torch.dtype = torch.float32) -> float:
+    """How far a sum of ``terms`` accumulated in ``dtype`` may be from the exact sum, in any
+    order of additions."""
+    t = terms.detach().reshape(-1).double()
+    return gamma(t.numel() - 1, dtype) * float(t.abs().sum())
+
+
+def dot_error_bound(a: torch.Tensor, b: torch.Tensor,
+                    dtype: torch.dtype = torch.float32) -> float:
+    """How far a dot product of ``a`` and ``b`` in ``dtype`` may be from the exact one, in any
+    order (one rounding per product and per addition)."""
+    a64, b64 = a.detach().reshape(-1).double(), b.detach().reshape(-1).double()
+    return gamma(a64.numel(), dtype) * float((a64 * b64).abs().sum())
+
+
+def exact_sum(terms: torch.Tensor) -> float:
+    """The sum of ``terms`` in float64: exact to float64's own bound, which is 2^29 times
+    tighter than float32's, so it stands for the exact value against a float32 result."""
+    return float(terms.detach().reshape(-1).double().sum())
+
+
+def exact_sumsq(terms: torch.Tensor) -> float:
+    """The sum of squares of ``terms`` in float64 (see :func:`exact_sum`)."""
+    t = terms.detach().reshape(-1).double()
+    return float(torch.dot(t, t))
