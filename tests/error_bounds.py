@@ -59,3 +59,36 @@ def exact_sumsq(terms: torch.Tensor) -> float:
     """The sum of squares of ``terms`` in float64 (see :func:`exact_sum`)."""
     t = terms.detach().reshape(-1).double()
     return float(torch.dot(t, t))
+
+
+def mean_error_bound(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> float:
+    """How far a mean whose sum was accumulated in ``dtype`` (then divided in float64) may be
+    from the exact mean of ``values``."""
+    v = values.detach().reshape(-1).double()
+    n = max(v.numel(), 1)
+    return sum_error_bound(v, dtype) / n + gamma(1, torch.float64) * abs(float(v.mean()))
+
+
+def std_error_bound(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> float:
+    """How far the two-pass sample standard deviation (ddof 1) may be from the exact one when
+    both passes accumulate in ``dtype``: the mean m (error D, plus one rounding to ``dtype``),
+    then sum((x - m)^2), perhaps of (x - m) / s with s = max |x| (which keeps the squares in
+    range). With exact S = sum((x - mean)^2): sum((x - m)^2) = S + n D^2, each term rounded by
+    the subtraction, the scaling, the square and n - 1 additions (gamma(n + 4)), and squares
+    below the dtype's smallest subnormal lost (n * tiny * max(1, s^2)). The square root halves
+    the relative error: |sqrt(a) - sqrt(b)| <= min(sqrt|a - b|, |a - b| / sqrt(b))."""
+    v = values.detach().reshape(-1).double()
+    n = v.numel()
+    if n < 2:
+        return 0.0
+    mean = float(v.mean())
+    exact = float(((v - mean) ** 2).sum())
+    drift = mean_error_bound(v, dtype) + UNIT_ROUNDOFF[dtype] * abs(mean)
+    absmax = float(v.abs().max())
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps   # the smallest subnormal
+    lost = n * tiny * max(1.0, absmax * absmax)
+    d_sq = gamma(n + 4, dtype) * (exact + n * drift ** 2) + n * drift ** 2 + lost
+    d_var = d_sq / (n - 1)
+    std = (exact / (n - 1)) ** 0.5
+    own = min(d_var ** 0.5, d_var / std if std > 0 else float("inf"))
+    return own + gamma(n + 4, torch.float64) * std      # the float64 reference's own error
