@@ -15,6 +15,8 @@ exact instead (data whose every partial sum is representable, float64 accumulati
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 #: unit roundoff (half an ulp of 1) of each floating dtype a reduction may accumulate in
@@ -92,3 +94,52 @@ def std_error_bound(values: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     std = (exact / (n - 1)) ** 0.5
     own = min(d_var ** 0.5, d_var / std if std > 0 else float("inf"))
     return own + gamma(n + 4, torch.float64) * std      # the float64 reference's own error
+
+
+def merged_moments_error_bounds(parts: list[torch.Tensor],
+                                dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+    """Bounds on the mean and the standard deviation of the concatenated ``parts`` when they
+    are merged (in float64) from each part's count, mean and std, each of those computed by the
+    two-pass algorithm in ``dtype`` (:func:`mean_error_bound`, :func:`std_error_bound`).
+
+    With the parts' exact means m_i and stds s_i, the merged mean M and the errors dm_i, ds_i:
+    the mean is off by at most dM = sum(n_i dm_i) / N; the centred sum of squares
+    sum((n_i - 1) s_i^2 + n_i (m_i - M)^2) by sum((n_i - 1)(2 s_i ds_i + ds_i^2)) +
+    sum(n_i (2 |m_i - M| dm_i + dm_i^2)) + N dM^2 (the last from re-centring on the computed
+    mean); the square root as in :func:`std_error_bound`."""
+    vs = [p.detach().reshape(-1).double() for p in parts]
+    whole = torch.cat(vs)
+    n_all = whole.numel()
+    big_m = float(whole.mean())
+    dm = [mean_error_bound(v, dtype) for v in vs]
+    d_mean = sum(v.numel() * d for v, d in zip(vs, dm)) / n_all
+    d_sq = n_all * d_mean ** 2
+    for v, d in zip(vs, dm):
+        n, m = v.numel(), float(v.mean())
+        s = float(v.std()) if n > 1 else 0.0
+        ds = std_error_bound(v, dtype)
+        d_sq += (n - 1) * (2 * s * ds + ds * ds) + n * (2 * abs(m - big_m) * d + d * d)
+    d_var = d_sq / (n_all - 1)
+    std = float(whole.std())
+    d_std = min(d_var ** 0.5, d_var / std if std > 0 else float("inf"))
+    f64 = gamma(4 * len(vs) + 4, torch.float64)            # the float64 merge's own roundings
+    return d_mean + f64 * abs(big_m), d_std + f64 * std
+
+
+def sqnr_db_bound(n: int, dtype: torch.dtype = torch.float32) -> float:
+    """How far an SQNR in dB, 10 log10(sum x^2 / sum (x - q)^2) over n elements with both sums
+    accumulated in ``dtype``, may be from a float64 computation of it. Both sums have nonnegative
+    terms, so their relative errors are at most gamma(n) (a square, n - 1 additions) and
+    gamma(n + 2) (a subtraction more); the dB error is then at most
+    10 log10((1 + gamma(n)) / (1 - gamma(n + 2))), plus the same for the float64 reference."""
+    def db(acc: torch.dtype) -> float:
+        return 10 * math.log10((1 + gamma(n, acc)) / (1 - gamma(n + 2, acc)))
+    return db(dtype) + db(torch.float64)
+
+
+def ratio_of_sums_bound(n: int, dtype: torch.dtype = torch.float32) -> float:
+    """The relative error bound of a ratio of two sums of n nonnegative terms accumulated in
+    ``dtype``, e.g. a relative error sum|x - q| / sum|x| (numerator gamma(n + 1) with its
+    subtraction, denominator gamma(n - 1), one division): for comparison with ``rel=``."""
+    num, den = gamma(n + 1, dtype), gamma(n - 1, dtype)
+    return (1 + num) / (1 - den) * (1 + gamma(1, dtype)) - 1 + gamma(n + 2, torch.float64)

@@ -175,6 +175,8 @@ def test_our_debug_features_run_in_te_real_debug_namespace(run):
     are fprop / dgrad operands: the last axis)."""
     import math
 
+    from error_bounds import sqnr_db_bound
+
     import quant
 
     c = _case(run, "debug_features")
@@ -184,7 +186,8 @@ def test_our_debug_features_run_in_te_real_debug_namespace(run):
         for fmt in ("mxfp8", "nvfp4"):
             q = quant.quantize(t2, fmt, axis=-1).double()
             sqnr = 10 * math.log10(float((t2.double() ** 2).sum() / ((t2.double() - q) ** 2).sum()))
-            assert v[f"{drive.DEBUG_LAYER}_{tname}_{fmt}_sqnr_db"] == pytest.approx(sqnr, rel=1e-5)
+            assert v[f"{drive.DEBUG_LAYER}_{tname}_{fmt}_sqnr_db"] == pytest.approx(
+                sqnr, abs=sqnr_db_bound(t2.numel()))
     _close(c["dx"], c["dy"] @ c["w"])      # the layer itself still computes in high precision
 
 
