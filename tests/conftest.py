@@ -78,9 +78,24 @@ SLOW_TIERS = {
     "test_readme_order.py::test_readme_commands_pass_in_a_fresh_clone": ("multiprocess",),
 }
 
+#: Modules whose tests compare floating-point results (quantizers, statistics, metrics, merges):
+#: marked ``numerics``. CI runs them a second time with another processor's arithmetic
+#: (``ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_CBWR=COMPATIBLE``: PyTorch's unvectorized
+#: kernels, one thread, MKL's most generic code path), so a tolerance tighter than its error
+#: bound (tests/error_bounds.py) fails here, not on the next user's machine.
+NUMERICS_MODULES = (
+    "test_quant_*.py", "test_capture_stats*.py", "test_capture_recorder.py",
+    "test_capture_numerics.py", "test_capture_tensorboard.py", "test_scaling_sweep.py",
+    "test_numerics_truth.py", "test_diagnose.py", "test_diagnose_recorder.py",
+    "test_architecture_walks.py", "test_te_integration.py", "test_attribution_stats.py",
+    "test_profiler_tensor.py", "test_profiler_layer_diff.py", "test_emulation_consistency.py",
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: not in the fast tier (-m 'not slow'); CI runs it")
+    config.addinivalue_line("markers", "numerics: compares floating-point results; CI runs these "
+                            "again with another processor's arithmetic")
     for name, meaning in TIER_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning} (slow tier)")
 
@@ -99,6 +114,8 @@ def _tiers(item: pytest.Item) -> set[str]:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, so "not slow" sees these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if any(fnmatch.fnmatchcase(os.path.basename(str(item.fspath)), m) for m in NUMERICS_MODULES):
+            item.add_marker("numerics")
         tiers = _tiers(item)
         for name in sorted(tiers):
             item.add_marker(name)
