@@ -54,6 +54,7 @@ class RunTask:
     quant_type: str
     plan_path: Optional[str] = None
     steps: Optional[int] = None     # calibration runs: fewer steps
+    capture_env: tuple[tuple[str, str], ...] = ()   # e.g. TENSOR_SAVE_GUARD / TENSOR_SAVE_DIR
 
 
 @dataclass
@@ -114,7 +115,7 @@ class _Worker:
         from megatron.core import tensor_saver
         from tensor_capture.config import load_config
 
-        env = {"CUSTOM_QUANT_TYPE": task.quant_type}
+        env = {"CUSTOM_QUANT_TYPE": task.quant_type, **dict(task.capture_env)}
         if task.plan_path:
             env["CUSTOM_QUANT_PLAN"] = task.plan_path
         tensor_saver.configure(load_config(env=env, underflow_warnings=False))
@@ -165,6 +166,7 @@ class _Worker:
             optim.clip_grads(params, s.clip_grad, norm)
             optimizer.step()
             losses.append(loss)
+        tensor_saver_closed()                 # what the run's capture keeps (guard) on disk
         tail = losses[-min(s.loss_window, len(losses)):]
         final = sum(tail) / len(tail) if len(losses) == steps else float("nan")
         now = time.perf_counter()
@@ -172,6 +174,13 @@ class _Worker:
         per_step = (now - t_steps) / timed if timed > 0 and len(losses) > 1 else math.nan
         return RunResult(task.key, task.seed, final, now - t0, steps, losses,
                          step_seconds=per_step)
+
+
+def tensor_saver_closed() -> None:
+    """Close this run's capture session (a guard writes its summary and plan then)."""
+    from megatron.core import tensor_saver
+
+    tensor_saver.get_tensor_saver().close()
 
 
 def load_checkpoint_state(directory: str, shape: dict, vocab: int) -> dict:

@@ -25,6 +25,7 @@ ENV_CONFIG = "TENSOR_SAVE_CONFIG"
 ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "none": off
 ENV_TENSORBOARD = "TENSOR_SAVE_TENSORBOARD_DIR"   # what-if numerics as TensorBoard events here
 ENV_MODE = "TENSOR_SAVE_MODE"               # capture (default) | recorder (the flight recorder)
+ENV_GUARD = "TENSOR_SAVE_GUARD"             # on: the auto-guard (and the recorder with it)
 
 # Values of CUSTOM_QUANT_TYPE that mean "no emulation" (the label still goes into file names).
 NO_QUANT = ("fp32", "none", "")
@@ -111,6 +112,8 @@ class CaptureConfig:
     recorder_stop_on_trigger: bool = False    # stop the run once a trigger's capture is written
     recorder_warmup: int = 10                 # iterations before loss / grad-norm / flush rules judge
     recorder_sigma: float = 6.0               # how far above its rolling baseline a spike is
+    # -- the auto-guard (tensor_capture.guard; its settings: tensor_capture.guard_rules) --------
+    guard: Any = None                         # GuardSettings, or None: off (TENSOR_SAVE_GUARD)
 
     @property
     def emulating(self) -> bool:
@@ -133,6 +136,7 @@ def env_requests_activity(env: Mapping[str, str] | None = None) -> bool:
             or env.get(ENV_MODE, "").strip().lower() == MODE_RECORDER
             or env.get(ENV_QUANT, "").strip().lower() not in NO_QUANT
             or bool(env.get(ENV_PLAN, "").strip())
+            or env.get(ENV_GUARD, "").strip().lower() not in _FALSE
             or bool(env.get(ENV_CONFIG, "").strip()))
 
 
@@ -351,7 +355,17 @@ _PARSERS: dict[str, Any] = {
     "recorder_stop_on_trigger": _bool,
     "recorder_warmup": lambda k, v: _int(k, v, minimum=2),
     "recorder_sigma": _positive_float,
+    "guard": lambda k, v: _guard(k, v),
 }
+
+
+def _guard(name: str, value: Any):
+    from .guard_rules import GuardError, parse_guard
+
+    try:
+        return parse_guard(name, value)
+    except GuardError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> CaptureConfig:
@@ -361,9 +375,11 @@ def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> 
         raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(_PARSERS) | set(_NESTED))}")
     # display name: the environment variable when the value came from one
     cfg = {key: _PARSERS[key](display.get(key, key), value) for key, value in raw.items()}
+    if cfg.get("guard") is not None:   # the guard reads the recorder's step boundary
+        cfg["mode"] = MODE_RECORDER
     if cfg.get("mode") == MODE_RECORDER and "enabled" not in raw:
         cfg["enabled"] = True        # TENSOR_SAVE_MODE=recorder alone turns the recorder on
-    out = _with_plan(CaptureConfig(**cfg))
+    out = _with_guard(_with_plan(CaptureConfig(**cfg)), display.get("guard", "guard"))
     if out.iter_end is not None and out.iter_end < out.iter_start:
         raise ConfigError(f"iterations end={out.iter_end} is before start={out.iter_start}")
     return out
@@ -382,6 +398,20 @@ def _with_plan(config: CaptureConfig) -> CaptureConfig:
                           f"{ENV_QUANT}={quant}: make them agree or drop one")
     if quant is None and plan.default and plan.default != "hp":
         return replace(config, quant_type=plan.default)
+    return config
+
+
+def _with_guard(config: CaptureConfig, name: str) -> CaptureConfig:
+    """Refuse, before training, a guard that could never act on the run's format."""
+    if config.guard is None:
+        return config
+    from .guard_rules import GuardError, check_format
+
+    fmt = config.quant_type if config.quant_type not in NO_QUANT else None
+    try:
+        check_format(config.guard, fmt, name)
+    except GuardError as exc:
+        raise ConfigError(str(exc)) from None
     return config
 
 
@@ -427,7 +457,7 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 _ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
              (ENV_QUANT, "quant_type"), (ENV_PLAN, "quant_plan"), (ENV_WHATIF, "whatif_formats"),
-             (ENV_TENSORBOARD, "tensorboard_dir"), (ENV_MODE, "mode"))
+             (ENV_TENSORBOARD, "tensorboard_dir"), (ENV_MODE, "mode"), (ENV_GUARD, "guard"))
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

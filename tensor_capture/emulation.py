@@ -97,6 +97,9 @@ def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | Non
     gen = _generator(x.device) if spec.rounding == "stochastic" else None
     q = recipes.quantize_operand(x, recipe, tensor, gemm, generator=gen, state=state, key=site)
     fmt = recipes.analysis_format(spec)
+    if STATE.guard is not None and site is not None:
+        STATE.guard.observe(site, gemm, tensor, x, q, fmt=fmt,
+                            axis=recipes.operand_axis(tensor, gemm))
     if STATE.warn_underflow and kind is not None and fmt is not None:
         from . import underflow
 
@@ -125,13 +128,17 @@ def _quantizer(name: str, axis: int):
 
 
 def _emulate(x: torch.Tensor, axis: int, fmt: str | None, cast, *, kind: str | None,
-             site: str | None, iteration: int | None, layer: int | None) -> torch.Tensor:
+             site: str | None, iteration: int | None, layer: int | None,
+             operand: tuple[str, str] | None = None) -> torch.Tensor:
     """``cast`` (quant.quantize or quant.quantize_ste) of x to the attention operand's format,
-    with the underflow warning when it is on; x itself when attention is not emulated."""
+    with the underflow warning when it is on; x itself when attention is not emulated.
+    ``operand``: (GEMM, operand) of quant.gemm_plan, for the auto-guard."""
     name = _attention_format(fmt, site, layer)
     if name is None:
         return x
     q = cast(x, _quantizer(name, axis))
+    if STATE.guard is not None and operand is not None and site is not None:
+        STATE.guard.observe(site, operand[0], operand[1], x, q, fmt=name, axis=axis)
     if STATE.warn_underflow and kind is not None:
         from . import underflow
 
@@ -141,20 +148,21 @@ def _emulate(x: torch.Tensor, axis: int, fmt: str | None, cast, *, kind: str | N
 
 def quantize(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *, kind: str | None = None,
              site: str | None = None, iteration: int | None = None,
-             layer: int | None = None) -> torch.Tensor:
+             layer: int | None = None, operand: tuple[str, str] | None = None) -> torch.Tensor:
     """Fake-quantize ``x`` to ``fmt`` (default: the active CUSTOM_QUANT_TYPE, or the precision
     plan's fprop rule for the attention at ``site``), same shape/dtype."""
     import quant
 
     return _emulate(x, axis, fmt, quant.quantize, kind=kind, site=site, iteration=iteration,
-                    layer=layer)
+                    layer=layer, operand=operand)
 
 
 def quantize_ste(x: torch.Tensor, axis: int = -1, fmt: str | None = None, *,
                  kind: str | None = None, site: str | None = None,
-                 iteration: int | None = None, layer: int | None = None) -> torch.Tensor:
+                 iteration: int | None = None, layer: int | None = None,
+                 operand: tuple[str, str] | None = None) -> torch.Tensor:
     """As :func:`quantize`, with a straight-through gradient (for autograd-tracked operands)."""
     import quant
 
     return _emulate(x, axis, fmt, quant.quantize_ste, kind=kind, site=site,
-                    iteration=iteration, layer=layer)
+                    iteration=iteration, layer=layer, operand=operand)

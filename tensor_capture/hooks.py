@@ -93,7 +93,7 @@ def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: in
         else:
             fn = emulation.quantize_ste if ste else emulation.quantize
             out = fn(t, axis=p.axis, kind=what, site=site.module_path, iteration=it,
-                     layer=site.layer_idx)
+                     layer=site.layer_idx, operand=(p.gemm, p.operand))
         if keep:
             op = "forward" if p.gemm in _FORWARD_GEMMS else "backward"
             at = _at(site, layer_type, op, "pre", _quantized_name(p), schema.VARIANT_QUANTIZED)
@@ -321,7 +321,8 @@ def quantize_probs(attention_probs: torch.Tensor) -> torch.Tensor:
     running = STATE.running_attention or UNKNOWN_SITE
     return emulation.quantize_ste(attention_probs, axis=_PROBS.axis, kind="attention probs",
                                   site=running.module_path, layer=running.layer_idx,
-                                  iteration=get_tensor_saver().iteration)
+                                  iteration=get_tensor_saver().iteration,
+                                  operand=(_PROBS.gemm, _PROBS.operand))
 
 
 def probs_sample(probs: torch.Tensor, head_count: int | None, heads: int, rows: int

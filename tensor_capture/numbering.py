@@ -115,6 +115,8 @@ def _run_training(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     n = _n()
     if n.next_iteration is None:
         n.next_iteration = first_iteration(saver)
+        if saver.enabled and saver.guard is not None:   # a resumed run keeps its decisions
+            saver.guard.resume(n.next_iteration)
     it = n.next_iteration
     saver.set_iteration(it)
     args, kwargs = _replace_step(args, kwargs, lambda f: _counting(f, saver))
@@ -177,6 +179,8 @@ def end_iteration(saver: Any, iteration: int, losses: Any = None) -> None:
     stop_if_over_budget(saver, iteration)
     if not saver.enabled:
         return
+    if saver.guard is not None:       # decisions apply from the next iteration
+        saver.guard.end_iteration(iteration)
     if saver.recorder is not None and saver.recorder.end_iteration(iteration, losses):
         saver.flush()                 # the triggered capture on disk, then a clean exit
         raise SystemExit(0)

@@ -32,6 +32,7 @@ from quant.formats import HIGH_PRECISION_NAMES
 
 from . import budget, schema, sites, whatif
 from .config import MODE_RECORDER, CaptureConfig, ConfigError, load_config, load_quant_plan
+from .guard import Guard
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
 from .recorder import Recorder
@@ -85,6 +86,10 @@ class TensorSaver:
         self.recorder = (Recorder(config, self.directory, self.policy.rank_info, self._label,
                                   self._warnings.once)
                          if config.enabled and config.mode == MODE_RECORDER else None)
+        # the auto-guard (guard: / TENSOR_SAVE_GUARD): rescales or upcasts a failing GEMM
+        self.guard = (Guard(config.guard, config.quant_type, None, self.directory,
+                            lambda: self.policy.rank_info()["rank"], budget.announce)
+                      if config.enabled and config.guard is not None else None)
         if config.enabled:
             self.sink.prepare_dir()
 
@@ -119,6 +124,8 @@ class TensorSaver:
             return
         if self.recorder is not None:
             self.recorder.close()
+        if self.guard is not None:
+            self.guard.close()
         self.sink.close()
         if self.board is not None:
             self.board.close()
@@ -319,6 +326,11 @@ def _set_flags(saver: TensorSaver) -> None:
     STATE.emulate = saver.config.emulating
     STATE.plan = (load_quant_plan(saver.config.quant_plan) if saver.config.quant_plan
                   else None)
+    guard = saver.guard if saver.enabled else None
+    STATE.guard = guard
+    if guard is not None:                     # its decisions are rules before the user's
+        guard.base_plan = STATE.plan
+        STATE.plan = guard.plan()
     # a recipe without an attention format (Transformer Engine's) leaves attention unquantized
     names = {saver.config.quant_type} | (STATE.plan.formats() if STATE.plan else set())
     STATE.emulate_attention = (STATE.emulate and saver.config.emulate_attention

@@ -39,7 +39,8 @@ def _load_stats_kernel() -> ModuleType:
 class CaptureState:
     """Hot-path flags, the process-wide saver, model sites and per-session parts."""
 
-    __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "plan", "current_linear",
+    __slots__ = ("active", "emulate", "emulate_attention", "quant_type", "plan", "guard",
+                 "current_linear",
                  "paused", "warn_underflow", "inspector", "saver", "running_attention", "sites",
                  "discovery", "stats_kernel", "agreement_work", "_session")
 
@@ -66,6 +67,7 @@ class CaptureState:
         self.emulate_attention = False  # ... and attention GEMMs are emulated too
         self.quant_type: str | None = None
         self.plan: Any = None           # quant.precision_plan.PrecisionPlan (CUSTOM_QUANT_PLAN)
+        self.guard: Any = None          # tensor_capture.guard.Guard (TENSOR_SAVE_GUARD)
         self.current_linear: Any = None     # site of the linear module whose forward is running
         self.running_attention: Any = None  # site of the attention module now in forward
         self.paused = False             # a forward-only (evaluation) schedule call: capture nothing
