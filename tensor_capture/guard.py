@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import zlib
 from pathlib import Path
 from typing import Any, Callable
@@ -322,28 +321,47 @@ class Guard:
 
     def resume(self, first_iteration: int) -> None:
         """A run resumed at ``first_iteration`` with this save folder: the decisions taken before
-        it (decisions.jsonl) hold again, so the run continues as it was."""
+        it (decisions.jsonl) hold again, so the run continues as it was (unless a checkpoint
+        already gave them back: :meth:`restore`)."""
         path = self.out_dir / DECISIONS
-        if first_iteration <= 0 or not path.is_file():
+        if first_iteration <= 0 or self.resumed_from is not None or not path.is_file():
             return
-        kept = []
+        found = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 d = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(d, dict) and d.get("iteration", first_iteration) < first_iteration:
-                self.moved[(d["module"], d["gemm"])] = d["to"]
-                kept.append(d)
-        if kept:
-            from .state import STATE
+            if isinstance(d, dict) and {"iteration", "module", "gemm", "to"} <= set(d):
+                found.append(d)
+        self.restore(found, first_iteration, str(path))
 
-            self.decisions = kept
-            self.resumed_from = first_iteration
-            STATE.plan = self.plan()
-            if self._rank() == 0:
-                self._announce(f"tensor capture: guard: resumed at iteration {first_iteration} "
-                               f"with {len(kept)} earlier decision(s) from {path}")
+    def restore(self, decisions: list[dict[str, Any]], first_iteration: int,
+                source: str = "the checkpoint") -> None:
+        """The decisions taken before ``first_iteration`` (a checkpoint's, or the folder's)
+        hold again from it."""
+        kept = [d for d in decisions if d["iteration"] < first_iteration]
+        self.resumed_from = first_iteration
+        if not kept:
+            return
+        from .state import STATE
+
+        for d in kept:
+            self.moved[(d["module"], d["gemm"])] = d["to"]
+        self.decisions = kept
+        STATE.plan = self.plan()
+        if self._rank() == 0:
+            self._announce(f"tensor capture: guard: resumed at iteration {first_iteration} "
+                           f"with {len(kept)} earlier decision(s) from {source}")
+
+
+def checkpoint_state() -> list[dict[str, Any]] | None:
+    """What a checkpoint keeps of the running guard (its decisions), None without one."""
+    from .state import STATE
+
+    guard = STATE.guard
+    return None if guard is None else json.loads(json_dumps(guard.decisions, nonfinite="null"))
+
 
 
 def _sqnr(row: list[float]) -> float:
@@ -364,8 +382,3 @@ def _operand_meta(fmt: str, shape: tuple, axis: int) -> dict[str, Any]:
                 if spec.scaling == SCALING_NONE else None)
     return {"format": fmt, "baseline_db": baseline_sqnr(fmt, shape, axis), "overflow": overflow,
             "shape": shape}
-
-
-def say(line: str) -> None:
-    """One line on stderr (the guard's default voice on ranks without capture's announcer)."""
-    print(line, file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from lowp_common import atomic_path, atomic_write_text
+from tensor_capture import guard as guard_state
 
 from .errors import UserError
 
@@ -75,6 +76,7 @@ def save_checkpoint(directory: str | os.PathLike[str], iteration: int, model: to
             "format_version": FORMAT_VERSION, "iteration": iteration,
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "rng": rng_state(), "config": config, "master_params": master or [],
+            "guard": guard_state.checkpoint_state(),      # the auto-guard's decisions
         }, it_dir / _shard_name(tp, pp))
     _barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -137,4 +139,16 @@ def load_checkpoint(directory: str | os.PathLike[str], model: torch.nn.Module,
     if master is not None:
         master.load_state(state.get("master_params") or [])
     set_rng_state(state["rng"])
+    _restore_guard(state.get("guard"), int(state["iteration"]))
     return int(state["iteration"])
+
+
+def _restore_guard(decisions: list[dict[str, Any]] | None, iteration: int) -> None:
+    """The auto-guard's decisions saved with the checkpoint hold again in the resumed run."""
+    if not decisions:
+        return
+    from tensor_capture.saver import get_tensor_saver
+
+    guard = get_tensor_saver().guard
+    if guard is not None:
+        guard.restore(decisions, iteration)
