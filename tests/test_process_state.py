@@ -49,7 +49,7 @@ ALLOWED = {
         "a drawing worker process's arguments, set by the pool's initializer in that process",
     ("training_profiler.amp_checker.rules.base", "_DISPATCH"):
         "memo of a pure function: (visitor class, node class) -> its visit method",
-    ("training_profiler.audit_record", "_CODE_INTERNAL"):
+    ("training_profiler.audit_source", "_CODE_INTERNAL"):
         "memo of a pure function: code object -> whether it is torch's or ours (a hot path)",
 }
 

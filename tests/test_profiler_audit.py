@@ -337,3 +337,171 @@ def test_static_checker_merges_the_audit(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 1 and report["files_checked"] == 2
     assert {f["rule"] for f in report["findings"] if f["rule"].startswith("AUD")} == {"AUD006"}
     assert all(f["path"] == script for f in report["findings"])
+
+
+# ---- issue 48: findings at the line the user changes; hand-written updates judged -------------
+
+def _line(text: str, marker: str) -> int:
+    """The 1-based line of ``text`` holding ``marker`` (once)."""
+    (n,) = [i for i, line in enumerate(text.splitlines(), 1) if marker in line]
+    return n
+
+
+def _audited(tmp_path: Path, body: str, args: list[str] = (), steps: int = 2):
+    """``body`` run as a training script under the audit (which it must not fail in): its
+    findings as lowp-audit's JSON writes them."""
+    script = _script(tmp_path, body)
+    out = run_script(script, args, steps=steps)
+    assert out.error is None, out.error
+    return script, [f.to_dict() for f in out.findings]
+
+
+ADAM_FP16 = """import sys, torch
+class Mine(torch.optim.Adam):                    # a user subclass: built where it is called
+    def __init__(self, params, eps):
+        super().__init__(params, lr=1e-3, eps=eps)
+dtype = torch.float16 if sys.argv[1] == "half" else torch.float32
+model = torch.nn.Linear(8, 8).to(dtype)          # CAST
+opt = (Mine if sys.argv[2] == "mine" else torch.optim.Adam)(  # BUILT
+    model.parameters(), eps=1e-8)
+for i in range(5):
+    (model(torch.randn(4, 8, dtype=dtype)).float() ** 2).mean().backward()
+    opt.step()                                   # STEP
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("kind", ["adam", "mine"])
+def test_fp16_adam_state_is_found_where_the_optimizer_was_built(tmp_path: Path, kind: str) -> None:
+    script = _script(tmp_path, ADAM_FP16)
+    out_json = tmp_path / "audit.json"
+    assert audit_main([script, "--json", str(out_json), "--", "half", kind]) == 1
+    (f,) = [f for f in json.loads(out_json.read_text())["findings"] if f["rule"] == "AUD005"]
+    assert (f["path"], f["line"]) == (script, _line(ADAM_FP16, "# BUILT"))
+    assert f"stepped at line {_line(ADAM_FP16, '# STEP')}" in f["message"]
+    assert f"parameters cast to float16 at line {_line(ADAM_FP16, '# CAST')}" in f["message"]
+    assert "eps 1e-08" in f["message"]
+    _, clean = _audited(tmp_path, ADAM_FP16, ["float", kind])
+    assert clean == []
+
+
+def test_an_optimizer_built_before_the_audit_is_found_where_it_stepped() -> None:
+    """The construction line is seen only while the audit runs (a decorated step's optimizer
+    is built before it): the finding stays where the optimizer ran."""
+    model = torch.nn.Linear(8, 8).half()
+    opt = torch.optim.Adam(model.parameters(), eps=1e-8)
+
+    @audit_precision(steps=1, report=None)
+    def step() -> None:
+        (model(torch.randn(4, 8).half()).float() ** 2).mean().backward()
+        opt.step()                                                    # DECORATED_STEP
+
+    step()
+    (f,) = [f for f in step.audit.findings if f.rule_id == "AUD005"]
+    assert f.path == __file__ and f.line == _line(Path(__file__).read_text(), "# DECORATED" "_STEP")
+    assert "built at" not in f.message and "cast to" not in f.message
+
+
+def test_scaler_cast_and_autocast_findings_stand_where_they_were_built_or_entered() -> None:
+    """AUD008 at the GradScaler's construction, AUD006 at the model's cast, AUD007 at the float16
+    autocast region's entry; each message names where it ran."""
+    lines = {case: (CASES / case).read_text() for case in
+             ("scaler_with_bf16.py", "bf16_params_no_master.py", "fp16_autocast_no_scaler.py")}
+    expect = {"scaler_with_bf16.py": ("AUD008", "GradScaler(", "scaling at line", "scaler.scale("),
+              "bf16_params_no_master.py": ("AUD006", ".to(torch.bfloat16)", "stepped at line", "opt.step()"),
+              "fp16_autocast_no_scaler.py": ("AUD007", "torch.autocast(", "float16 gradients at line",
+                                             ".backward()")}
+    for case, (rule, at, ran, ran_at) in expect.items():
+        (f,) = [f for f in run_script(str(CASES / case), [], steps=2).findings if f.rule_id == rule]
+        assert f.line == _line(lines[case], at), (case, f.line, f.message)
+        assert f"{ran} {_line(lines[case], ran_at)}" in f.message, f.message
+
+
+def test_an_op_under_autocast_names_the_region_entered() -> None:
+    text = (CASES / "bce_under_autocast.py").read_text()
+    (f,) = run_script(str(CASES / "bce_under_autocast.py"), [], steps=2).findings
+    assert f.rule_id == "AUD010"
+    assert f"autocast bfloat16 entered at line {_line(text, 'torch.autocast(')}" in f.message
+
+
+MANUAL = """import sys, torch
+import torch.nn.functional as F
+dtype, lr, form = getattr(torch, sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+model = model.to(dtype)                                         # CAST
+x, y = torch.randn(64, 16, dtype=dtype), torch.randint(0, 8, (64,))
+for i in range(20):
+    print("iteration", i, flush=True)
+    loss = F.cross_entropy(model(x).float(), y)
+    model.zero_grad()
+    loss.backward()
+    params = list(model.parameters())
+    if form == "foreach":
+        with torch.no_grad():
+            torch._foreach_add_(params, [p.grad for p in params], alpha=-lr)  # UPDATE foreach
+    for p in params if form != "foreach" else []:
+        if form == "data":
+            p.data.add_(p.grad, alpha=-lr)                      # UPDATE data
+        else:
+            with torch.no_grad():
+                if form == "param":
+                    p.add_(p.grad, alpha=-lr)                   # UPDATE param
+                else:
+                    p -= lr * p.grad                            # UPDATE isub
+"""
+
+
+@pytest.mark.parametrize("form", ["data", "param", "isub", "foreach"])
+def test_hand_written_bf16_updates_are_judged(tmp_path: Path, form: str,
+                                              capsys: pytest.CaptureFixture) -> None:
+    """word_language_model's loop: lost updates found in bfloat16 (at the cast, naming the update
+    line); none when the same loop runs in float32 or its update is large enough for bfloat16."""
+    script, found = _audited(tmp_path, MANUAL, ["bfloat16", "1e-3", form], steps=3)
+    ran = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iteration")]
+    assert ran == [f"iteration {i}" for i in range(4)]     # stopped at the 4th iteration's backward
+    (f,) = found
+    assert f["rule"] == "AUD006" and (f["path"], f["line"]) == (script, _line(MANUAL, "# CAST"))
+    assert f"updated at line {_line(MANUAL, f'# UPDATE {form}')}" in f["message"]
+    assert _audited(tmp_path, MANUAL, ["float32", "1e-3", form])[1] == []
+    assert _audited(tmp_path, MANUAL, ["bfloat16", "10", form])[1] == []
+
+
+def test_a_lost_update_is_counted_element_by_element() -> None:
+    """Half the elements get an update of 1e-4 of their value (far below bfloat16's half ulp,
+    2^-9 relative at least), half one of 1e-1 (far above): exactly the first half is lost; the
+    parameter ends as the same update without the audit leaves it."""
+    torch.manual_seed(0)
+    w = (torch.rand(1000) + 0.5).bfloat16()
+    step = torch.cat([w[:500].float() * 1e-4, w[500:].float() * 1e-1]).bfloat16()
+    bare, audited = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    with torch.no_grad():
+        bare.sub_(step)
+    with precision_audit() as audit, torch.no_grad():
+        audited.sub_(step)
+    (up,) = audit.record.updates.values()
+    assert (up.moved_elems, up.stuck_elems, up.op) == (1000, 500, "sub_")
+    assert torch.equal(audited, bare)
+
+
+def test_copies_and_steps_are_not_hand_written_updates() -> None:
+    """``copy_`` from float32 masters is no update; an optimizer's own in-place ops are its step's."""
+    model = torch.nn.Linear(8, 8).bfloat16()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with precision_audit() as audit:
+        model(torch.randn(2, 8).bfloat16()).float().sum().backward()
+        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.float() + 1e-6)
+    assert audit.record.updates == {} and len(audit.record.steps) == 1
+
+
+def test_the_construction_wrappers_are_removed_after_the_audit() -> None:
+    methods = (torch.optim.Optimizer.__init__, torch.amp.GradScaler.__init__,
+               *(torch.nn.Module.__dict__[m] for m in ("half", "bfloat16", "float", "double", "to", "type")))
+    with precision_audit():
+        torch.nn.Linear(2, 2).half()
+        assert torch.optim.Optimizer.__init__ is not methods[0]
+    assert (torch.optim.Optimizer.__init__, torch.amp.GradScaler.__init__,
+            *(torch.nn.Module.__dict__[m] for m in ("half", "bfloat16", "float", "double", "to", "type"))) == methods

@@ -101,8 +101,9 @@ def audit_precision(fn: Callable | None = None, *, steps: int = 2,
 
 @dataclass
 class ScriptOutcome:
-    """What running a script under the audit gave: its findings, how many optimizer steps were
-    audited, and its traceback when the script failed on its own."""
+    """What running a script under the audit gave: its findings, how many optimizer steps (and
+    iterations of hand-written parameter updates) were audited, and its traceback when the
+    script failed on its own."""
 
     findings: list[Finding] = field(default_factory=list)
     steps: int = 0
@@ -113,7 +114,8 @@ def run_script(script: str, args: Sequence[str] = (), steps: int = 2, module: bo
                ) -> ScriptOutcome:
     """Run ``script`` (a module name with ``module=True``, as ``python -m``) as ``__main__`` in
     this process with ``sys.argv = [script, *args]``, under the audit, stopping after ``steps``
-    optimizer steps or GradScaler iterations (a script with neither runs to its end). ``sys.argv``, ``sys.path``
+    optimizer steps, GradScaler iterations or iterations of hand-written parameter updates (a
+    script with none of them runs to its end). ``sys.argv``, ``sys.path``
     and the environment are restored afterwards. Ctrl-C propagates; any other failure of the
     script is returned as its traceback."""
     audit = PrecisionAudit(max_steps=steps)
@@ -141,4 +143,4 @@ def run_script(script: str, args: Sequence[str] = (), steps: int = 2, module: bo
         if dict(os.environ) != saved_env:  # e.g. MASTER_PORT of a process group it started
             os.environ.clear()
             os.environ.update(saved_env)
-    return ScriptOutcome(audit.findings, len(audit.record.steps), error)
+    return ScriptOutcome(audit.findings, len(audit.record.steps) + audit.record.manual_iterations, error)

@@ -14,8 +14,6 @@ Nothing here changes a value: outputs are returned as computed, statistics are r
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,16 +21,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from quant.analysis import dtype_limits
+from training_profiler.audit_source import LOW_PRECISION, Origins, Where, dtype_name, user_frame
+from training_profiler.audit_updates import UPDATE_OPS, ManualUpdate, UpdateJudge
 
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: at most this many call sites are kept; later new sites are only counted (bounded memory)
 MAX_SITES = 20_000
 #: range statistics are read on this many calls of a site (the rest only counts calls)
 STAT_CALLS = 4
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
-_SKIP_PREFIXES = (_TORCH_DIR, _OWN_DIR, "<frozen", os.path.dirname(os.__file__) + os.sep + "contextlib")
 _ADMIN_OPS = frozenset({"detach", "alias", "view", "_unsafe_view", "t", "transpose", "permute",
                         "expand", "reshape", "squeeze", "unsqueeze", "select", "slice", "split",
                         "clone", "empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like",
@@ -40,14 +36,6 @@ _ADMIN_OPS = frozenset({"detach", "alias", "view", "_unsafe_view", "t", "transpo
                         "set_", "new_empty", "new_zeros", "_local_scalar_dense", "normal_",
                         "uniform_", "randint", "arange", "full", "new_full", "index_select",
                         "embedding", "unbind", "split_with_sizes", "contiguous", "stack", "cat"})
-
-
-@dataclass(frozen=True)
-class Where:
-    """A user source line: the first frame outside torch and this package."""
-
-    path: str
-    line: int
 
 
 @dataclass
@@ -61,6 +49,7 @@ class OpSite:
     in_dtypes: tuple[str, ...]
     out_dtypes: tuple[str, ...]
     autocast: str | None            # autocast dtype when active for the op's device
+    autocast_at: Where | None = None  # where that autocast region was entered (when seen)
     calls: int = 0
     stat_calls: int = 0
     absmax: float = 0.0             # over low-precision floating outputs
@@ -84,6 +73,8 @@ class StepEvent:
     stuck_elems: int = 0            # ... and which the step left unchanged
     fp16_states: list[str] = field(default_factory=list)
     eps: list[float] = field(default_factory=list)
+    built: Where | None = None      # the line that built the optimizer (when seen)
+    casts: dict[Where, str] = field(default_factory=dict)  # where its low-precision params were cast
 
 
 @dataclass
@@ -96,6 +87,7 @@ class FunctionCall:
     out_dtypes: tuple[str, ...]
     autocast: str | None
     custom_fwd: bool
+    autocast_at: Where | None = None
     calls: int = 0
 
 
@@ -106,29 +98,15 @@ class Record:
     sites: dict[tuple, OpSite] = field(default_factory=dict)
     steps: list[StepEvent] = field(default_factory=list)
     functions: dict[tuple, FunctionCall] = field(default_factory=dict)
-    scaler_calls: dict[tuple[Where, bool], int] = field(default_factory=dict)  # (site, enabled)
+    #: (scale() site, enabled, the line that built the scaler or None) -> calls
+    scaler_calls: dict[tuple[Where, bool, Where | None], int] = field(default_factory=dict)
     scaler_updates: int = 0         # iterations under an enabled scaler, skipped steps included
-
-
-_CODE_INTERNAL: dict[Any, bool] = {}
-
-
-def user_frame(depth: int = 2) -> Where:
-    """The first frame outside torch, this package and the standard library's plumbing."""
-    f = sys._getframe(depth)
-    while f is not None:
-        code = f.f_code
-        internal = _CODE_INTERNAL.get(code)
-        if internal is None:
-            internal = _CODE_INTERNAL[code] = code.co_filename.startswith(_SKIP_PREFIXES)
-        if not internal:
-            return Where(code.co_filename, f.f_lineno)
-        f = f.f_back
-    return Where("<unknown>", 0)
+    updates: dict[tuple, ManualUpdate] = field(default_factory=dict)  # hand-written updates
+    manual_iterations: int = 0      # backwards that followed a judged hand-written update
 
 
 def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
+    return dtype_name(t.dtype)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -166,11 +144,12 @@ class _ModuleStack:
     that called it (a child, or deeper in a ModuleList), a root by its class name; each name is
     found once per module."""
 
-    def __init__(self) -> None:
+    def __init__(self, origins: Origins) -> None:
         self.stack: list[str] = []
         self.names: dict[int, str] = {}
         self.handles: list = []
         self.owners: list[torch.nn.Module] = []
+        self.origins = origins
 
     def install(self) -> None:
         from torch.nn.modules import module as m
@@ -195,6 +174,7 @@ class _ModuleStack:
                 if found is not None:
                     name = f"{parent}.{found}"
             self.names[id(module)] = name
+            self.origins.note_params(module)
         self.stack.append(name)
         self.owners.append(module)
 
@@ -208,13 +188,16 @@ class _ModuleStack:
 
 
 class _AutocastState:
-    """Which devices autocast is on for, and its dtype, kept current at every enter/exit of
-    ``torch.autocast`` (the flag itself is not readable inside a dispatch mode)."""
+    """Which devices autocast is on for, its dtype and the line that entered the region, kept
+    current at every enter/exit of ``torch.autocast`` (the flag itself is not readable inside a
+    dispatch mode). A region entered before the audit started has no line."""
 
     DEVICES = ("cpu", "cuda")
 
     def __init__(self) -> None:
         self.active: dict[str, str | None] = {}
+        self.entered: dict[str, Where | None] = {}
+        self.regions: list[tuple[Any, Where]] = []   # (autocast object, its line), innermost last
         self._saved: tuple | None = None
 
     def read(self) -> None:
@@ -223,7 +206,9 @@ class _AutocastState:
                 on = torch.is_autocast_enabled(dev)
             except RuntimeError:
                 on = False
-            self.active[dev] = str(torch.get_autocast_dtype(dev)).replace("torch.", "") if on else None
+            self.active[dev] = dtype_name(torch.get_autocast_dtype(dev)) if on else None
+            self.entered[dev] = next((w for ac, w in reversed(self.regions) if on and ac.device == dev
+                                      and getattr(ac, "_enabled", True)), None)
 
     def install(self) -> None:
         cls = torch.amp.autocast_mode.autocast
@@ -232,11 +217,15 @@ class _AutocastState:
 
         def __enter__(ac):
             out = enter(ac)
+            state.regions.append((ac, user_frame(2)))
             state.read()
             return out
 
         def __exit__(ac, *exc):
             out = exit_(ac, *exc)
+            mine = [i for i, (a, _) in enumerate(state.regions) if a is ac]
+            if mine:                  # else entered before the audit started
+                del state.regions[mine[-1]]
             state.read()
             return out
 
@@ -249,6 +238,7 @@ class _AutocastState:
             cls, enter, exit_ = self._saved
             cls.__enter__, cls.__exit__ = enter, exit_
             self._saved = None
+        self.regions.clear()
 
 
 class StopAudit(BaseException):
@@ -262,8 +252,10 @@ class Recorder(TorchDispatchMode):
     def __init__(self, max_steps: int | None = None) -> None:
         super().__init__()
         self.record = Record()
-        self.modules = _ModuleStack()
+        self.origins = Origins()
+        self.modules = _ModuleStack(self.origins)
         self.autocast = _AutocastState()
+        self.updates = UpdateJudge(self.origins, self.record.updates)
         self.max_steps = max_steps
         self._undo: list[Callable[[], None]] = []
         self._snap: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -272,14 +264,16 @@ class Recorder(TorchDispatchMode):
 
     # ---- the op record ------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         op = func._overloadpacket.__name__
+        targets = self.updates.targets(args) if op in UPDATE_OPS else None
+        out = self.updates.run(func, op, args, kwargs, targets) if targets else func(*args, **kwargs)
         if op in _ADMIN_OPS:
             return out
         outs = _tensors(out)
         if not any(t.is_floating_point() for t in outs):
             return out
-        ins = _tensors(args) + _tensors(list((kwargs or {}).values()))
+        ins = _tensors(args) + _tensors(list(kwargs.values()))
         backward = torch._C._current_graph_task_id() != -1
         where = user_frame(2)
         if backward and where.path == "<unknown>":  # autograd's device threads: no user frame
@@ -287,13 +281,13 @@ class Recorder(TorchDispatchMode):
         dev = outs[0].device.type
         key = (op, backward, self.modules.current() if not backward else "", where,
                tuple(_dtype_name(t) for t in ins), tuple(_dtype_name(t) for t in outs),
-               self.autocast.active.get(dev))
+               self.autocast.active.get(dev), self.autocast.entered.get(dev))
         site = self.record.sites.get(key)
         if site is None:
             if len(self.record.sites) >= MAX_SITES:
                 return out
             site = self.record.sites[key] = OpSite(op, "backward" if backward else "forward",
-                                                   key[2], where, key[4], key[5], key[6])
+                                                   key[2], where, key[4], key[5], key[6], key[7])
         site.calls += 1
         if site.stat_calls < STAT_CALLS:
             site.stat_calls += 1
@@ -310,6 +304,8 @@ class Recorder(TorchDispatchMode):
     def __enter__(self):
         self.modules.install()
         self._undo.append(self.modules.remove)
+        self.origins.install()
+        self._undo.append(self.origins.remove)
         self.autocast.install()
         self._undo.append(self.autocast.remove)
         from torch.optim import optimizer as optim_mod
@@ -334,10 +330,10 @@ class Recorder(TorchDispatchMode):
         run that keeps overflowing still stops after its audited iterations."""
         cls = torch.amp.GradScaler
         scale_, update_ = cls.scale, cls.update
-        rec, recorder = self.record, self
+        rec, recorder, built = self.record, self, self.origins.built
 
         def scale(scaler, outputs):
-            key = (user_frame(2), bool(scaler.is_enabled()))
+            key = (user_frame(2), bool(scaler.is_enabled()), built.get(scaler))
             rec.scaler_calls[key] = rec.scaler_calls.get(key, 0) + 1
             return scale_(scaler, outputs)
 
@@ -353,12 +349,18 @@ class Recorder(TorchDispatchMode):
 
     def _wrap_backward(self) -> None:
         """Note where each backward starts (``Tensor.backward`` calls ``torch.autograd.backward``):
-        backward ops run on autograd's device threads on a GPU, where no user frame is seen."""
+        backward ops run on autograd's device threads on a GPU, where no user frame is seen.
+        A backward after hand-written parameter updates starts a new iteration of such a loop,
+        counted as optimizer steps are (a script is stopped after ``max_steps`` of them)."""
         original = torch.autograd.backward
         rec = self
 
         def backward(*args, **kwargs):
             rec.backward_where = user_frame(2)
+            if rec.updates.pending:
+                rec.updates.pending = False
+                rec.record.manual_iterations += 1
+                rec._stop_after(rec.record.manual_iterations)
             return original(*args, **kwargs)
 
         torch.autograd.backward = backward
@@ -379,12 +381,13 @@ class Recorder(TorchDispatchMode):
                 where = user_frame(2)
                 dev = outs[0].device.type
                 key = (cls.__qualname__, where, tuple(_dtype_name(t) for t in ins),
-                       tuple(_dtype_name(t) for t in outs), autocast.active.get(dev))
+                       tuple(_dtype_name(t) for t in outs), autocast.active.get(dev),
+                       autocast.entered.get(dev))
                 call = rec.functions.get(key)
                 if call is None:
                     wrapped = getattr(cls.forward, "__wrapped__", None) is not None
                     call = rec.functions[key] = FunctionCall(cls.__qualname__, where, key[2],
-                                                             key[3], key[4], wrapped)
+                                                             key[3], key[4], wrapped, key[5])
                 call.calls += 1
             return out
 
@@ -393,8 +396,9 @@ class Recorder(TorchDispatchMode):
 
     # ---- optimizer steps ------------------------------------------------------------------------
     def _step_pre(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        ev = StepEvent(user_frame(2), type(optimizer).__name__)
+        ev = StepEvent(user_frame(2), type(optimizer).__name__, built=self.origins.built.get(optimizer))
         self._snap = []
+        self.updates.paused = True          # the step's own in-place ops are judged below
         for group in optimizer.param_groups:
             eps = group.get("eps")
             if isinstance(eps, (int, float)):
@@ -414,10 +418,14 @@ class Recorder(TorchDispatchMode):
                 if p.dtype in LOW_PRECISION:
                     ev.lowp_param_dtypes.add(_dtype_name(p))
                     self._snap.append((p, p.detach().clone(), g.detach() != 0))
+                    cast = self.origins.casts.get(p)
+                    if cast is not None and cast[1] == _dtype_name(p):
+                        ev.casts.setdefault(*cast)
         self.record.steps.append(ev)
 
     def _step_post(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         ev = self.record.steps[-1]
+        self.updates.paused = False
         for p, before, moving in self._snap:
             ev.moved_elems += int(moving.sum())
             ev.stuck_elems += int((moving & (p.detach() == before)).sum())

@@ -1,6 +1,11 @@
 """The run-time precision audit's rules: one row each (id, name, severity, why, fix, and the
 function that reads the record), judged after the audited steps.
 
+A finding about an object's configuration stands at the line the user changes: where the optimizer
+or GradScaler was built, the model cast or the autocast region entered (when the audit saw it,
+:mod:`training_profiler.audit_source`); its message names where it ran. Hand-written parameter
+updates are judged for lost updates as optimizer steps are (:mod:`training_profiler.audit_updates`).
+
 Each rule judges what ran, with one allowance: under autocast, an op that CUDA's autocast runs in
 float32 (softmax, log_softmax, cross-entropy's parts, sum, cumsum, norm, the losses) is not
 reported when it ran in a low precision, since only the CPU's autocast leaves it there and the
@@ -10,12 +15,14 @@ definition of overflow / underflow); findings are the static checker's ``Finding
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from quant.analysis import SEVERITY_HIGH, dtype_limits, severity
-from training_profiler.audit_record import FunctionCall, OpSite, Record, Where
+from training_profiler.audit_record import FunctionCall, OpSite, Record, StepEvent
+from training_profiler.audit_source import Where, place
+from training_profiler.audit_updates import ManualUpdate
 from training_profiler.findings_report import Confidence, Finding, Severity
 
 LOWP = ("float16", "bfloat16")
@@ -62,10 +69,32 @@ def _autocast_upcasts(site: OpSite) -> bool:
     return site.autocast is not None and site.op in CUDA_AUTOCAST_FP32
 
 
+def _entered(autocast: str | None, at: Where | None, seen_from: Where) -> str:
+    if not autocast:
+        return ", autocast off"
+    return f", autocast {autocast}" + (f" entered at {place(at, seen_from)}" if at else "")
+
+
 def _at(site: OpSite) -> str:
     mod = f" in {site.module}" if site.module else ""
-    ac = f", autocast {site.autocast}" if site.autocast else ", autocast off"
+    ac = _entered(site.autocast, site.autocast_at, site.where)
     return f"{mod} ({site.calls} call{'s' if site.calls != 1 else ''}{ac})"
+
+
+def _located(anchors: Sequence[tuple[str, Where | None]]) -> tuple[Where, str]:
+    """The finding's line, the first known of ``anchors`` (ordered by where the user fixes it:
+    the object's construction, the model's cast, the region's entry, then where it ran), and a
+    message suffix naming the other known ones from there."""
+    known = [(what, w) for what, w in anchors if w is not None]
+    where = known[0][1]
+    others = [f"{what} {place(w, where)}" for what, w in known if w != where]
+    return where, f" ({', '.join(others)})" if others else ""
+
+
+def _cast(casts: dict[Where, str], dtypes: Sequence[str] = LOWP) -> tuple[str, Where | None]:
+    """The first line that cast these parameters to one of ``dtypes``, as an anchor."""
+    found = next(((w, d) for w, d in casts.items() if d in dtypes), None)
+    return (f"parameters cast to {found[1]} at", found[0]) if found else ("", None)
 
 
 def _forward(rec: Record) -> Iterator[OpSite]:
@@ -106,8 +135,9 @@ def _flushed_grads(rec: Record) -> Iterator[Hit]:
             continue
         if ev.lowp_grad_flushed / ev.lowp_grad_elems > FLUSHED_GRADS:
             frac = ev.lowp_grad_flushed / ev.lowp_grad_elems
-            yield ev.where, (f"{frac:.0%} of the {'/'.join(sorted(ev.grad_dtypes & set(LOWP)))} "
-                             f"gradients reaching {ev.optimizer}.step are zero or below min_normal")
+            where, also = _located([("stepped at", ev.where), _cast(ev.casts)])
+            yield where, (f"{frac:.0%} of the {'/'.join(sorted(ev.grad_dtypes & set(LOWP)))} "
+                          f"gradients reaching {ev.optimizer}.step are zero or below min_normal{also}")
 
 
 def _fp16_optimizer_state(rec: Record) -> Iterator[Hit]:
@@ -116,15 +146,29 @@ def _fp16_optimizer_state(rec: Record) -> Iterator[Hit]:
         if ev.fp16_states:
             tiny = [e for e in ev.eps if 0 < e < lim.min_subnormal]
             eps = f"; eps {tiny[0]:g} is below float16's smallest step {lim.min_subnormal:.3g}" if tiny else ""
-            yield ev.where, f"{ev.optimizer} keeps {', '.join(ev.fp16_states)} in float16{eps}"
+            where, also = _located([(f"{ev.optimizer} built at", ev.built), ("stepped at", ev.where),
+                                    _cast(ev.casts, ("float16",))])
+            yield where, f"{ev.optimizer} keeps {', '.join(ev.fp16_states)} in float16{eps}{also}"
 
 
 def _no_master_weights(rec: Record) -> Iterator[Hit]:
+    """Optimizer steps and hand-written updates alike; at the model's cast when it was seen."""
     for ev in rec.steps:
         if ev.moved_elems and ev.stuck_elems / ev.moved_elems > STUCK_PARAMS:
-            yield ev.where, (f"{ev.optimizer}.step left {ev.stuck_elems / ev.moved_elems:.0%} of the "
-                             f"{'/'.join(sorted(ev.lowp_param_dtypes))} parameter elements with a "
-                             "nonzero gradient unchanged (update below half an ulp)")
+            yield _lost_updates(ev, f"{ev.optimizer}.step", "with a nonzero gradient",
+                                [(f"{ev.optimizer} built at", ev.built), ("stepped at", ev.where)])
+    for up in rec.updates.values():
+        if up.moved_elems and up.stuck_elems / up.moved_elems > STUCK_PARAMS:
+            yield _lost_updates(up, f"the hand-written update {up.op}", "that it moves in float64",
+                                [("updated at", up.where)])
+
+
+def _lost_updates(ev: StepEvent | ManualUpdate, who: str, which: str,
+                  ran: list[tuple[str, Where | None]]) -> Hit:
+    dtypes = ev.lowp_param_dtypes if isinstance(ev, StepEvent) else ev.param_dtypes
+    where, also = _located([_cast(ev.casts), *ran])
+    return where, (f"{who} left {ev.stuck_elems / ev.moved_elems:.0%} of the {'/'.join(sorted(dtypes))} "
+                   f"parameter elements {which} unchanged (update below half an ulp){also}")
 
 
 def _fp16_seen(rec: Record) -> Where | None:
@@ -137,23 +181,34 @@ def _fp16_seen(rec: Record) -> Where | None:
     return None
 
 
+def _fp16_origins(rec: Record) -> list[tuple[str, Where | None]]:
+    """Where the float16 came from, as anchors: an autocast float16 region's entry, a cast of
+    stepped parameters to float16."""
+    region = next((s.autocast_at for s in _forward(rec) if s.autocast == "float16" and s.autocast_at), None)
+    cast = next((c for ev in rec.steps if (c := _cast(ev.casts, ("float16",)))[1]), ("", None))
+    return [("autocast float16 entered at", region), cast]
+
+
 def _scaler_missing(rec: Record) -> Iterator[Hit]:
-    where = _fp16_seen(rec)
-    if where is not None and not any(enabled for _, enabled in rec.scaler_calls):
-        yield where, "gradients are computed in float16 and no enabled GradScaler scales the loss"
+    ran = _fp16_seen(rec)
+    if ran is not None and not any(enabled for _, enabled, _ in rec.scaler_calls):
+        where, also = _located([*_fp16_origins(rec), ("float16 gradients at", ran)])
+        yield where, f"gradients are computed in float16 and no enabled GradScaler scales the loss{also}"
 
 
 def _scaler_unneeded(rec: Record) -> Iterator[Hit]:
-    enabled = [w for w, on in rec.scaler_calls if on]
+    enabled = [(site, built) for site, on, built in rec.scaler_calls if on]
     fp16 = _fp16_seen(rec) or any("float16" in s.out_dtypes for s in rec.sites.values())
     if enabled and not fp16:
-        yield enabled[0], "GradScaler scales the loss but nothing ran in float16 (bfloat16 / float32 need no loss scaling)"
+        where, also = _located([("GradScaler built at", enabled[0][1]), ("scaling at", enabled[0][0])])
+        yield where, ("GradScaler scales the loss but nothing ran in float16 (bfloat16 / float32 "
+                      f"need no loss scaling){also}")
 
 
 def _function_dtype(rec: Record) -> Iterator[Hit]:
     for f in rec.functions.values():
         if _function_changes_dtype(f):
-            ac = f", autocast {f.autocast} and no custom_fwd" if f.autocast else ""
+            ac = f"{_entered(f.autocast, f.autocast_at, f.where)} and no custom_fwd" if f.autocast else ""
             yield f.where, (f"autograd Function {f.name} returned {'/'.join(sorted(set(f.out_dtypes)))} "
                             f"for {'/'.join(sorted(set(f.in_dtypes)))} inputs{ac}")
 
