@@ -323,18 +323,11 @@ class Guard:
         """A run resumed at ``first_iteration`` with this save folder: the decisions taken before
         it (decisions.jsonl) hold again, so the run continues as it was (unless a checkpoint
         already gave them back: :meth:`restore`)."""
-        path = self.out_dir / DECISIONS
-        if first_iteration <= 0 or self.resumed_from is not None or not path.is_file():
+        if first_iteration <= 0 or self.resumed_from is not None:
             return
-        found = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(d, dict) and {"iteration", "module", "gemm", "to"} <= set(d):
-                found.append(d)
-        self.restore(found, first_iteration, str(path))
+        found = read_decisions(self.out_dir.parent)
+        if found:
+            self.restore(found, first_iteration, str(self.out_dir / DECISIONS))
 
     def restore(self, decisions: list[dict[str, Any]], first_iteration: int,
                 source: str = "the checkpoint") -> None:
@@ -353,6 +346,23 @@ class Guard:
         if self._rank() == 0:
             self._announce(f"tensor capture: guard: resumed at iteration {first_iteration} "
                            f"with {len(kept)} earlier decision(s) from {source}")
+
+
+def read_decisions(folder: str | Path) -> list[dict[str, Any]]:
+    """The guard's decisions in a capture folder (``guard/decisions.jsonl``), in order; [] when
+    the run had no guard or it never acted. The one reader of that file."""
+    path = Path(folder) / GUARD_DIR / DECISIONS
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and {"iteration", "module", "gemm", "to"} <= set(d):
+            out.append(d)
+    return out
 
 
 def checkpoint_state() -> list[dict[str, Any]] | None:

@@ -16,6 +16,25 @@ from tensor_viz.figures import FigureSet, legend_outside, too_few_iterations
 SECTION = "run_timeline"
 ITERATION_AXIS = "iteration (training step)"
 TRIGGER_COLOUR = "tab:red"
+GUARD_COLOUR = "tab:green"
+
+
+def guard_steps(folder) -> dict[int, str]:
+    """iteration -> what the auto-guard changed there ("guard: 4 GEMMs -> fp8_e4m3_tensor")."""
+    from tensor_capture.guard import read_decisions
+
+    by_it: dict[int, dict[str, int]] = {}
+    for d in read_decisions(folder):
+        moves = by_it.setdefault(int(d["iteration"]), {})
+        moves[d["to"]] = moves.get(d["to"], 0) + 1
+    return {it: "guard: " + ", ".join(f"{n} GEMM{'s' if n > 1 else ''} -> {to}"
+                                      for to, n in moves.items())
+            for it, moves in sorted(by_it.items())}
+
+
+def _guard_caption(decided: dict[int, str]) -> str:
+    return "; ".join(f"iteration {it}: {text.removeprefix('guard: ')}"
+                     for it, text in decided.items())
 
 
 def draw_run_timeline(ds: Dataset, fs: FigureSet) -> None:
@@ -52,6 +71,12 @@ def draw_run_timeline(ds: Dataset, fs: FigureSet) -> None:
         ax_abs.annotate(", ".join(trig["kinds"]), (trig["iteration"], 1.0),
                         xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
                         fontsize=7, color=TRIGGER_COLOUR)
+    decided = guard_steps(folder)
+    for it, text in decided.items():
+        for ax in (ax_abs, ax_flush, ax_bad):
+            ax.axvline(it, color=GUARD_COLOUR, lw=0.9, ls=":", alpha=0.9)
+        ax_flush.annotate(text, (it, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                          va="top", ha="left", fontsize=7, color=GUARD_COLOUR)
     legend_outside(ax_abs, fontsize=7, title="layer", title_fontsize=7)
     fig.subplots_adjust(hspace=0.55, right=0.84, top=0.93, bottom=0.07)
     first_bad = next((its[i] for i in range(len(its))
@@ -63,6 +88,8 @@ def draw_run_timeline(ds: Dataset, fs: FigureSet) -> None:
                "captured tensors over ranks and micro-batches, the share of their elements that "
                "flush to zero in the run's format, and their NaN/Inf count. Dashed lines: the "
                f"triggers the ranks agreed on: {trig_text}. "
+               + (f"Dotted lines: the auto-guard's decisions ({_guard_caption(decided)}), each "
+                  "applied from the next iteration. " if decided else "")
                + (f"The first non-finite value appears at iteration {first_bad}."
                   if first_bad is not None else "No non-finite value was recorded."))
     fs.save(fig, SECTION, "run_timeline", "The run's timeline from the flight recorder", caption)

@@ -160,6 +160,10 @@ def test_a_flushing_gemm_is_rescaled_once_the_condition_held(session, tmp_path, 
     assert plan.format_for(HEALTHY, 0, "dgrad") == "fp8_e4m3"
     summary = json.loads((tmp_path / GUARD_DIR / "summary.json").read_text())
     assert summary["decisions"] == 1 and summary["hp_flops_share"] == 0.0
+    # the report's run timeline marks it (tensor_viz.plots_timeline)
+    from tensor_viz.plots_timeline import guard_steps
+
+    assert guard_steps(tmp_path) == {3: "guard: 1 GEMM -> fp8_e4m3_tensor"}
     err = capsys.readouterr().err
     assert err.count("tensor capture: guard: iteration 3:") == 1
     assert f"{FLUSHING} dgrad fp8_e4m3 -> fp8_e4m3_tensor from iteration 4" in err
