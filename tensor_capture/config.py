@@ -102,6 +102,7 @@ class CaptureConfig:
     tensorboard_dir: str | None = None        # what-if numerics to TensorBoard (None: Megatron's)
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn by quant.format_loss
+    underflow_hold: int = 100                 # ... a level's fall said once it held this many iterations
     # -- the flight recorder (mode: recorder; tensor_capture.recorder, docs/capture.md) ----------
     mode: str = MODE_CAPTURE                  # TENSOR_SAVE_MODE
     recorder_window: int = 8                  # W: iterations the ring keeps (per micro-batch)
@@ -320,6 +321,7 @@ def _names(name: str, value: Any) -> tuple[str, ...] | None:
 _PARSERS: dict[str, Any] = {
     "enabled": _bool, "stats_only": _bool, "save_quantized": _bool, "emulate_attention": _bool,
     "underflow_warnings": _bool,
+    "underflow_hold": lambda k, v: _int(k, v, minimum=0),
     "save_dir": _dir,
     "tensorboard_dir": lambda k, v: None if v is None or not str(v).strip() else _dir(k, v),
     "iteration": lambda k, v: _int(k, v, minimum=0),

@@ -9,8 +9,13 @@ format against the format's own SQNR on Gaussian data of the same shape along th
 underflow / flush-to-zero counts of ``quant.analyze_quantization`` (given the quantized tensor,
 so nothing is quantized twice) are the evidence the line shows.
 
-Said once per (module, operand, format), and again only when its level changes (a line saying
-so when it comes back within the margin); the count goes into the capture's stop line.
+Said once per (module, operand, format), and again only when its level changes, with
+hysteresis: a rise is said at once (the first sighting is the news), a fall (down to MEDIUM, or
+back within the margin) only once it has held ``underflow_hold`` iterations (every judgment of
+that operand below the level said, the first and the last that far apart). An operand whose
+loss hovers around a margin, up one judgment and down the next, is said once, not at every
+crossing (issue 48: 18 lines for one operand in 300 iterations). The count goes into the
+capture's stop line.
 
 Cost bound: an analysis makes several passes over its operand, so each iteration analyses ONE
 operand per kind, taking the modules in turn (round robin over the modules seen with that kind):
@@ -23,14 +28,17 @@ import sys
 
 import torch
 
+from .config import CaptureConfig
 from .state import STATE
 
 _ICON = {"high": "\U0001f534", "medium": "\U0001f7e1", "none": "\U0001f7e2"}
+#: the levels in order (quant.format_loss.loss_severity's names): a higher rank is worse
+_RANK = {"none": 0, "medium": 1, "high": 2}
 
 
 class _Turns:
     """This session's turns and levels (a STATE session part)."""
-    __slots__ = ("iteration", "done", "seen", "checked", "levels", "said")
+    __slots__ = ("iteration", "done", "seen", "checked", "levels", "falls", "said")
 
     def __init__(self) -> None:
         self.iteration: int | None = None
@@ -38,6 +46,7 @@ class _Turns:
         self.seen: dict[str, set[str | None]] = {}     # kind -> modules met so far
         self.checked: dict[str, set[str | None]] = {}  # kind -> modules analysed this round
         self.levels: dict[tuple, str] = {}             # (module, kind, format) -> level last said
+        self.falls: dict[tuple, int] = {}              # ... -> first iteration below it (not said)
         self.said = 0                                  # warnings printed this session
 
     def stop_note(self) -> str | None:
@@ -70,28 +79,54 @@ def _my_turn(t: _Turns, kind: str, site: str | None) -> bool:
 
 
 def message(kind: str, site: str | None, iteration: int | None, loss, report,
-            previous: str) -> str:
-    """The one line said for a (module, operand, format) whose level changed."""
+            previous: str, since: int | None = None) -> str:
+    """The one line said for a (module, operand, format) whose level changed (``since``: the
+    first iteration of a fall that held)."""
     where = f" {site}" if site else ""
     it = "?" if iteration is None else iteration
     head = f"tensor capture: iteration {it}, {kind}{where}:"
+    held = "" if since is None or since == iteration else f" since iteration {since}"
     if loss.severity == "none":
-        return (f"{head} {_ICON['none']} back within the margin in {loss.format} (SQNR "
+        return (f"{head} {_ICON['none']} back within the margin in {loss.format}{held} (SQNR "
                 f"{loss.sqnr_db:.1f} dB, baseline {loss.baseline_db:.1f} dB; was "
                 f"{previous.upper()})")
-    change = "" if previous == "none" else f", was {previous.upper()}"
+    change = "" if previous == "none" else f", was {previous.upper()}{held}"
     return (f"{head} {_ICON[loss.severity]} {loss.format} loses {loss.deficit_db:.1f} dB more "
             f"than on Gaussian data (SQNR {loss.sqnr_db:.1f} vs {loss.baseline_db:.1f} dB): "
             f"severity {loss.severity.upper()}{change}; underflow {report.underflow_ratio:.2%}, "
             f"flushed to zero {report.flush_to_zero_ratio:.2%}, overflow "
             f"{report.overflow_ratio:.2%} (said once per module, operand and format, again when "
-            "the level changes)")
+            "the level changes: a rise at once, a fall once it holds)")
+
+
+def hold_iterations() -> int:
+    """How long a fall must hold before it is said: the session's ``underflow_hold``."""
+    config = getattr(STATE.saver, "config", None)
+    return int(getattr(config, "underflow_hold", CaptureConfig.underflow_hold))
+
+
+def level_to_say(t: _Turns, key: tuple, severity: str, iteration: int | None,
+                 hold: int) -> tuple[str, int | None] | None:
+    """(the level to say now, the first iteration of the fall it ends) for ``key`` judged
+    ``severity`` at ``iteration``; None when nothing is to be said: the level said stands, or a
+    fall has not held ``hold`` iterations yet (any judgment at or above the level said
+    cancels it)."""
+    said = t.levels.get(key, "none")
+    if _RANK[severity] >= _RANK[said]:
+        t.falls.pop(key, None)
+        return None if severity == said else (severity, None)
+    now = 0 if iteration is None else iteration
+    since = t.falls.setdefault(key, now)
+    if now - since < hold:
+        return None
+    del t.falls[key]
+    return severity, since
 
 
 def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: str, *,
           site: str | None, iteration: int | None) -> str | None:
     """Judge ``x`` (before quantization to ``fmt``) when it is its turn; print a line when the
-    level of (site, kind, fmt) changed."""
+    level of (site, kind, fmt) changed and the change holds (:func:`level_to_say`)."""
     t = _turns()
     if iteration != t.iteration:
         t.iteration = iteration
@@ -116,10 +151,11 @@ def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: s
         return None
     key = (site, kind, loss.format)
     previous = t.levels.get(key, "none")
-    if loss.severity == previous:
+    change = level_to_say(t, key, loss.severity, iteration, hold_iterations())
+    if change is None:
         return None
     t.levels[key] = loss.severity
-    text = message(kind, site, iteration, loss, report, previous)
+    text = message(kind, site, iteration, loss, report, previous, since=change[1])
     t.said += 1
     print(text, file=sys.stderr, flush=True)
     return text
