@@ -219,6 +219,36 @@ def test_tensor_parallel_nvfp4_flight_recorder_and_a_nan_planted_in_a_real_run(
         "decoder.layers.1.mlp.linear_fc1", "forward", "input")
 
 
+def test_the_auto_guard_rescales_unscaled_fp8_in_a_tensor_parallel_real_run(
+        checkout, small_data, tmp_path):
+    """pretrain_gpt.py, TP=2 over gloo, unscaled fp8_e4m3 with TENSOR_SAVE_GUARD=on: the
+    gradients flush from the first iterations, both ranks judge the same all-reduced numbers and
+    write the same decisions (a scaled variant, no high precision), and the plan they hand back
+    reads as a CUSTOM_QUANT_PLAN."""
+    from quant.precision_plan import load_plan
+    from tensor_capture.guard import DECISIONS, GUARD_DIR, PLAN_FILE, SUMMARY_FILE
+
+    work = tmp_path / "guard"
+    out = launch(checkout, small_data, work, nproc=2, iters=4, TP="2",
+                 TENSOR_SAVE_GUARD="on", TENSOR_SAVE_DIR=str(work / "capture"),
+                 CUSTOM_QUANT_TYPE="fp8_e4m3")
+    text = ok(out)
+    got = losses(out)
+    assert sorted(got) == [1, 2, 3, 4] and all(0 < v < 10 for v in got.values()), got
+    folder = work / "capture" / GUARD_DIR
+    ranks = [(folder / f"decisions_rank{r}.jsonl").read_text().splitlines() for r in (0, 1)]
+    assert ranks[0] and ranks[0] == ranks[1]
+    assert (folder / DECISIONS).read_text().splitlines() == ranks[0]
+    decided = [json.loads(line) for line in ranks[0]]
+    assert {d["to"] for d in decided} == {"fp8_e4m3_tensor"}
+    assert "tensor capture: guard: iteration" in text
+    summary = json.loads((folder / SUMMARY_FILE).read_text())
+    assert summary["hp_flops_share"] == 0.0 and summary["decisions"] == len(decided)
+    plan = load_plan(folder / PLAN_FILE)
+    d = decided[0]
+    assert plan.format_for(d["module"], None, d["gemm"]) == "fp8_e4m3_tensor"
+
+
 def test_data_parallel_through_the_te_integration_entry(checkout, small_data, tmp_path):
     """DRY_RUN=1 prints the exact command and creates nothing; the same command, with the
     entry point te_integration.megatron_lm in front of pretrain_gpt.py, trains DP=2."""
