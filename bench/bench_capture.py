@@ -1,7 +1,8 @@
 """Step time of a Llama-style GPTModel: unpatched vs patched (disabled, stats-only with the
 default what-if numerics, stats-only without them, full capture, the flight recorder with no
-trigger (its step boundary included), and --emulate FMT: emulation with the underflow warning
-off and on). Capture modes wait for the background writer at the end
+trigger (its step boundary included; recorder_torch: its CPU statistics by the torch passes
+instead of the one-pass C kernel, the comparison in the same run), and --emulate FMT: emulation
+with the underflow warning off and on). Capture modes wait for the background writer at the end
 of each round of steps, so its work (statistics, what-if numerics, files) counts: a time is the
 mean step of one round, writer drain included.
 
@@ -10,7 +11,9 @@ megatron-core cannot share one process, and on a busy machine separate back-to-b
 differ by more than the 2 % being measured. Each worker builds the same model once; the
 parent then asks them in turn for a few timed steps, round after round, and compares medians.
 
-    python bench/bench_capture.py            # defaults: hidden 256, 4 layers, 512 tokens/step
+    python bench/bench_capture.py            # defaults: hidden 512, 2 layers, 1024 tokens/step
+    python bench/bench_capture.py --modes disabled recorder recorder_torch --hidden 128 \
+        --layers 4 --micro-batches 2 --rounds 5     # issue 50's recorder measurement
     python bench/bench_capture.py --help
 """
 from __future__ import annotations
@@ -30,13 +33,16 @@ import torch.multiprocessing as mp
 
 from lowp_common import CommandParser, HelpWithDefaults
 
-MODES = ("disabled", "stats_only", "stats_whatif_all", "stats_no_whatif", "full", "recorder")
+MODES = ("disabled", "stats_only", "stats_whatif_all", "stats_no_whatif", "full", "recorder",
+         "recorder_torch")
+#: the flight recorder with its CPU rows from the one-pass C kernel, and from the torch passes
+RECORDER_MODES = ("recorder", "recorder_torch")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
 
 
 def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
             save_dir: str, stats_on_caller: bool, emulate: str | None = None,
-            whatif_every: int = 1) -> None:
+            whatif_every: int = 1, micro_batches: int = 0) -> None:
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG"):
         os.environ.pop(var, None)
     # drop patched copies (a real megatron/core package with tensor_saver.py); keep this
@@ -53,6 +59,7 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
     tokens = torch.randint(0, shape.vocab_size, (batch, shape.seq_length),
                            generator=torch.Generator().manual_seed(0))
     inputs = me.causal_inputs(tokens)
+    schedule = _schedule_step(model, tokens, inputs, micro_batches, shape.seq_length)
     ts = None
     if patched_dir:
         from megatron.core import tensor_saver as ts
@@ -63,7 +70,10 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
         for p in model.parameters():
             p.grad = None
         t0 = time.perf_counter()
-        model(tokens, labels=tokens, **inputs).mean().backward()
+        if schedule is not None:
+            schedule()
+        else:
+            model(tokens, labels=tokens, **inputs).mean().backward()
         return time.perf_counter() - t0
 
     mode_now = None
@@ -78,8 +88,9 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
             if mode in EMULATION_MODES:       # emulation only: nothing captured
                 ts.configure(enabled=False, quant_type=emulate,
                              underflow_warnings=(mode == "emulate_warn"))
-            elif mode == "recorder":          # the flight recorder, no trigger
+            elif mode in RECORDER_MODES:      # the flight recorder, no trigger
                 ts.configure(enabled=True, save_dir=save_dir, mode="recorder")
+                ts.get_tensor_saver().recorder.cpu_kernel = mode == "recorder"
             elif mode != "disabled":          # every step captured (no default bound)
                 # stats_only / full: with the what-if set (opt-in in a user's config)
                 # stats_only: within the default whatif_budget; stats_whatif_all: on every
@@ -98,7 +109,9 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
             total = 0.0
             for _ in range(steps):
                 total += step()
-                if ts is not None and mode == "recorder":   # its step boundary counts
+                if schedule is not None:      # the schedule numbers iterations, ends them
+                    continue
+                if ts is not None and mode in RECORDER_MODES:   # its step boundary counts
                     t0 = time.perf_counter()
                     saver = ts.get_tensor_saver()
                     saver.recorder.end_iteration(saver.iteration)
@@ -116,6 +129,37 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
     if ts is not None:
         ts.reset_tensor_saver()
     me.destroy_distributed()
+
+
+def _schedule_step(model, tokens: torch.Tensor, inputs: dict, micro_batches: int,
+                   seq: int):
+    """One iteration through megatron-core's own schedule (get_forward_backward_func: the
+    patched copy numbers iterations and micro-batches and ends each iteration, the recorder's
+    step boundary included), ``micro_batches`` of ``tokens`` each; None when 0 (a bare
+    forward and backward per step)."""
+    if not micro_batches:
+        return None
+    import megatron.core.pipeline_parallel.schedules as schedules
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if not torch.cuda.is_available():     # the tests' shim: its token counter on the CPU
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from capture_runtime_helpers import CpuScheduleTorch
+
+        schedules.torch = CpuScheduleTorch(torch)
+
+    def forward_step(data_iterator, model_chunk):
+        batch = next(data_iterator)
+        out = model_chunk(batch, labels=batch, **inputs)
+        return out, lambda per_token: (per_token.mean(), {"lm loss": per_token.detach().mean()})
+
+    def run() -> None:
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter([tokens] * micro_batches),
+            model=[model], num_microbatches=micro_batches, seq_length=seq,
+            micro_batch_size=tokens.shape[0], forward_only=False)
+
+    return run
 
 
 def off_cost(fmt: str, reps: int = 40) -> tuple[float, float]:
@@ -146,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="transformer layers")
     ap.add_argument("--seq", type=int, default=256, help="sequence length")
     ap.add_argument("--batch", type=int, default=4, help="micro-batch size")
+    ap.add_argument("--micro-batches", type=int, default=0, metavar="M",
+                    help="run each step through megatron-core's schedule "
+                         "(get_forward_backward_func) with M micro-batches of --batch "
+                         "sequences; 0: one bare forward and backward per step")
     ap.add_argument("--rounds", type=int, default=8, help="alternation rounds")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per mode per round")
     ap.add_argument("--stats-on-caller", action="store_true",
@@ -162,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="where the patched copy and captures go "
                     "(default: a temporary directory, removed afterwards)")
     args = ap.parse_args(argv)
+    if args.micro_batches < 0:
+        ap.error(f"--micro-batches {args.micro_batches}: give 0 (bare steps) or a positive count")
     from tqdm import tqdm
 
     from tensor_capture.patcher import prepare_patched_megatron
@@ -181,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker, args=(child, pdir, free_port(), shape_kw, args.batch,
                                               save_dir, args.stats_on_caller, args.emulate,
-                                              args.whatif_every),
+                                              args.whatif_every, args.micro_batches),
                         daemon=True)
         p.start()
         procs[name], conns[name] = p, parent
@@ -207,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         p.join(timeout=60)
     base = statistics.median(times["unpatched/disabled"])
     base_min = min(times["unpatched/disabled"])
-    tokens = args.batch * args.seq
-    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {tokens} tokens/step, "
+    tokens = args.batch * args.seq * max(args.micro_batches, 1)
+    how = (f"megatron-core's schedule, {args.micro_batches} micro-batches"
+           if args.micro_batches else "bare forward and backward")
+    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {tokens} tokens/step ({how}), "
           f"fp32, CPU 1 thread; {args.rounds} rounds x {args.steps} steps per mode; CPU "
           f"statistics on the {'training' if args.stats_on_caller else 'writer'} thread; what-if "
           f"numerics every {args.whatif_every} iteration(s)")

@@ -32,13 +32,14 @@ from typing import Any, Callable
 import torch
 
 from lowp_common import human_bytes
+from quant.optional import OptionalModule
 
 from . import budget, schema
 from .config import CaptureConfig
 from .recorder_out import SummaryWriter, append_trigger, ring_records, write_ring
 from .recorder_replay import RunInfo, write_replay
 from .recorder_ring import SlotBook, ring_bytes
-from .recorder_stats import device_row, host_row, judged_format
+from .recorder_stats import Judged, device_row, host_row, judged_format
 from .recorder_triggers import KINDS, TriggerRules
 from .schema import CaptureSite
 from .state import STATE
@@ -51,6 +52,9 @@ class Recorder:
 
     #: CPU tensors take the host path (False: the device path, as for CUDA; tests use it)
     host_path: bool = True
+    #: the host path's rows by the one-pass C kernel (tensor_capture.stats_cpu) where it builds
+    #: (False: the torch passes; bench/bench_capture.py's recorder_torch mode compares the two)
+    cpu_kernel: bool = True
 
     def __init__(self, config: CaptureConfig, directory: Path, rank_info: Callable[[], dict],
                  label: Callable[[CaptureSite, torch.dtype], str],
@@ -73,6 +77,7 @@ class Recorder:
         self._formats: dict[torch.dtype, Any] = {}
         self._full = False                  # recorder_memory reached: no new slots
         self._params: dict[tuple, Any] = {}  # this iteration's parameter rows, by version
+        self._kernel = OptionalModule(_load_cpu_kernel)   # the one-pass CPU statistics
         _LIVE.add(self)          # a run that ends on an error still writes its summaries
 
     # -- the hot path ---------------------------------------------------------------------------
@@ -99,8 +104,12 @@ class Recorder:
                if tensor.is_leaf and tensor.requires_grad else None)
         done = self._params.get(key) if key is not None else None
         if tensor.device.type == "cpu" and self.host_path:
-            row = host_row(tensor, fmt) if done is None else done
-            book.host[p, slot] = row
+            if done is not None:
+                book.host[p, slot] = row = done
+            elif self._cpu_row(tensor, fmt, p, slot):
+                row = book.host[p, slot].copy() if key is not None else None
+            else:
+                book.host[p, slot] = row = host_row(tensor, fmt)
         else:
             row = device_row(tensor, fmt) if done is None else done
             book.device_buffer(tensor.device)[p, slot].copy_(row)
@@ -109,6 +118,18 @@ class Recorder:
             self._params[key] = row
         book.count[p, slot] = tensor.numel()
         book.seen[p, slot] = True
+
+    def _cpu_row(self, tensor: torch.Tensor, fmt: Judged | None, plane: int, slot: int) -> bool:
+        """The row of a CPU tensor by the one-pass kernel (tensor_capture.stats_cpu) straight
+        into the buffer; False where it cannot (no compiler: said once; a dtype it does not
+        read), and the torch path runs."""
+        kernel = self._kernel.get() if self.cpu_kernel else None
+        if kernel is None:
+            if self.cpu_kernel:
+                self._warn("recorder-cpu-kernel", "tensor capture: recorder: CPU statistics take "
+                           f"the slower torch path ({self._kernel.error})")
+            return False
+        return kernel.row_into(tensor, fmt, self.book.host_address(plane, slot))
 
     def _begin(self, iteration: int) -> None:
         if len(self.block) >= self.config.recorder_every:   # a boundary was missed: keep going
@@ -255,6 +276,12 @@ class Recorder:
             self.summaries.write()
         self.rules.signal.restore()
         _LIVE.discard(self)
+
+
+def _load_cpu_kernel() -> Any:
+    from . import stats_cpu
+
+    return stats_cpu.load()
 
 
 def _say(line: str) -> None:

@@ -76,6 +76,11 @@ class SlotBook:
         self.count = np.zeros((self.every, capacity))
         self.seen = np.zeros((self.every, capacity), dtype=bool)
         self.on_dev = np.zeros((self.every, capacity), dtype=bool)
+        self._host_address = self.host.ctypes.data     # where the CPU kernel writes a row
+
+    def host_address(self, plane: int, slot: int) -> int:
+        """The address of ``host[plane, slot]`` (N_STATS float64 values, C order)."""
+        return self._host_address + (plane * self.capacity + slot) * (N_STATS * 8)
 
     def _grow(self) -> None:
         old = (self.host, self.count, self.seen, self.on_dev, self.capacity)

@@ -8,7 +8,8 @@ extremes take theirs, counts add), judged against one format: CUSTOM_QUANT_TYPE'
 format when it is unscaled, else the tensor's own dtype, with quant.analysis' one definition of
 saturation (upper and lower overflow, +-Inf included) and flush to zero (stats.RangeSpec).
 
-Two paths, the same numbers:
+Two paths here, the same numbers (and for CPU tensors first a third: tensor_capture.stats_cpu's
+one-pass C kernel, which the recorder prefers where it builds):
 
 - host (CPU tensors): dot(x, x), sum, amin and amax, piece by piece for a large tensor (one
   pass from memory, three over the cached piece); the NaN / Inf counts only

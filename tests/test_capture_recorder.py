@@ -11,7 +11,7 @@ import pytest
 import torch
 from error_bounds import dot_error_bound, exact_sum, exact_sumsq, gamma, sum_error_bound
 
-from tensor_capture import numbering, recorder, recorder_read, schema, stats
+from tensor_capture import numbering, recorder, recorder_read, schema, stats, stats_cpu
 from tensor_capture import saver as ts
 from tensor_capture.config import ConfigError, load_config
 from tensor_capture.recorder_ring import ring_bytes
@@ -445,6 +445,42 @@ def test_sigusr1_asks_for_a_trigger_while_the_recorder_runs(session, tmp_path):
     assert (t["iteration"], t["kinds"], t["details"]["user_request"]) == (
         2, ["user_request"], {"signal": "SIGUSR1"})
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL      # given back at close
+
+
+def test_cpu_rows_come_from_the_one_pass_kernel_or_else_the_torch_path_alike(
+        session, monkeypatch, capsys):
+    """CPU tensors' rows come from tensor_capture.stats_cpu; without a compiler the torch path
+    writes the same rows (small integers: every sum exact in both) and the recorder says once
+    why it is slower."""
+    if stats_cpu._compiler() is None:
+        pytest.skip("no C compiler here")
+    rings = []
+    for with_kernel in (True, False):
+        if not with_kernel:
+            monkeypatch.delenv("CC", raising=False)
+            monkeypatch.setattr(stats_cpu, "_COMPILERS", ())
+        session()
+        saver = ts.get_tensor_saver()
+        g = torch.Generator().manual_seed(0)
+        for it in range(3):
+            saver.set_iteration(it)
+            for mb in range(MICRO):
+                saver.set_sample_idx(mb)
+                for i in range(SITES):
+                    x = torch.randint(-8, 9, (3000 + i,), generator=g).float()
+                    if (it, mb, i) == (1, 1, 2):
+                        x[5], x[6] = float("nan"), float("-inf")
+                    saver.capture(x[::2] if i == 1 else x, _site(i))   # one strided view
+            numbering.end_iteration(saver, it)
+        rec = saver.recorder
+        assert (rec._kernel.module is not None) == with_kernel
+        rings.append([(e.stats.copy(), e.count.copy()) for e in rec.book.ring])
+    (kernel_ring, torch_ring) = rings
+    assert len(kernel_ring) == 3 and kernel_ring[1][0][2 * SITES - 1][NAN] == 1
+    for (a, ca), (b, cb) in zip(kernel_ring, torch_ring):
+        assert a.tolist() == b.tolist() and ca.tolist() == cb.tolist()
+    err = capsys.readouterr().err
+    assert err.count("CPU statistics take the slower torch path (no C compiler found") == 1
 
 
 @pytest.mark.parametrize("quant", ["fp8_e4m3", None])

@@ -1,0 +1,327 @@
+"""The flight recorder's statistics of a CPU tensor in one pass: a small C kernel.
+
+Why C: the torch path (tensor_capture.recorder_stats.host_row) makes four passes (dot, sum, amin,
+amax), and more when a format is judged or a value is not finite, plus a Python call per pass;
+at a small model's widths that is a tenth of the step. This kernel reads each element once and
+keeps every statistic of schema.REC_STATS in SIMD lanes: sums and sums of squares over the
+finite values in float64 (a float32 square is exact in float64, so only the additions round:
+tighter than the torch path's float32 sums), min / max over the finite values, and the NaN,
+Inf, flush (0 < |x| < flush) and saturation (|x| >= overflow, +-Inf included) counts, compared
+in float32 as torch compares a float32 tensor with a Python number. Counts, min and max equal
+the torch path's exactly; the sums differ by the float32 path's rounding alone (exact on data
+whose partial sums are exact).
+
+How it is built: no build step at install and no torch headers. On first use the source below is
+compiled with the system C compiler (``$CC``, else cc / gcc / clang) into a shared library in a
+cache folder (``$XDG_CACHE_HOME`` or ~/.cache, /megatron-lowp-tools), named by a hash of the
+source, the flags and the compiler, written under a temporary name and renamed (ranks racing
+each other each get a whole file), then loaded with ctypes and checked against the definitions
+on a probe whose sums are exact. x86-64 builds carry AVX-512 / AVX2 / baseline clones of the
+loop, picked for the CPU at load. Where no compiler works, or the probe disagrees, the recorder
+keeps the torch path (it says so once): the numbers are the same, only slower.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .recorder_stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged
+
+#: the order the C code writes a row in (it must be schema.REC_STATS')
+assert (SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT) == tuple(range(N_STATS)) == tuple(range(8))
+
+#: torch dtype -> the kernel's element code (float32; bfloat16 widened exactly in the loop)
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+/* LANES independent accumulators (the compiler vectorizes across them without reordering any
+   addition; lanes are combined in a fixed order), each summing PART values in float32 before
+   adding the partial into float64. The arithmetic is the same whatever the instruction set
+   (-ffp-contract=off: no fused multiply-add), so the result is too. PART comes from Python. */
+#define LANES 64
+#define CHUNK ((int64_t)LANES * PART)
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(LOWP_NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+static inline float load_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+static inline float load_bf16(const void *p, int64_t i) {
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;   /* the top half of a float */
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+typedef struct { double s[LANES], q[LANES]; float lo[LANES], hi[LANES]; int64_t c[4]; } acc_t;
+enum { K_NAN, K_INF, K_FLUSH, K_SAT };
+
+static void acc_init(acc_t *A) {
+    memset(A, 0, sizeof *A);
+    for (int j = 0; j < LANES; j++) { A->lo[j] = INFINITY; A->hi[j] = -INFINITY; }
+}
+
+/* The loop shared by the kernels: chunks of LANES x PART elements, then the tail, lane j
+   taking element i + j of each row. STEP(j, v) updates lane j with value v; DONE() adds the
+   chunk's float32 partials (and int32 counts) into A. */
+#define LOOP(LOAD, STEP, DONE)                                                               \
+    int64_t i = 0;                                                                            \
+    for (; i + CHUNK <= n; i += CHUNK) {                                                      \
+        for (int p = 0; p < PART; p++)                                                        \
+            for (int j = 0; j < LANES; j++) { float v = LOAD(x, i + p * LANES + j); STEP(j, v); } \
+        DONE();                                                                               \
+    }                                                                                         \
+    for (int64_t k = 0; i + k < n; k++) { float v = LOAD(x, i + k); STEP((int)(k % LANES), v); } \
+    DONE();
+
+/* finite values assumed (the caller checks the sums): sum, sum of squares, min, max */
+#define MOMENTS(NAME, LOAD)                                                                   \
+CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) {           \
+    float s[LANES] = {0}, q[LANES] = {0};                                                     \
+    float lo[LANES], hi[LANES];                                                               \
+    (void)up; (void)fl;                                                                       \
+    memcpy(lo, A->lo, sizeof lo); memcpy(hi, A->hi, sizeof hi);                               \
+    LOOP(LOAD, M_STEP, M_DONE)                                                               \
+    memcpy(A->lo, lo, sizeof lo); memcpy(A->hi, hi, sizeof hi);                               \
+}
+#define M_STEP(j, v) do { s[j] += v; q[j] += v * v;                                           \
+    lo[j] = v < lo[j] ? v : lo[j]; hi[j] = v > hi[j] ? v : hi[j]; } while (0)
+#define M_DONE() do { for (int j = 0; j < LANES; j++) {                                      \
+    A->s[j] += s[j]; A->q[j] += q[j]; s[j] = q[j] = 0.0f; } } while (0)
+
+/* the same, with the format's flush (0 < |x| < fl) and saturation (|x| >= up) counts */
+#define COUNTS(NAME, LOAD)                                                                    \
+CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) {           \
+    float s[LANES] = {0}, q[LANES] = {0};                                                     \
+    float lo[LANES], hi[LANES];                                                               \
+    int32_t cf[LANES] = {0}, cs[LANES] = {0};                                                 \
+    memcpy(lo, A->lo, sizeof lo); memcpy(hi, A->hi, sizeof hi);                               \
+    LOOP(LOAD, C_STEP, C_DONE)                                                               \
+    memcpy(A->lo, lo, sizeof lo); memcpy(A->hi, hi, sizeof hi);                               \
+}
+#define C_STEP(j, v) do { float a_ = fabsf(v); M_STEP(j, v);                                  \
+    cf[j] += (a_ < fl) & (a_ > 0.0f); cs[j] += a_ >= up; } while (0)
+#define C_DONE() do { M_DONE(); for (int j = 0; j < LANES; j++) {                           \
+    A->c[K_FLUSH] += cf[j]; A->c[K_SAT] += cs[j]; cf[j] = cs[j] = 0; } } while (0)
+
+/* any values: NaN and +-Inf counted and left out of the moments, which accumulate in float64
+   (no square or partial sum of finite values can overflow there) */
+#define GENERAL(NAME, LOAD)                                                                   \
+CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) {           \
+    float lo[LANES], hi[LANES];                                                               \
+    int32_t cn[LANES] = {0}, ci[LANES] = {0}, cf[LANES] = {0}, cs[LANES] = {0};               \
+    memcpy(lo, A->lo, sizeof lo); memcpy(hi, A->hi, sizeof hi);                               \
+    LOOP(LOAD, G_STEP, G_DONE)                                                               \
+    memcpy(A->lo, lo, sizeof lo); memcpy(A->hi, hi, sizeof hi);                               \
+}
+#define G_STEP(j, v) do { float a_ = fabsf(v); int fin_ = a_ < INFINITY;                      \
+    double d_ = fin_ ? (double)v : 0.0; A->s[j] += d_; A->q[j] += d_ * d_;                    \
+    float l_ = fin_ ? v : INFINITY, h_ = fin_ ? v : -INFINITY;                                \
+    lo[j] = l_ < lo[j] ? l_ : lo[j]; hi[j] = h_ > hi[j] ? h_ : hi[j];                         \
+    cn[j] += v != v; ci[j] += a_ == INFINITY;                                                 \
+    cf[j] += (a_ < fl) & (a_ > 0.0f); cs[j] += a_ >= up; } while (0)
+#define G_DONE() do { for (int j = 0; j < LANES; j++) {                                      \
+    A->c[K_NAN] += cn[j]; A->c[K_INF] += ci[j]; A->c[K_FLUSH] += cf[j]; A->c[K_SAT] += cs[j]; \
+    cn[j] = ci[j] = cf[j] = cs[j] = 0; } } while (0)
+
+MOMENTS(moments_f32, load_f32)
+MOMENTS(moments_bf16, load_bf16)
+COUNTS(counts_f32, load_f32)
+COUNTS(counts_bf16, load_bf16)
+GENERAL(general_f32, load_f32)
+GENERAL(general_bf16, load_bf16)
+
+typedef void (*kernel_t)(const void *, int64_t, float, float, acc_t *);
+static const kernel_t KERNELS[3][2] = {{moments_f32, moments_bf16}, {counts_f32, counts_bf16},
+                                       {general_f32, general_bf16}};
+
+static void finish(const acc_t *A, double *out) {
+    double s = 0.0, q = 0.0;
+    float lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < LANES; j++) {
+        s += A->s[j]; q += A->q[j];
+        lo = A->lo[j] < lo ? A->lo[j] : lo;
+        hi = A->hi[j] > hi ? A->hi[j] : hi;
+    }
+    out[0] = s; out[1] = q; out[2] = lo; out[3] = hi;
+    for (int k = 0; k < 4; k++) out[4 + k] = (double)A->c[k];
+}
+
+/* The row of n elements of dtype code `dtype` (0 float32, 1 bfloat16) at x into out[8]:
+   sum, sum of squares, min, max (finite values), NaN, Inf, flush (0 < |x| < fl) and saturation
+   (|x| >= up, +-Inf included) counts. The fast loops first (no format: the moments alone; a
+   format: with its two counts); the general loop only when their sums are not finite (a NaN
+   or an Inf present, or a float32 partial overflowed). Returns 0, or -1 for an unknown code. */
+int lowp_rec_row(const void *x, int64_t n, int dtype, double up, double fl, double *out) {
+    acc_t A;
+    if (dtype != 0 && dtype != 1) return -1;
+    acc_init(&A);
+    KERNELS[fl > 0.0 || up < INFINITY][dtype](x, n, (float)up, (float)fl, &A);
+    finish(&A, out);
+    if (!(isfinite(out[0]) && isfinite(out[1]))) {
+        acc_init(&A);
+        KERNELS[2][dtype](x, n, (float)up, (float)fl, &A);
+        finish(&A, out);
+    }
+    return 0;
+}
+"""
+
+#: values per lane summed in float32 before the partial goes into float64 (the error bound of
+#: the fast loops' sums: gamma(PART) in float32 on each partial, then float64 additions)
+PART = 32
+_FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
+          "-fno-trapping-math", f"-DPART={PART}")
+_COMPILERS = ("cc", "gcc", "clang")
+_CACHE_DIR = "megatron-lowp-tools"
+
+
+class CpuStatsKernel:
+    """The loaded library: :meth:`row_into` writes one tensor's row where it is told."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        fn = lib.lowp_rec_row
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
+                       ctypes.c_double, ctypes.c_void_p)
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def row_into(self, x: torch.Tensor, fmt: Judged | None, out_address: int) -> bool:
+        """The row of CPU tensor ``x`` judged against ``fmt`` into the N_STATS float64 values at
+        ``out_address``. False, nothing written, for a dtype the kernel does not read (the
+        caller takes the torch path)."""
+        code = DTYPE_CODES.get(x.dtype)
+        if code is None:
+            return False
+        if not x.is_contiguous():
+            x = x.detach().contiguous()
+        self._fn(x.data_ptr(), x.numel(), code, *bounds(fmt), out_address)
+        return True
+
+
+def bounds(fmt: Judged | None) -> tuple[float, float]:
+    """(overflow, flush) the kernel compares |x| with: the format's; none for a tensor judged
+    in its own dtype (a value never saturates or flushes there: the saturation count is then
+    the Inf count, as recorder_stats defines it, and the flush count 0)."""
+    if fmt is None or fmt.own_dtype:
+        return math.inf, 0.0
+    return fmt.overflow, fmt.flush
+
+
+def load() -> CpuStatsKernel:
+    """Compile (once per machine: the cache) and load the kernel, checked on the probe.
+    Raises ImportError naming what failed (no compiler, a compile error, a wrong probe)."""
+    cc = _compiler()
+    if cc is None:
+        raise ImportError("no C compiler found ($CC, cc, gcc, clang)")
+    try:
+        path = _build(cc)
+        kernel = CpuStatsKernel(ctypes.CDLL(str(path)), path)
+    except OSError as exc:                   # a compiler that cannot run, a library that won't load
+        raise ImportError(f"the statistics kernel could not be built or loaded: {exc}") from exc
+    bad = _probe_mismatch(kernel)
+    if bad:
+        raise ImportError(f"the compiled statistics kernel {path} disagrees with the "
+                          f"definitions on its probe ({bad})")
+    return kernel
+
+
+def _compiler() -> str | None:
+    names = ([os.environ["CC"].split()[0]] if os.environ.get("CC", "").strip() else []) + list(
+        _COMPILERS)
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / _CACHE_DIR
+
+
+def _build(cc: str) -> Path:
+    """The library for this source, flags and compiler, compiled unless cached."""
+    tag = hashlib.sha256("\0".join([_SOURCE, *_FLAGS, os.path.realpath(cc),
+                                    platform.machine()]).encode()).hexdigest()[:16]
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / _CACHE_DIR):
+        target = folder / f"recorder_stats_{tag}.so"
+        if target.is_file():
+            return target
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return _compile(cc, target)
+        except PermissionError:
+            continue                       # an unwritable cache: the temporary folder
+    raise ImportError(f"no writable folder for the compiled statistics kernel ({_cache_dir()})")
+
+
+def _compile(cc: str, target: Path) -> Path:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / "recorder_stats.c"
+        src.write_text(_SOURCE)
+        out = Path(tmp) / target.name
+        errors = []
+        for extra in ((), ("-DLOWP_NO_CLONES",)):   # a compiler without target_clones: one build
+            run = subprocess.run([cc, *_FLAGS, *extra, str(src), "-o", str(out)],
+                                 capture_output=True, text=True)
+            if run.returncode == 0:
+                os.replace(out, target)
+                return target
+            errors.append((run.stderr.strip().splitlines() or ["?"])[-1])
+    raise ImportError(f"{cc} could not compile the statistics kernel: {errors[-1]}")
+
+
+def _probe_mismatch(kernel: CpuStatsKernel) -> str:
+    """'' when the kernel's rows on a probe equal the definitions exactly (small integers: every
+    sum exact in any order; NaN, +-Inf and a float32 partial that overflows send it to the
+    general loop, a format's two counts to the counting loop), else what differs."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-8, 9, (3 * 64 * PART + 37,), generator=g).float()
+    probe = Judged("probe", 7.5, 0.5, False, None)
+    for dtype in DTYPE_CODES:
+        for fmt, plant in ((None, {}), (probe, {40: 0.25}), (probe, {3: math.nan, 5: math.inf,
+                                                                     17: -math.inf})):
+            v = x.clone()
+            for i, value in plant.items():
+                v[i] = value
+            v = v.to(dtype)
+            got = (ctypes.c_double * N_STATS)()
+            kernel.row_into(v, fmt, ctypes.addressof(got))
+            want = _reference(v, *bounds(fmt))
+            if list(got) != want:
+                return f"{dtype}, {fmt and fmt.name}: {list(got)} != {want}"
+    return ""
+
+
+def _reference(x: torch.Tensor, overflow: float, flush: float) -> list[float]:
+    """The row by the definitions, in float64 (the probe's reference)."""
+    a = x.double()
+    finite = torch.isfinite(a)
+    f = a[finite]
+    absx = a.abs()
+    row = [0.0] * N_STATS
+    row[SUM], row[SUMSQ] = float(f.sum()), float((f * f).sum())
+    row[MIN] = float(f.min()) if f.numel() else math.inf
+    row[MAX] = float(f.max()) if f.numel() else -math.inf
+    row[NAN], row[INF] = float(a.isnan().sum()), float(a.isinf().sum())
+    row[FLUSH] = float(((absx < flush) & (absx > 0)).sum())
+    row[SAT] = float((absx >= overflow).sum())
+    return row
