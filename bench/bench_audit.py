@@ -1,4 +1,4 @@
-"""Run-time precision audit: its cost on a training step and what it finds (issue 43).
+"""Run-time precision audit: its cost on a training step and what it finds (issues 43, 48).
 
     python bench/bench_audit.py            # cost, then recall / false findings
     python bench/bench_audit.py --quick    # cost only
@@ -47,6 +47,28 @@ def _mlp_step(hidden: int = 512, layers: int = 4, batch: int = 256, autocast: bo
         loss.backward()
         opt.step()
         opt.zero_grad()
+        return loss.item()
+
+    return step
+
+
+def _manual_step(hidden: int = 512, layers: int = 4, batch: int = 256, lr: float = 1e-3):
+    """word_language_model's loop (issue 48): a bfloat16 MLP whose parameters the step updates
+    by hand, ``p.data.add_(p.grad, alpha=-lr)``; under the audit each update is judged."""
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 1000)).to(torch.bfloat16)
+    x = torch.randn(batch, hidden, dtype=torch.bfloat16)
+    y = torch.randint(0, 1000, (batch,))
+
+    def step() -> float:
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        model.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
         return loss.item()
 
     return step
@@ -199,6 +221,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, 1 thread")
     cost("plain MLP step (bf16 autocast)", _mlp_step())
     cost("plain MLP step (fp32)", _mlp_step(autocast=False))
+    cost("bf16 MLP step, updated by hand", _manual_step())
     saved_env = dict(os.environ)
     step, done = _gpt_step()
     try:

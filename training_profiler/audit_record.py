@@ -8,7 +8,10 @@ with the keys above Python excluded), so the autocast state is tracked where it 
 global forward hooks, the user's source line from the Python stack (frames in torch and in this
 package skipped). Optimizer steps, ``GradScaler.scale`` and custom autograd Functions are
 observed through their global hooks or a wrapper installed only while the audit runs; every hook
-and wrapper is removed on exit, so nothing is left after the audited steps.
+and wrapper is removed on exit, so nothing is left after the audited steps. Where an optimizer or
+GradScaler was built and a model cast comes from :mod:`training_profiler.audit_source`; in-place
+updates of low-precision parameters outside an optimizer step go to
+:mod:`training_profiler.audit_updates`.
 
 Nothing here changes a value: outputs are returned as computed, statistics are read from them.
 """

@@ -159,7 +159,7 @@ def _no_master_weights(rec: Record) -> Iterator[Hit]:
                                 [(f"{ev.optimizer} built at", ev.built), ("stepped at", ev.where)])
     for up in rec.updates.values():
         if up.moved_elems and up.stuck_elems / up.moved_elems > STUCK_PARAMS:
-            yield _lost_updates(up, f"the hand-written update {up.op}", "that it moves in float64",
+            yield _lost_updates(up, f"the hand-written update {up.op}", "that it moves in float32",
                                 [("updated at", up.where)])
 
 

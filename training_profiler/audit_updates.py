@@ -5,9 +5,9 @@ A training loop that updates its parameters itself (``p.data.add_(p.grad, alpha=
 ``mul_`` / ``lerp_``) calls no optimizer, so the step hooks never see it; with bfloat16 or float16
 parameters every update below half an ulp of the weight rounds away there just the same. The
 recorder hands each in-place update op whose target is a low-precision parameter to
-:class:`UpdateJudge`, which computes the same update in float64 on copies first (what the update
-should have done) and then runs the op as asked: an element the float64 update moves and the real
-one leaves as it was is a lost update. Pure overwrites (``copy_`` from float32 master weights) are
+:class:`UpdateJudge`, which computes the same update in float32 on copies first (what float32
+master weights, the fix, would keep) and then runs the op as asked: an element the float32 update
+moves and the real one leaves as it was is a lost update. Pure overwrites (``copy_`` from float32 master weights) are
 not updates and are not judged.
 """
 from __future__ import annotations
@@ -36,28 +36,30 @@ class ManualUpdate:
     param_dtypes: set[str] = field(default_factory=set)
     casts: dict[Where, str] = field(default_factory=dict)   # where its parameters were cast
     calls: int = 0
-    moved_elems: int = 0            # elements the float64 update changes
+    moved_elems: int = 0            # elements the float32 update changes
     stuck_elems: int = 0            # ... and the real update left unchanged
 
 
-def _float64(obj: Any) -> Any:
-    """Float64 copies of the floating tensors in ``obj`` (an argument; lists item by item)."""
+def _float32(obj: Any) -> Any:
+    """Float32 copies of the floating tensors in ``obj`` (an argument; lists item by item)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to(torch.float64, copy=True) if obj.is_floating_point() else obj
+        return obj.detach().to(torch.float32, copy=True) if obj.is_floating_point() else obj
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_float64(o) for o in obj)
+        return type(obj)(_float32(o) for o in obj)
     return obj
 
 
-def exact_update(func: Any, op: str, args: tuple, kwargs: dict, index: int | None) -> torch.Tensor:
-    """What the update does to its target (item ``index`` of a foreach op's list) in float64,
-    computed on copies; the arguments are left as they were."""
+def float32_update(func: Any, op: str, args: tuple, kwargs: dict, index: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target (item ``index`` of a foreach op's list) before and after the update, both in
+    float32, computed on copies; the arguments are left as they were."""
     if index is not None:   # a foreach op: its per-tensor op on item ``index`` of every list
         func = getattr(torch.ops.aten, op[len(_FOREACH):])
         args = tuple(a[index] if isinstance(a, (list, tuple)) else a for a in args)
-    args64, kwargs64 = _float64(args), {k: _float64(v) for k, v in kwargs.items()}
-    func(*args64, **kwargs64)
-    return args64[0]
+    args32, kwargs32 = _float32(args), {k: _float32(v) for k, v in kwargs.items()}
+    before = args32[0].clone()
+    func(*args32, **kwargs32)
+    return before, args32[0]
 
 
 class UpdateJudge:
@@ -87,15 +89,14 @@ class UpdateJudge:
 
     def run(self, func: Any, op: str, args: tuple, kwargs: dict,
             targets: list[tuple[int | None, torch.Tensor, torch.Tensor]]) -> Any:
-        """Run the op as asked; count the elements its float64 form moves and it did not."""
+        """Run the op as asked; count the elements its float32 form moves and it did not."""
         snaps = []
         for index, t, p in targets:
             try:
-                exact = exact_update(func, op, args, kwargs, index)
+                before, after = float32_update(func, op, args, kwargs, index)
             except (RuntimeError, TypeError):   # a form with no per-tensor twin: not judged
                 continue
-            before = t.detach().clone()
-            snaps.append((t, p, before, exact != before.to(torch.float64)))
+            snaps.append((t, p, before, after != before))
         out = func(*args, **kwargs)
         if not snaps:
             return out
@@ -111,5 +112,5 @@ class UpdateJudge:
             if cast is not None and cast[1] == dtype_name(t.dtype):
                 site.casts.setdefault(*cast)
             site.moved_elems += int(moved.sum())
-            site.stuck_elems += int((moved & (t.detach() == before)).sum())
+            site.stuck_elems += int((moved & (t.detach() == before)).sum())  # exact: t widens
         return out
