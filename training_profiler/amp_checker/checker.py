@@ -22,6 +22,7 @@ from typing import Iterable, Mapping, Sequence
 from lowp_common import CommandParser, UserError, cli_entry
 from training_profiler.amp_checker.catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_checker.context import FileContext
+from training_profiler.amp_checker.intent import BENCHMARK, INFERENCE, program_purpose
 from training_profiler.amp_checker.launch_rules import (
     LAUNCH_RULES,
     LAUNCH_RULES_BY_ID,
@@ -68,6 +69,13 @@ def apply_min_confidence(report: Report, minimum: Confidence | None,
     report.findings = kept
     return report
 
+
+# what a training-path finding says in a file that trains nothing (intent.program_purpose)
+PURPOSE_NOTES = {
+    INFERENCE: " (this script takes no training step: no backward, optimizer or trainer; "
+               "low confidence in inference, export and evaluation code)",
+    BENCHMARK: " (this script only times its steps and saves nothing: a benchmark; low confidence)",
+}
 
 _ALL_RULES = RULES + LAUNCH_RULES
 _ALL_BY_ID = {**RULES_BY_ID, **LAUNCH_RULES_BY_ID}
@@ -134,6 +142,7 @@ def parse_module(source: str, path: str, project: Project, name: str | None = No
 def run_rules(ctx: FileContext, source: str, rules: Sequence[Rule] | None = None) -> list[Finding]:
     """Findings for one parsed module, sorted by position, suppression comments applied."""
     sup = _suppressions(source)
+    purpose = program_purpose(ctx)
     findings: list[Finding] = []
     seen: set[tuple[str, int, int]] = set()
     for rule in [r for r in (rules if rules is not None else RULES) if isinstance(r, Rule)]:
@@ -142,6 +151,9 @@ def run_rules(ctx: FileContext, source: str, rules: Sequence[Rule] | None = None
             if key in seen or _suppressed(sup, node, rule.id):
                 continue
             seen.add(key)
+            if rule.training_path and purpose is not None and confidence > Confidence.LOW:
+                confidence = Confidence.LOW
+                message += PURPOSE_NOTES[purpose]
             findings.append(Finding(rule.id, rule.severity, ctx.path, node.lineno, node.col_offset + 1,
                                     message, rule.explanation, rule.suggestion, confidence))
     findings.sort(key=lambda f: (f.line, f.col, f.rule_id))

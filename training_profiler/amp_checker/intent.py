@@ -396,3 +396,93 @@ def training_lowp_casts(ctx: FileContext) -> list[ast.Call]:
     non-AMP branch."""
     return [c for c in ctx.manual_lowp_casts if trains(ctx)
             and cast_purpose(ctx, c) == TRAINING and not on_non_amp_branch(ctx, c)]
+
+
+# ---- what a file does: a training program, or one that only runs or times a model ----------
+INFERENCE = "inference"          # a script that never steps: inference, export, evaluation
+BENCHMARK = "benchmark"          # a script whose every step is timed and that keeps nothing
+_FIT_CALLS = ("fit", "train", "train_batch", "train_step", "training_step")  # a library trains
+
+
+@per_module
+def steps_seen(ctx: FileContext) -> bool:
+    """Anything in the module that takes a training step or builds what takes one: a
+    ``.backward(`` call (not an autograd Function's own backward, not a kernel module's), an
+    optimizer or GradScaler built, loss scaling, a library told to train (``trainer.fit``,
+    ``trainer.train()``, ``model.train()``). Precision alone says nothing: an inference script
+    opens autocast too."""
+    if trains(ctx) or ctx.scaler_calls:
+        return True
+    for c in ctx.calls:
+        q = ctx.call_name(c) or ""
+        last = c.func.attr if isinstance(c.func, ast.Attribute) else q.rsplit(".", 1)[-1]
+        if q.startswith("torch.optim.") and ".lr_scheduler" not in q or q.endswith("GradScaler"):
+            return True
+        if last in _FIT_CALLS or av.OPTIMIZER in ctx.values.kinds(c):
+            return True
+        if last == "backward" and isinstance(c.func, ast.Attribute) \
+                and (dotted(c.func.value) or "").split(".")[0] not in ctx.aliases \
+                and getattr(ctx.enclosing_function(c), "name", None) != "backward":
+            return True
+    return False
+
+
+def _runs_as_script(ctx: FileContext) -> bool:
+    """The module is run, not imported: an ``if __name__ == "__main__"`` block, or a loop at
+    module level (also inside a module-level ``with`` or ``if``: a sampling script's
+    ``with torch.no_grad(): for ...``). A snippet of statements without a loop is not judged."""
+    todo = list(ctx.tree.body)
+    while todo:
+        st = todo.pop()
+        if isinstance(st, (ast.For, ast.While, ast.AsyncFor)):
+            return True
+        if isinstance(st, ast.If) and any(isinstance(n, ast.Constant) and n.value == "__main__"
+                                          for n in ast.walk(st.test)):
+            return True
+        if isinstance(st, (ast.With, ast.AsyncWith, ast.If, ast.Try)):
+            todo += [*st.body, *getattr(st, "orelse", []), *getattr(st, "finalbody", [])]
+    return False
+
+
+def _keeps_result(ctx: FileContext) -> bool:
+    """The module saves something (a checkpoint, a model, a state dict): what it trains outlives
+    the run."""
+    return any((ctx.call_name(c) or "").rsplit(".", 1)[-1] in _SAVE_CALLS
+               or (isinstance(c.func, ast.Attribute) and c.func.attr in (*_SAVE_CALLS, "state_dict"))
+               for c in ctx.calls)
+
+
+def _only_timed_steps(ctx: FileContext) -> bool:
+    """Every ``.backward(`` of the module sits in code that reads clocks or runs under a
+    profiler (``_times_itself`` of its function, or of the script's top level), and the module
+    keeps nothing: a benchmark measures the step, it does not train a model."""
+    backward = [c for c in ctx.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "backward"]
+    return bool(backward) and not _keeps_result(ctx) and all(
+        profiling_region(ctx, c) or _timed(ctx, ctx.enclosing_function(c)) for c in backward)
+
+
+def _timed(ctx: FileContext, fn: ast.AST) -> bool:
+    """``fn`` reads clocks itself, or every call of it does (``t0 = perf_counter(); step()``)."""
+    if _times_itself(ctx, fn):
+        return True
+    calls = ctx.project.calls_to(fn, ctx) if fn is not ctx.tree else []
+    return bool(calls) and all(profiling_region(cc, call) or _times_itself(cc, cc.enclosing_function(call))
+                               for call, cc in calls)
+
+
+@per_module
+def program_purpose(ctx: FileContext) -> str | None:
+    """What this file does when it is not a training program: INFERENCE for a script that never
+    takes a training step (inference, export, evaluation), BENCHMARK for one whose every step is
+    timed and that saves nothing; None otherwise (it trains, or it is library code whose users
+    decide). Judged from what the code calls, never from names: the script is run (not imported
+    by the scan), and neither it nor a project module it imports or is imported by steps (a
+    ``main.py`` that calls ``engine.train_one_epoch`` trains)."""
+    if not _runs_as_script(ctx):
+        return None
+    imported, importers = ctx.project.imports_and_importers(ctx)
+    if importers or any(steps_seen(m) for m in imported):
+        return None
+    if not steps_seen(ctx):
+        return INFERENCE
+    return BENCHMARK if _only_timed_steps(ctx) else None

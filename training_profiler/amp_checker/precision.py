@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 
-from training_profiler.amp_checker.context import MIXED, TRUE, FileContext, dotted
+from training_profiler.amp_checker.context import MIXED, TRUE, FileContext
 from training_profiler.amp_checker.intent import (
     compared_dtypes,
     per_project,
+    steps_seen,
     training_lowp_casts,
-    trains,
 )
 
 FLOAT16 = "float16"
@@ -90,19 +90,9 @@ def _model_library(ctx: FileContext) -> bool:
 
 def _training_signal(ctx: FileContext) -> bool:
     """Anything that says training happens here, more than a training step the checker follows:
-    a ``.backward(`` call (not an autograd Function's own backward, not a kernel module's), an
-    optimizer or GradScaler built, a low precision chosen. A demo loop in a library counts too."""
-    if trains(ctx) or own_precisions(ctx) or ctx.scaler_calls:
-        return True
-    for c in ctx.calls:
-        q = ctx.call_name(c) or ""
-        if q.startswith("torch.optim.") and ".lr_scheduler" not in q or q.endswith("GradScaler"):
-            return True
-        if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" \
-                and (dotted(c.func.value) or "").split(".")[0] not in ctx.aliases \
-                and getattr(ctx.enclosing_function(c), "name", None) != "backward":
-            return True
-    return False
+    a step taken or built (``intent.steps_seen``), or a low precision chosen. A demo loop in a
+    library counts too."""
+    return steps_seen(ctx) or bool(own_precisions(ctx))
 
 
 def trains_in(ctx: FileContext, dtype: str) -> str | None:

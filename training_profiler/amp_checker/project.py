@@ -219,6 +219,14 @@ class Project:
         names = {m.module_name for m in users} | {d for m in users for d in self._imports_of(m)}
         return [self.modules[n] for n in sorted(names) if n in self.modules]
 
+    def imports_and_importers(self, ctx: FileContext) -> tuple[list[FileContext], list[FileContext]]:
+        """The project modules ``ctx`` imports, and those that import it (one step each way):
+        whether a script hands its model to training code, or training code runs the script's."""
+        imported = sorted(self._imports_of(ctx))
+        importers = sorted(self._importer_index().get(ctx.module_name, set()))
+        return ([self.modules[n] for n in imported if n in self.modules],
+                [self.modules[n] for n in importers if n in self.modules])
+
     def is_one_program(self, scanned: list[FileContext]) -> bool:
         """The scanned files are a project, not loose scripts: one of them sits in a package or
         imports another scanned module."""

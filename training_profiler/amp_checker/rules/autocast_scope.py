@@ -83,7 +83,7 @@ def _statement_lists(tree: ast.AST):
 
 
 @declare_rule(
-    "AMP003", "loss-outside-autocast", Severity.HIGH,
+    "AMP003", "loss-outside-autocast", Severity.HIGH, training_path=True,
     explanation=(
         "The loss is computed outside the autocast block on its low-precision outputs, so it runs "
         "in float16/bfloat16 instead of autocast's float32 loss kernels (type mismatch, lost precision)."),
@@ -192,7 +192,7 @@ class EvalLossOutsideAutocast(LossOutsideAutocast):
 
 
 @declare_rule(
-    "AMP009", "backward-inside-autocast", Severity.LOW,
+    "AMP009", "backward-inside-autocast", Severity.LOW, training_path=True,
     explanation=(
         "Backward passes under autocast are not recommended: backward ops already run in the "
         "dtype autocast chose for the matching forward op."),
@@ -206,7 +206,7 @@ class BackwardInAutocast(RuleVisitor):
 
 
 @declare_rule(
-    "AMP014", "autocast-wrapped-forward", Severity.MEDIUM,
+    "AMP014", "autocast-wrapped-forward", Severity.MEDIUM, training_path=True,
     explanation=(
         "Wrapping a model's forward in autocast returns its float16/bfloat16 outputs to code "
         "outside autocast: a loss computed there runs in low precision."),

@@ -61,7 +61,7 @@ def _parameter_copy(comp: ast.AST) -> bool:
 
 
 @declare_rule(
-    "AMP025", "average-in-parameter-dtype", Severity.MEDIUM,
+    "AMP025", "average-in-parameter-dtype", Severity.MEDIUM, training_path=True,
     explanation=("A moving average of the parameters copied in their own dtype lives in float16 when the model "
                  "is cast to float16: each step adds (1 - decay) of the parameters, under float16's relative "
                  "resolution (2**-10) for a decay of 0.999, so the average stops moving."),

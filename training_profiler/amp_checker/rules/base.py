@@ -76,14 +76,19 @@ class Rule:
     explanation: str
     suggestion: str
     visitor: type[RuleVisitor]
+    # about training numerics or AMP setup (accumulation, loss scaling, casts, averages): at low
+    # confidence at most in a file that only runs or times a model (intent.program_purpose)
+    training_path: bool = False
 
 
 def declare_rule(rule_id: str, name: str, severity: Severity, *, explanation: str,
-                 suggestion: str) -> Callable[[type[RuleVisitor]], type[RuleVisitor]]:
+                 suggestion: str, training_path: bool = False
+                 ) -> Callable[[type[RuleVisitor]], type[RuleVisitor]]:
     """Class decorator: the rule this visitor checks, written on the visitor so that what the
     rule says (id, name, severity, explanation, suggestion) and what it looks for are read
-    together. The class gets it as ``cls.rule``; its family module lists it in ``RULES``."""
+    together. The class gets it as ``cls.rule``; its family module lists it in ``RULES``.
+    ``training_path``: the hazard exists only where the code trains (``Rule.training_path``)."""
     def attach(visitor: type[RuleVisitor]) -> type[RuleVisitor]:
-        visitor.rule = Rule(rule_id, name, severity, explanation, suggestion, visitor)
+        visitor.rule = Rule(rule_id, name, severity, explanation, suggestion, visitor, training_path)
         return visitor
     return attach

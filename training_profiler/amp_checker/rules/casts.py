@@ -25,7 +25,7 @@ from training_profiler.amp_checker.rules.helpers import (
 
 
 @declare_rule(
-    "AMP001", "manual-cast", Severity.HIGH,
+    "AMP001", "manual-cast", Severity.HIGH, training_path=True,
     explanation=(
         "A manual cast to float16/bfloat16 in AMP code bypasses autocast's per-op precision "
         "choice (ops autocast would keep in float32 now run in low precision)."),

@@ -89,7 +89,7 @@ def _module_saves_scaler(ctx: FileContext) -> bool:
 
 
 @declare_rule(
-    "AMP018", "scaler-state-not-checkpointed", Severity.LOW,
+    "AMP018", "scaler-state-not-checkpointed", Severity.LOW, training_path=True,
     explanation=(
         "A checkpoint that keeps the optimizer but not the GradScaler's state resumes a float16 run "
         "from the initial loss scale (65536): the first steps overflow and are skipped, and a scale "

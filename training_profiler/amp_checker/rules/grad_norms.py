@@ -112,7 +112,7 @@ def _float16_here(m: FileContext) -> str | None:
 
 
 @declare_rule(
-    "AMP029", "grad-norm-in-low-precision", Severity.MEDIUM,
+    "AMP029", "grad-norm-in-low-precision", Severity.MEDIUM, training_path=True,
     explanation=("A gradient norm taken in the gradients' own dtype: with float16 gradients a norm above 65504 "
                  "(or its square, summed into a total) is inf, and clipping by an inf total norm zeroes the "
                  "step or makes it NaN."),

@@ -18,7 +18,7 @@ from training_profiler.amp_checker.rules.helpers import _callee, _has_kw, _selec
 
 
 @declare_rule(
-    "AMP008", "fp16-without-gradscaler", Severity.HIGH,
+    "AMP008", "fp16-without-gradscaler", Severity.HIGH, training_path=True,
     explanation=(
         "float16 gradients underflow to zero (smallest subnormal ~6e-8) without loss scaling; "
         "CUDA autocast defaults to float16."),
@@ -109,7 +109,7 @@ def _clips_unscaled(ctx: FileContext, call: ast.Call) -> bool:
 
 
 @declare_rule(
-    "AMP010", "clip-without-unscale", Severity.MEDIUM,
+    "AMP010", "clip-without-unscale", Severity.MEDIUM, training_path=True,
     explanation=(
         "With a GradScaler the gradients are multiplied by the scale; clipping them before "
         "scaler.unscale_ clips against the wrong norm."),
@@ -237,7 +237,7 @@ def _scaler_method_calls(ctx: FileContext, fn: ast.AST, attr: str) -> list[ast.C
 
 
 @declare_rule(
-    "AMP013", "unscale-every-micro-step", Severity.MEDIUM,
+    "AMP013", "unscale-every-micro-step", Severity.MEDIUM, training_path=True,
     explanation=(
         "With gradient accumulation, scaler.unscale_ must run only on the micro-step that calls "
         "scaler.step: a second unscale_ before update() raises, and later micro-batches add "
@@ -272,7 +272,7 @@ def _ancestors_within(ctx: FileContext, node: ast.AST, stop: ast.AST):
 
 
 @declare_rule(
-    "AMP015", "gradscaler-with-bf16", Severity.LOW,
+    "AMP015", "gradscaler-with-bf16", Severity.LOW, training_path=True,
     explanation=(
         "bfloat16 has float32's exponent range; a GradScaler on the bfloat16 path only adds inf "
         "checks and skipped steps."),

@@ -60,7 +60,7 @@ def _terms(expr: ast.AST) -> list[ast.AST]:
 
 
 @declare_rule(
-    "AMP031", "log-underflow-fp16", Severity.MEDIUM,
+    "AMP031", "log-underflow-fp16", Severity.MEDIUM, training_path=True,
     explanation=("A log of a probability made first (log(sigmoid(x)), log(softmax(x))) or guarded by an eps below "
                  "float16's smallest subnormal (log(p + 1e-8)): float16 rounds the probability, or the eps, to zero "
                  "and the log is -inf (sigmoid(x) is zero in float16 from x = -17 on)."),

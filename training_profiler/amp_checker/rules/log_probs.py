@@ -231,7 +231,7 @@ def _param_log_probs(mod: FileContext, fn: ast.FunctionDef | ast.AsyncFunctionDe
 
 
 @declare_rule(
-    "AMP032", "logprobs-on-low-precision-logits", Severity.MEDIUM,
+    "AMP032", "logprobs-on-low-precision-logits", Severity.MEDIUM, training_path=True,
     explanation=("Log-probabilities (log_softmax, cross_entropy, logsigmoid, logsumexp) of a model's logits or scores "
                  "in the model's own dtype, where the program makes the model's weights bfloat16 or float16: the "
                  "log-probabilities keep 8 (bfloat16) or 11 bits, so a loss, a PPO ratio or a KL estimate built "

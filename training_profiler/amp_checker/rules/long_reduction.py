@@ -62,7 +62,7 @@ def _einsum_context(spec: str) -> bool:
 
 
 @declare_rule(
-    "AMP019", "long-reduction-in-fp16", Severity.MEDIUM,
+    "AMP019", "long-reduction-in-fp16", Severity.MEDIUM, training_path=True,
     explanation=(
         "Linear attention sums k^T v and k over every token; in float16 these sums pass 65504 on long "
         "sequences (inf, then NaN after the normalising division)."),

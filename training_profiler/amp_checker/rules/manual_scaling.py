@@ -27,7 +27,7 @@ def _one_element_grad(target: ast.AST) -> str | None:
 
 
 @declare_rule(
-    "AMP022", "partial-manual-unscale", Severity.HIGH,
+    "AMP022", "partial-manual-unscale", Severity.HIGH, training_path=True,
     explanation=("A hand-written loss-scaling trainer removes the scale from one parameter's gradient (an "
                  "indexed element, outside a loop): the optimizer steps every other parameter with gradients "
                  "still multiplied by the loss scale."),

@@ -186,7 +186,7 @@ _OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAd
 
 
 @declare_rule(
-    "AMP012", "eps-underflow-fp16", Severity.MEDIUM,
+    "AMP012", "eps-underflow-fp16", Severity.MEDIUM, training_path=True,
     explanation=(
         "An optimizer eps below float16's smallest subnormal (~6e-8) is zero for float16 "
         "parameters, so the update divides by sqrt(v) alone."),

@@ -63,7 +63,7 @@ class _LowpNames(RuleVisitor):
 
 
 @declare_rule(
-    "AMP004", "softmax-without-dtype", Severity.MEDIUM,
+    "AMP004", "softmax-without-dtype", Severity.MEDIUM, training_path=True,
     explanation=(
         "softmax/log_softmax without dtype= runs in the input's low precision here (CUDA autocast "
         "promotes it, CPU bf16 autocast and manual casts do not); exp() overflows in float16."),
@@ -89,7 +89,7 @@ class SoftmaxNoDtype(_LowpNames):
 
 
 @declare_rule(
-    "AMP005", "reduction-outside-autocast", Severity.MEDIUM,
+    "AMP005", "reduction-outside-autocast", Severity.MEDIUM, training_path=True,
     explanation=(
         "sum/mean on a low-precision tensor outside autocast returns float16/bfloat16; large "
         "reductions lose the small terms (big numbers eat small ones)."),

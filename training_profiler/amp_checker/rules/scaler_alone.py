@@ -62,7 +62,7 @@ def _forward_of(fn: ast.AST, loss: ast.AST, before: int) -> ast.stmt | None:
 
 
 @declare_rule(
-    "AMP030", "gradscaler-without-autocast", Severity.MEDIUM,
+    "AMP030", "gradscaler-without-autocast", Severity.MEDIUM, training_path=True,
     explanation=("A GradScaler scales the loss, but nothing in the project runs the forward in low precision "
                  "(no autocast, no half cast, no mixed-precision engine): the model trains in float32 and the "
                  "fp16 switch only multiplies and divides the loss."),

@@ -45,7 +45,7 @@ def _project_facts(ctx: FileContext) -> tuple[bool, list[FileContext]]:
 
 
 @declare_rule(
-    "AMP027", "gradscaler-not-sharded", Severity.MEDIUM,
+    "AMP027", "gradscaler-not-sharded", Severity.MEDIUM, training_path=True,
     explanation=("A plain GradScaler checks only this rank's gradients for inf/NaN. Under FSDP each rank holds "
                  "a shard of every gradient, so the rank whose shard overflowed skips the step and halves its "
                  "scale while the others step: the replicas drift apart."),
