@@ -1,5 +1,5 @@
-"""What the flight recorder writes: per-iteration summaries (Parquet), the ring as ordinary
-stats-only manifest records, and one JSON line per trigger.
+"""What the flight recorder writes: per-iteration summaries (Parquet), the losses it saw, the
+ring as ordinary stats-only manifest records, and one JSON line per trigger.
 
 Why the ring as manifest records: ``lowp-diagnose`` and the report read a capture folder's
 ``manifest_rank*.jsonl``; the W iterations before a trigger written there with the same keys
@@ -27,7 +27,9 @@ from .recorder_stats import FLUSH, INF, MAX, MIN, NAN, SAT, SUM, SUMSQ
 
 class SummaryWriter:
     """Rows of iteration x site (micro-batches merged) gathered in memory, written as one
-    Parquet file per ``every`` iterations per rank (rank-partitioned names, atomic)."""
+    Parquet file per ``every`` iterations per rank (rank-partitioned names, atomic); with them,
+    the iterations' losses appended to the rank's loss file (the loss kinds of ``lowp-diagnose``
+    read it, so a recorder folder needs no training log)."""
 
     def __init__(self, directory: Path, rank: int, every: int) -> None:
         self.directory = directory
@@ -37,6 +39,7 @@ class SummaryWriter:
         self.first: int | None = None
         self.iterations = 0
         self.files: list[Path] = []
+        self.losses: list[tuple[int, float]] = []
 
     def add(self, book: SlotBook, entry: IterStats) -> None:
         merged = book.merged(entry)
@@ -44,6 +47,8 @@ class SummaryWriter:
         if self.first is None:
             self.first = entry.iteration
         self.iterations += 1
+        if not math.isnan(entry.loss):      # NaN: no loss on this rank (not the last stage)
+            self.losses.append((entry.iteration, float(entry.loss)))
         r = self.rows
         for i in present:
             info = book.sites[i]
@@ -64,6 +69,7 @@ class SummaryWriter:
         """Write the rows gathered so far (nothing when there are none)."""
         if self.first is None:
             return None
+        self._write_losses()
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -80,6 +86,14 @@ class SummaryWriter:
         self.rows = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
         self.first, self.iterations = None, 0
         return path
+
+    def _write_losses(self) -> None:
+        """The losses gathered so far, one JSON line each, appended in one write."""
+        if self.losses:
+            text = "".join(json.dumps({"iteration": it, "rank": self.rank, "loss": v}) + "\n"
+                           for it, v in self.losses)
+            _append(self.directory / schema.recorder_loss_name(self.rank), text.encode())
+            self.losses = []
 
 
 _FLOATS = ["sum", "sumsq", "min", "max"]
@@ -155,12 +169,16 @@ def write_ring(directory: Path, rank: int, records: list[dict[str, Any]]) -> Non
 
 def append_trigger(directory: Path, rank: int, record: dict[str, Any]) -> Path:
     """One line in this rank's triggers file, as one write (O_APPEND keeps lines whole)."""
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / schema.recorder_triggers_name(rank)
-    line = (json.dumps(record, default=str) + "\n").encode()
+    _append(path, (json.dumps(record, default=str) + "\n").encode())
+    return path
+
+
+def _append(path: Path, data: bytes) -> None:
+    """``data`` at the end of ``path`` in one write (O_APPEND keeps its lines whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line)
+        os.write(fd, data)
     finally:
         os.close(fd)
-    return path

@@ -11,6 +11,7 @@ Layout (docs/capture.md "Recorder mode")::
     <save_dir>/<tensor files>.pt                         the triggered capture's tensors
     <save_dir>/recorder/summary_rank<r>_it<first>.parquet  iteration x site rows, per K its
     <save_dir>/recorder/triggers_rank<r>.jsonl           one line per agreed trigger
+    <save_dir>/recorder/loss_rank<r>.jsonl               one line per iteration with a loss
     <save_dir>/recorder/replay_it<T>.json (+ .yaml)      how to replay trigger T
     <save_dir>/replay_it<T>/capture/                     where that replay captures
 """
@@ -26,7 +27,7 @@ from . import schema
 
 __all__ = ["recorder_dir", "is_recorder_output", "summary_files", "read_summaries",
            "summary_rows", "moments", "derived", "read_triggers", "read_replays",
-           "trigger_iterations", "register_duckdb"]
+           "trigger_iterations", "read_losses", "register_duckdb"]
 
 
 def recorder_dir(folder: str | os.PathLike[str]) -> Path | None:
@@ -115,6 +116,24 @@ def read_triggers(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def trigger_iterations(folder: str | os.PathLike[str]) -> list[int]:
     """The iterations at which the ranks agreed on a trigger."""
     return sorted({r["iteration"] for r in read_triggers(folder) if "iteration" in r})
+
+
+def read_losses(folder: str | os.PathLike[str]) -> list[tuple[int, float]]:
+    """The run's loss by iteration as the recorder saw it: (iteration, loss), sorted, the mean
+    over the ranks that saw one (data-parallel ranks each see their own micro-batches' loss; the
+    run's loss is their mean); a later line of the same rank and iteration (a resumed run)
+    replaces an earlier one. Empty when the folder holds none."""
+    d = recorder_dir(folder)
+    if d is None:
+        return []
+    per_rank: dict[tuple[Any, int], float] = {}
+    for rec in schema.read_json_lines(sorted(d.glob(schema.RECORDER_LOSS_GLOB))):
+        if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("iteration"), int):
+            per_rank[(rec.get("rank"), rec["iteration"])] = float(rec["loss"])
+    by_it: dict[int, list[float]] = {}
+    for (_, it), v in per_rank.items():
+        by_it.setdefault(it, []).append(v)
+    return [(it, sum(vs) / len(vs)) for it, vs in sorted(by_it.items())]
 
 
 def read_replays(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:

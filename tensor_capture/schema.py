@@ -465,6 +465,9 @@ RECORDER_SUMMARY_GLOB = "summary_rank*_it*.parquet"
 RECORDER_TRIGGERS_GLOB = "triggers_rank*.jsonl"
 #: one per trigger (written by global rank 0): how to replay it from a checkpoint
 RECORDER_REPLAY_GLOB = "replay_it*.json"
+#: per rank, one JSON line per iteration with a loss ({"iteration", "rank", "loss"}: the
+#: schedule's, on the last pipeline stage), appended with each summary file
+RECORDER_LOSS_GLOB = "loss_rank*.jsonl"
 #: the file a user touches to ask for a trigger (in the save directory itself)
 RECORDER_TRIGGER_FILE = "TRIGGER"
 
@@ -488,6 +491,10 @@ def recorder_summary_name(rank: int | None, first_iteration: int) -> str:
 
 def recorder_triggers_name(rank: int | None) -> str:
     return f"triggers_rank{_fmt_int(rank)}.jsonl"
+
+
+def recorder_loss_name(rank: int | None) -> str:
+    return f"loss_rank{_fmt_int(rank)}.jsonl"
 
 
 def recorder_replay_name(iteration: int) -> str:

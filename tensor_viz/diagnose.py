@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lowp_common import UserError
-from tensor_capture import schema
+from tensor_capture import recorder_read, schema
 from tensor_capture.stats_read import merged_std_sql
 from tensor_viz import columnar, diagnose_format, recorder_view
 from tensor_viz import diagnose_loss as loss_kinds
@@ -231,6 +231,16 @@ def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Findi
 REF_GAP = 0.25
 
 
+def _losses(capture_dir: str | os.PathLike[str],
+            loss: Any) -> tuple[list[tuple[int, float]] | None, str]:
+    """(the losses the loss kinds judge, where they came from): the ``--loss`` log or
+    TensorBoard folder when given, else the losses a flight recorder wrote in ``capture_dir``
+    (None when there are none: the loss kinds are then not checked)."""
+    if loss is not None:
+        return read_losses(loss), loss_kinds.LOG_SOURCE
+    return recorder_read.read_losses(capture_dir) or None, loss_kinds.RECORDER_SOURCE
+
+
 def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: Any = None,
              cache_dir: Any = None, skip_bad_lines: bool = False,
              say: Callable[[str], None] | None = None, con: Any = None,
@@ -239,7 +249,7 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
     caller already opened, ``rank_view``: its rank_tables.RankView (the report)."""
     if con is None or state is None:
         con, state = open_index(capture_dir, cache_dir, skip_bad_lines, say=say)
-    losses = read_losses(loss) if loss is not None else None
+    losses, source = _losses(capture_dir, loss)
     ref = None
     if reference is not None:
         ref = open_index(reference, None, skip_bad_lines, what="--reference", say=say)
@@ -271,15 +281,16 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
         found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
         result.checked["reference_gap"] = f"std of each tensor against {reference}"
     if losses is not None:
-        found += (loss_kinds.spikes(losses, found, first_cause)
+        found += (loss_kinds.spikes(losses, found, first_cause, source)
                   + loss_kinds.divergence(losses, found, loss_kinds.vocab_size(con, src),
-                                          first_cause))
-        result.checked["loss_spike"] = (f"{len(losses)} loss values, spike above mean + "
-                                        f"{loss_kinds.LOSS_SIGMAS:g} std of the last "
+                                          first_cause, source))
+        result.checked["loss_spike"] = (f"{len(losses)} loss values ({source}), spike above "
+                                        f"mean + {loss_kinds.LOSS_SIGMAS:g} std of the last "
                                         f"{loss_kinds.LOSS_WINDOW}")
-        result.checked["loss_divergence"] = (f"the loss by level: above "
+        result.checked["loss_divergence"] = (f"the loss by level ({source}): above "
                                              f"{loss_kinds.DIVERGE_FACTOR:g} x its "
-                                             f"early minimum or ln(vocabulary), or not decreasing")
+                                             f"early minimum or ln(vocabulary) and staying "
+                                             f"there, or a plateau against its early minimum")
     relate(found)
     result.findings = rank(found)
     return result

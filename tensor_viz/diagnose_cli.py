@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                         "tensor that departs from it")
     p.add_argument("--loss", metavar="LOG|TB_DIR", default=None,
                    help="the run's training log or TensorBoard folder: adds loss spikes, a "
-                        "divergence by level and the finding each follows")
+                        "divergence or plateau by level and the finding each follows (a flight "
+                        "recorder's folder brings its own losses: judged when this is not given)")
     p.add_argument("--json", metavar="FILE|-", default=None,
                    help="also write {findings, checked, records} as JSON to FILE ('-': stdout only)")
     p.add_argument("--index-dir", metavar="DIR", default=None,

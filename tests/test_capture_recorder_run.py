@@ -8,12 +8,17 @@ megatron-core's schedule wrapper, the patched megatron-core, recorder mode.
   the checkpoint of iteration 35 and finds the fault in the same iteration, micro-batch, module;
 - a learning rate that blows the loss up: a loss_spike trigger where the loss is well above the
   first ones;
-- a healthy 200-iteration run: no trigger, the summaries only, at most 1 KiB per site per K;
+- a healthy 200-iteration run: no trigger, the summaries only, at most 1 KiB per site per K; the
+  losses the recorder saw are the logged ones, and they keep falling: no loss finding;
+- a learning rate held at 0.3 (bf16 weights, mxfp8): the loss stops at the corpus' unigram
+  level within ~40 iterations; ``lowp-diagnose`` on the recorder folder alone (no ``--loss``)
+  finds the plateau, and each pre-quantization line is a change of its operand's level that held;
 - a ring that cannot fit recorder_memory: one line, exit 2, before training.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +29,7 @@ from training_helpers import ROOT, clean_env, one_error_line, run, small_data  #
 
 from tensor_capture import recorder_read, schema
 from tensor_viz.diagnose import diagnose
+from tensor_viz.diagnose_loss import RECORDER_SOURCE
 
 PLANTED = "decoder.layers.1.mlp.linear_fc1"
 SUPPORT = ROOT / "tests" / "megatron_lm_support"
@@ -165,6 +171,70 @@ def test_a_healthy_run_of_200_iterations_writes_summaries_only(small_data, patch
     per_site_per_k = max(f.stat().st_size for f in files) / sites
     assert per_site_per_k <= 1024, per_site_per_k
     print(f"summary bytes per site per 50 iterations: {per_site_per_k:.0f}")
+    _same_losses(recorder_read.read_losses(cap), _losses(proc.stdout))
+    result = diagnose(cap)
+    assert RECORDER_SOURCE in result.checked["loss_divergence"]
+    assert not [f for f in result.findings if f.kind.startswith("loss_")], result.lines(5)
+
+
+def _same_losses(seen: list[tuple[int, float]], logged: dict[int, float]) -> None:
+    """The recorder's losses are the log's at every logged iteration: llama-train prints 4
+    decimals (half a unit of the last one) of the float32 mean over micro-batches, the recorder
+    keeps their mean in float64 (one float32 rounding apart, 2^-24 relative)."""
+    by_it = dict(seen)
+    assert logged and set(logged) <= set(by_it)
+    for it, v in logged.items():
+        assert abs(by_it[it] - v) <= 0.5e-4 + 2.0**-24 * abs(v), (it, by_it[it], v)
+
+
+HOLD = 30     # underflow_hold of the plateau run: a fall of a level is said once it held 30 its
+
+
+def _said_levels(stderr: str) -> dict[str, list[tuple[int, str, int | None]]]:
+    """The pre-quantization lines per operand: (iteration, level, the fall's first iteration)."""
+    out: dict[str, list[tuple[int, str, int | None]]] = {}
+    for ln in stderr.splitlines():
+        if not ln.startswith("tensor capture: iteration "):
+            continue
+        where, said = ln[len("tensor capture: iteration "):].split(": ", 1)
+        it, key = where.split(", ", 1)
+        level = ("none" if "back within the margin" in said
+                 else said.split("severity ")[1].split(";")[0].split(",")[0].lower())
+        since = int(said.split("since iteration ")[1].split()[0].rstrip(")")) \
+            if "since iteration " in said else None
+        out.setdefault(key, []).append((int(it), level, since))
+    return out
+
+
+def test_a_high_learning_rate_plateau_is_a_finding_of_the_recorder_folder_alone(
+        small_data, patched, tmp_path):
+    cap = tmp_path / "cap"
+    cfg = _config(tmp_path / "rec.yaml", f"underflow_hold: {HOLD}\n")
+    proc = run([sys.executable, *_train(small_data, "--micro-batch-size", "2", "--train-iters",
+                                        "120", "--lr", "0.3", "--min-lr", "0.3", "--dtype",
+                                        "bf16")],
+               cwd=tmp_path, timeout=400, TENSOR_SAVE_CONFIG=str(cfg), TENSOR_SAVE_DIR=str(cap),
+               CUSTOM_QUANT_TYPE="mxfp8", MEGATRON_LOWP_PATCHED_DIR=patched)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = _losses(proc.stdout)
+    _same_losses(recorder_read.read_losses(cap), logged)
+    only = tmp_path / "recorder_only"          # the recorder folder alone: no log, no records
+    shutil.copytree(cap / schema.RECORDER_DIR, only / schema.RECORDER_DIR)
+    (f,) = [f for f in diagnose(only).findings if f.kind == "loss_divergence"]
+    assert f.severity == "MEDIUM" and f.evidence["not_decreasing"], f.summary
+    assert f.figure == RECORDER_SOURCE and "stops decreasing" in f.summary
+    assert f.onset < 60 and f.evidence["plateau"]["last_iterations"] == [105, 119]
+    # the warnings: each line a change of its operand's level; a fall only once it held
+    rank = {"none": 0, "medium": 1, "high": 2}
+    said = _said_levels(proc.stderr)
+    assert said, proc.stderr[-2000:]            # mxfp8 at this learning rate has some to say
+    for key, lines in said.items():
+        previous = "none"
+        for it, level, since in lines:
+            assert level != previous, (key, lines)
+            if rank[level] < rank[previous]:
+                assert since is not None and it - since >= HOLD, (key, lines)
+            previous = level
 
 
 def test_a_ring_over_its_memory_is_refused_before_training(small_data, patched, tmp_path):

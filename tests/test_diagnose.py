@@ -360,6 +360,11 @@ def test_loss_divergence_by_level():
     assert f.onset == 1 and "ln(vocabulary 384)" in f.evidence["rule"]
     (f,) = loss_divergence([(i, 6.0 + 0.01 * (i % 3)) for i in range(1, 20)], [], 384)
     assert (f.severity, f.evidence["not_decreasing"]) == ("MEDIUM", True)
+    # a jump the run recovers from is a spike, not a level: then judged as a plateau or not
+    recovers = [(1, 6.0), (2, 17.0), (3, 12.0)] + [(i, 5.0 - 0.05 * i) for i in range(4, 40)]
+    assert loss_divergence(recovers, [], 384) == []
+    (f,) = loss_divergence(recovers[:3] + [(i, 5.0) for i in range(4, 40)], [], 384)
+    assert (f.severity, f.evidence["not_decreasing"], f.onset) == ("MEDIUM", True, 4)
 
 
 def test_the_run_format_operands_are_the_operands_the_format_casts():

@@ -140,3 +140,101 @@ def test_cli_reads_a_recorder_folder_json(recorded, tmp_path):
     data = json.loads(out.read_text(encoding="utf-8"))
     assert data["summary_rows"] > 0
     assert data["findings"][0]["sample_idx"] == PLANT_MICRO_BATCH
+
+
+# -- the loss the recorder saw: written beside its summaries, judged with no --loss ------------
+def _curve(kind: str, seed: int, n: int = 300) -> list[tuple[int, float]]:
+    """A loss with Gaussian noise (sd 0.15, a small batch's): ``plateau`` falls to 5.0 within
+    ~30 iterations and stays (the high learning rate's run); ``falling`` keeps falling as a
+    power law, half as fast per iteration in the second half as a tiny Llama at its default lr."""
+    import random
+
+    rng = random.Random(seed)
+    level = {"plateau": lambda it: 5.0 + 2.0 * math.exp(-it / 10),
+             "falling": lambda it: 3.0 + 3.0 / math.sqrt(1 + it / 10)}[kind]
+    return [(it, level(it) + rng.gauss(0.0, 0.15)) for it in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_plateau_is_judged_against_the_run_s_own_early_minimum(seed):
+    from tensor_viz.diagnose import first_cause
+    from tensor_viz.diagnose_loss import PLATEAU_PARTS, divergence, plateau
+
+    (f,) = divergence(_curve("plateau", seed), [], 384, first_cause)
+    ev = f.evidence
+    assert (f.kind, f.severity, ev["not_decreasing"]) == ("loss_divergence", "MEDIUM", True)
+    assert "stops decreasing" in f.summary and f.onset < 60    # at 5.0 from its first ~40 its
+    # the early minimum is a median of the first half's parts; the last part is the last eighth
+    first, last = ev["plateau"]["last_iterations"]
+    assert ev["plateau"]["early_iterations"][1] < 150 and last == 299
+    assert abs(last + 1 - first - 300 / PLATEAU_PARTS) < 1
+    # the noise estimate from successive differences recovers the curve's sd (0.15)
+    assert 0.1 < ev["plateau"]["noise_std"] < 0.2
+    # the same noise over a loss that keeps falling: no finding, and no plateau over 100 or 200
+    # iterations either (over 40, 5 losses a part, its fall is within 2 standard errors)
+    assert divergence(_curve("falling", seed), [], 384, first_cause) == []
+    assert all(plateau(_curve("falling", seed, n)) is None for n in (100, 200))
+
+
+def _record_losses(folder, losses: dict[int, float]) -> None:
+    """A recorder session over megatron-core's schedule interface (tensor_capture.numbering's
+    wrapper over a schedule of our own, two micro-batches each returning the iteration's loss)."""
+    import torch
+
+    from tensor_capture import numbering
+    from tensor_capture import saver as ts
+
+    ts.configure(enabled=True, save_dir=str(folder), mode="recorder", recorder_summary_every=64)
+    site = schema.CaptureSite(layer_type="linear", operation="forward", phase="pre",
+                              tensor_name="input", module_path="decoder.layers.0.mlp",
+                              layer_idx=0, component="linear")
+    g = torch.Generator().manual_seed(0)
+
+    def forward_step(data_iterator, model):
+        saver = ts.get_tensor_saver()
+        saver.capture(torch.randn(64, generator=g), site)
+        return losses[saver.iteration]
+
+    def schedule(*, forward_step_func, data_iterator, model, num_microbatches, forward_only=False):
+        return [forward_step_func(data_iterator, model) for _ in range(num_microbatches)]
+
+    step = numbering.wrap_schedule(schedule)
+    try:
+        for _ in losses:
+            step(forward_step_func=forward_step, data_iterator=None, model=[None],
+                 num_microbatches=2)
+    finally:
+        ts.get_tensor_saver().close()
+        ts.reset_tensor_saver()
+
+
+def test_the_recorder_s_own_losses_feed_the_loss_kinds_without_a_log(tmp_path, capsys):
+    from tensor_viz import diagnose_cli
+    from tensor_viz.diagnose_loss import RECORDER_SOURCE
+
+    found = {}
+    for kind in ("plateau", "falling"):
+        curve = dict(_curve(kind, 0, 200))
+        _record_losses(tmp_path / kind, curve)
+        # every iteration's loss, written with the summaries, exactly (the schedule returns
+        # Python floats here; the recorder keeps float64)
+        assert recorder_read.read_losses(tmp_path / kind) == sorted(curve.items())
+        assert diagnose_cli.main([str(tmp_path / kind), "--json", "-"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        found[kind] = [f for f in data["findings"] if f["kind"] == "loss_divergence"]
+        assert RECORDER_SOURCE in data["checked"]["loss_spike"]
+    (f,) = found["plateau"]
+    assert f["severity"] == "MEDIUM" and f["evidence"]["not_decreasing"]
+    assert f["figure"] == RECORDER_SOURCE                      # where to look
+    assert found["falling"] == []
+
+
+def test_the_run_s_loss_is_the_mean_over_ranks_and_a_resumed_run_s_line_wins(tmp_path):
+    d = tmp_path / schema.RECORDER_DIR
+    d.mkdir()
+    (d / schema.RECORDER_SUMMARY_GLOB.replace("*", "0", 1).replace("*", "0000000")).touch()
+    lines = {0: [(0, 6.0), (1, 5.0), (1, 4.0)], 1: [(0, 8.0), (1, 6.0)]}   # rank 0 resumed at 1
+    for rank, rows in lines.items():
+        (d / schema.recorder_loss_name(rank)).write_text("".join(
+            json.dumps({"iteration": it, "rank": rank, "loss": v}) + "\n" for it, v in rows))
+    assert recorder_read.read_losses(tmp_path) == [(0, 7.0), (1, 5.0)]
