@@ -22,6 +22,7 @@ change, only their speed. CUDA tensors use the Triton backend (quant.backends) i
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import queue
@@ -33,6 +34,8 @@ import types
 from typing import Callable, Optional
 
 import torch
+
+from . import inductor_vec
 
 DEFAULT_MIN_NUMEL = 1 << 14
 DEFAULT_HOT_AFTER = 8
@@ -103,8 +106,10 @@ def _in_float32(fn: Callable, static: tuple) -> Callable:
 
 
 def compiled(fn: Callable, static: tuple) -> Callable:
-    """A compiled version of ``fn`` with its constant arguments bound (dynamic shapes)."""
-    return torch.compile(_in_float32(fn, static), fullgraph=True, dynamic=True)
+    """A compiled version of ``fn`` with its constant arguments bound: the constants and the
+    block length are specialized (Inductor folds them and unrolls the block loop; the key of a
+    kernel holds them), the dimensions :func:`_build` marks are dynamic."""
+    return torch.compile(_in_float32(fn, static), fullgraph=True, dynamic=None)
 
 
 class _Cancelled(Exception):
@@ -190,11 +195,28 @@ def _canonical(x: torch.Tensor, keep_dims: int) -> torch.Tensor:
     return x.reshape(-1, *x.shape[x.dim() - keep_dims:]) if keep_dims else x.reshape(-1)
 
 
+def _varying_dims(sample: torch.Tensor) -> tuple:
+    """The dimensions of a canonical shape that vary between calls: the rows, and the inner
+    length of [-1, block, inner] (one compiled graph serves them all; the block is fixed)."""
+    return (0,) if sample.dim() < 3 else (0, 2)
+
+
+def _compile_context():
+    """Inductor's settings while a kernel compiles: the vector bit cast (quant.inductor_vec)
+    and its tag in the cache key."""
+    if not inductor_vec.install():
+        return contextlib.nullcontext()
+    tag = torch.compiler.config.cache_key_tag
+    return torch.compiler.config.patch(cache_key_tag=f"{tag}:{inductor_vec.CACHE_TAG}")
+
+
 def _build(key, fn: Callable, static: tuple, sample: torch.Tensor) -> None:
     """Compile one kernel, check it bit for bit on ``sample`` (canonical shape), publish it."""
     try:
         kernel = compiled(fn, static)
-        with _Unguarded():
+        for dim in _varying_dims(sample):
+            torch._dynamo.maybe_mark_dynamic(sample, dim)
+        with _Unguarded(), _compile_context():
             got = kernel(sample)
         if not _same_bits(got, _in_float32(fn, static)(sample)):
             raise RuntimeError(f"compiled {fn.__name__} differs from the eager kernel")
@@ -257,7 +279,8 @@ def _on_exit(hook: Callable[[], None]) -> None:
         atexit.register(hook)
 
 
-def _hot_after() -> int:
+def hot_after() -> int:
+    """How many eager calls make a kernel hot (auto mode: QUANT_COMPILE_AFTER, default 8)."""
     try:
         return max(int(os.environ.get("QUANT_COMPILE_AFTER", DEFAULT_HOT_AFTER)), 1)
     except ValueError:
@@ -269,7 +292,7 @@ def _enqueue(key, fn: Callable, static: tuple, x: torch.Tensor) -> None:
     if key in COMPILE.queued:
         return
     COMPILE.calls[key] = COMPILE.calls.get(key, 0) + 1
-    if COMPILE.calls[key] < _hot_after():
+    if COMPILE.calls[key] < hot_after():
         return
     COMPILE.queued.add(key)
     if COMPILE.worker is None:
