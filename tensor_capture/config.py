@@ -377,7 +377,7 @@ def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> 
         raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(_PARSERS) | set(_NESTED))}")
     # display name: the environment variable when the value came from one
     cfg = {key: _PARSERS[key](display.get(key, key), value) for key, value in raw.items()}
-    if cfg.get("guard") is not None:   # the guard reads the recorder's step boundary
+    if cfg.get("guard") is not None and "mode" not in raw:   # the guard turns the recorder on
         cfg["mode"] = MODE_RECORDER
     if cfg.get("mode") == MODE_RECORDER and "enabled" not in raw:
         cfg["enabled"] = True        # TENSOR_SAVE_MODE=recorder alone turns the recorder on

@@ -86,6 +86,11 @@ class GuardSettings:
     thresholds: Mapping[str, float | None] = field(
         default_factory=lambda: {c.name: c.default for c in CONDITIONS})
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as ``guard:`` writes them (what :func:`parse_guard` reads back)."""
+        return {"budget": self.budget, "hold": self.hold, "warmup": self.warmup,
+                "actions": list(self.actions), "conditions": dict(self.thresholds)}
+
     def active(self) -> list[tuple[Condition, float]]:
         """The conditions that judge, with their thresholds, in table order."""
         return [(c, t) for c in CONDITIONS if (t := self.thresholds.get(c.name)) is not None]

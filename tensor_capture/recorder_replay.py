@@ -85,6 +85,8 @@ def _config_yaml(config: CaptureConfig, start: int, end: int, save_dir: Path) ->
             continue
         if v is None or v == f.default:
             continue
+        if hasattr(v, "to_dict"):            # the guard's settings (guard_rules.GuardSettings)
+            v = v.to_dict()
         out[f.name] = "unlimited" if v == math.inf else (list(v) if isinstance(v, tuple) else v)
     out.update(mode=MODE_CAPTURE, enabled=True, save_dir=str(save_dir),
                max_iterations="unlimited", iterations={"start": start, "end": end})

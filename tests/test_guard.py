@@ -214,3 +214,15 @@ def test_a_resumed_run_keeps_the_decisions_taken_before_it(session, tmp_path, ca
     seen = _steps(1, tiny_from=0)
     assert not any(bool((t == 0).all()) for t in seen)      # rescaled from its first step
     assert "guard: resumed at iteration 4 with 1 earlier decision(s)" in capsys.readouterr().err
+
+
+def test_a_replay_of_a_guarded_run_keeps_the_guard_in_capture_mode(tmp_path):
+    """The recorder's replay file writes the run's settings back as YAML: the guard's read back
+    the same, and the replay's explicit capture mode stays capture."""
+    from tensor_capture.recorder_replay import _config_yaml
+
+    c = load_config(env={"TENSOR_SAVE_GUARD": "on", "CUSTOM_QUANT_TYPE": "fp8_e4m3"})
+    path = tmp_path / "replay.yaml"
+    path.write_text(_config_yaml(c, 3, 5, tmp_path / "replay"))
+    again = load_config(path, env={})
+    assert again.guard == c.guard and again.mode == "capture" and again.enabled
