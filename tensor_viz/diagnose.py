@@ -23,6 +23,9 @@ from tensor_capture.stats_read import merged_std_sql
 from tensor_viz import columnar, diagnose_format, recorder_view
 from tensor_viz import diagnose_loss as loss_kinds
 from tensor_viz import diagnose_rules as rules
+from tensor_viz.diagnose_guard import CHECKED as GUARD_CHECKED
+from tensor_viz.diagnose_guard import KIND as GUARD_KIND
+from tensor_viz.diagnose_guard import guard_findings
 from tensor_viz.diagnose_loss import read_losses
 from tensor_viz.diagnose_rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
 
@@ -80,7 +83,7 @@ KINDS: dict[str, Kind] = {
                                                                           view)),
 }
 _KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "loss_divergence",
-                                            "reference_gap"])}
+                                            "reference_gap", GUARD_KIND])}
 
 
 @dataclass
@@ -291,6 +294,10 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
                                              f"{loss_kinds.DIVERGE_FACTOR:g} x its "
                                              f"early minimum or ln(vocabulary) and staying "
                                              f"there, or a plateau against its early minimum")
+    guarded = guard_findings(capture_dir)
+    if guarded is not None:
+        found += guarded
+        result.checked[GUARD_KIND] = GUARD_CHECKED
     relate(found)
     result.findings = rank(found)
     return result

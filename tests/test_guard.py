@@ -160,10 +160,14 @@ def test_a_flushing_gemm_is_rescaled_once_the_condition_held(session, tmp_path, 
     assert plan.format_for(HEALTHY, 0, "dgrad") == "fp8_e4m3"
     summary = json.loads((tmp_path / GUARD_DIR / "summary.json").read_text())
     assert summary["decisions"] == 1 and summary["hp_flops_share"] == 0.0
-    # the report's run timeline marks it (tensor_viz.plots_timeline)
+    # the report's run timeline marks it (tensor_viz.plots_timeline), lowp-diagnose names it
+    from tensor_viz.diagnose import diagnose
     from tensor_viz.plots_timeline import guard_steps
 
     assert guard_steps(tmp_path) == {3: "guard: 1 GEMM -> fp8_e4m3_tensor"}
+    found = [f for f in diagnose(tmp_path).findings if f.kind == "guard_decision"]
+    assert [(f.severity, f.onset, f.evidence["gemms"], f.evidence["to"]) for f in found] == [
+        ("LOW", 3, [f"{FLUSHING} dgrad"], "fp8_e4m3_tensor")]
     err = capsys.readouterr().err
     assert err.count("tensor capture: guard: iteration 3:") == 1
     assert f"{FLUSHING} dgrad fp8_e4m3 -> fp8_e4m3_tensor from iteration 4" in err
@@ -200,6 +204,10 @@ def test_within_the_budget_the_failing_gemm_goes_to_high_precision(session, tmp_
     summary = json.loads((tmp_path / GUARD_DIR / "summary.json").read_text())
     assert summary["final"] == {f"{FLUSHING} dgrad": "hp"}
     assert summary["hp_flops_share"] == pytest.approx(0.5)
+    from tensor_viz.diagnose import diagnose
+
+    (found,) = [f for f in diagnose(tmp_path).findings if f.kind == "guard_decision"]
+    assert found.severity == "MEDIUM" and "in high precision" in found.action
 
 
 def test_a_resumed_run_keeps_the_decisions_taken_before_it(session, tmp_path, capsys):
