@@ -39,6 +39,8 @@ from .recorder_stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ,
 #: the order the C code writes a row in (it must be schema.REC_STATS')
 assert (SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT) == tuple(range(N_STATS)) == tuple(range(8))
 
+#: dimensions the kernel walks a strided tensor in (more: a contiguous copy first)
+MAX_DIMS = 16
 #: torch dtype -> the kernel's element code (float32; bfloat16 widened exactly in the loop)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -50,7 +52,7 @@ _SOURCE = r"""
 /* LANES independent accumulators (the compiler vectorizes across them without reordering any
    addition; lanes are combined in a fixed order), each summing PART values in float32 before
    adding the partial into float64. The arithmetic is the same whatever the instruction set
-   (-ffp-contract=off: no fused multiply-add), so the result is too. PART comes from Python. */
+   (-ffp-contract=off: no fused multiply-add), so the result is too. PART and MAX_DIMS come from Python. */
 #define LANES 64
 #define CHUNK ((int64_t)LANES * PART)
 
@@ -150,6 +152,30 @@ typedef void (*kernel_t)(const void *, int64_t, float, float, acc_t *);
 static const kernel_t KERNELS[3][2] = {{moments_f32, moments_bf16}, {counts_f32, counts_bf16},
                                        {general_f32, general_bf16}};
 
+/* The elements: n contiguous ones at x (nd == 0), or a strided tensor of nd dimensions (sizes
+   and strides in elements), gathered in row-major order CHUNK elements at a time into a buffer
+   the kernel reads as contiguous: the same chunks as a contiguous copy's, so the same row. */
+typedef struct { const char *x; int64_t n; int nd; const int64_t *size, *stride; int esize; } src_t;
+
+static void feed(kernel_t k, const src_t *S, float up, float fl, acc_t *A) {
+    if (S->nd == 0) { k(S->x, S->n, up, fl, A); return; }
+    char buf[CHUNK * 4];
+    int64_t idx[MAX_DIMS] = {0}, fill = 0, last = S->nd - 1;
+    int64_t inner = S->size[last], step = S->stride[last] * S->esize;
+    for (;;) {
+        const char *row = S->x;
+        for (int d = 0; d < last; d++) row += idx[d] * S->stride[d] * S->esize;
+        for (int64_t j = 0; j < inner; j++) {
+            memcpy(buf + fill * S->esize, row + j * step, (size_t)S->esize);
+            if (++fill == CHUNK) { k(buf, CHUNK, up, fl, A); fill = 0; }
+        }
+        int d = (int)last - 1;
+        while (d >= 0 && ++idx[d] == S->size[d]) idx[d--] = 0;
+        if (d < 0) break;
+    }
+    if (fill) k(buf, fill, up, fl, A);
+}
+
 static void finish(const acc_t *A, double *out) {
     double s = 0.0, q = 0.0;
     float lo = INFINITY, hi = -INFINITY;
@@ -162,20 +188,23 @@ static void finish(const acc_t *A, double *out) {
     for (int k = 0; k < 4; k++) out[4 + k] = (double)A->c[k];
 }
 
-/* The row of n elements of dtype code `dtype` (0 float32, 1 bfloat16) at x into out[8]:
-   sum, sum of squares, min, max (finite values), NaN, Inf, flush (0 < |x| < fl) and saturation
-   (|x| >= up, +-Inf included) counts. The fast loops first (no format: the moments alone; a
-   format: with its two counts); the general loop only when their sums are not finite (a NaN
-   or an Inf present, or a float32 partial overflowed). Returns 0, or -1 for an unknown code. */
-int lowp_rec_row(const void *x, int64_t n, int dtype, double up, double fl, double *out) {
+/* The row of the n elements of dtype code `dtype` (0 float32, 1 bfloat16) at x (contiguous
+   when nd == 0, else nd <= MAX_DIMS sizes and strides) into out[8]: sum, sum of squares, min, max
+   (finite values), NaN, Inf, flush (0 < |x| < fl) and saturation (|x| >= up, +-Inf included)
+   counts. The fast loops first (no format: the moments alone; a format: with its two counts);
+   the general loop only when their sums are not finite (a NaN or an Inf present, or a float32
+   partial overflowed). Returns 0, or -1 for an unknown code or too many dimensions. */
+int lowp_rec_row(const void *x, int64_t n, int nd, const int64_t *size, const int64_t *stride,
+                 int dtype, double up, double fl, double *out) {
     acc_t A;
-    if (dtype != 0 && dtype != 1) return -1;
+    if ((dtype != 0 && dtype != 1) || nd < 0 || nd > MAX_DIMS) return -1;
+    src_t S = {(const char *)x, n, nd, size, stride, dtype == 0 ? 4 : 2};
     acc_init(&A);
-    KERNELS[fl > 0.0 || up < INFINITY][dtype](x, n, (float)up, (float)fl, &A);
+    feed(KERNELS[fl > 0.0 || up < INFINITY][dtype], &S, (float)up, (float)fl, &A);
     finish(&A, out);
     if (!(isfinite(out[0]) && isfinite(out[1]))) {
         acc_init(&A);
-        KERNELS[2][dtype](x, n, (float)up, (float)fl, &A);
+        feed(KERNELS[2][dtype], &S, (float)up, (float)fl, &A);
         finish(&A, out);
     }
     return 0;
@@ -186,7 +215,7 @@ int lowp_rec_row(const void *x, int64_t n, int dtype, double up, double fl, doub
 #: the fast loops' sums: gamma(PART) in float32 on each partial, then float64 additions)
 PART = 32
 _FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
-          "-fno-trapping-math", f"-DPART={PART}")
+          "-fno-trapping-math", f"-DPART={PART}", f"-DMAX_DIMS={MAX_DIMS}")
 _COMPILERS = ("cc", "gcc", "clang")
 _CACHE_DIR = "megatron-lowp-tools"
 
@@ -197,8 +226,9 @@ class CpuStatsKernel:
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
         fn = lib.lowp_rec_row
-        fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double,
-                       ctypes.c_double, ctypes.c_void_p)
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_double,
+                       ctypes.c_void_p)
         fn.restype = ctypes.c_int
         self._fn = fn
 
@@ -209,9 +239,15 @@ class CpuStatsKernel:
         code = DTYPE_CODES.get(x.dtype)
         if code is None:
             return False
-        if not x.is_contiguous():
+        if x.is_contiguous():
+            self._fn(x.data_ptr(), x.numel(), 0, None, None, code, *bounds(fmt), out_address)
+            return True
+        if x.dim() > MAX_DIMS:
             x = x.detach().contiguous()
-        self._fn(x.data_ptr(), x.numel(), code, *bounds(fmt), out_address)
+            return self.row_into(x, fmt, out_address)
+        dims = (ctypes.c_int64 * x.dim())
+        self._fn(x.data_ptr(), x.numel(), x.dim(), dims(*x.shape), dims(*x.stride()), code,
+                 *bounds(fmt), out_address)          # gathered in the kernel: no copy here
         return True
 
 

@@ -79,10 +79,21 @@ def test_nan_and_inf_anywhere_are_counted_and_left_out(kernel, where):
         assert (got[NAN], got[INF]) == (1, 2) and got[SAT] >= 2
 
 
-def test_a_transposed_tensor_is_read_whole(kernel):
-    x = _integers(2 * CHUNK, seed=2).reshape(64, -1).t()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_strided_view_gives_its_contiguous_copys_row_bit_for_bit(kernel, dtype):
+    """A view is gathered in the kernel in the copy's element order and chunks: the same row,
+    on random data too; and the torch path's on exact data."""
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(300, 4, 3, 40, generator=g).to(dtype)
+    for view in (base[:, :, 1:, 8:], base.transpose(0, 3), base[::3, :, 0], base[5, 1, 2]):
+        fmt = judged_format("fp8_e4m3", dtype)
+        assert _row(kernel, view, fmt) == _row(kernel, view.contiguous(), fmt)
+    x = _integers(2 * CHUNK + 64, seed=2, dtype=dtype).reshape(-1, 64).t()
     assert not x.is_contiguous()
     assert _row(kernel, x, None) == host_row(x, None)
+    deep = torch.arange(24.0).reshape((1,) * 15 + (2, 3, 4)).transpose(-1, -3).to(dtype)
+    assert deep.dim() > stats_cpu.MAX_DIMS and not deep.is_contiguous()    # copied first
+    assert _row(kernel, deep, None) == host_row(deep, None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
