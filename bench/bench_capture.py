@@ -35,6 +35,9 @@ from lowp_common import CommandParser, HelpWithDefaults
 
 MODES = ("disabled", "stats_only", "stats_whatif_all", "stats_no_whatif", "full", "recorder",
          "recorder_torch")
+#: what a step is timed with: wall-clock time, or the worker process's CPU time (all its
+#: threads; other processes' turns on a shared machine do not count, their cache traffic does)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 #: the flight recorder with its CPU rows from the one-pass C kernel, and from the torch passes
 RECORDER_MODES = ("recorder", "recorder_torch")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
@@ -42,7 +45,8 @@ EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_w
 
 def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
             save_dir: str, stats_on_caller: bool, emulate: str | None = None,
-            whatif_every: int = 1, micro_batches: int = 0) -> None:
+            whatif_every: int = 1, micro_batches: int = 0, clock: str = "wall") -> None:
+    now = CLOCKS[clock]
     for var in ("TENSOR_SAVE_ENABLED", "CUSTOM_QUANT_TYPE", "TENSOR_SAVE_CONFIG"):
         os.environ.pop(var, None)
     # drop patched copies (a real megatron/core package with tensor_saver.py); keep this
@@ -69,12 +73,12 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
     def step() -> float:
         for p in model.parameters():
             p.grad = None
-        t0 = time.perf_counter()
+        t0 = now()
         if schedule is not None:
             schedule()
         else:
             model(tokens, labels=tokens, **inputs).mean().backward()
-        return time.perf_counter() - t0
+        return now() - t0
 
     mode_now = None
     conn.send("ready")
@@ -112,18 +116,18 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
                 if schedule is not None:      # the schedule numbers iterations, ends them
                     continue
                 if ts is not None and mode in RECORDER_MODES:   # its step boundary counts
-                    t0 = time.perf_counter()
+                    t0 = now()
                     saver = ts.get_tensor_saver()
                     saver.recorder.end_iteration(saver.iteration)
-                    total += time.perf_counter() - t0
+                    total += now() - t0
                 if ts is not None and mode != "disabled":
                     ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
             if ts is not None and mode in MODES[1:]:
                 # steady state: the writer works beside the steps (a bounded queue stalls them
                 # when it falls behind); what is left at the end counts too
-                t0 = time.perf_counter()
+                t0 = now()
                 ts.get_tensor_saver().flush()
-                total += time.perf_counter() - t0
+                total += now() - t0
             times.append(total / steps)       # one mean step time per round
         conn.send(times)
     if ts is not None:
@@ -194,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run each step through megatron-core's schedule "
                          "(get_forward_backward_func) with M micro-batches of --batch "
                          "sequences; 0: one bare forward and backward per step")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="time steps by the wall clock, or by each worker's CPU time (steadier "
+                         "on a machine others load)")
     ap.add_argument("--rounds", type=int, default=8, help="alternation rounds")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per mode per round")
     ap.add_argument("--stats-on-caller", action="store_true",
@@ -231,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker, args=(child, pdir, free_port(), shape_kw, args.batch,
                                               save_dir, args.stats_on_caller, args.emulate,
-                                              args.whatif_every, args.micro_batches),
+                                              args.whatif_every, args.micro_batches,
+                                              args.clock),
                         daemon=True)
         p.start()
         procs[name], conns[name] = p, parent
@@ -261,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     how = (f"megatron-core's schedule, {args.micro_batches} micro-batches"
            if args.micro_batches else "bare forward and backward")
     print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {tokens} tokens/step ({how}), "
-          f"fp32, CPU 1 thread; {args.rounds} rounds x {args.steps} steps per mode; CPU "
+          f"fp32, CPU 1 thread, {args.clock} clock; {args.rounds} rounds x {args.steps} steps "
+          f"per mode; CPU "
           f"statistics on the {'training' if args.stats_on_caller else 'writer'} thread; what-if "
           f"numerics every {args.whatif_every} iteration(s)")
     print(f"{'configuration':<22}{'median (ms)':>13}{'ratio':>8}{'min (ms)':>11}{'ratio':>8}"

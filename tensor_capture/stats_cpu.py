@@ -3,13 +3,15 @@
 Why C: the torch path (tensor_capture.recorder_stats.host_row) makes four passes (dot, sum, amin,
 amax), and more when a format is judged or a value is not finite, plus a Python call per pass;
 at a small model's widths that is a tenth of the step. This kernel reads each element once and
-keeps every statistic of schema.REC_STATS in SIMD lanes: sums and sums of squares over the
-finite values in float64 (a float32 square is exact in float64, so only the additions round:
-tighter than the torch path's float32 sums), min / max over the finite values, and the NaN,
-Inf, flush (0 < |x| < flush) and saturation (|x| >= overflow, +-Inf included) counts, compared
-in float32 as torch compares a float32 tensor with a Python number. Counts, min and max equal
-the torch path's exactly; the sums differ by the float32 path's rounding alone (exact on data
-whose partial sums are exact).
+keeps every statistic of schema.REC_STATS in 64 independent lanes the compiler vectorizes: sums
+and sums of squares in float32 partials of PART values per lane, added in float64 (error bound:
+gamma(PART) in float32 plus float64's), min / max, and, when a format is judged, its flush
+(0 < |x| < flush) and saturation (|x| >= overflow) counts, compared in float32 as torch compares
+a float32 tensor with a Python number. A NaN or an Inf (or a float32 partial that overflows)
+makes those sums non-finite; then a general loop counts NaN and Inf (+-Inf saturate too) and
+sums the finite values in float64. Counts, min and max equal the torch path's exactly; the sums
+equal them on data whose partial sums are exact. The arithmetic of a lane does not depend on the
+instruction set (no fused multiply-add), so neither does the row.
 
 How it is built: no build step at install and no torch headers. On first use the source below is
 compiled with the system C compiler (``$CC``, else cc / gcc / clang) into a shared library in a
@@ -27,6 +29,7 @@ import hashlib
 import math
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -278,13 +281,14 @@ def load() -> CpuStatsKernel:
     return kernel
 
 
-def _compiler() -> str | None:
-    names = ([os.environ["CC"].split()[0]] if os.environ.get("CC", "").strip() else []) + list(
-        _COMPILERS)
-    for name in names:
-        found = shutil.which(name)
+def _compiler() -> list[str] | None:
+    """The compiler command: ``$CC`` (words, e.g. ``ccache gcc``) when it names a program,
+    else the first of cc, gcc, clang on PATH."""
+    env = shlex.split(os.environ.get("CC", ""))
+    for cmd in ([env] if env else []) + [[name] for name in _COMPILERS]:
+        found = shutil.which(cmd[0])
         if found:
-            return found
+            return [found, *cmd[1:]]
     return None
 
 
@@ -293,9 +297,9 @@ def _cache_dir() -> Path:
     return Path(base) / _CACHE_DIR
 
 
-def _build(cc: str) -> Path:
+def _build(cc: list[str]) -> Path:
     """The library for this source, flags and compiler, compiled unless cached."""
-    tag = hashlib.sha256("\0".join([_SOURCE, *_FLAGS, os.path.realpath(cc),
+    tag = hashlib.sha256("\0".join([_SOURCE, *_FLAGS, os.path.realpath(cc[0]), *cc[1:],
                                     platform.machine()]).encode()).hexdigest()[:16]
     for folder in (_cache_dir(), Path(tempfile.gettempdir()) / _CACHE_DIR):
         target = folder / f"recorder_stats_{tag}.so"
@@ -309,20 +313,20 @@ def _build(cc: str) -> Path:
     raise ImportError(f"no writable folder for the compiled statistics kernel ({_cache_dir()})")
 
 
-def _compile(cc: str, target: Path) -> Path:
+def _compile(cc: list[str], target: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         src = Path(tmp) / "recorder_stats.c"
         src.write_text(_SOURCE)
         out = Path(tmp) / target.name
         errors = []
         for extra in ((), ("-DLOWP_NO_CLONES",)):   # a compiler without target_clones: one build
-            run = subprocess.run([cc, *_FLAGS, *extra, str(src), "-o", str(out)],
+            run = subprocess.run([*cc, *_FLAGS, *extra, str(src), "-o", str(out)],
                                  capture_output=True, text=True)
             if run.returncode == 0:
                 os.replace(out, target)
                 return target
             errors.append((run.stderr.strip().splitlines() or ["?"])[-1])
-    raise ImportError(f"{cc} could not compile the statistics kernel: {errors[-1]}")
+    raise ImportError(f"{' '.join(cc)} could not compile the statistics kernel: {errors[-1]}")
 
 
 def _probe_mismatch(kernel: CpuStatsKernel) -> str:
