@@ -202,8 +202,8 @@ class Guard:
             if row[ELEMENTS] == 0:
                 continue
             meta = self.meta[key]
-            hit = next(((c, t, v) for c, t in self.settings.active()
-                        if (v := c.value(row, meta["baseline_db"])) >= t), None)
+            hit = next(((c, t, v) for c, t in self.settings.active() if c.judges(key[2])
+                        and (v := c.value(row, meta["baseline_db"])) >= t), None)
             self.streak[key] = self.streak.get(key, 0) + 1 if hit is not None else 0
             target = (key[0], PLAN_ROLE[key[1]])
             if hit is None or self.streak[key] < self.settings.hold or target in out \

@@ -14,7 +14,7 @@ Settings (``guard:`` in TENSOR_SAVE_CONFIG, or ``TENSOR_SAVE_GUARD=on`` for the 
       actions: [scale, hp]    # rungs allowed, cheapest first (scale: a scaled variant)
       conditions:             # threshold per condition; null turns one off
         sqnr_deficit_db: 15   # dB below the format's Gaussian baseline (quant.format_loss)
-        flush_share: 0.5      # nonzero elements the format flushed to zero
+        flush_share: 0.5      # a gradient's nonzero elements the format flushed to zero
         saturation_share: 0.001   # elements beyond the format's largest value
         nonfinite: 1          # NaN / Inf the quantization made of finite values
 """
@@ -45,6 +45,10 @@ class Condition:
     default: float
     value: Callable[[list[float], float], float]
     meaning: str
+    operands: tuple[str, ...] | None = None     # judged on these operands only (None: all)
+
+    def judges(self, operand: str) -> bool:
+        return self.operands is None or operand in self.operands
 
 
 def _share(num: int, den: int) -> Callable[[list[float], float], float]:
@@ -68,8 +72,12 @@ CONDITIONS: tuple[Condition, ...] = (
               "share of elements beyond the format's largest value"),
     Condition("sqnr_deficit_db", 15.0, _sqnr_deficit,
               "dB of SQNR below the format's Gaussian baseline (quant.format_loss)"),
+    # elements count for gradients (each carries learning signal however small, as
+    # lowp-diagnose's run_format_loss judges them); for activations and weights what a flush
+    # costs is its energy, which sqnr_deficit_db judges (a block format flushes half of a
+    # SwiGLU output's elements at its Gaussian SQNR)
     Condition("flush_share", 0.5, _share(FLUSHED, NONZERO),
-              "share of nonzero elements flushed to zero"),
+              "share of a gradient's nonzero elements flushed to zero", ("grad_output",)),
 )
 CONDITION_NAMES = tuple(c.name for c in CONDITIONS)
 _KEYS = ("budget", "hold", "warmup", "actions", "conditions")
