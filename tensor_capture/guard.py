@@ -62,10 +62,31 @@ _FLOPS: dict[str, Callable[[tuple, tuple], float]] = {
 
 def operand_row(x: torch.Tensor, q: torch.Tensor, overflow: float | None) -> torch.Tensor:
     """The guard's statistics (guard_rules.STATS) of operand ``x`` quantized to ``q``, a float64
-    vector on x's device (no host sync). ``overflow``: the magnitude from which the unscaled
-    format saturates (quant.analysis.cast_limits), None for a scaled one."""
+    vector on x's device (no host sync on a device). ``overflow``: the magnitude from which the
+    unscaled format saturates (quant.analysis.cast_limits), None for a scaled one.
+
+    On the CPU, branching on a value is free: a finite tensor whose quantization is finite (the
+    usual case) takes five reductions, the same numbers as the general path (a quantizer keeps 0
+    at 0, so the flushed elements are nnz(x) - nnz(q))."""
     a = x.detach().reshape(-1).float()
     b = q.detach().reshape(-1).float()
+    if a.device.type == "cpu":
+        signal = float(torch.dot(a, a))
+        if math.isfinite(signal):
+            d = a - b
+            noise = float(torch.dot(d, d))
+            if math.isfinite(noise):
+                nonzero = int(torch.count_nonzero(a))
+                flushed = nonzero - int(torch.count_nonzero(b))
+                saturated = int((a.abs() >= overflow).sum()) if overflow is not None else 0
+                return torch.tensor([a.numel(), nonzero, flushed, 0, saturated, signal, noise],
+                                    dtype=torch.float64)
+    return _general_row(a, b, overflow)
+
+
+def _general_row(a: torch.Tensor, b: torch.Tensor, overflow: float | None) -> torch.Tensor:
+    """:func:`operand_row` of flat float32 ``a`` and ``b`` without branching on values (any
+    device; NaN / Inf in either)."""
     finite = torch.isfinite(a)
     nonzero = finite & (a != 0)
     fa = torch.where(finite, a, 0.0)

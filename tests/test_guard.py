@@ -92,6 +92,23 @@ def test_operand_statistics_follow_their_definitions():
     assert by["saturation_share"].value(row, 30.0) == 1 / 8
 
 
+@pytest.mark.parametrize("fmt, unscaled", [("fp8_e4m3", True), ("mxfp8", False),
+                                            ("fp4_e2m1", True)])
+def test_the_cpu_fast_path_gives_the_general_path_s_numbers(fmt, unscaled):
+    from quant.analysis import cast_limits
+    from tensor_capture.guard import _general_row
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 96, generator=g) * torch.exp2(torch.randint(-16, 10, (64, 96),
+                                                                    generator=g).float())
+    x[0, :5] = 0.0
+    q = emulation.quantize(x, fmt=fmt)
+    overflow = cast_limits(fmt).overflow_bound(torch.float32) if unscaled else None
+    fast = operand_row(x, q, overflow)
+    assert torch.equal(fast, _general_row(x.reshape(-1), q.reshape(-1), overflow))
+    assert fast[FLUSHED] > 0 and (fast[SATURATED] > 0) == unscaled
+
+
 # -- judging on the schedule interface ------------------------------------------------------------
 HEALTHY, FLUSHING = "decoder.layers.0.mlp.linear_fc1", "decoder.layers.0.mlp.linear_fc2"
 
