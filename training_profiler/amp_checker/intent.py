@@ -404,27 +404,30 @@ BENCHMARK = "benchmark"          # a script whose every step is timed and that k
 _FIT_CALLS = ("fit", "train", "train_batch", "train_step", "training_step")  # a library trains
 
 
-@per_module
-def steps_seen(ctx: FileContext) -> bool:
-    """Anything in the module that takes a training step or builds what takes one: a
-    ``.backward(`` call (not an autograd Function's own backward, not a kernel module's), an
-    optimizer or GradScaler built, loss scaling, a library told to train (``trainer.fit``,
-    ``trainer.train()``, ``model.train()``). Precision alone says nothing: an inference script
-    opens autocast too."""
-    if trains(ctx) or ctx.scaler_calls:
-        return True
+def step_built(ctx: FileContext) -> bool:
+    """A ``.backward(`` call (not an autograd Function's own backward, not a kernel module's),
+    or an optimizer or GradScaler built, anywhere in the module."""
     for c in ctx.calls:
         q = ctx.call_name(c) or ""
-        last = c.func.attr if isinstance(c.func, ast.Attribute) else q.rsplit(".", 1)[-1]
         if q.startswith("torch.optim.") and ".lr_scheduler" not in q or q.endswith("GradScaler"):
             return True
-        if last in _FIT_CALLS or av.OPTIMIZER in ctx.values.kinds(c):
-            return True
-        if last == "backward" and isinstance(c.func, ast.Attribute) \
+        if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" \
                 and (dotted(c.func.value) or "").split(".")[0] not in ctx.aliases \
                 and getattr(ctx.enclosing_function(c), "name", None) != "backward":
             return True
     return False
+
+
+@per_module
+def steps_seen(ctx: FileContext) -> bool:
+    """Anything in the module that takes a training step or builds what takes one: a training
+    backward or loss scaling (``trains``), ``step_built``, an optimizer by value, or a library
+    told to train (``trainer.fit(model)``, ``trainer.train()``, ``model.train()``). Precision
+    alone says nothing: an inference script opens autocast too."""
+    if trains(ctx) or ctx.scaler_calls or step_built(ctx):
+        return True
+    return any((c.func.attr if isinstance(c.func, ast.Attribute) else (ctx.call_name(c) or "").rsplit(".", 1)[-1])
+               in _FIT_CALLS or av.OPTIMIZER in ctx.values.kinds(c) for c in ctx.calls)
 
 
 def _runs_as_script(ctx: FileContext) -> bool:
@@ -452,22 +455,41 @@ def _keeps_result(ctx: FileContext) -> bool:
                for c in ctx.calls)
 
 
+_DEVICE_TIMERS = {"torch.cuda.synchronize", "torch.cuda.Event", "torch.utils.benchmark.Timer",
+                  "timeit.timeit", "timeit.Timer", "timeit.repeat"}
+
+
+def _device_timed(ctx: FileContext, fn: ast.AST) -> bool:
+    """``fn`` times device work the way a benchmark does (a device synchronize or CUDA events,
+    ``torch.utils.benchmark``, ``timeit``) or runs under a profiler; a trainer's wall-clock
+    reads for a log line (``time.perf_counter()`` alone) do not count."""
+    return any((ctx.call_name(c) or "") in _DEVICE_TIMERS or (isinstance(c.func, ast.Attribute)
+               and c.func.attr == "elapsed_time") for c in _calls_in(fn))
+
+
 def _only_timed_steps(ctx: FileContext) -> bool:
-    """Every ``.backward(`` of the module sits in code that reads clocks or runs under a
-    profiler (``_times_itself`` of its function, or of the script's top level), and the module
-    keeps nothing: a benchmark measures the step, it does not train a model."""
+    """Every ``.backward(`` of the module sits in code that times the device (``_device_timed``
+    of its function, of every caller of it, or of the script's top level) or runs under a
+    profiler, and the module keeps nothing: a benchmark measures the step, it trains no model."""
     backward = [c for c in ctx.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "backward"]
     return bool(backward) and not _keeps_result(ctx) and all(
         profiling_region(ctx, c) or _timed(ctx, ctx.enclosing_function(c)) for c in backward)
 
 
 def _timed(ctx: FileContext, fn: ast.AST) -> bool:
-    """``fn`` reads clocks itself, or every call of it does (``t0 = perf_counter(); step()``)."""
-    if _times_itself(ctx, fn):
+    """``fn`` times the device itself, or every call of it does (``sync(); t0 = ...; step()``)."""
+    if _device_timed(ctx, fn):
         return True
     calls = ctx.project.calls_to(fn, ctx) if fn is not ctx.tree else []
-    return bool(calls) and all(profiling_region(cc, call) or _times_itself(cc, cc.enclosing_function(call))
+    return bool(calls) and all(profiling_region(cc, call) or _device_timed(cc, cc.enclosing_function(call))
                                for call, cc in calls)
+
+
+def _defines_model(ctx: FileContext) -> bool:
+    """A class with a ``forward`` (a module, an autograd Function): library code that training
+    elsewhere may run, whatever its own demo block does."""
+    return any(isinstance(n, ast.ClassDef) and any(isinstance(b, ast.FunctionDef) and b.name == "forward"
+                                                   for b in n.body) for n in ctx.tree.body)
 
 
 @per_module
@@ -476,9 +498,10 @@ def program_purpose(ctx: FileContext) -> str | None:
     takes a training step (inference, export, evaluation), BENCHMARK for one whose every step is
     timed and that saves nothing; None otherwise (it trains, or it is library code whose users
     decide). Judged from what the code calls, never from names: the script is run (not imported
-    by the scan), and neither it nor a project module it imports or is imported by steps (a
-    ``main.py`` that calls ``engine.train_one_epoch`` trains)."""
-    if not _runs_as_script(ctx):
+    by the scan) and defines no model or Function (``_defines_model``), and neither it nor a
+    project module it imports takes a training step (a ``main.py`` that calls
+    ``engine.train_one_epoch`` trains)."""
+    if not _runs_as_script(ctx) or _defines_model(ctx):
         return None
     imported, importers = ctx.project.imports_and_importers(ctx)
     if importers or any(steps_seen(m) for m in imported):

@@ -14,8 +14,9 @@ from training_profiler.amp_checker.context import MIXED, TRUE, FileContext
 from training_profiler.amp_checker.intent import (
     compared_dtypes,
     per_project,
-    steps_seen,
+    step_built,
     training_lowp_casts,
+    trains,
 )
 
 FLOAT16 = "float16"
@@ -90,9 +91,10 @@ def _model_library(ctx: FileContext) -> bool:
 
 def _training_signal(ctx: FileContext) -> bool:
     """Anything that says training happens here, more than a training step the checker follows:
-    a step taken or built (``intent.steps_seen``), or a low precision chosen. A demo loop in a
-    library counts too."""
-    return steps_seen(ctx) or bool(own_precisions(ctx))
+    a training step (``trains``), loss scaling, a backward or an optimizer or GradScaler built
+    (``intent.step_built``), a low precision chosen. A demo loop in a library counts too; a
+    ``.train()`` / ``.fit()`` call does not (library code defines and forwards them)."""
+    return trains(ctx) or bool(ctx.scaler_calls) or step_built(ctx) or bool(own_precisions(ctx))
 
 
 def trains_in(ctx: FileContext, dtype: str) -> str | None:
