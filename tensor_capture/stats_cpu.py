@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from lowp_common import atomic_path
+
 from .recorder_stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged
 
 #: the order the C code writes a row in (it must be schema.REC_STATS')
@@ -313,19 +315,27 @@ def _build(cc: list[str]) -> Path:
     raise ImportError(f"no writable folder for the compiled statistics kernel ({_cache_dir()})")
 
 
+class _BuildFailed(Exception):
+    """One compiler invocation failed (its last error line)."""
+
+
 def _compile(cc: list[str], target: Path) -> Path:
+    """Compile into a temporary name beside ``target`` and rename it there (lowp_common's
+    atomic write: a rank racing us, or a crash, never leaves a half-written library)."""
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         src = Path(tmp) / "recorder_stats.c"
         src.write_text(_SOURCE)
-        out = Path(tmp) / target.name
         errors = []
         for extra in ((), ("-DLOWP_NO_CLONES",)):   # a compiler without target_clones: one build
-            run = subprocess.run([*cc, *_FLAGS, *extra, str(src), "-o", str(out)],
-                                 capture_output=True, text=True)
-            if run.returncode == 0:
-                os.replace(out, target)
+            try:
+                with atomic_path(target) as out:
+                    run = subprocess.run([*cc, *_FLAGS, *extra, str(src), "-o", str(out)],
+                                         capture_output=True, text=True)
+                    if run.returncode != 0:
+                        raise _BuildFailed((run.stderr.strip().splitlines() or ["?"])[-1])
                 return target
-            errors.append((run.stderr.strip().splitlines() or ["?"])[-1])
+            except _BuildFailed as exc:
+                errors.append(str(exc))
     raise ImportError(f"{' '.join(cc)} could not compile the statistics kernel: {errors[-1]}")
 
 

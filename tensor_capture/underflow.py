@@ -78,7 +78,7 @@ def _my_turn(t: _Turns, kind: str, site: str | None) -> bool:
     return True
 
 
-def message(kind: str, site: str | None, iteration: int | None, loss, report,
+def message(kind: str, site: str | None, iteration: int | None, loss, report, *,
             previous: str, since: int | None = None) -> str:
     """The one line said for a (module, operand, format) whose level changed (``since``: the
     first iteration of a fall that held)."""
@@ -155,7 +155,7 @@ def check(x: torch.Tensor, quantized: torch.Tensor, fmt: str, axis: int, kind: s
     if change is None:
         return None
     t.levels[key] = loss.severity
-    text = message(kind, site, iteration, loss, report, previous, since=change[1])
+    text = message(kind, site, iteration, loss, report, previous=previous, since=change[1])
     t.said += 1
     print(text, file=sys.stderr, flush=True)
     return text
