@@ -122,17 +122,23 @@ def parse_guard(name: str, value: Any) -> GuardSettings | None:
             return None
         raise GuardError(f"{name}={value!r}: use on or off (or a 'guard:' mapping in "
                          "TENSOR_SAVE_CONFIG for its settings)")
-    if not isinstance(value, Mapping):
-        raise GuardError(f"{name} must be on / off or a mapping with keys {', '.join(_KEYS)}")
-    unknown = sorted(set(map(str, value)) - set(_KEYS))
-    if unknown:
-        raise GuardError(f"{name}: unknown key(s) {', '.join(unknown)}; the guard has "
-                         f"{', '.join(_KEYS)}")
-    return GuardSettings(budget=_budget(name, value.get("budget", 0.25)),
-                         hold=_count(f"{name}.hold", value.get("hold", 2), 1),
-                         warmup=_count(f"{name}.warmup", value.get("warmup", 0), 0),
+    _known(name, value, _KEYS, "key", "on / off or a mapping")
+    d = GuardSettings
+    return GuardSettings(budget=_budget(name, value.get("budget", d.budget)),
+                         hold=_count(f"{name}.hold", value.get("hold", d.hold), 1),
+                         warmup=_count(f"{name}.warmup", value.get("warmup", d.warmup), 0),
                          actions=_actions(name, value.get("actions", list(ACTIONS))),
                          thresholds=_thresholds(name, value.get("conditions") or {}))
+
+
+def _known(where: str, value: Any, known: tuple[str, ...], what: str, shape: str) -> None:
+    """GuardError unless ``value`` is a mapping whose keys are all ``known``."""
+    if not isinstance(value, Mapping):
+        raise GuardError(f"{where} must be {shape} with {what}s {', '.join(known)}")
+    unknown = sorted(set(map(str, value)) - set(known))
+    if unknown:
+        raise GuardError(f"{where}: unknown {what}(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(known)}")
 
 
 def _budget(name: str, value: Any) -> float:
@@ -162,12 +168,7 @@ def _actions(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _thresholds(name: str, value: Any) -> dict[str, float | None]:
-    if not isinstance(value, Mapping):
-        raise GuardError(f"{name}.conditions must be a mapping of condition -> threshold")
-    unknown = sorted(set(map(str, value)) - set(CONDITION_NAMES))
-    if unknown:
-        raise GuardError(f"{name}.conditions: unknown condition(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(CONDITION_NAMES)}")
+    _known(f"{name}.conditions", value, CONDITION_NAMES, "condition", "a mapping (threshold)")
     out: dict[str, float | None] = {c.name: c.default for c in CONDITIONS}
     for key, raw in value.items():
         if raw is None:

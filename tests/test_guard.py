@@ -44,7 +44,7 @@ def test_settings_from_the_config_file(tmp_path):
 
 @pytest.mark.parametrize("body, env, fragment", [
     ("guard:\n  budgets: 0.2\n", {"CUSTOM_QUANT_TYPE": "fp8_e4m3"},
-     "guard: unknown key(s) budgets; the guard has budget, hold"),
+     "guard: unknown key(s) budgets; known: budget, hold"),
     ("guard:\n  budget: 1.5\n", {"CUSTOM_QUANT_TYPE": "fp8_e4m3"},
      "guard.budget=1.5 must be a share of GEMM FLOPs from 0 to 1"),
     ("guard:\n  conditions: {flush: 0.1}\n", {"CUSTOM_QUANT_TYPE": "fp8_e4m3"},
