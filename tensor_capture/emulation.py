@@ -99,7 +99,7 @@ def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | Non
     fmt = recipes.analysis_format(spec)
     if STATE.guard is not None and site is not None:
         STATE.guard.observe(site, gemm, tensor, x, q, fmt=fmt,
-                            axis=recipes.operand_axis(tensor, gemm))
+                            axis=recipes.operand_axis(tensor, gemm), layer=layer)
     if STATE.warn_underflow and kind is not None and fmt is not None:
         from . import underflow
 
@@ -138,7 +138,7 @@ def _emulate(x: torch.Tensor, axis: int, fmt: str | None, cast, *, kind: str | N
         return x
     q = cast(x, _quantizer(name, axis))
     if STATE.guard is not None and operand is not None and site is not None:
-        STATE.guard.observe(site, operand[0], operand[1], x, q, fmt=name, axis=axis)
+        STATE.guard.observe(site, operand[0], operand[1], x, q, fmt=name, axis=axis, layer=layer)
     if STATE.warn_underflow and kind is not None:
         from . import underflow
 

@@ -119,16 +119,19 @@ class Guard:
         self.moved: dict[tuple[str, str], str] = {}       # (site, plan role) -> format
         self.decisions: list[dict[str, Any]] = []
         self.exhausted: set[tuple[str, str]] = set()
+        self.layers: dict[str, int | None] = {}           # site -> its layer (plan rules)
         self.judged = 0
         self.resumed_from: int | None = None
         self.disabled: str | None = None
 
     # -- what the emulation tells it ------------------------------------------------------------
     def observe(self, site: str, gemm: str, operand: str, x: torch.Tensor, q: torch.Tensor, *,
-                fmt: str | None, axis: int) -> None:
-        """Operand ``operand`` of ``gemm`` of the module at ``site`` was quantized to ``fmt``."""
+                fmt: str | None, axis: int, layer: int | None = None) -> None:
+        """Operand ``operand`` of ``gemm`` of the module at ``site`` (transformer layer
+        ``layer``) was quantized to ``fmt``."""
         if fmt is None or self.disabled:
             return
+        self.layers[site] = layer
         key = (site, gemm, operand)
         i = self._index.get(key)
         if i is None:
@@ -141,13 +144,14 @@ class Guard:
         row = operand_row(x, q, meta["overflow"])
         self.rows[i] = row if self.rows[i] is None else self.rows[i].add_(row)
 
-    def format_of(self, site: str, role: str, layer: int | None = None) -> str:
+    def format_of(self, site: str, role: str) -> str:
         """The format ``role`` of the module at ``site`` computes in now."""
         moved = self.moved.get((site, role))
         if moved is not None:
             return moved
         if self.base_plan is not None:
-            return self.base_plan.format_for(site, layer, role, default=self.quant_type)
+            return self.base_plan.format_for(site, self.layers.get(site), role,
+                                             default=self.quant_type)
         return self.quant_type
 
     def plan(self) -> Any:
