@@ -29,18 +29,18 @@ from typing import Any, Callable
 import torch
 
 from lowp_common import atomic_write_text, json_dumps
+from quant.formats import HIGH_PRECISION, HIGH_PRECISION_NAMES
 
 from .guard_rules import (
     ELEMENTS,
     FLUSHED,
     MADE_NONFINITE,
-    NOISE,
     NONZERO,
     SATURATED,
-    SIGNAL,
     STATS,
     GuardSettings,
     ladder,
+    row_sqnr_db,
 )
 
 GUARD_DIR = "guard"
@@ -238,7 +238,7 @@ class Guard:
             out[target] = {"operand": key[2], "gemm": key[1], "rule": cond.name,
                            "meaning": cond.meaning, "value": value, "threshold": threshold,
                            "held": self.streak[key], "format": meta["format"],
-                           "sqnr_db": _sqnr(row), "baseline_db": meta["baseline_db"],
+                           "sqnr_db": row_sqnr_db(row), "baseline_db": meta["baseline_db"],
                            "flush_share": row[FLUSHED] / row[NONZERO] if row[NONZERO] else 0.0,
                            "saturation_share": row[SATURATED] / row[ELEMENTS],
                            "made_nonfinite": row[MADE_NONFINITE]}
@@ -249,7 +249,7 @@ class Guard:
         site, role = target
         current = self.format_of(site, role)
         for step in ladder(current, self.settings.actions):
-            if step == "hp" and not self._fits_budget(target):
+            if step == HIGH_PRECISION and not self._fits_budget(target):
                 continue
             decision = {"iteration": iteration, "module": site, "gemm": role,
                         "operand": evidence["operand"], "from": current, "to": step,
@@ -273,8 +273,8 @@ class Guard:
     def flops(self) -> dict[tuple[str, str], float]:
         """(site, plan role) -> GEMM FLOPs per micro-batch, from the operands' shapes."""
         shapes: dict[tuple[str, str], list[tuple]] = {}
-        for site, gemm, _operand in self.keys:
-            shapes.setdefault((site, gemm), []).append(self.meta[(site, gemm, _operand)]["shape"])
+        for key in self.keys:
+            shapes.setdefault(key[:2], []).append(self.meta[key]["shape"])
         out: dict[tuple[str, str], float] = {}
         for (site, gemm), pair in shapes.items():
             if len(pair) == 2:
@@ -282,24 +282,23 @@ class Guard:
                 out[target] = out.get(target, 0.0) + _FLOPS[gemm](pair[0], pair[1])
         return out
 
+    def _hp_flops(self, flops: dict[tuple[str, str], float], only_moved: bool) -> float:
+        return sum(f for t, f in flops.items()
+                   if (self.moved.get(t) if only_moved else self.format_of(*t))
+                   in HIGH_PRECISION_NAMES)
+
     def hp_share(self, only_moved: bool = False) -> float:
         """Share of the GEMM FLOPs computed in high precision (``only_moved``: by the guard)."""
-        from quant.formats import HIGH_PRECISION_NAMES
-
         flops = self.flops()
         total = sum(flops.values())
-        if not total:
-            return 0.0
-        hp = sum(f for t, f in flops.items()
-                 if (self.moved.get(t) if only_moved else self.format_of(*t))
-                 in HIGH_PRECISION_NAMES)
-        return hp / total
+        return self._hp_flops(flops, only_moved) / total if total else 0.0
 
     def _fits_budget(self, target: tuple[str, str]) -> bool:
+        """Whether moving ``target`` to high precision keeps the guard's moves within budget."""
         flops = self.flops()
         total = sum(flops.values())
-        return total > 0 and (self.hp_share(only_moved=True) * total
-                              + flops.get(target, 0.0)) / total <= self.settings.budget + 1e-12
+        moved = self._hp_flops(flops, only_moved=True) + flops.get(target, 0.0)
+        return total > 0 and moved / total <= self.settings.budget + 1e-12
 
     # -- output ---------------------------------------------------------------------------------
     def _say(self, d: dict[str, Any]) -> None:
@@ -397,12 +396,6 @@ def checkpoint_state() -> list[dict[str, Any]] | None:
     guard = STATE.guard
     return None if guard is None else json.loads(json_dumps(guard.decisions, nonfinite="null"))
 
-
-
-def _sqnr(row: list[float]) -> float:
-    if row[NOISE] <= 0:
-        return math.inf
-    return 10 * math.log10(row[SIGNAL] / row[NOISE]) if row[SIGNAL] > 0 else -math.inf
 
 
 def _operand_meta(fmt: str, shape: tuple, axis: int) -> dict[str, Any]:

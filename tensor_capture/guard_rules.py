@@ -1,4 +1,4 @@
-"""The auto-guard's settings, its conditions and its ladder of actions (no torch, no state).
+"""The auto-guard's settings, its conditions and its ladder of actions (no state).
 
 Why rows: a condition is one :class:`Condition` (what it reads from an operand's reduced
 statistics, its default threshold); an action is a rung of :func:`ladder` (the scaled variants of
@@ -55,14 +55,16 @@ def _share(num: int, den: int) -> Callable[[list[float], float], float]:
     return lambda row, _baseline: row[num] / row[den] if row[den] > 0 else 0.0
 
 
-def _sqnr_deficit(row: list[float], baseline_db: float) -> float:
-    import math
+def row_sqnr_db(row: list[float]) -> float:
+    """The SQNR of an operand's reduced statistics (quant.metrics' one definition)."""
+    from quant.metrics import sqnr_of_sums
 
-    if row[SIGNAL] <= 0:
-        return 0.0
-    if row[NOISE] <= 0:
-        return -math.inf
-    return baseline_db - 10 * math.log10(row[SIGNAL] / row[NOISE])
+    return sqnr_of_sums(row[SIGNAL], row[NOISE])
+
+
+def _sqnr_deficit(row: list[float], baseline_db: float) -> float:
+    """dB below the baseline; 0 for an operand with no signal (nothing to lose)."""
+    return baseline_db - row_sqnr_db(row) if row[SIGNAL] > 0 else 0.0
 
 
 CONDITIONS: tuple[Condition, ...] = (
