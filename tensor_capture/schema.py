@@ -353,12 +353,16 @@ def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:
     return Path(directory) / f"manifest_rank{_fmt_int(rank)}.jsonl"
 
 
-def append_manifest(directory: str | os.PathLike[str], rank: int | None, record: dict[str, Any]) -> None:
-    """Append one record as a single write of one line (O_APPEND keeps lines whole)."""
-    line = (json.dumps(record, default=str, allow_nan=True) + "\n").encode()
+def append_manifest(directory: str | os.PathLike[str], rank: int | None,
+                    *records: dict[str, Any]) -> None:
+    """Append records, one line each, in one write (O_APPEND keeps lines whole; the writer
+    thread hands over all the records it finished since its queue was last empty)."""
+    data = "".join(json.dumps(r, default=str, allow_nan=True) + "\n" for r in records).encode()
     fd = os.open(manifest_path(directory, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
     finally:
         os.close(fd)
 
@@ -487,6 +491,18 @@ REC_SUMMARY_COLUMNS = ("iteration", "rank", *REC_SITE_KEYS, "micro_batches", "co
 
 def recorder_summary_name(rank: int | None, first_iteration: int) -> str:
     return f"summary_rank{_fmt_int(rank)}_it{first_iteration:07d}.parquet"
+
+
+#: a rollup tier's rows (tensor_capture.recorder_out.rollup) each merge a span of iterations:
+#: ``iteration`` is its first, this column its last (a full-resolution row has none: its own)
+REC_LAST_ITERATION = "last_iteration"
+#: a rollup tier's file: tier t >= 1, the span [first, last] of the finer files it replaced
+RECORDER_TIER_RE = re.compile(r"summary_rank(?P<rank>\w+?)_it(?P<first>\d+)"
+                              r"(?:_to(?P<last>\d+)_t(?P<tier>\d+))?\.parquet$")
+
+
+def recorder_tier_name(rank: int | None, first: int, last: int, tier: int) -> str:
+    return f"summary_rank{_fmt_int(rank)}_it{first:07d}_to{last:07d}_t{tier}.parquet"
 
 
 def recorder_triggers_name(rank: int | None) -> str:

@@ -43,6 +43,10 @@ class WriteItem:
 
 
 _STOP = object()
+#: at most this many records per manifest write: the writer appends the records it finished
+#: since its queue was last empty in one write (an open, write and close cost ~35 us per record
+#: here, a tenth of a stats-only record's writer time at small widths)
+MANIFEST_BATCH = 256
 _LIVE: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
 
 
@@ -95,16 +99,30 @@ class BackgroundWriter:
     # -- worker ------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            item = self._q.get()
-            try:
+            items = [self._q.get()]
+            while items[-1] is not _STOP and len(items) < MANIFEST_BATCH:
+                try:
+                    items.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            finished: list[tuple[WriteItem, dict[str, Any]]] = []
+            for item in items:
                 if item is _STOP:
-                    return
-                if not self.failed:
-                    self._write(item)
-            except Exception as exc:  # disk errors, and bugs: neither may kill training
-                self._fail(item, exc)
-            finally:
+                    break
+                try:
+                    if not self.failed:
+                        finished.append((item, self._write(item)))
+                except Exception as exc:  # disk errors, and bugs: neither may kill training
+                    self._fail(item, exc)
+            try:
+                self._publish(finished)
+            except Exception as exc:
+                if not self.failed:             # said once, as for the files
+                    self._fail(finished[0][0], exc)
+            for _ in items:
                 self._q.task_done()
+            if items[-1] is _STOP:
+                return
 
     def _fail(self, item: WriteItem, exc: BaseException) -> None:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
@@ -121,7 +139,8 @@ class BackgroundWriter:
         else:
             print(self.failed, file=sys.stderr)
 
-    def _write(self, item: WriteItem) -> None:
+    def _write(self, item: WriteItem) -> dict[str, Any]:
+        """The item's files and its manifest record (appended by :meth:`_publish`)."""
         if item.event is not None:
             item.event.synchronize()
         meta = dict(item.metadata)
@@ -138,8 +157,18 @@ class BackgroundWriter:
                 torch.save({"tensor": item.tensor, "metadata": meta}, tmp)
         record = dict(meta)
         record[schema.MANIFEST_FILE] = item.filename if item.tensor is not None else None
-        schema.append_manifest(item.directory, item.rank, record)
-        if self._on_record is not None:
-            self._on_record(record)
-        if item.done is not None:
-            item.done()
+        return record
+
+    def _publish(self, finished: list[tuple[WriteItem, dict[str, Any]]]) -> None:
+        """Append the finished records to their manifests, one write per manifest (their
+        files are already in place), then tell the owner and the items, in submission order."""
+        by_manifest: dict[tuple[Path, int | None], list[dict[str, Any]]] = {}
+        for item, record in finished:
+            by_manifest.setdefault((item.directory, item.rank), []).append(record)
+        for (directory, rank), records in by_manifest.items():
+            schema.append_manifest(directory, rank, *records)
+        for item, record in finished:
+            if self._on_record is not None:
+                self._on_record(record)
+            if item.done is not None:
+                item.done()
