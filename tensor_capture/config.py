@@ -108,6 +108,7 @@ class CaptureConfig:
     recorder_window: int = 8                  # W: iterations the ring keeps (per micro-batch)
     recorder_every: int = 1                   # N: statistics reach the host every N iterations
     recorder_summary_every: int = 50          # K: summary rows written every K iterations
+    recorder_full_iterations: int = 1000      # R: recent iterations kept whole; older roll up
     recorder_trigger_iterations: int = 2      # J: iterations captured in full after a trigger
     recorder_memory: int | float = RECORDER_MEMORY   # bound on the ring's memory (bytes)
     recorder_stop_on_trigger: bool = False    # stop the run once a trigger's capture is written
@@ -352,6 +353,7 @@ _PARSERS: dict[str, Any] = {
     "recorder_window": lambda k, v: _int(k, v, minimum=1),
     "recorder_every": lambda k, v: _int(k, v, minimum=1),
     "recorder_summary_every": lambda k, v: _int(k, v, minimum=1),
+    "recorder_full_iterations": lambda k, v: _int(k, v, minimum=1),
     "recorder_trigger_iterations": lambda k, v: _int(k, v, minimum=1),
     "recorder_memory": lambda k, v: RECORDER_MEMORY if v is None else _size(k, v),
     "recorder_stop_on_trigger": _bool,

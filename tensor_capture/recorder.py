@@ -201,7 +201,8 @@ class Recorder:
     def _summaries(self) -> SummaryWriter:
         if self.summaries is None:
             self.summaries = SummaryWriter(self.out_dir, self._rank_info()["rank"],
-                                           self.config.recorder_summary_every)
+                                           self.config.recorder_summary_every,
+                                           self.config.recorder_full_iterations)
         return self.summaries
 
     def _trigger(self, iteration: int, last: int, kinds: list[str],

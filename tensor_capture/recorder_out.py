@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from lowp_common import atomic_path
 
 from . import schema
 from .recorder_read import moments
-from .recorder_ring import IterStats, SiteInfo, SlotBook
+from .recorder_ring import _UFUNC, IterStats, SiteInfo, SlotBook
 from .recorder_stats import FLUSH, INF, MAX, MIN, NAN, SAT, SUM, SUMSQ
 
 
@@ -31,10 +32,11 @@ class SummaryWriter:
     the iterations' losses appended to the rank's loss file (the loss kinds of ``lowp-diagnose``
     read it, so a recorder folder needs no training log)."""
 
-    def __init__(self, directory: Path, rank: int, every: int) -> None:
+    def __init__(self, directory: Path, rank: int, every: int, keep: int) -> None:
         self.directory = directory
         self.rank = rank
         self.every = every
+        self.keep = keep                # iterations kept at full resolution (rollup)
         self.rows: dict[str, list[Any]] = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
         self.first: int | None = None
         self.iterations = 0
@@ -71,18 +73,11 @@ class SummaryWriter:
             return None
         self._write_losses()
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        # rows of one site next to each other, floats byte-split and not dictionary-encoded:
-        # a site's values change slowly, so this compresses to ~14 B a row (~0.7 KiB per site
-        # per 50 iterations on the tiny Llama) instead of ~23 B
-        table = pa.table(self.rows).sort_by([("site", "ascending"), ("iteration", "ascending")])
         path = self.directory / schema.recorder_summary_name(self.rank, self.first)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp, compression="zstd", use_dictionary=_DICTIONARY,
-                           use_byte_stream_split=_FLOATS)
+        write_summary_table(pa.table(self.rows), path)
         self.files.append(path)
+        rollup(self.directory, self.rank, max(self.rows["iteration"]), self.keep)
         self.rows = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
         self.first, self.iterations = None, 0
         return path
@@ -98,6 +93,120 @@ class SummaryWriter:
 
 _FLOATS = ["sum", "sumsq", "min", "max"]
 _DICTIONARY = [c for c in schema.REC_SUMMARY_COLUMNS if c not in _FLOATS]
+
+
+def write_summary_table(table: Any, path: Path) -> Path:
+    """``table`` (summary rows) as the Parquet file ``path``, atomically: the one layout every
+    summary file has. Rows of one site next to each other, floats byte-split and not
+    dictionary-encoded (a site's values change slowly: ~14 B a row instead of ~23 B); one row
+    group, so its statistics (iteration and nan_count min/max) let a reader skip the file."""
+    table = table.sort_by([("site", "ascending"), ("iteration", "ascending")])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, tmp, compression="zstd",
+                       use_dictionary=[c for c in _DICTIONARY if c in table.column_names],
+                       use_byte_stream_split=_FLOATS, row_group_size=max(table.num_rows, 1))
+    return path
+
+
+#: a tier's rows span ROLLUP_FACTOR times the iterations of the tier below; ROLLUP_FACTOR of a
+#: tier's files that have aged out merge into one file of the next tier
+ROLLUP_FACTOR = 10
+#: how the columns of a span merge: schema.REC_MERGE, and the micro-batches seen add
+_SPAN_MERGE = {"micro_batches": "sum", **schema.REC_MERGE}
+
+
+@dataclass(frozen=True)
+class SummaryFile:
+    """A summary file and what its name and footer say: rank, tier, iterations [first, last]."""
+
+    path: Path
+    rank: str
+    tier: int
+    first: int
+    last: int
+
+
+def summary_file(path: Path) -> SummaryFile | None:
+    """``path`` as a SummaryFile (None: not a summary file's name); a full-resolution file's
+    last iteration is read from its footer's statistics (no row is read)."""
+    m = schema.RECORDER_TIER_RE.search(path.name)
+    if m is None:
+        return None
+    if m["tier"] is not None:
+        return SummaryFile(path, m["rank"], int(m["tier"]), int(m["first"]), int(m["last"]))
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    col = meta.schema.names.index("iteration")
+    last = max(meta.row_group(g).column(col).statistics.max for g in range(meta.num_row_groups))
+    return SummaryFile(path, m["rank"], 0, int(m["first"]), int(last))
+
+
+def rollup(directory: Path, rank: int | None, latest: int, keep: int) -> list[Path]:
+    """Merge this rank's summary files that aged out of their tier into the next tier, exactly
+    (_SPAN_MERGE), ROLLUP_FACTOR files at a time, oldest first; returns the files written.
+
+    Tier t's rows span ROLLUP_FACTOR**t iterations (bucketed by iteration // that, cut where
+    the files are); a tier-t file ages out when its last iteration is more than
+    keep * ROLLUP_FACTOR**t before ``latest``. So a site keeps ~keep rows per tier and the
+    tiers grow with log10 of the run. Crash-safe: the tier file is written (atomic rename)
+    before the finer ones are removed; a reader skips finer files a tier file covers
+    (recorder_read.summary_files), so a crash between the two neither loses nor doubles rows."""
+    name = schema._fmt_int(rank)
+    written: list[Path] = []
+    tier = 0
+    while True:
+        files = [f for f in map(summary_file, directory.glob(f"summary_rank{name}_it*.parquet"))
+                 if f is not None and f.rank == name]
+        if not any(f.tier >= tier for f in files):
+            return written
+        mine = sorted((f for f in files if f.tier == tier), key=lambda f: f.first)
+        old = [f for f in mine if f.last < latest - keep * ROLLUP_FACTOR ** tier]
+        if len(old) >= ROLLUP_FACTOR:
+            written.append(_merge_files(old[:ROLLUP_FACTOR], rank, tier + 1))
+            continue                   # the same tier again: more may have aged out
+        tier += 1
+
+
+def _merge_files(files: list[SummaryFile], rank: int | None, tier: int) -> Path:
+    """One tier-``tier`` file of ``files``' rows merged per site and span; then ``files`` go."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.concat_tables([pq.read_table(f.path) for f in files], promote_options="permissive")
+    merged = merge_spans(table, ROLLUP_FACTOR ** tier)
+    path = files[0].path.parent / schema.recorder_tier_name(rank, files[0].first, files[-1].last,
+                                                            tier)
+    write_summary_table(merged, path)
+    for f in files:
+        f.path.unlink(missing_ok=True)
+    return path
+
+
+def merge_spans(table: Any, span: int) -> Any:
+    """Summary rows merged per (site, iteration // span): counts and sums add, extremes take
+    theirs (_SPAN_MERGE, in row order within a group); ``iteration`` the group's first,
+    schema.REC_LAST_ITERATION its last; the naming columns the site's."""
+    import pyarrow as pa
+
+    last_col = schema.REC_LAST_ITERATION
+    first = table["iteration"].to_numpy()
+    last = (table[last_col].fill_null(table["iteration"]).to_numpy()
+            if last_col in table.column_names else first)
+    site = table["site"].to_numpy()
+    order = np.lexsort((first, first // span, site))
+    key = np.stack([site[order], first[order] // span])
+    starts = np.flatnonzero(np.r_[True, np.any(key[:, 1:] != key[:, :-1], axis=0)])
+    heads = order[starts]
+    cols: dict[str, Any] = {c: table[c].take(pa.array(heads)) for c in schema.REC_SUMMARY_COLUMNS}
+    for c, how in _SPAN_MERGE.items():
+        values = table[c].to_numpy()[order]
+        cols[c] = pa.array(_UFUNC[how].reduceat(values, starts))
+    cols[last_col] = pa.array(np.maximum.reduceat(last[order], starts))
+    return pa.table(cols)
 
 
 def _site_columns(info: SiteInfo) -> dict[str, Any]:

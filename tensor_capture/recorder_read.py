@@ -46,9 +46,22 @@ def is_recorder_output(folder: str | os.PathLike[str]) -> bool:
 
 
 def summary_files(folder: str | os.PathLike[str]) -> list[Path]:
-    """Every rank's summary files, sorted by name (rank, then first iteration)."""
+    """Every rank's summary files, sorted by name (rank, then first iteration), rollup tiers
+    included; a file whose iterations a coarser tier's file of its rank covers is left out
+    (a writer stopped between writing the tier file and removing the finer ones)."""
     d = recorder_dir(folder)
-    return sorted(d.glob(schema.RECORDER_SUMMARY_GLOB)) if d is not None else []
+    if d is None:
+        return []
+    named = [(p, schema.RECORDER_TIER_RE.search(p.name))
+             for p in sorted(d.glob(schema.RECORDER_SUMMARY_GLOB))]
+    spans: dict[str, list[tuple[int, int, int]]] = {}
+    for _, m in named:
+        if m is not None and m["tier"] is not None:
+            spans.setdefault(m["rank"], []).append((int(m["tier"]), int(m["first"]),
+                                                    int(m["last"])))
+    return [p for p, m in named if m is None or not any(
+        tier > int(m["tier"] or 0) and first <= int(m["first"]) <= last
+        for tier, first, last in spans.get(m["rank"], ()))]
 
 
 def read_summaries(folder: str | os.PathLike[str], columns: Iterable[str] | None = None):
