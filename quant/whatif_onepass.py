@@ -175,25 +175,26 @@ def _core(x2: torch.Tensor, plan: _Plan):
     v, deqs, bads = _scaled(x2, absm, plan)
     r, over, under = _cast(v, plan)
     n_l, width = x2.shape
-    ys, oks = [], []
+    y = torch.empty(r.shape, dtype=r.dtype, device=r.device)   # written per format in place
+    ok = torch.ones(over.shape, dtype=torch.bool, device=r.device)
     for i, (deq, bad) in enumerate(zip(deqs, bads)):
         if bad is None:
-            ys.append(r[i] * deq)
-            oks.append(torch.ones_like(over[i]))
+            torch.mul(r[i], deq, out=y[i])
             continue
-        y = (r[i].reshape(deq.shape[0], deq.shape[1], -1) * deq).masked_fill(bad, math.nan)
-        ys.append(y.reshape(n_l, width))
-        oks.append((~bad).expand(-1, -1, width // deq.shape[1]).reshape(n_l, width))
-    y, ok = torch.stack(ys), torch.stack(oks)
+        blocks = (deq.shape[0], deq.shape[1], -1)
+        yb = y[i].view(blocks)
+        torch.mul(r[i].view(blocks), deq, out=yb)
+        yb.masked_fill_(bad, math.nan)
+        ok[i].view(blocks).copy_(~bad)
     if plan.dtype != torch.float32:        # the quantizer returns the input's dtype
         y = y.to(plan.dtype).float()
     nonzero = (absm > 0) & (absm < math.inf)        # finite and nonzero; NaN compares False
     masks = torch.stack([torch.isinf(x2) | (torch.isfinite(x2) & over & ok),
-                         nonzero & under & ok, nonzero & (y == 0)], dim=1).float()
+                         nonzero & under & ok, nonzero & (y == 0)], dim=1)
     counts = []
     for i, fmt in enumerate(plan.formats):
         g = _granule(fmt, width)
-        counts.append(masks[i].reshape(3, n_l, width // g, g).sum(-1))
+        counts.append(masks[i].reshape(3, n_l, width // g, g).sum(-1, dtype=torch.int32))
     diff = x2 - y
     return diff ** 2, diff.abs(), counts
 
