@@ -336,7 +336,11 @@ def probs_sample(probs: torch.Tensor, head_count: int | None, heads: int, rows: 
     keep = min(heads, hc)
     idx = sorted({(i * hc) // keep for i in range(keep)})
     stride = max(1, -(-probs.shape[1] // rows))
-    part = probs.detach()[idx, ::stride]
+    step = idx[1] - idx[0] if len(idx) > 1 else 1
+    if idx == list(range(idx[0], idx[-1] + 1, step)):    # evenly spaced: a view, no copy
+        part = probs.detach()[idx[0]:idx[-1] + 1:step, ::stride]
+    else:
+        part = probs.detach()[idx, ::stride]
     return part, {"heads": idx, "head_count": hc, "row_stride": stride,
                   "shape": list(probs.shape)}
 

@@ -85,25 +85,35 @@ static void acc_init(acc_t *A) {
 
 /* The loop shared by the kernels: chunks of LANES x PART elements, then the tail, lane j
    taking element i + j of each row. STEP(j, v) updates lane j with value v; DONE() adds the
-   chunk's float32 partials (and int32 counts) into A. */
-#define LOOP(LOAD, STEP, DONE)                                                               \
+   chunk's float32 partials (and int32 counts) into A. Each row asks for the cache lines AHEAD
+   elements on (data out of cache reads about a fifth faster; a hint only, never a fault). */
+#define AHEAD 2048
+#if defined(__GNUC__)
+#define PREFETCH(x, ES, k) do { const char *b_ = (const char *)(x) + ((k) + AHEAD) * (ES);     \
+    for (int c_ = 0; c_ < LANES * (ES); c_ += 64) __builtin_prefetch(b_ + c_); } while (0)
+#else
+#define PREFETCH(x, ES, k) do { } while (0)
+#endif
+#define LOOP(LOAD, ES, STEP, DONE)                                                           \
     int64_t i = 0;                                                                            \
     for (; i + CHUNK <= n; i += CHUNK) {                                                      \
-        for (int p = 0; p < PART; p++)                                                        \
+        for (int p = 0; p < PART; p++) {                                                      \
+            PREFETCH(x, ES, i + p * LANES);                                                   \
             for (int j = 0; j < LANES; j++) { float v = LOAD(x, i + p * LANES + j); STEP(j, v); } \
+        }                                                                                     \
         DONE();                                                                               \
     }                                                                                         \
     for (int64_t k = 0; i + k < n; k++) { float v = LOAD(x, i + k); STEP((int)(k % LANES), v); } \
     DONE();
 
 /* finite values assumed (the caller checks the sums): sum, sum of squares, min, max */
-#define MOMENTS(NAME, LOAD)                                                                   \
+#define MOMENTS(NAME, LOAD, ES)                                                                   \
 CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) {           \
     float s[LANES] = {0}, q[LANES] = {0};                                                     \
     float lo[LANES], hi[LANES];                                                               \
     (void)up; (void)fl;                                                                       \
     memcpy(lo, A->lo, sizeof lo); memcpy(hi, A->hi, sizeof hi);                               \
-    LOOP(LOAD, M_STEP, M_DONE)                                                               \
+    LOOP(LOAD, ES, M_STEP, M_DONE)                                                               \
     memcpy(A->lo, lo, sizeof lo); memcpy(A->hi, hi, sizeof hi);                               \
 }
 #define M_STEP(j, v) do { s[j] += v; q[j] += v * v;                                           \
@@ -112,13 +122,13 @@ CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) 
     A->s[j] += s[j]; A->q[j] += q[j]; s[j] = q[j] = 0.0f; } } while (0)
 
 /* the same, with the format's flush (0 < |x| < fl) and saturation (|x| >= up) counts */
-#define COUNTS(NAME, LOAD)                                                                    \
+#define COUNTS(NAME, LOAD, ES)                                                                    \
 CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) {           \
     float s[LANES] = {0}, q[LANES] = {0};                                                     \
     float lo[LANES], hi[LANES];                                                               \
     int32_t cf[LANES] = {0}, cs[LANES] = {0};                                                 \
     memcpy(lo, A->lo, sizeof lo); memcpy(hi, A->hi, sizeof hi);                               \
-    LOOP(LOAD, C_STEP, C_DONE)                                                               \
+    LOOP(LOAD, ES, C_STEP, C_DONE)                                                               \
     memcpy(A->lo, lo, sizeof lo); memcpy(A->hi, hi, sizeof hi);                               \
 }
 #define C_STEP(j, v) do { float a_ = fabsf(v); M_STEP(j, v);                                  \
@@ -128,12 +138,12 @@ CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) 
 
 /* any values: NaN and +-Inf counted and left out of the moments, which accumulate in float64
    (no square or partial sum of finite values can overflow there) */
-#define GENERAL(NAME, LOAD)                                                                   \
+#define GENERAL(NAME, LOAD, ES)                                                                   \
 CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) {           \
     float lo[LANES], hi[LANES];                                                               \
     int32_t cn[LANES] = {0}, ci[LANES] = {0}, cf[LANES] = {0}, cs[LANES] = {0};               \
     memcpy(lo, A->lo, sizeof lo); memcpy(hi, A->hi, sizeof hi);                               \
-    LOOP(LOAD, G_STEP, G_DONE)                                                               \
+    LOOP(LOAD, ES, G_STEP, G_DONE)                                                               \
     memcpy(A->lo, lo, sizeof lo); memcpy(A->hi, hi, sizeof hi);                               \
 }
 #define G_STEP(j, v) do { float a_ = fabsf(v); int fin_ = a_ < INFINITY;                      \
@@ -146,12 +156,12 @@ CLONES static void NAME(const void *x, int64_t n, float up, float fl, acc_t *A) 
     A->c[K_NAN] += cn[j]; A->c[K_INF] += ci[j]; A->c[K_FLUSH] += cf[j]; A->c[K_SAT] += cs[j]; \
     cn[j] = ci[j] = cf[j] = cs[j] = 0; } } while (0)
 
-MOMENTS(moments_f32, load_f32)
-MOMENTS(moments_bf16, load_bf16)
-COUNTS(counts_f32, load_f32)
-COUNTS(counts_bf16, load_bf16)
-GENERAL(general_f32, load_f32)
-GENERAL(general_bf16, load_bf16)
+MOMENTS(moments_f32, load_f32, 4)
+MOMENTS(moments_bf16, load_bf16, 2)
+COUNTS(counts_f32, load_f32, 4)
+COUNTS(counts_bf16, load_bf16, 2)
+GENERAL(general_f32, load_f32, 4)
+GENERAL(general_bf16, load_bf16, 2)
 
 typedef void (*kernel_t)(const void *, int64_t, float, float, acc_t *);
 static const kernel_t KERNELS[3][2] = {{moments_f32, moments_bf16}, {counts_f32, counts_bf16},
@@ -159,23 +169,48 @@ static const kernel_t KERNELS[3][2] = {{moments_f32, moments_bf16}, {counts_f32,
 
 /* The elements: n contiguous ones at x (nd == 0), or a strided tensor of nd dimensions (sizes
    and strides in elements), gathered in row-major order CHUNK elements at a time into a buffer
-   the kernel reads as contiguous: the same chunks as a contiguous copy's, so the same row. */
+   the kernel reads as contiguous: the same chunks as a contiguous copy's, so the same row.
+   Dimensions of size 1 are dropped and neighbours that are one run in memory merged first; a
+   run with unit stride is copied whole (memcpy), and whole chunks of it are read in place. */
 typedef struct { const char *x; int64_t n; int nd; const int64_t *size, *stride; int esize; } src_t;
+
+static int collapse(const src_t *S, int64_t *size, int64_t *stride) {
+    int nd = 0;
+    for (int d = 0; d < S->nd; d++) {
+        if (S->size[d] == 1) continue;
+        if (nd > 0 && stride[nd - 1] == S->stride[d] * S->size[d]) {
+            size[nd - 1] *= S->size[d]; stride[nd - 1] = S->stride[d];
+        } else { size[nd] = S->size[d]; stride[nd] = S->stride[d]; nd++; }
+    }
+    if (nd == 0) { size[0] = 1; stride[0] = 1; nd = 1; }
+    return nd;
+}
 
 static void feed(kernel_t k, const src_t *S, float up, float fl, acc_t *A) {
     if (S->nd == 0) { k(S->x, S->n, up, fl, A); return; }
+    if (S->n == 0) return;
     char buf[CHUNK * 4];
-    int64_t idx[MAX_DIMS] = {0}, fill = 0, last = S->nd - 1;
-    int64_t inner = S->size[last], step = S->stride[last] * S->esize;
+    int64_t size[MAX_DIMS], stride[MAX_DIMS], idx[MAX_DIMS] = {0}, fill = 0;
+    const int es = S->esize, last = collapse(S, size, stride) - 1;
+    const int64_t inner = size[last], step = stride[last] * es;
     for (;;) {
         const char *row = S->x;
-        for (int d = 0; d < last; d++) row += idx[d] * S->stride[d] * S->esize;
-        for (int64_t j = 0; j < inner; j++) {
-            memcpy(buf + fill * S->esize, row + j * step, (size_t)S->esize);
-            if (++fill == CHUNK) { k(buf, CHUNK, up, fl, A); fill = 0; }
+        for (int d = 0; d < last; d++) row += idx[d] * stride[d] * es;
+        for (int64_t j = 0; j < inner;) {
+            if (step != es) {
+                memcpy(buf + fill * es, row + j * step, (size_t)es); fill++; j++;
+            } else if (fill == 0 && inner - j >= CHUNK) {     /* whole chunks: in place */
+                int64_t whole = (inner - j) / CHUNK * CHUNK;
+                k(row + j * es, whole, up, fl, A); j += whole;
+                continue;
+            } else {
+                int64_t take = inner - j < CHUNK - fill ? inner - j : CHUNK - fill;
+                memcpy(buf + fill * es, row + j * es, (size_t)(take * es)); fill += take; j += take;
+            }
+            if (fill == CHUNK) { k(buf, CHUNK, up, fl, A); fill = 0; }
         }
-        int d = (int)last - 1;
-        while (d >= 0 && ++idx[d] == S->size[d]) idx[d--] = 0;
+        int d = last - 1;
+        while (d >= 0 && ++idx[d] == size[d]) idx[d--] = 0;
         if (d < 0) break;
     }
     if (fill) k(buf, fill, up, fl, A);

@@ -79,3 +79,7 @@ def test_probs_sample_keeps_spread_heads_strided_rows_and_every_key():
     # more heads asked than exist, unknown head count (the first dim is used), short sequence
     part, info = probs_sample(probs[:2, :5], None, 4, 256)
     assert info["heads"] == [0, 1] and info["row_stride"] == 1 and part.shape == (2, 5, sk)
+    # evenly spaced heads (the usual case): a view of probs, no copy, the same values
+    part, info = probs_sample(probs, heads, 4, 32)
+    assert info["heads"] == [0, 2, 4, 6] and torch.equal(part, probs[[0, 2, 4, 6], ::4])
+    assert part.untyped_storage().data_ptr() == probs.untyped_storage().data_ptr()

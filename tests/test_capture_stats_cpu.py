@@ -97,6 +97,23 @@ def test_a_strided_view_gives_its_contiguous_copys_row_bit_for_bit(kernel, dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_runs_copied_whole_and_chunks_read_in_place_keep_the_copys_row(kernel, dtype):
+    """The gather's fast paths: unit-stride runs longer than a chunk (whole chunks read in
+    place when the buffer is empty, the rest copied behind a partial buffer), size-1 and
+    mergeable dimensions, an expanded (stride 0) dimension: each the contiguous copy's row."""
+    g = torch.Generator().manual_seed(5)
+    wide = (torch.randn(5, 3 * CHUNK + 100, generator=g) * 3).to(dtype)
+    cube = torch.randn(7, 1, 6, 5, 70, generator=g).to(dtype)
+    views = (wide[:, 7:], wide[:, :2 * CHUNK], wide[1:4, 3:CHUNK + 3], cube[:, :, :, 1:],
+             cube.transpose(0, 2), cube[:, :, 2:3, 4], wide[2:3, 11].expand(3, 900),
+             wide[:, 5:9].unsqueeze(1).expand(5, 700, 4))
+    fmt = judged_format("fp8_e4m3", dtype)
+    for view in views:
+        assert not view.is_contiguous()
+        assert _row(kernel, view, fmt) == _row(kernel, view.contiguous(), fmt), view.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_sums_on_random_data_hold_the_kernels_error_bound(kernel, dtype):
     x = (torch.randn(5 * CHUNK + 11, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)
     fmt = judged_format("fp8_e4m3", dtype)
