@@ -30,58 +30,76 @@ from tensor_viz.diagnose_loss import read_losses
 from tensor_viz.diagnose_rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
 
 
-def _format_loss(con, state, src, view):
-    if not con.execute(f"SELECT count(*) FROM {src} WHERE has_whatif").fetchone()[0]:
+def _format_loss(con: Any, inp: rules.Inputs) -> list[Finding]:
+    if inp.nested is None or not con.execute(
+            f"SELECT count(*) FROM {inp.narrow} WHERE has_whatif").fetchone()[0]:
         return []                 # nothing to judge: no torch import, no baseline
     from quant.format_loss import baseline_sqnr, loss_severity
 
     fmts = {r[0] for r in con.execute(
-        f"SELECT DISTINCT coalesce(emulated_format, quant_type) FROM {src}").fetchall() if r[0]}
-    return rules.format_loss(con, state, src, fmts, baseline_sqnr, loss_severity)
+        f"SELECT DISTINCT coalesce(emulated_format, quant_type) FROM {inp.narrow}").fetchall()
+        if r[0]}
+    return rules.format_loss(con, inp, fmts, baseline_sqnr, loss_severity)
+
+
+Query = Callable[[Any, rules.Inputs], list[Finding]]
 
 
 @dataclass(frozen=True)
 class Kind:
     """One diagnosis kind, registered once: what "checked" says it looked at, and its query on
-    each backend: ``duckdb(con, state, src, rank_view)`` over the index (lowp-diagnose, the
-    report) and ``spark(con, src)`` over the Parquet dataset in Spark SQL
-    (tensor_viz.diagnose_spark; None: DuckDB only)."""
+    each engine, ``query(con, inputs)`` (tensor_viz.diagnose_rules.Inputs: the narrow table,
+    the nested dataset where there is one): ``duckdb`` over the columnar index (lowp-diagnose,
+    the report), ``spark`` in Spark SQL (``--engine spark``, tensor_viz.diagnose_spark; None:
+    DuckDB only). ``lacks``: what a flight recorder's summaries lack for it ("" when it runs on
+    them), said under ``checked`` for a folder of summaries alone."""
 
     checked: str
-    duckdb: Callable[..., list[Finding]]
-    spark: Callable[..., list[Finding]] | None = None
-    #: reads only the narrow table, so it also runs on a flight recorder's summaries alone
-    narrow_only: bool = False
+    duckdb: Query
+    spark: Query | None = None
+    lacks: str = ""
 
 
-def _narrow(query: Callable[..., list[Finding]], checked: str) -> Kind:
-    """A kind whose query reads only the narrow table: the same SQL on both backends."""
-    return Kind(checked, lambda con, state, src, view: query(con, src), spark=query,
-                narrow_only=True)
+def _same_sql(query: Query, checked: str, lacks: str = "") -> Kind:
+    """A kind whose SQL is the same text on both engines (tensor_viz.sql_dialect spells the
+    few expressions that differ)."""
+    return Kind(checked, query, spark=query, lacks=lacks)
 
 
-#: kind -> its Kind (what it checked, each backend's query); the order breaks ranking ties.
-#: format_loss and rank_outlier are DuckDB-only: their SQL unnests maps and uses median and
-#: arg_max of structs, which Spark spells otherwise.
+def _narrow(query: Callable[[Any, str], list[Finding]], checked: str) -> Kind:
+    """A kind whose query reads only the narrow table (``query(con, narrow)``)."""
+    def on_narrow(con: Any, inp: rules.Inputs) -> list[Finding]:
+        return query(con, inp.narrow)
+
+    return _same_sql(on_narrow, checked)
+
+
+#: kind -> its Kind (what it checked, each engine's query); the order breaks ranking ties
 KINDS: dict[str, Kind] = {
     "first_nonfinite": _narrow(rules.first_nonfinite,
                                "NaN/Inf counts of every record, in execution order across ranks"),
-    diagnose_format.KIND: Kind("energy (gradients: also elements) flushed to zero and elements "
-                               "saturated of every GEMM operand in the run's own format "
-                               "(stats.range[quant_type] and log2_hist, quant.analysis' "
-                               "definitions)", diagnose_format.run_format_loss),
+    diagnose_format.KIND: _same_sql(
+        diagnose_format.run_format_loss,
+        "energy (gradients: also elements) flushed to zero and elements saturated of every GEMM "
+        "operand in the run's own format (stats.range[quant_type] and log2_hist, quant.analysis' "
+        "definitions; a recorder's summaries: their flush and saturation counts)"),
     "range_drift": _narrow(rules.range_drift,
                            "absmax of each tensor over iterations against its format's largest "
                            "value"),
-    "format_loss": Kind("what-if SQNR of each tensor and format against the format's Gaussian "
-                        "baseline (quant.format_loss)", _format_loss),
+    "format_loss": _same_sql(_format_loss, "what-if SQNR of each tensor and format against the "
+                             "format's Gaussian baseline (quant.format_loss)",
+                             lacks="needs what-if numerics, which recorder summaries do not "
+                                   "keep"),
     "attention_logit_growth": _narrow(rules.attention_logit_growth,
                                       "max |q.k|/sqrt(d) per layer over iterations (bound from "
                                       "the query / key absmax)"),
-    "rank_outlier": Kind("each rank against the median of the ranks (tensor_viz.rank_tables)",
-                         lambda con, state, src, view: rules.rank_outlier(con, src, state.records,
-                                                                          view)),
+    "rank_outlier": _same_sql(rules.rank_outlier,
+                              "each rank against the median of the ranks "
+                              "(tensor_viz.rank_tables: absmax, std, flush, underflow, "
+                              "overflow, non-finite counts)"),
 }
+#: the engines ``--engine`` names, the first the default
+ENGINES = ("duckdb", "spark")
 _KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "loss_divergence",
                                             "reference_gap", GUARD_KIND])}
 
@@ -244,14 +262,63 @@ def _losses(capture_dir: str | os.PathLike[str],
     return recorder_read.read_losses(capture_dir) or None, loss_kinds.RECORDER_SOURCE
 
 
+def _duckdb_inputs(con: Any, state: columnar.IndexState | None, capture_dir: Any,
+                   rank_view: Any) -> rules.Inputs:
+    """The narrow table on DuckDB: the records' (when there are any), with a flight recorder's
+    summary rows where no record covers the iteration."""
+    if state is None:                  # summaries only: the narrow table is theirs
+        rows = recorder_view.narrow_from_summaries(con, rules.NARROW, capture_dir)
+        return rules.Inputs(rules.NARROW, None, 0, rows, rank_view)
+    src = rules.materialize(con, state)
+    rows = recorder_view.add_summaries(con, src, capture_dir)
+    return rules.Inputs(src, rules.source(state), state.records, rows, rank_view)
+
+
 def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: Any = None,
              cache_dir: Any = None, skip_bad_lines: bool = False,
              say: Callable[[str], None] | None = None, con: Any = None,
-             state: columnar.IndexState | None = None, rank_view: Any = None) -> Diagnosis:
-    """Every finding of a capture, ranked (module docstring). ``con``/``state``: an index the
-    caller already opened, ``rank_view``: its rank_tables.RankView (the report)."""
+             state: columnar.IndexState | None = None, rank_view: Any = None,
+             engine: str = "duckdb", spark_master: str | None = None) -> Diagnosis:
+    """Every finding of a capture or flight recorder folder, ranked (module docstring).
+    ``engine``: "duckdb" (one machine) or "spark" (``spark_master``, default local mode:
+    tensor_viz.diagnose_spark); the same kinds, the same ranking after the queries.
+    ``con``/``state``: a DuckDB index the caller already opened, ``rank_view``: its
+    rank_tables.RankView (the report)."""
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine}: not one of {', '.join(ENGINES)}")
+    if engine == "spark":
+        from tensor_viz import diagnose_spark
+
+        with diagnose_spark.opened(capture_dir, spark_master, cache_dir, skip_bad_lines,
+                                   say) as (spark_con, inp):
+            return _diagnose(capture_dir, spark_con, inp, "spark", reference, loss,
+                             skip_bad_lines, say)
     if con is None or state is None:
         con, state = open_index(capture_dir, cache_dir, skip_bad_lines, say=say)
+    inp = _duckdb_inputs(con, state, capture_dir, rank_view)
+    return _diagnose(capture_dir, con, inp, "duckdb", reference, loss, skip_bad_lines, say)
+
+
+def _run_kinds(con: Any, inp: rules.Inputs, engine: str, checked: dict[str, str]
+               ) -> list[Finding]:
+    found: list[Finding] = []
+    for name, kind in KINDS.items():
+        if inp.nested is None and kind.lacks:
+            checked[name] = f"not checked: {kind.lacks}"
+            continue
+        query = kind.duckdb if engine == "duckdb" else kind.spark
+        if query is None:
+            checked[name] = f"not checked: no {engine} query"
+            continue
+        found += query(con, inp)
+        checked[name] = kind.checked
+    return found
+
+
+def _diagnose(capture_dir: Any, con: Any, inp: rules.Inputs, engine: str, reference: Any,
+              loss: Any, skip_bad_lines: bool, say: Callable[[str], None] | None) -> Diagnosis:
+    """The one path after the engine opened the folder: the kinds, the reference, the losses,
+    the guard, then relate() and rank()."""
     losses, source = _losses(capture_dir, loss)
     ref = None
     if reference is not None:
@@ -260,20 +327,10 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
             raise UserError(f"--reference {reference}: holds flight recorder summaries and no "
                             "record; give a capture with records (a triggered recorder folder "
                             "or a capture)")
-    result = Diagnosis(records=state.records if state is not None else 0,
-                       capture=str(capture_dir))
-    found: list[Finding] = []
-    if state is None:                  # summaries only: the narrow table is theirs
-        src = rules.NARROW
-        result.summary_rows = recorder_view.narrow_from_summaries(con, src, capture_dir)
-    else:
-        src = rules.materialize(con, state)
-        result.summary_rows = recorder_view.add_summaries(con, src, capture_dir)
-    for name, kind in KINDS.items():
-        if state is None and not kind.narrow_only:
-            continue                   # needs the records' index (what-if, histograms, ranks)
-        found += kind.duckdb(con, state, src, rank_view)
-        result.checked[name] = kind.checked
+    result = Diagnosis(records=inp.records, capture=str(capture_dir),
+                       summary_rows=inp.summary_rows)
+    src = inp.narrow
+    found = _run_kinds(con, inp, engine, result.checked)
     if result.summary_rows:
         triggers = recorder_view.triggers_text(capture_dir)
         result.checked["recorder"] = (
@@ -309,6 +366,7 @@ __all__ = [
     "Kind",
     "LOW",
     "MEDIUM",
+    "ENGINES",
     "Diagnosis",
     "Finding",
     "diagnose",

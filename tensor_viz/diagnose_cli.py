@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="diagnose the records around torn or foreign manifest lines instead of "
                         "refusing")
     p.add_argument("--limit", type=int, default=20, help="findings printed (default %(default)s)")
+    p.add_argument("--engine", choices=("duckdb", "spark"), default="duckdb",
+                   help="where the queries run: duckdb (this machine, bounded memory; the "
+                        "default) or spark (pip install -e \".[spark]\" plus a Java runtime): "
+                        "the same kinds and findings")
+    p.add_argument("--spark-master", metavar="URL", default=None,
+                   help="the Spark cluster for --engine spark (default: local mode, local[2])")
     p.add_argument("--force", action="store_true",
                    help="replace the --json FILE of an earlier diagnosis")
     return p
@@ -54,13 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--json {target}: not a file in an existing folder")
         refuse_overwrite([target], what="a diagnosis", force=args.force,
                          elsewhere="give another --json FILE")
+    if args.spark_master is not None and args.engine != "spark":
+        raise UserError("--spark-master: only with --engine spark")
     from tensor_viz.diagnose import diagnose
 
     def say(text: str) -> None:
         print(text, file=sys.stderr)
 
     result = diagnose(args.capture_dir, reference=args.reference, loss=args.loss,
-                      cache_dir=args.index_dir, skip_bad_lines=args.skip_bad_lines, say=say)
+                      cache_dir=args.index_dir, skip_bad_lines=args.skip_bad_lines, say=say,
+                      engine=args.engine, spark_master=args.spark_master)
     text = json_dumps(result.to_json(), indent=2)
     if args.json == "-":
         print(text)

@@ -16,7 +16,9 @@ operand by its overflow ratio. Each through quant.analysis.severity (HIGH above 
 earliest (iteration, then execution order); the others are listed.
 
 Scaled formats (MX, NVFP4, ``*_tensor``) have no element range in the capture and are judged by
-``format_loss`` instead. DuckDB only (map access and arg_max of a struct), like format_loss.
+``format_loss`` instead. The same SQL on DuckDB and Spark (tensor_viz.sql_dialect). A flight
+recorder's summaries count the flushed and saturated elements in the run's format but keep no
+histogram: there the energy is judged by the flushed elements' ratio.
 """
 from __future__ import annotations
 
@@ -33,14 +35,15 @@ from tensor_viz.diagnose_rules import (
     OPERANDS,
     TENSOR_KEY,
     Finding,
+    Inputs,
     Trend,
     _label,
     _rows,
     _trend_dict,
     positions,
     ratio_trend,
-    source,
 )
+from tensor_viz.sql_dialect import named_struct
 
 KIND = "run_format_loss"
 #: a flushed gradient element counts when it is within this many binades of the tensor's
@@ -99,27 +102,53 @@ class _Operand:
         return _label(dict(zip(TENSOR_KEY, self.key)))
 
 
-def _query(con: Any, src: str) -> list[dict[str, Any]]:
+def _query(con: Any, inp: Inputs) -> list[dict[str, Any]]:
+    """Per operand tensor and iteration, its worst ratios (and the histogram of its record that
+    flushes most: ties broken by rank, micro-batch, order, so both engines pick the same one).
+    A folder with a flight recorder's summaries reads the narrow table, which they fill: their
+    flush and saturation counts are of the run's format, and they keep no histogram."""
     pairs = ", ".join(f"('{o}', '{t}')" for o, t in OPERANDS)
     key = ", ".join(TENSOR_KEY)
+    if inp.nested is None or inp.summary_rows:
+        return _rows(con, f"""
+            SELECT {key}, iteration, any_value(quant_type) AS fmt, max(flush) AS flush,
+                   max(overflow) AS overflow, max(underflow) AS underflow, max(absmax) AS absmax
+            FROM {inp.narrow}
+            WHERE variant = {SQL_HP} AND quant_type IS NOT NULL AND nan_count + inf_count = 0
+              AND (operation, tensor_name) IN ({pairs}) AND flush IS NOT NULL
+            GROUP BY {key}, iteration ORDER BY iteration""")
     rng = "stats.range[quant_type]"
+    order = named_struct(con, {"f": f"{rng}.flush_to_zero_ratio", "r": "rank",
+                               "s": "coalesce(sample_idx, -1)", "c": "coalesce(counter, -1)"})
     return _rows(con, f"""
         SELECT {key}, iteration, any_value(quant_type) AS fmt,
                max({rng}.flush_to_zero_ratio) AS flush, max({rng}.overflow_ratio) AS overflow,
                max({rng}.underflow_ratio) AS underflow, max(stats.absmax) AS absmax,
-               arg_max(stats.log2_hist, {rng}.flush_to_zero_ratio) AS hist
-        FROM {src}
+               max_by(stats.log2_hist, {order}) AS hist
+        FROM {inp.nested}
         WHERE coalesce(variant, {SQL_HP}) = {SQL_HP} AND quant_type IS NOT NULL
           AND coalesce(stats.nan_count, 0) + coalesce(stats.inf_count, 0) = 0
           AND (operation, tensor_name) IN ({pairs}) AND {rng}.flush_to_zero_ratio IS NOT NULL
         GROUP BY {key}, iteration ORDER BY iteration""")
 
 
+def _has_hist(row: dict[str, Any]) -> bool:
+    return bool((row.get("hist") or {}).get("counts"))
+
+
+def energy_flushed(row: dict[str, Any], fmt: str) -> float:
+    """The fraction of an operand's energy the format flushes, from the histogram of its worst
+    record; the flushed elements' ratio where there is none (a recorder's summary)."""
+    if not _has_hist(row):
+        return row["flush"] or 0.0
+    return fraction_below(row["hist"], _qa().cast_limits(fmt).flush_to, energy=True)
+
+
 def gradient_flushed(row: dict[str, Any], fmt: str) -> float:
     """The fraction of a gradient's elements the format flushes, counting those within
     GRADIENT_BINADES of its largest (from the histogram of its worst record; the captured ratio
     when there is no histogram)."""
-    if not (row.get("hist") or {}).get("counts"):
+    if not _has_hist(row):
         return row["flush"] or 0.0
     return fraction_below(row["hist"], _qa().cast_limits(fmt).flush_to, within=GRADIENT_BINADES)
 
@@ -129,8 +158,7 @@ def _judge(op: _Operand, row: dict[str, Any], problem: str) -> tuple[str, float]
     if problem == "saturation":
         return _qa().severity(row["overflow"] or 0.0), row["overflow"] or 0.0
     qa = _qa()
-    energy = (fraction_below(row["hist"], qa.cast_limits(op.fmt).flush_to, energy=True)
-              if (row.get("hist") or {}).get("counts") else row["flush"] or 0.0)
+    energy = energy_flushed(row, op.fmt)
     if op.gradient:     # HIGH by the energy (the update) lost, MEDIUM by the elements too
         by_energy = qa.severity(energy)
         if by_energy == qa.SEVERITY_HIGH:
@@ -199,20 +227,23 @@ def _remedy(hit: _Hit, members: list[_Hit]) -> str:
               f"{limits.max_normal:g}), ") if absmax > 0 else "a loss scale, ")
     wide = ""
     if keep == "bf16" and fmt != GRADIENT_FORMAT:
-        lost = fraction_below(hit.at_onset["hist"], qa.cast_limits(GRADIENT_FORMAT).flush_to)
-        wide = f"{GRADIENT_FORMAT} for gradients (it would still flush {100 * lost:.1f}% of this one), "
+        wide = f"{GRADIENT_FORMAT} for gradients, "
+        if _has_hist(hit.at_onset):
+            lost = fraction_below(hit.at_onset["hist"], qa.cast_limits(GRADIENT_FORMAT).flush_to)
+            wide = (f"{GRADIENT_FORMAT} for gradients (it would still flush {100 * lost:.1f}% "
+                    "of this one), ")
     return f"Scale the gradients: {scale}{scaled}{wide}or {plan}."
 
 
-def run_format_loss(con: Any, state: Any, src: str, view: Any = None) -> list[Finding]:
+def run_format_loss(con: Any, inp: Inputs) -> list[Finding]:
     """The findings of the run's own format on the GEMM operands (module docstring)."""
-    del view
+    src = inp.narrow
     pairs = ", ".join(f"('{o}', '{t}')" for o, t in OPERANDS)
     if not con.execute(f"""SELECT count(*) FROM (SELECT 1 FROM {src} WHERE flush IS NOT NULL
-            AND (operation, tensor_name) IN ({pairs}) LIMIT 1)""").fetchone()[0]:
+            AND (operation, tensor_name) IN ({pairs}) LIMIT 1) AS x""").fetchone()[0]:
         return []       # no operand in an unscaled run format: nothing to read the dataset for
     ops: dict[tuple, _Operand] = {}
-    for row in _query(con, source(state)):
+    for row in _query(con, inp):
         key = tuple(row[k] for k in TENSOR_KEY)
         if key not in ops:
             try:
@@ -237,7 +268,7 @@ def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
     op = hit.op
     where = dict(zip(TENSOR_KEY, op.key), iteration=hit.onset, rank=None, sample_idx=None)
     saturates = hit.problem == "saturation"
-    energy = fraction_below(r["hist"], _qa().cast_limits(op.fmt).flush_to, energy=True)
+    energy = energy_flushed(r, op.fmt)
     value, measure = ((r["overflow"], "of its elements saturated") if saturates else
                       (gradient_flushed(r, op.fmt), f"of its elements ({100 * energy:.2f}% of "
                        "its energy) flushed to zero") if op.gradient else

@@ -18,6 +18,7 @@ from quant.severity import HIGH_THRESHOLD
 from tensor_capture import schema
 from tensor_viz import rank_tables
 from tensor_viz.columnar import SQL_HP, IndexState, sql_string
+from tensor_viz.sql_dialect import dialect, named_struct
 
 HIGH, MEDIUM, LOW = "HIGH", "MEDIUM", "LOW"
 SEVERITY_ORDER = {HIGH: 0, MEDIUM: 1, LOW: 2}
@@ -86,34 +87,18 @@ def source(state: IndexState) -> str:
             "union_by_name=true)")
 
 
-#: the narrow table every kind but format_loss and rank_outlier reads: one scan of the dataset
-#: keeps the columns they need (statistics flattened, the run format's range picked), so each
-#: query reads a few flat columns instead of decoding the nested Parquet again
+#: the narrow table the kinds read (format_loss and run_format_loss also read the nested dataset
+#: where there is one): one scan of the dataset keeps the columns they need (statistics
+#: flattened, the run format's range picked), so each query reads a few flat columns instead of
+#: decoding the nested Parquet again; a flight recorder's summaries fill the same columns
+#: (tensor_viz.recorder_view)
 NARROW = "diag_records"
-
-
-#: the few expressions DuckDB and Spark SQL spell differently (everything else is the same SQL)
-DIALECTS = {
-    "duckdb": {"last_dim": "shape[-1]"},
-    "spark": {"last_dim": "element_at(shape, -1)"},
-}
-
-
-def dialect(con: Any) -> dict[str, str]:
-    return DIALECTS[getattr(con, "dialect", "duckdb")]
 
 
 def materialize(con: Any, state: IndexState | None, relation: str | None = None) -> str:
     """Create (or replace) :data:`NARROW` on ``con`` from the index (or from ``relation``, a
     table holding the Parquet dataset's columns, e.g. a Spark view); returns its name."""
     d = dialect(con)
-    ranks_view = "" if getattr(con, "dialect", "duckdb") != "duckdb" else """,
-        submodule, struct_pack(absmax := stats.absmax, std := stats.std,
-            numel := stats.numel, mean := stats.mean,
-            nan_count := stats.nan_count, inf_count := stats.inf_count,
-            range := map_from_entries([struct_pack(k := quant_type, v := struct_pack(
-                underflow_ratio := stats.range[quant_type].underflow_ratio,
-                overflow_ratio := stats.range[quant_type].overflow_ratio))])) AS stats"""
     con.execute(f"""CREATE OR REPLACE TEMP TABLE {NARROW} AS SELECT
         rank, iteration, sample_idx, counter, layer_idx, module_path, operation, phase,
         tensor_name, quant_type, emulated_format, coalesce(variant, {SQL_HP}) AS variant,
@@ -123,9 +108,24 @@ def materialize(con: Any, state: IndexState | None, relation: str | None = None)
         stats.range[quant_type].max_normal AS max_normal,
         stats.range[quant_type].flush_to_zero_ratio AS flush,
         stats.range[quant_type].overflow_ratio AS overflow,
-        whatif IS NOT NULL AS has_whatif{ranks_view}
+        stats.range[quant_type].underflow_ratio AS underflow,
+        whatif IS NOT NULL AS has_whatif
         FROM {relation or source(state)}""")
     return NARROW
+
+
+@dataclass
+class Inputs:
+    """What a kind's query reads, on either engine: the narrow table; the index's nested dataset
+    (a relation; None when the folder holds a flight recorder's summaries alone); how many
+    records and summary rows the narrow table holds; the report's rank_tables.RankView when it
+    ran the outlier-rank test already."""
+
+    narrow: str
+    nested: str | None
+    records: int
+    summary_rows: int = 0
+    view: Any = None
 
 
 @dataclass
@@ -375,7 +375,7 @@ def _trend_dict(t: Trend) -> dict[str, Any]:
 
 
 # -- format_loss ---------------------------------------------------------------------------------
-def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
+def format_loss(con: Any, inp: Inputs, run_formats: set[str],
                 baseline: Callable[[str, tuple, int], float],
                 severity: Callable[[float, float], str]) -> list[Finding]:
     """Per what-if format, the tensors whose SQNR falls below the format's Gaussian baseline by
@@ -383,18 +383,23 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
     its worst tensor. Only the GEMM operands (OPERANDS) of the formats the run computes in
     (``run_formats``) are graded above LOW: the run's format does not cast the others."""
     key = ", ".join(TENSOR_KEY)
-    if not con.execute(f"SELECT count(*) FROM {src} WHERE has_whatif").fetchone()[0]:
+    if inp.nested is None or not con.execute(
+            f"SELECT count(*) FROM {inp.narrow} WHERE has_whatif").fetchone()[0]:
         return []
+    at = named_struct(con, {**{k: k for k in ("iteration", "rank", "sample_idx", "shape", "axis")},
+                            "underflow": "f.value.underflow_ratio",
+                            "flush": "f.value.flush_ratio"})
+    # ties (the same SQNR on several ranks) broken alike on both engines: the earliest
+    order = named_struct(con, {"s": "f.value.sqnr_db", "i": "iteration", "r": "rank",
+                               "m": "coalesce(sample_idx, -1)"})
     rows = _rows(con, f"""
         WITH w AS (SELECT {key}, iteration, rank, sample_idx, shape, whatif.axis AS axis,
-                          unnest(map_entries(whatif.formats)) AS f
-                   FROM {source(state)} WHERE whatif IS NOT NULL AND {_NONFINITE_NESTED} = 0)
+                          {dialect(con)['explode']}(map_entries(whatif.formats)) AS f
+                   FROM {inp.nested} WHERE whatif IS NOT NULL AND {_NONFINITE_NESTED} = 0)
         SELECT {key}, f.key AS format, min(f.value.sqnr_db) AS sqnr_db,
-               arg_min(struct_pack(iteration, rank, sample_idx, shape, axis,
-                                   underflow := f.value.underflow_ratio,
-                                   flush := f.value.flush_ratio), f.value.sqnr_db) AS at
+               min_by({at}, {order}) AS at
         FROM w WHERE f.value.sqnr_db IS NOT NULL AND isfinite(f.value.sqnr_db)
-        GROUP BY {key}, format""")
+        GROUP BY {key}, f.key""")
     per_format: dict[tuple[str, bool], list] = {}
     for r in rows:
         at = r["at"]
@@ -449,28 +454,33 @@ def format_loss(con: Any, state: IndexState, src: str, run_formats: set[str],
 
 
 # -- rank_outlier --------------------------------------------------------------------------------
-def rank_outlier(con: Any, src: str, records: int, view: Any = None) -> list[Finding]:
-    """The report's outlier-rank test (tensor_viz.rank_tables), one finding per rank and metric
-    (``view``: the report's rank_tables.RankView, when it ran the test already)."""
+def rank_outlier(con: Any, inp: Inputs) -> list[Finding]:
+    """The report's outlier-rank test (tensor_viz.rank_tables, its one definition), one finding
+    per rank and metric, over the narrow table: records and a flight recorder's summaries alike
+    (their absmax from min / max, std from the mergeable sums, flush and saturation ratios from
+    their counts); ``inp.view``: the report's RankView, when it ran the test already."""
     out = []
+    view = inp.view
     if view is not None:
         rows = list(view.outliers) if view.header.ranks >= 3 else []
     else:
-        if con.execute(f"SELECT count(DISTINCT rank) FROM {src}").fetchone()[0] < 3:
+        if con.execute(f"SELECT count(DISTINCT rank) FROM {inp.narrow}").fetchone()[0] < 3:
             return []
-        narrow = NarrowState(src, records)
+        narrow = NarrowState(inp.narrow, inp.records + inp.summary_rows)
         rows = [r for metric in rank_tables.METRICS
                 for r in rank_tables.outlier_ranks(con, narrow, metric, limit=10)]
     for r in rows:
         metric = r["metric"]
         where = {"iteration": r["first_iteration"], "rank": r["rank"],
-                 "layer_idx": r.get("layer_idx"), "operation": r.get("operation"),
-                 "phase": r.get("phase"), "tensor_name": r.get("tensor_name")}
+                 "layer_idx": r.get("layer_idx"), "module_path": r.get("module_path"),
+                 "operation": r.get("operation"), "phase": r.get("phase"),
+                 "tensor_name": r.get("tensor_name")}
         sev = HIGH if metric == "nonfinite" else MEDIUM
         summary = (f"Rank {r['rank']} is an outlier in {metric} from iteration "
                    f"{r['first_iteration']} ({r['cells']} layer x tensor x iteration cells; "
                    f"worst z {r['worst_z']:.3g} at L{r.get('layer_idx')} "
-                   f"{r.get('submodule') or ''} {r.get('tensor_name')}).")
+                   f"{r.get('submodule') or r.get('module_path') or ''} "
+                   f"{r.get('tensor_name')}).")
         out.append(Finding("rank_outlier", sev, summary, where,
                            {"metric": metric, "cells": r["cells"], "worst_z": r["worst_z"],
                             "value": r.get("v"), "median": r.get("med"),

@@ -1,30 +1,40 @@
-"""The diagnosis' queries in Spark SQL over the columnar index's Parquet dataset, for a capture
-too large for one machine (a 10,000-rank run on a cluster filesystem).
+"""``lowp-diagnose --engine spark``: the diagnosis' queries in Spark SQL, for a capture or a flight
+recorder's summaries too large for one machine (a 1,000-rank run on a cluster filesystem).
 
-The kinds with a Spark query (``tensor_viz.diagnose.KINDS``, each kind's ``spark``: those over
-the narrow table run the very SQL of :mod:`tensor_viz.diagnose_rules`) run through
-:class:`SparkConnection`, which answers the few calls those functions make of a DuckDB
-connection (``execute`` -> ``fetchone`` / ``fetchall`` / ``description``), query parameters
-bound by Spark (``spark.sql(query, args=...)``); the expressions the two dialects spell
-differently are ``diagnose_rules.DIALECTS``. pyspark is imported by the caller, never by this
-package.
+Every kind of ``tensor_viz.diagnose.KINDS`` has a Spark query (each Kind's ``spark``: the same
+SQL text as DuckDB's, the few expressions the dialects spell differently in
+tensor_viz.sql_dialect), run through :class:`SparkConnection`, which answers the calls the queries
+make of a DuckDB connection (``execute`` -> ``fetchone`` / ``fetchall`` / ``description``),
+parameters bound by Spark (``spark.sql(query, args=...)``). :func:`opened` reads the folder into
+Spark's narrow table: the columnar index's Parquet dataset (built by DuckDB, as for the report)
+and the recorder's summary files, the summaries where no record covers the iteration, as
+tensor_viz.recorder_view does on DuckDB. pyspark is imported only here, only when asked for.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lowp_common import UserError
+from tensor_capture import recorder_read
 from tensor_viz import diagnose_rules as rules
-from tensor_viz.diagnose import KINDS, Diagnosis, rank
+from tensor_viz import recorder_view
 
 SOURCE_VIEW = "diag_source"
-_CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS (.*)$", re.DOTALL | re.IGNORECASE)
-
-
-def spark_kinds() -> dict[str, Any]:
-    """The kinds run here: those of ``tensor_viz.diagnose.KINDS`` registered with a Spark query."""
-    return {name: kind.spark for name, kind in KINDS.items() if kind.spark is not None}
+#: the records' narrow table while a recorder's summaries are added beside it
+_RECORDS = "diag_from_records"
+#: master URL when none is given: Spark inside this process, two cores
+DEFAULT_MASTER = "local[2]"
+INSTALL = 'pip install -e ".[spark]" plus a Java runtime (e.g. apt-get install default-jre-headless)'
+_CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS\s+(.*)$", re.DOTALL | re.IGNORECASE)
+#: DuckDB's isfinite, which Spark SQL lacks, as a session function (NULL stays NULL)
+_ISFINITE = ("CREATE OR REPLACE TEMPORARY FUNCTION isfinite(x DOUBLE) RETURNS BOOLEAN "
+             "RETURN NOT isnan(x) AND abs(x) != double('Infinity')")
 
 
 class _Result:
@@ -48,15 +58,19 @@ def _plain(value: Any) -> Any:
 
 
 class SparkConnection:
-    """What diagnose_rules asks of a connection, answered by a SparkSession."""
+    """What the diagnosis' queries ask of a connection, answered by a SparkSession: DuckDB's
+    double-quoted identifiers and its ``isfinite`` are made Spark's for this session."""
 
     dialect = "spark"
 
     def __init__(self, spark: Any) -> None:
         self.spark = spark
+        spark.conf.set("spark.sql.ansi.doubleQuotedIdentifiers", "true")
+        spark.sql(_ISFINITE)
 
     def execute(self, sql: str, params: list | None = None) -> _Result:
-        """``sql`` with its ``?`` parameters bound by Spark, as DuckDB binds them."""
+        """``sql`` with its ``?`` parameters bound by Spark, as DuckDB binds them; a ``CREATE
+        OR REPLACE TEMP TABLE`` becomes a cached temporary view."""
         args = list(params) if params else None
         m = _CREATE.match(sql)
         if m:
@@ -68,18 +82,89 @@ class SparkConnection:
         return _Result([[_plain(v) for v in r] for r in rows], frame.columns)
 
 
-def diagnose_parquet(spark: Any, data_dir: str | Path) -> Diagnosis:
-    """The findings of the :func:`spark_kinds` over a columnar index's dataset (``<index>/data``: the
-    ``rank=<r>`` partitions), ranked as tensor_viz.diagnose ranks them."""
-    spark.read.option("basePath", str(data_dir)).parquet(str(data_dir)).createOrReplaceTempView(
-        SOURCE_VIEW)
-    con = SparkConnection(spark)
-    src = rules.materialize(con, None, relation=SOURCE_VIEW)
-    records = con.execute(f"SELECT count(*) FROM {src}").fetchone()[0]
-    result = Diagnosis(records=int(records), capture=str(data_dir))
-    found = []
-    for kind, query in spark_kinds().items():
-        found += query(con, src)
-        result.checked[kind] = KINDS[kind].checked
-    result.findings = rank(found)
-    return result
+def _java() -> str | None:
+    """The Java runtime pyspark would start: $JAVA_HOME/bin/java, else java on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        return str(java) if java.is_file() else None
+    return shutil.which("java")
+
+
+def session(master: str | None) -> tuple[Any, bool]:
+    """(a SparkSession on ``master``, whether this call started it): the session already
+    active in this process when there is one. Without pyspark or a Java runtime: one line
+    naming the install (a usage error)."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise UserError(f"--engine spark: pyspark is not installed; {INSTALL}") from None
+    if _java() is None:
+        where = (f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
+                 if os.environ.get("JAVA_HOME") else "no java on PATH")
+        raise UserError(f"--engine spark: no Java runtime ({where}); {INSTALL}")
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    spark = (SparkSession.builder.master(master or DEFAULT_MASTER).appName("lowp-diagnose")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "8").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+def _summaries(con: SparkConnection, folder: Any) -> str | None:
+    """The narrow-table SELECT of the folder's summary files read by Spark (None: none)."""
+    files = recorder_read.summary_files(folder)
+    if not files:
+        return None
+    con.spark.read.option("mergeSchema", "true").parquet(*map(str, files)) \
+        .createOrReplaceTempView(recorder_view.SUMMARY_VIEW)
+    view = recorder_view.SUMMARY_VIEW
+    return recorder_view._narrow_select(view, recorder_view._bounds(con, view))
+
+
+def _count(con: SparkConnection, table: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def _narrow(con: SparkConnection, state: Any, folder: Any) -> rules.Inputs:
+    """The narrow table in Spark: the records' and the summaries where no record covers the
+    (rank, iteration), the same rows recorder_view.add_summaries gives DuckDB."""
+    summaries = _summaries(con, folder)
+    if state is None:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {rules.NARROW} AS {summaries}")
+        return rules.Inputs(rules.NARROW, None, 0, _count(con, rules.NARROW))
+    data = str(state.data_dir)
+    con.spark.read.option("basePath", data).option("mergeSchema", "true").parquet(data) \
+        .createOrReplaceTempView(SOURCE_VIEW)
+    rules.materialize(con, None, relation=SOURCE_VIEW)
+    if summaries is None:
+        return rules.Inputs(rules.NARROW, SOURCE_VIEW, state.records)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_RECORDS} AS SELECT * FROM {rules.NARROW}")
+    cols = ", ".join(con.spark.table(_RECORDS).columns)
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE {rules.NARROW} AS
+        SELECT {cols} FROM {_RECORDS}
+        UNION ALL
+        SELECT {cols} FROM ({summaries}) AS s LEFT ANTI JOIN
+            (SELECT DISTINCT rank, iteration FROM {_RECORDS}) AS r
+            ON s.rank = r.rank AND s.iteration = r.iteration""")
+    rows = _count(con, rules.NARROW) - _count(con, _RECORDS)
+    return rules.Inputs(rules.NARROW, SOURCE_VIEW, state.records, rows)
+
+
+@contextmanager
+def opened(capture_dir: Any, master: str | None, cache_dir: Any, skip_bad_lines: bool,
+           say: Callable[[str], None] | None) -> Iterator[tuple[SparkConnection, rules.Inputs]]:
+    """(a Spark connection, the kinds' inputs) for a capture or recorder folder; the session
+    stops on leaving when this call started it."""
+    from tensor_viz.diagnose import open_index
+
+    spark, started = session(master)      # refuse before the index is built
+    try:
+        _, state = open_index(capture_dir, cache_dir, skip_bad_lines, say=say)
+        con = SparkConnection(spark)
+        yield con, _narrow(con, state, capture_dir)
+    finally:
+        if started:
+            spark.stop()

@@ -21,22 +21,29 @@ from typing import Any
 from tensor_capture import schema
 from tensor_capture.stats_read import merged_std_sql
 from tensor_viz.columnar import SQL_HP, IndexState, sql_string
+from tensor_viz.sql_dialect import named_struct
 
 #: robust z-score above which a rank is an outlier of its layer x tensor x iteration
 OUTLIER_Z = 3.5
 #: the deviation scale never falls below this share of |median|
 REL_FLOOR = 0.05
-#: metric -> (SQL over one record, how a rank's micro-batches fold: an aggregate, or "merge":
-#: the std of their union from counts, means and stds, tensor_capture.stats_read); ratios are of
-#: the tensor's own quant type (stats.range), as the overflow table reads them
-METRICS: dict[str, tuple[str, str]] = {
-    "absmax": ("stats.absmax", "max"),
-    "std": ("stats.std", "merge"),        # the std of the rank's micro-batches together
-    "underflow_ratio": ("stats.range[quant_type].underflow_ratio", "max"),
-    "overflow_ratio": ("stats.range[quant_type].overflow_ratio", "max"),
-    "nonfinite": ("stats.nan_count + stats.inf_count", "max"),
+#: metric -> (SQL over one record of the index, the same number in diagnosis' narrow table
+#: (tensor_viz.diagnose_rules.NARROW: flat columns, also filled from a flight recorder's
+#: summaries), how a rank's micro-batches fold: an aggregate, or "merge": the std of their union
+#: from counts, means and stds, tensor_capture.stats_read); ratios are of the tensor's own quant
+#: type (stats.range), as the overflow table reads them
+METRICS: dict[str, tuple[str, str, str]] = {
+    "absmax": ("stats.absmax", "absmax", "max"),
+    "std": ("stats.std", "std", "merge"),        # the std of the rank's micro-batches together
+    "underflow_ratio": ("stats.range[quant_type].underflow_ratio", "underflow", "max"),
+    "overflow_ratio": ("stats.range[quant_type].overflow_ratio", "overflow", "max"),
+    "flush_ratio": ("stats.range[quant_type].flush_to_zero_ratio", "flush", "max"),
+    "nonfinite": ("stats.nan_count + stats.inf_count", "nan_count + inf_count", "max"),
 }
+#: the cells of the test: layer x tensor (the index names the submodule; the narrow table the
+#: module path, which a recorder's summaries also carry)
 _KEY = ("layer_idx", "submodule", "operation", "phase", "tensor_name")
+_NARROW_KEY = ("layer_idx", "module_path", "operation", "phase", "tensor_name")
 
 
 @dataclass
@@ -85,27 +92,34 @@ def header(con: Any, state: IndexState) -> Header:
                   state.pending_bytes, state.manifests)
 
 
+def _key(state: IndexState) -> tuple[str, ...]:
+    return _NARROW_KEY if getattr(state, "relation", None) else _KEY
+
+
 def _per_rank_sql(state: IndexState, metric: str) -> str:
-    expr, fold = METRICS[metric]
-    key = ", ".join(_KEY)
+    nested, flat, fold = METRICS[metric]
+    narrow = bool(getattr(state, "relation", None))
+    expr = flat if narrow else nested
+    n, m = ("numel", "mean") if narrow else ("stats.numel", "stats.mean")
+    key = ", ".join(_key(state))
     if fold == "merge":
         return f"""
         SELECT {key}, iteration, rank, {merged_std_sql("n", "m", "s")} AS v FROM (
-            SELECT {key}, iteration, rank, CAST(stats.numel AS DOUBLE) AS n,
-                   CAST(stats.mean AS DOUBLE) AS m, CAST({expr} AS DOUBLE) AS s
-            FROM {_source(state)} WHERE coalesce(variant, {SQL_HP}) = {SQL_HP})
+            SELECT {key}, iteration, rank, CAST({n} AS DOUBLE) AS n,
+                   CAST({m} AS DOUBLE) AS m, CAST({expr} AS DOUBLE) AS s
+            FROM {_source(state)} WHERE coalesce(variant, {SQL_HP}) = {SQL_HP}) AS x
         WHERE n > 0 AND isfinite(m) AND isfinite(s)
         GROUP BY {key}, iteration, rank"""
     return f"""
         SELECT {key}, iteration, rank, {fold}(v) AS v FROM (
             SELECT {key}, iteration, rank, CAST({expr} AS DOUBLE) AS v FROM {_source(state)}
-            WHERE coalesce(variant, {SQL_HP}) = {SQL_HP})
+            WHERE coalesce(variant, {SQL_HP}) = {SQL_HP}) AS x
         WHERE v IS NOT NULL AND isfinite(v)
         GROUP BY {key}, iteration, rank"""
 
 
 def _scored_sql(state: IndexState, metric: str) -> str:
-    key = ", ".join(_KEY)
+    key = ", ".join(_key(state))
     return f"""
         WITH r AS ({_per_rank_sql(state, metric)}),
         m AS (SELECT {key}, iteration, median(v) AS med, min(v) AS lo, max(v) AS hi,
@@ -119,29 +133,35 @@ def _scored_sql(state: IndexState, metric: str) -> str:
 
 def outlier_ranks(con: Any, state: IndexState, metric: str, limit: int = 20) -> list[dict[str, Any]]:
     """Per rank with outliers: the first iteration it is one, how many layer x tensor x
-    iteration cells, the worst z and where (only ranks of worlds of 3+ ranks can be judged)."""
-    key = ", ".join(_KEY)
+    iteration cells, the worst z and where (only ranks of worlds of 3+ ranks can be judged).
+    The same SQL on DuckDB and Spark (tensor_viz.sql_dialect spells the struct)."""
+    key = _key(state)
+    worst = named_struct(con, {k: k for k in (*key, "iteration", "v", "med")})
+    # ties of z broken alike on both engines (no NULL in the ordering: they sort differently)
+    order = named_struct(con, {"z": "z", "i": "iteration", **{
+        f"k{i}": f"coalesce(CAST({k} AS STRING), '')" for i, k in enumerate(key)}})
     rows = con.execute(f"""
         WITH s AS ({_scored_sql(state, metric)}), o AS (SELECT * FROM s WHERE ranks >= 3 AND z > {OUTLIER_Z})
         SELECT rank, min(iteration) AS first_iteration, count(*) AS cells, max(z) AS worst_z,
-               arg_max(struct_pack({key}, iteration, v, med), z) AS worst
-        FROM o GROUP BY rank ORDER BY first_iteration, worst_z DESC LIMIT {int(limit)}""").fetchall()
+               max_by({worst}, {order}) AS worst
+        FROM o GROUP BY rank ORDER BY first_iteration, worst_z DESC, rank LIMIT {int(limit)}""").fetchall()
     out = []
-    for rank, first, cells, z, worst in rows:
+    for rank, first, cells, z, at in rows:
         out.append({"metric": metric, "rank": int(rank), "first_iteration": int(first),
-                    "cells": int(cells), "worst_z": float(z), **worst})
+                    "cells": int(cells), "worst_z": float(z), **at})
     return out
 
 
 def band(con: Any, state: IndexState, metric: str, where: dict[str, Any], rank: int
          ) -> list[tuple[int, float, float, float, float | None]]:
     """(iteration, min, median, max across ranks, ``rank``'s value) of one layer x tensor."""
-    conds = " AND ".join(f"{k} IS NOT DISTINCT FROM ?" for k in _KEY)
+    key = _key(state)
+    conds = " AND ".join(f"{k} IS NOT DISTINCT FROM ?" for k in key)
     rows = con.execute(f"""
         WITH r AS ({_per_rank_sql(state, metric)})
         SELECT iteration, min(v), median(v), max(v), max(v) FILTER (WHERE rank = ?)
         FROM r WHERE {conds} GROUP BY iteration ORDER BY iteration""",
-        [rank] + [where.get(k) for k in _KEY]).fetchall()
+        [rank] + [where.get(k) for k in key]).fetchall()
     return [(int(i), float(a), float(m), float(b), None if r is None else float(r))
             for i, a, m, b, r in rows]
 

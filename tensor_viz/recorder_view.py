@@ -59,7 +59,7 @@ def _narrow_select(view: str, bounds: dict[str, float]) -> str:
     return f"""SELECT CAST(rank AS BIGINT) AS rank, CAST(iteration AS BIGINT) AS iteration,
         CAST(NULL AS BIGINT) AS sample_idx, CAST(site AS BIGINT) AS counter,
         CAST(layer_idx AS BIGINT) AS layer_idx, module_path, operation, phase, tensor_name,
-        quant_type, CAST(NULL AS VARCHAR) AS emulated_format,
+        quant_type, CAST(NULL AS STRING) AS emulated_format,
         coalesce(variant, 'hp') AS variant, CAST(NULL AS BIGINT) AS last_dim,
         CASE WHEN isfinite("min") AND isfinite("max") THEN greatest(abs("min"), abs("max")) END
             AS absmax,
@@ -69,6 +69,7 @@ def _narrow_select(view: str, bounds: dict[str, float]) -> str:
         {_bounds_sql(bounds)} AS max_normal,
         flush_count / greatest(count, 1) AS flush,
         saturation_count / greatest(count, 1) AS overflow,
+        CAST(NULL AS DOUBLE) AS underflow,
         false AS has_whatif
         FROM {view}"""
 

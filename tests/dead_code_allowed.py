@@ -132,8 +132,6 @@ _.value_set
 _.merge_moments
 # a whole realistic synthetic run for trying the report without a GPU (docs/capture.md)
 _.write_synthetic_run
-# lowp-diagnose on a cluster's Parquet dataset through Spark (docs/diagnose.md)
-_.diagnose_parquet
 # each figure's layout self-check, kept on its record (docs/visualization.md, "Readable layout")
 _.layout_issues
 # training_profiler's exports (its __all__; README and docs/profiler.md name audit_precision)

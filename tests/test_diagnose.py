@@ -419,7 +419,6 @@ def test_a_new_kind_is_one_entry_in_kinds_with_each_backend_s_query(tmp_path, mo
     (what it checked, its DuckDB query, its Spark query) and lowp-diagnose, the report's
     Diagnosis section and the Spark runner all run it; its parameter is bound by the engine."""
     from tensor_viz import diagnose as dg
-    from tensor_viz import diagnose_spark
     from tensor_viz.diagnose_rules import MEDIUM, Finding
 
     limit = 1.5
@@ -430,8 +429,11 @@ def test_a_new_kind_is_one_entry_in_kinds_with_each_backend_s_query(tmp_path, mo
         return [Finding("absmax_above", MEDIUM, f"{m}: absmax above {limit}",
                         {"module_path": m}, onset=it) for m, it in rows]
 
-    monkeypatch.setitem(dg.KINDS, "absmax_above", dg.Kind(
-        f"absmax above {limit}", lambda con, state, src, view: above(con, src), spark=above))
+    def query(con, inputs):             # both engines: the narrow table's name in inputs
+        return above(con, inputs.narrow)
+
+    monkeypatch.setitem(dg.KINDS, "absmax_above", dg.Kind(f"absmax above {limit}", query,
+                                                         spark=query))
     def change(rec):
         if rec["module_path"] == "decoder.layers.1.mlp.linear_fc1" and rec["iteration"] >= 2:
             rec["stats"]["absmax"] = 3.0
@@ -444,6 +446,31 @@ def test_a_new_kind_is_one_entry_in_kinds_with_each_backend_s_query(tmp_path, mo
     assert result.checked["absmax_above"] == f"absmax above {limit}"
     got = sorted(f.where["module_path"] for f in result.findings if f.kind == "absmax_above")
     assert got == want and 0 < len(got) < len({r["module_path"] for r in schema.read_manifest(cap)})
-    assert diagnose_spark.spark_kinds()["absmax_above"] is above
+    assert dg.KINDS["absmax_above"].spark is query     # --engine spark runs the same query
     assert diagnose_cli.main([str(cap)]) == 0
     assert "absmax_above" in capsys.readouterr().out
+
+
+def test_engine_spark_without_pyspark_or_java_is_one_line_naming_the_install(
+        tmp_path, capsys, monkeypatch):
+    import sys
+
+    cap = write_capture(tmp_path / "cap")
+    out = tmp_path / "d.json"
+    monkeypatch.setitem(sys.modules, "pyspark", None)            # import pyspark fails
+    monkeypatch.setitem(sys.modules, "pyspark.sql", None)
+    _one_line_exit_2(capsys, [str(cap), "--engine", "spark", "--json", str(out)],
+                     "--engine spark: pyspark is not installed", 'pip install -e ".[spark]"',
+                     "Java runtime")
+    monkeypatch.undo()
+    pytest.importorskip("pyspark")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no_java_here"))
+    _one_line_exit_2(capsys, [str(cap), "--engine", "spark"], "no Java runtime",
+                     "no java on PATH", 'pip install -e ".[spark]" plus a Java runtime')
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    _one_line_exit_2(capsys, [str(cap), "--engine", "spark"], f"JAVA_HOME={tmp_path} has no "
+                     "bin/java")
+    _one_line_exit_2(capsys, [str(cap), "--spark-master", "local[1]"],
+                     "--spark-master: only with --engine spark")
+    assert not out.exists() and not (cap / ".tensor_index").exists()   # refused before work

@@ -1,50 +1,156 @@
-"""The diagnosis' queries as Spark SQL over the columnar index's Parquet dataset (pyspark in
-local mode): the same findings as DuckDB's for the kinds Spark runs."""
+"""``lowp-diagnose --engine spark`` (pyspark in local mode, one session for the module): every kind
+DuckDB runs, on a capture (the columnar index's Parquet dataset), on a flight recorder's
+summaries alone and on records with summaries beside them, gives the same findings (kind, rank,
+iteration, module, severity) as DuckDB on the same folder. One diagnosis per folder and engine;
+each kind is then checked on its own (DuckDB must find what was planted, so no parity holds by
+finding nothing)."""
 from __future__ import annotations
 
-import shutil
-
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from test_diagnose import write_capture
+from test_diagnose import _ORDER, write_capture
 
-from tensor_viz import diagnose_spark
-from tensor_viz.diagnose import diagnose, open_index
+from tensor_capture import schema
+from tensor_viz import diagnose_cli, diagnose_spark
+from tensor_viz.diagnose import KINDS, diagnose
 
-pyspark = pytest.importorskip("pyspark", reason="pyspark not installed (pip install pyspark; "
-                              ".ci/run installs it)")
-if shutil.which("java") is None:
+pyspark = pytest.importorskip("pyspark", reason="pyspark not installed (pip install -e "
+                              "'.[spark]'; .ci/run installs it)")
+if diagnose_spark._java() is None:
     pytest.skip("no Java runtime (apt-get install default-jre-headless; .ci/run installs it)",
                 allow_module_level=True)
+
+RANKS, OUTLIER_RANK, NAN_RANK = 4, 2, 1
+FC1 = "decoder.layers.0.mlp.linear_fc1"
 
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[1]").appName("lowp-diagnose-test")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "512m").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    """The one session of the module: diagnose(engine="spark") finds it active and leaves it."""
+    session, started = diagnose_spark.session("local[2]")
+    assert started
+    session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
 
 
-def test_spark_sql_over_the_parquet_dataset_finds_what_duckdb_finds(tmp_path, spark):
-    def change(rec):
-        if rec["iteration"] == 3 and rec["rank"] == 1 and rec["sample_idx"] == 1 and \
-                rec["operation"] == "backward":
-            rec["stats"]["nan_count"] = 2                      # born in a backward, on rank 1
-        if rec["module_path"] == "decoder.layers.0.mlp.linear_fc1" and rec["tensor_name"] == "weight":
-            rec["stats"]["absmax"] = 0.5 * 4.0 ** rec["iteration"]
-        return rec
+def _change(rec):
+    """One capture with a cause for every kind: a NaN born in a backward (rank 1, iteration 3),
+    a weight drifting 2 binades per iteration, one rank's input gradients 50 x the others' from
+    iteration 2, a gradient the run's format flushes more every iteration, a gradient a what-if format
+    loses, and attention logits growing."""
+    it, rank, path, name = rec["iteration"], rec["rank"], rec["module_path"], rec["tensor_name"]
+    if it == 3 and rank == NAN_RANK and rec["sample_idx"] == 1 and rec["operation"] == "backward":
+        rec["stats"]["nan_count"] = 2
+    if path == FC1 and name == "weight":
+        rec["stats"]["absmax"] = 0.5 * 4.0 ** it
+    if rank == OUTLIER_RANK and it >= 2 and name == "grad_input":
+        rec["stats"]["absmax"] *= 50
+    if path == FC1 and name == "grad_output":
+        rec["stats"]["range"]["hifp8"]["flush_to_zero_ratio"] = 0.001 * (1 + it)
+    if name == "grad_output" and rec["layer_idx"] == 1:
+        rec["whatif"] = {"axis": -1, "axis_source": "gemm", "elements": 1024, "sampled": False,
+                         "formats": {"hifp8": {"sqnr_db": 3.0, "rel_error": 0.5,
+                                               "overflow_ratio": 0.0, "underflow_ratio": 0.9,
+                                               "flush_ratio": 0.0, "axis": -1}}}
+    if name in ("output", "input") and path.endswith("linear_qkv"):
+        rec = dict(rec, tensor_name="query" if name == "output" else "key", shape=[16, 2, 4, 16],
+                   module_path=path.replace("linear_qkv", "core_attention"))
+        rec["stats"] = dict(rec["stats"], absmax=2.0 * 1.5 ** it)
+    return rec
 
-    cap = write_capture(tmp_path / "cap", ranks=2, change=change)
-    _, state = open_index(cap)                                 # DuckDB builds the dataset
-    duck = [f.to_dict() for f in diagnose(cap).findings if f.kind in diagnose_spark.spark_kinds()]
-    result = diagnose_spark.diagnose_parquet(spark, state.data_dir)
-    assert result.records == state.records == 400
-    assert set(result.checked) == set(diagnose_spark.spark_kinds())
-    got = [f.to_dict() for f in result.findings]
-    assert [f["kind"] for f in got] == ["range_drift", "first_nonfinite"] == [f["kind"] for f in duck]
-    assert got == duck
-    assert (got[1]["rank"], got[1]["iteration"], got[1]["operation"]) == (1, 3, "backward")
+
+def write_summaries(folder, iterations=10, fmt="fp8_e4m3"):
+    """A flight recorder's summary files (schema.REC_SUMMARY_COLUMNS, one per rank): a NaN on
+    rank 1 at iteration 7, layer 0 fc1's weight doubling every iteration, rank 2's input
+    gradients 50 x the others' from iteration 4, layer 0 fc1's gradient wholly flushed by the run's format."""
+    d = folder / schema.RECORDER_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    for rank in range(RANKS):
+        rows = []
+        for it in range(iterations):
+            for site, (path, layer, op, phase, name) in enumerate(_ORDER):
+                a = 1.0 + 0.01 * ((site * 7 + rank) % 5)
+                if path == FC1 and name == "weight":
+                    a = 0.5 * 2.0 ** it
+                if rank == OUTLIER_RANK and it >= 4 and name == "grad_input":
+                    a *= 50
+                n = 2048
+                rows.append({
+                    "iteration": it, "rank": rank, "site": site, "module_path": path,
+                    "layer_type": "linear", "layer_idx": layer, "operation": op, "phase": phase,
+                    "tensor_name": name, "variant": "hp", "quant_type": fmt, "micro_batches": 2,
+                    "count": n, "sum": 0.0, "sumsq": n * (a / 3) ** 2, "min": -a, "max": a,
+                    "nan_count": 3 if (rank, it, path, name) == (NAN_RANK, 7, FC1, "input")
+                    else 0, "inf_count": 0,
+                    "flush_count": n if (path, name) == (FC1, "grad_output") else 0,
+                    "saturation_count": 0})
+        pq.write_table(pa.Table.from_pylist(rows), d / schema.recorder_summary_name(rank, 0))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spark_parity")
+    capture = write_capture(root / "capture", ranks=RANKS, change=_change)
+    summaries = write_summaries(root / "summaries")
+    both = write_summaries(write_capture(root / "both", ranks=RANKS))     # records cover 0..4
+    return {"capture": capture, "summaries": summaries, "both": both}
+
+
+@pytest.fixture(scope="module")
+def results(folders, spark):
+    """(DuckDB's JSON, Spark's JSON) per folder."""
+    return {name: (diagnose(folder).to_json(), diagnose(folder, engine="spark").to_json())
+            for name, folder in folders.items()}
+
+
+def _key(f):
+    return (f["kind"], f["rank"], f["iteration"], f["module_path"], f["severity"])
+
+
+#: kind -> the folders DuckDB must find it in (the planted cause)
+FOUND_IN = {"first_nonfinite": ("capture", "summaries", "both"),
+            "run_format_loss": ("capture", "summaries", "both"),
+            "range_drift": ("capture", "summaries", "both"),
+            "format_loss": ("capture",), "attention_logit_growth": ("capture",),
+            "rank_outlier": ("capture", "summaries", "both")}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_kind_gives_duckdb_s_findings_on_spark(results, kind):
+    assert set(FOUND_IN) == set(KINDS)
+    for name, (duck, spark) in results.items():
+        mine = [_key(f) for f in duck["findings"] if f["kind"] == kind]
+        theirs = [_key(f) for f in spark["findings"] if f["kind"] == kind]
+        assert theirs == mine, name
+        assert bool(mine) == (name in FOUND_IN[kind]), (name, mine)
+        assert spark["checked"][kind] == duck["checked"][kind]
+        same = [f for f in duck["findings"] if f["kind"] == kind]
+        assert [f["summary"] for f in spark["findings"] if f["kind"] == kind] == [
+            f["summary"] for f in same]
+
+
+def test_the_whole_diagnosis_is_the_same_ranked_list(results):
+    for name, (duck, spark) in results.items():
+        assert [_key(f) for f in spark["findings"]] == [_key(f) for f in duck["findings"]], name
+        assert (spark["records"], spark["summary_rows"]) == (duck["records"],
+                                                            duck["summary_rows"])
+        assert set(spark["checked"]) == set(duck["checked"])
+    # the planted faults, from the summaries alone: the NaN's rank and iteration, the outlier
+    duck, _ = results["summaries"]
+    (nan,) = [f for f in duck["findings"] if f["kind"] == "first_nonfinite"]
+    assert (nan["rank"], nan["iteration"], nan["module_path"]) == (NAN_RANK, 7, FC1)
+    assert {f["rank"] for f in duck["findings"] if f["kind"] == "rank_outlier"
+            and f["severity"] != "HIGH"} == {OUTLIER_RANK}
+    assert duck["checked"]["format_loss"].startswith("not checked: needs what-if numerics")
+    # records where they exist, summaries beyond them
+    duck, _ = results["both"]
+    assert duck["records"] == 800 and duck["summary_rows"] == RANKS * 5 * len(_ORDER)
+
+
+def test_the_command_runs_spark(folders, spark, capsys):
+    assert diagnose_cli.main([str(folders["summaries"]), "--engine", "spark", "--json", "-"]) == 0
+    assert '"first_nonfinite"' in capsys.readouterr().out
+
