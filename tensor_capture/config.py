@@ -48,9 +48,9 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**1
 #: five formats cost about 30x the statistics per element on a CPU
 WHATIF_MAX_ELEMENTS = 1 << 14
 
-#: share of wall time what-if numerics may use (CPU seconds of the writer's what-if jobs over
-#: seconds since the first): keeps stats-only capture with the default formats near 1.3x
-WHATIF_BUDGET = 0.25
+#: share of wall time what-if numerics may use (wall seconds of the writer's what-if jobs over
+#: seconds since the first): what-if adds about 1.1x to stats-only capture (docs/capture.md)
+WHATIF_BUDGET = 0.1
 
 # max_iterations / byte_budget: "unlimited" in YAML; None means "the default bound"
 # (tensor_capture.budget). inf compares like a limit that is never reached.

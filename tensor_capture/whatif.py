@@ -76,20 +76,23 @@ class WhatifGate:
 
     Why: five quantizations per tensor cost far more than the statistics on a CPU (each is
     hundreds of small torch ops), and a run must be able to leave them on. The writer thread
-    charges the CPU seconds each job took; the saver asks :meth:`open` at the first capture of
-    each iteration, and an iteration gets what-if numerics while the seconds spent so far are
-    at most ``budget`` x the wall time since the first one (the first always does). A skipped
-    iteration keeps its statistics; only its ``whatif`` metadata is absent, for every tensor of
-    that iteration alike, so a timeline point is whole or missing, never partial.
-    ``budget`` None: every due iteration.
+    charges the seconds each job took by this gate's clock (wall time: what the job kept the
+    writer from the statistics and files queued behind it, and, sharing the GIL, the training
+    thread from its Python; charged CPU time, a 0.25 budget cost 1.5-1.9x the statistics
+    alone on the embedded tiny Llama, charged wall time 1.3x: docs/capture.md). The saver asks
+    :meth:`open` at the first capture of each iteration, and an iteration gets what-if numerics
+    while the seconds charged so far are at most ``budget`` x the wall time since the first
+    one (the first always does). A skipped iteration keeps its statistics; only its ``whatif``
+    metadata is absent, for every tensor of that iteration alike, so a timeline point is whole
+    or missing, never partial. ``budget`` None: every due iteration.
     """
 
     def __init__(self, budget: float | None, clock: Callable[[], float] = time.perf_counter):
         self.budget = budget
-        self.spent = 0.0                     # CPU seconds of what-if jobs so far
+        self.spent = 0.0                     # seconds of what-if jobs so far
         self.on: list[int] = []              # iterations that got what-if numerics
         self.skipped: list[int] = []         # iterations skipped to stay within the budget
-        self._clock = clock
+        self.clock = clock                   # what jobs are timed by, too
         self._start: float | None = None
         self._decided: tuple[int, bool] | None = None
         self._lock = threading.Lock()
@@ -98,7 +101,7 @@ class WhatifGate:
         """Does ``iteration`` get what-if numerics? (decided once per iteration)"""
         if self._decided is not None and self._decided[0] == iteration:
             return self._decided[1]
-        now = self._clock()
+        now = self.clock()
         if self._start is None:
             self._start = now
         with self._lock:
@@ -121,15 +124,16 @@ class WhatifJob:
     plan: WhatifPlan
     source: torch.Tensor | None
     total: int
-    gate: WhatifGate | None = field(default=None, repr=False)   # charged with the CPU time
+    gate: WhatifGate | None = field(default=None, repr=False)   # charged with the job's time
 
     def run(self, whole: torch.Tensor | None = None) -> dict[str, Any]:
         """The metadata value; ``whole``: the writer's host copy of the whole tensor, used
         when no separate source was staged."""
-        t0 = time.thread_time()
+        clock = self.gate.clock if self.gate is not None else time.perf_counter
+        t0 = clock()
         src = self.source if self.source is not None else sample(
             whole, self.plan.axis, self.plan.max_elements)
         out = compute(src, self.plan, self.total)
         if self.gate is not None:
-            self.gate.charge(time.thread_time() - t0)
+            self.gate.charge(clock() - t0)
         return out
