@@ -49,6 +49,9 @@ def test_a_backlog_goes_to_the_manifest_in_one_write_in_order(tmp_path, monkeypa
     w.close()
     assert [r["i"] for r in records] == list(range(21)) == published
     assert records[5]["stats"]["max"] == 5 + 3 and records[5][schema.MANIFEST_FILE] is None
+    # 5, 6, 7 in binade 2, 8 in binade 3: the histogram's nonzero span, as integers
+    hist = records[5]["stats"]["log2_hist"]
+    assert hist == {"min_exp": 2, "counts": [3, 1]} and {type(c) for c in hist["counts"]} == {int}
     assert writes[0] == 1 and sum(writes) == 21 and len(writes) < 21   # the backlog batched
     assert all(n >= k + 1 for k, n in enumerate(lines_at_callback))   # line before callback
 
