@@ -107,7 +107,7 @@ def session(master: str | None) -> tuple[Any, bool]:
     if active is not None:
         return active, False
     spark = (SparkSession.builder.master(master or DEFAULT_MASTER).appName("lowp-diagnose")
-             .config("spark.ui.enabled", "false")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "8").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True

@@ -43,6 +43,7 @@ SLOW_TIERS = {
     "test_diagnose_runtime.py": ("megatron", "multiprocess"),  # 2 ranks x 4 scenarios, ~60 s
     "test_diagnose_training.py": ("megatron", "multiprocess"),  # 4 llama-train runs, ~80 s
     "test_capture_recorder_run.py": ("megatron", "multiprocess"),  # llama-train in recorder mode
+    "test_diagnose_recorder.py::three_ranks": ("megatron", "multiprocess"),  # 3-rank torchrun
     "test_diagnose_spark.py": ("multiprocess",),             # a local Spark JVM, ~20 s
     "test_capture_schedule.py::test_pipelining_*": ("megatron", "multiprocess"),
     "test_emulation_consistency.py::both_paths": ("megatron", "multiprocess"),

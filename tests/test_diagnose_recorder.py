@@ -241,3 +241,65 @@ def test_the_run_s_loss_is_the_mean_over_ranks_and_a_resumed_run_s_line_wins(tmp
         (d / schema.recorder_loss_name(rank)).write_text("".join(
             json.dumps({"iteration": it, "rank": rank, "loss": v}) + "\n" for it, v in rows))
     assert recorder_read.read_losses(tmp_path) == [(0, 7.0), (1, 5.0)]
+
+
+# -- every kind from the summaries alone: a real 3-rank run whose rank 2 is out of scale --------
+SCALED_RANK, SCALED_MODULE, SCALED_FROM, SCALE = 2, "decoder.layers.0.mlp.linear_fc1", 2, 16.0
+
+
+@pytest.fixture(scope="module")
+def three_ranks(small_data, tmp_path_factory):
+    """llama-train on 3 data-parallel ranks (torchrun, megatron-core's schedule) in recorder
+    mode, computing in unscaled fp8_e4m3 (its smallest subnormal 2^-9 flushes the tiny Llama's
+    small gradients), with rank 2's input to layer 0's fc1 multiplied by 16 from iteration 2 (a
+    bad shard or node); no trigger: the recorder leaves its summaries alone."""
+    from training_driver.capture import prepare_patched_tree
+
+    work = tmp_path_factory.mktemp("recorder_ranks")
+    caps = work / "caps"
+    proc = subprocess.run(
+        [sys.executable, "-m", "training_driver.torchrun", "--standalone", "--nproc-per-node",
+         "3", "-m", "training_driver.train", "--data-path", small_data["data_path"],
+         "--tokenizer", small_data["tokenizer"], "--model", "tiny", "--seq-length", "32",
+         "--micro-batch-size", "1", "--global-batch-size", "3", "--train-iters", "6",
+         "--log-interval", "10"],
+        cwd=work, capture_output=True, text=True, timeout=400, env=clean_env(
+            TENSOR_SAVE_MODE="recorder", TENSOR_SAVE_DIR=str(caps), CUSTOM_QUANT_TYPE="fp8_e4m3",
+            PYTHONPATH=f"{ROOT}:{SUPPORT}",
+            MEGATRON_LOWP_PATCHED_DIR=str(prepare_patched_tree(work / "patched")),
+            LOWP_TEST_PLANT_SCALE=f"{SCALED_RANK}:{SCALED_MODULE}:{SCALED_FROM}:{SCALE}"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(caps.glob(schema.MANIFEST_GLOB)) and recorder_read.summary_files(caps)
+    return caps
+
+
+def test_summaries_alone_name_the_outlier_rank_and_the_run_format_s_flush(three_ranks):
+    result = _diagnose(three_ranks)
+    assert result.records == 0 and result.summary_rows > 0
+    absmax = [f.to_dict() for f in result.findings if f.kind == "rank_outlier"
+              and f.evidence["metric"] == "absmax"]
+    # the scaled rank is the outlier of absmax, far beyond the others (three data-parallel
+    # ranks of the tiny Llama also differ by their own batches: the test's z can flag them too)
+    worst = max(absmax, key=lambda f: f["evidence"]["worst_z"])
+    assert worst["rank"] == SCALED_RANK, absmax
+    assert worst["evidence"]["value"] / worst["evidence"]["median"] > SCALE / 2
+    # the mechanism, as the summaries saw it: the scaled input is out of scale from the
+    # iteration the scale starts, on that rank only (rank_tables' band of the same cell)
+    from tensor_viz import rank_tables, recorder_view
+    from tensor_viz.columnar import connect
+    from tensor_viz.diagnose_rules import NARROW, NarrowState
+
+    con = connect()
+    rows = recorder_view.narrow_from_summaries(con, NARROW, three_ranks)
+    band = rank_tables.band(con, NarrowState(NARROW, rows), "absmax",
+                            {"layer_idx": 0, "module_path": SCALED_MODULE, "operation": "forward",
+                             "phase": "pre", "tensor_name": "input"}, SCALED_RANK)
+    assert [it for it, _lo, med, _hi, mine in band if mine > SCALE / 2 * med] == list(
+        range(SCALED_FROM, 6))
+    # the run's own format flushes gradients: counted by the recorder in fp8_e4m3
+    flush = [f for f in result.findings if f.kind == "run_format_loss"]
+    assert any(f.evidence["gradient"] and f.evidence["format"] == "fp8_e4m3" for f in flush)
+    rows = recorder_read.summary_rows(three_ranks)
+    grads = [r for r in rows if r["tensor_name"] == "grad_output" and r["quant_type"] == "fp8_e4m3"]
+    assert grads and max(r["flush_ratio"] for r in grads) > 0.01       # quant.analysis' HIGH
+    assert result.checked["format_loss"].startswith("not checked: needs what-if numerics")

@@ -14,3 +14,7 @@ if os.environ.get("LOWP_TEST_PLANT_NAN"):
     import plant_nan
 
     plant_nan.install(os.environ["LOWP_TEST_PLANT_NAN"])
+if os.environ.get("LOWP_TEST_PLANT_SCALE"):
+    import plant_nan
+
+    plant_nan.install_scale(os.environ["LOWP_TEST_PLANT_SCALE"])
