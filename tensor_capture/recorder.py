@@ -39,7 +39,7 @@ from .config import CaptureConfig
 from .recorder_out import SummaryWriter, append_trigger, ring_records, write_ring
 from .recorder_replay import RunInfo, write_replay
 from .recorder_ring import SlotBook, ring_bytes
-from .recorder_stats import Judged, device_row, host_row, judged_format
+from .recorder_stats import bounds, device_row, host_row, judged_format
 from .recorder_triggers import KINDS, TriggerRules
 from .schema import CaptureSite
 from .state import STATE
@@ -78,6 +78,7 @@ class Recorder:
         self._full = False                  # recorder_memory reached: no new slots
         self._params: dict[tuple, Any] = {}  # this iteration's parameter rows, by version
         self._kernel = OptionalModule(_load_cpu_kernel)   # the one-pass CPU statistics
+        self._known: dict[tuple[int, int | None], tuple] = {}   # (id(site), sample) -> _slot_of
         _LIVE.add(self)          # a run that ends on an error still writes its summaries
 
     # -- the hot path ---------------------------------------------------------------------------
@@ -87,49 +88,72 @@ class Recorder:
 
     def record(self, tensor: torch.Tensor, site: CaptureSite, iteration: int,
                sample: int | None) -> None:
-        """Statistics of one selected tensor into its slot (no host sync for device tensors)."""
+        """Statistics of one selected tensor into its slot (no host sync for device tensors).
+        The hot path: a site object seen before (hooks._at's cache) finds its slot, format
+        and bounds by identity; a CPU tensor's whole slot is one C call (stats_cpu)."""
         if not self.block or self.block[-1] != iteration:
             self._begin(iteration)
-        book = self.book
-        slot = book.slots.get((site, sample))
-        if slot is None:
-            slot = self._new_slot(tensor, site, sample)
-            if slot is None:
+        known = self._known.get((id(site), sample))
+        if known is None or known[0] is not site:
+            known = self._slot_of(tensor, site, sample)
+            if known is None:
                 return
-        fmt = book.sites[book.slot_site[slot]].fmt
+        _, slot, fmt, up, fl = known
+        book = self.book
         p = self._plane
         # a parameter is taken twice a step (forward and backward operand) unchanged: its row
         # once per version (``_version`` changes on any in-place update)
         key = ((tensor.data_ptr(), tensor._version, tensor.shape, fmt)
                if tensor.is_leaf and tensor.requires_grad else None)
         done = self._params.get(key) if key is not None else None
+        if done is None and tensor.device.type == "cpu" and self.host_path:
+            kernel = self._cpu_kernel()
+            if kernel is not None and kernel.slot_into(tensor, up, fl,
+                                                       book.host_address(p, slot)):
+                if key is not None:
+                    self._params[key] = book.host[p, slot].copy()
+                return
+            done = host_row(tensor, fmt)
         if tensor.device.type == "cpu" and self.host_path:
-            if done is not None:
-                book.host[p, slot] = row = done
-            elif self._cpu_row(tensor, fmt, p, slot):
-                row = book.host[p, slot].copy() if key is not None else None
-            else:
-                book.host[p, slot] = row = host_row(tensor, fmt)
+            book.host[p, slot] = done
         else:
             row = device_row(tensor, fmt) if done is None else done
             book.device_buffer(tensor.device)[p, slot].copy_(row)
             book.on_dev[p, slot] = True
+            done = row
         if key is not None:
-            self._params[key] = row
+            self._params[key] = done
         book.count[p, slot] = tensor.numel()
         book.seen[p, slot] = True
 
-    def _cpu_row(self, tensor: torch.Tensor, fmt: Judged | None, plane: int, slot: int) -> bool:
-        """The row of a CPU tensor by the one-pass kernel (tensor_capture.stats_cpu) straight
-        into the buffer; False where it cannot (no compiler: said once; a dtype it does not
-        read), and the torch path runs."""
-        kernel = self._kernel.get() if self.cpu_kernel else None
+    def _slot_of(self, tensor: torch.Tensor, site: CaptureSite, sample: int | None
+                 ) -> tuple | None:
+        """(site, slot, format, overflow and flush bounds) of (site, micro-batch), the slot
+        made on first sight; remembered by the site object's identity when it is the object
+        the slot was made with (the object is kept, so its id is not reused)."""
+        book = self.book
+        slot = book.slots.get((site, sample))
+        made = slot is None
+        if made:
+            slot = self._new_slot(tensor, site, sample)
+            if slot is None:
+                return None
+        fmt = book.sites[book.slot_site[slot]].fmt
+        known = (site, slot, fmt, *bounds(fmt))
+        if made:
+            self._known[(id(site), sample)] = known
+        return known
+
+    def _cpu_kernel(self) -> Any:
+        """The one-pass kernel (tensor_capture.stats_cpu), or None: not wanted (cpu_kernel
+        False), or it does not build here (said once; the torch path gives the same rows)."""
+        if not self.cpu_kernel:
+            return None
+        kernel = self._kernel.get()
         if kernel is None:
-            if self.cpu_kernel:
-                self._warn("recorder-cpu-kernel", "tensor capture: recorder: CPU statistics take "
-                           f"the slower torch path ({self._kernel.error})")
-            return False
-        return kernel.row_into(tensor, fmt, self.book.host_address(plane, slot))
+            self._warn("recorder-cpu-kernel", "tensor capture: recorder: CPU statistics take "
+                       f"the slower torch path ({self._kernel.error})")
+        return kernel
 
     def _begin(self, iteration: int) -> None:
         if len(self.block) >= self.config.recorder_every:   # a boundary was missed: keep going

@@ -19,8 +19,12 @@ from . import schema
 from .recorder_stats import EMPTY_ROW, INF, N_STATS, NAN, Judged
 from .schema import CaptureSite
 
-#: host bytes of one slot in one iteration: the statistics, the element count and the seen flag
-SLOT_BYTES = (N_STATS + 2) * 8
+#: a slot's host values in one iteration: the statistics, then its element count and a seen
+#: flag (1.0), side by side so that one call of the CPU kernel writes all of them
+WIDTH = N_STATS + 2
+COUNT, SEEN = N_STATS, N_STATS + 1
+#: host bytes of one slot in one iteration
+SLOT_BYTES = WIDTH * 8
 
 
 def ring_bytes(slots: int, window: int, every: int) -> int:
@@ -71,22 +75,22 @@ class SlotBook:
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
-        self.host = np.empty((self.every, capacity, N_STATS))
-        self.host[:] = EMPTY_ROW
-        self.count = np.zeros((self.every, capacity))
-        self.seen = np.zeros((self.every, capacity), dtype=bool)
+        self.buf = np.zeros((self.every, capacity, WIDTH))
+        self.buf[..., :N_STATS] = EMPTY_ROW
+        self.host = self.buf[..., :N_STATS]        # views of buf: statistics, count, seen
+        self.count = self.buf[..., COUNT]
+        self.seen = self.buf[..., SEEN]
         self.on_dev = np.zeros((self.every, capacity), dtype=bool)
-        self._host_address = self.host.ctypes.data     # where the CPU kernel writes a row
+        self._host_address = self.buf.ctypes.data     # where the CPU kernel writes a slot
 
     def host_address(self, plane: int, slot: int) -> int:
-        """The address of ``host[plane, slot]`` (N_STATS float64 values, C order)."""
-        return self._host_address + (plane * self.capacity + slot) * (N_STATS * 8)
+        """The address of ``buf[plane, slot]`` (WIDTH float64 values, C order)."""
+        return self._host_address + (plane * self.capacity + slot) * SLOT_BYTES
 
     def _grow(self) -> None:
-        old = (self.host, self.count, self.seen, self.on_dev, self.capacity)
+        old, old_dev, n = self.buf, self.on_dev, self.capacity
         self._alloc(self.capacity * 2)
-        n = old[4]
-        self.host[:, :n], self.count[:, :n], self.seen[:, :n], self.on_dev[:, :n] = old[:4]
+        self.buf[:, :n], self.on_dev[:, :n] = old, old_dev
         if self.dev is not None:
             extra = torch.zeros((self.every, n, N_STATS), dtype=self.dev.dtype,
                                 device=self.dev.device)
@@ -125,13 +129,12 @@ class SlotBook:
             self.host[:, :n][mask] = dev[mask]
         out = []
         for p, (it, loss) in enumerate(zip(iterations, losses)):
-            entry = IterStats(it, self.host[p, :n].copy(), self.count[p, :n].copy(),
-                              self.seen[p, :n].copy(), loss)
+            plane = self.buf[p, :n].copy()               # one copy; the fields are views of it
+            entry = IterStats(it, plane[:, :N_STATS], plane[:, COUNT], plane[:, SEEN] > 0, loss)
             self.ring.append(entry)
             out.append(entry)
-        self.host[:] = EMPTY_ROW
-        self.count[:] = 0
-        self.seen[:] = False
+        self.buf[..., :N_STATS] = EMPTY_ROW
+        self.buf[..., N_STATS:] = 0.0
         self.on_dev[:] = False
         return out
 

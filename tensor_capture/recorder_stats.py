@@ -62,6 +62,15 @@ def judged_format(quant_type: str | None, dtype: torch.dtype) -> Judged | None:
     return Judged(spec.name, spec.overflow_bound(ct), spec.flush_bound(ct), own, spec)
 
 
+def bounds(fmt: Judged | None) -> tuple[float, float]:
+    """(overflow, flush) the CPU kernel (tensor_capture.stats_cpu) compares |x| with: the
+    format's; none for a tensor judged in its own dtype (a value never saturates or flushes
+    there: the saturation count is then the Inf count, as defined here, and the flush count 0)."""
+    if fmt is None or fmt.own_dtype:
+        return math.inf, 0.0
+    return fmt.overflow, fmt.flush
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 

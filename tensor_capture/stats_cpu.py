@@ -34,12 +34,13 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from lowp_common import atomic_path
 
-from .recorder_stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged
+from .recorder_stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged, bounds
 
 #: the order the C code writes a row in (it must be schema.REC_STATS')
 assert (SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT) == tuple(range(N_STATS)) == tuple(range(8))
@@ -249,6 +250,14 @@ int lowp_rec_row(const void *x, int64_t n, int nd, const int64_t *size, const in
     }
     return 0;
 }
+
+/* The recorder's slot: the row, then the element count and a seen flag (1.0) in out[8], out[9]. */
+int lowp_rec_slot(const void *x, int64_t n, int nd, const int64_t *size, const int64_t *stride,
+                  int dtype, double up, double fl, double *out) {
+    int r = lowp_rec_row(x, n, nd, size, stride, dtype, up, fl, out);
+    if (r == 0) { out[8] = (double)n; out[9] = 1.0; }
+    return r;
+}
 """
 
 #: values per lane summed in float32 before the partial goes into float64 (the error bound of
@@ -261,43 +270,51 @@ _CACHE_DIR = "megatron-lowp-tools"
 
 
 class CpuStatsKernel:
-    """The loaded library: :meth:`row_into` writes one tensor's row where it is told."""
+    """The loaded library: :meth:`row_into` writes one tensor's row where it is told,
+    :meth:`slot_into` a recorder slot (the row, its element count and seen flag)."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.path = path
-        fn = lib.lowp_rec_row
-        fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_double,
-                       ctypes.c_void_p)
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        self._fn = _declare(lib.lowp_rec_row)
+        self._slot = _declare(lib.lowp_rec_slot)
 
     def row_into(self, x: torch.Tensor, fmt: Judged | None, out_address: int) -> bool:
         """The row of CPU tensor ``x`` judged against ``fmt`` into the N_STATS float64 values at
         ``out_address``. False, nothing written, for a dtype the kernel does not read (the
         caller takes the torch path)."""
+        return self._call(self._fn, x, *bounds(fmt), out_address)
+
+    def slot_into(self, x: torch.Tensor, up: float, fl: float, out_address: int) -> bool:
+        """:meth:`row_into` with the bounds given (:func:`bounds`, computed once per slot by
+        the caller), then x's element count and 1.0 (seen): tensor_capture.recorder_ring's
+        slot, all of it in one call. False, nothing written, as :meth:`row_into`."""
+        return self._call(self._slot, x, up, fl, out_address)
+
+    @staticmethod
+    def _call(fn: Any, x: torch.Tensor, up: float, fl: float, out_address: int) -> bool:
         code = DTYPE_CODES.get(x.dtype)
         if code is None:
             return False
         if x.is_contiguous():
-            self._fn(x.data_ptr(), x.numel(), 0, None, None, code, *bounds(fmt), out_address)
+            fn(x.data_ptr(), x.numel(), 0, None, None, code, up, fl, out_address)
             return True
         if x.dim() > MAX_DIMS:
             x = x.detach().contiguous()
-            return self.row_into(x, fmt, out_address)
+            fn(x.data_ptr(), x.numel(), 0, None, None, code, up, fl, out_address)
+            return True
         dims = (ctypes.c_int64 * x.dim())
-        self._fn(x.data_ptr(), x.numel(), x.dim(), dims(*x.shape), dims(*x.stride()), code,
-                 *bounds(fmt), out_address)          # gathered in the kernel: no copy here
+        fn(x.data_ptr(), x.numel(), x.dim(), dims(*x.shape), dims(*x.stride()), code, up, fl,
+           out_address)                          # gathered in the kernel: no copy here
         return True
 
 
-def bounds(fmt: Judged | None) -> tuple[float, float]:
-    """(overflow, flush) the kernel compares |x| with: the format's; none for a tensor judged
-    in its own dtype (a value never saturates or flushes there: the saturation count is then
-    the Inf count, as recorder_stats defines it, and the flush count 0)."""
-    if fmt is None or fmt.own_dtype:
-        return math.inf, 0.0
-    return fmt.overflow, fmt.flush
+def _declare(fn: Any) -> Any:
+    """The C signature both entry points share."""
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_double,
+                   ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def load() -> CpuStatsKernel:

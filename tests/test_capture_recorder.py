@@ -4,6 +4,7 @@ schedule interface (tensor_capture.numbering.wrap_schedule over a schedule of ou
 The runs of llama-train on the tiny Llama are in tests/test_capture_recorder_run.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -481,6 +482,45 @@ def test_cpu_rows_come_from_the_one_pass_kernel_or_else_the_torch_path_alike(
         assert a.tolist() == b.tolist() and ca.tolist() == cb.tolist()
     err = capsys.readouterr().err
     assert err.count("CPU statistics take the slower torch path (no C compiler found") == 1
+
+
+def test_a_site_object_seen_again_and_an_equal_new_one_fill_the_same_slots(session):
+    """The hot path finds a slot by the site object's identity (hooks._at hands the same
+    object every step); an equal object built anew (save_tensor's callers) takes the lookup by
+    value: both give the same slots, rows, counts and seen flags as the torch path. A parameter
+    is read once per version: updated in place between its two uses, it is read again."""
+    g = torch.Generator().manual_seed(1)
+    data = [[torch.randint(-8, 9, (500 + 7 * i,), generator=g).float() for i in range(SITES)]
+            for _ in range(2 * MICRO)]
+    weight = torch.nn.Parameter(torch.randint(-8, 9, (64,), generator=g).float())
+    kept = [_site(i) for i in range(SITES)]
+    wsite = dataclasses.replace(_site(0), tensor_name="weight")
+    rings = []
+    for same_objects, kernel in ((True, True), (False, True), (True, False)):
+        session()
+        saver = ts.get_tensor_saver()
+        saver.recorder.cpu_kernel = kernel
+        with torch.no_grad():
+            weight.copy_(torch.arange(64.0) - 32)
+        for it in range(2):
+            saver.set_iteration(it)
+            for mb in range(MICRO):
+                saver.set_sample_idx(mb)
+                for i in range(SITES):
+                    site = kept[i] if same_objects else _site(i)
+                    saver.capture(data[2 * it + mb][i][::1 + i % 2], site)
+                saver.capture(weight, wsite)
+                if (it, mb) == (1, 0):
+                    with torch.no_grad():
+                        weight.mul_(2)            # a new version: not the earlier row
+            numbering.end_iteration(saver, it)
+        book = saver.recorder.book
+        assert len(book) == (SITES + 1) * MICRO
+        rings.append([(e.stats.tolist(), e.count.tolist(), e.seen.tolist()) for e in book.ring])
+    assert rings[0] == rings[1] == rings[2]
+    w_rows = [stats[s] for stats, _, _ in rings[0] for s in (SITES, 2 * SITES + 1)]
+    assert w_rows[0] == w_rows[1] and w_rows[2] != w_rows[3]
+    assert w_rows[3][SUM] == 2 * w_rows[2][SUM] == 2 * float((torch.arange(64.0) - 32).sum())
 
 
 @pytest.mark.parametrize("quant", ["fp8_e4m3", None])

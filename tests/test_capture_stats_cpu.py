@@ -25,6 +25,7 @@ from tensor_capture.recorder_stats import (
     SAT,
     SUM,
     SUMSQ,
+    bounds,
     device_row,
     host_row,
     judged_format,
@@ -111,6 +112,20 @@ def test_runs_copied_whole_and_chunks_read_in_place_keep_the_copys_row(kernel, d
     for view in views:
         assert not view.is_contiguous()
         assert _row(kernel, view, fmt) == _row(kernel, view.contiguous(), fmt), view.shape
+
+
+def test_a_recorder_slot_is_the_row_then_the_count_and_the_seen_flag(kernel):
+    """slot_into: row_into's row (bounds given once per slot) followed by numel and 1.0, for a
+    contiguous tensor, a strided view and a dtype it does not read (nothing written)."""
+    x = torch.randn(3 * CHUNK + 5, generator=torch.Generator().manual_seed(6)) * 300
+    fmt = judged_format("fp8_e4m3", x.dtype)
+    for t in (x, x[1::3], x[:-5].reshape(-1, 8)[:, 1:]):
+        out = (ctypes.c_double * (N_STATS + 2))(*([-7.0] * (N_STATS + 2)))
+        assert kernel.slot_into(t, *bounds(fmt), ctypes.addressof(out))
+        assert list(out) == _row(kernel, t, fmt) + [t.numel(), 1.0]
+    out = (ctypes.c_double * (N_STATS + 2))()
+    assert not kernel.slot_into(x.double(), *bounds(None), ctypes.addressof(out))
+    assert list(out) == [0.0] * (N_STATS + 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
