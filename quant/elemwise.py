@@ -63,9 +63,13 @@ def grid_exponent(a: torch.Tensor, lo, hi) -> torch.Tensor:
 
 def tapered_mantissa_bits(e: torch.Tensor) -> torch.Tensor:
     """HiF8's mantissa width at grid exponent e: 3 bits for |E|<=3, 2 for 4..7, 1 for 8..15,
-    0 for the denormal grid / beyond range."""
-    ae = e.abs()
-    return 3 - (ae >= 4).to(torch.int32) - (ae >= 8).to(torch.int32) - (ae >= 16).to(torch.int32)
+    0 for the denormal grid / beyond range.
+
+    The width drops by one at |E| = 4, 8 and 16, the powers of two, so it is 4 - floor(log2 |E|)
+    for |E| clamped to [2, 16]; floor(log2) of that small int is the exponent field of its exact
+    float32 value (five vector ops where three compare-and-convert steps took fifteen)."""
+    field = e.abs().clamp_(2, 16).to(torch.float32).view(torch.int32) >> 23
+    return (4 + 127) - field
 
 
 def _mantissa_bits(e: torch.Tensor, p: ElemParams):
@@ -106,6 +110,8 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
     """
     if rounding == "nearest_even" and _adder_rounds(p):
         return _round_nearest_even_(a, p)
+    if rounding == "nearest_away" and _bits_round_away(p):
+        return _round_tapered_away(a, p)
     e = grid_exponent(a, p.grid_emin, p.grid_emax)
     m = _mantissa_bits(e, p)
     # q = a * 2^(m - e) with one power of two when both powers are normal floats; otherwise
@@ -164,6 +170,33 @@ def _round_nearest_even_(a: torch.Tensor, p: ElemParams) -> torch.Tensor:
                                                   (p.grid_emax + 127) << 23)
     c = c.add_((23 - p.mbits) << 23).view(torch.float32)
     return a.add_(c).sub_(c)
+
+
+def _bits_round_away(p: ElemParams) -> bool:
+    """Whether ties-away rounding can add half a step to the bits (:func:`_round_tapered_away`):
+    the tapered grid (HiF8), whose lowest binade has no mantissa bits (tested), so below it lie
+    only 0 and 2^grid_emin."""
+    return p.tapered
+
+
+def _round_tapered_away(a: torch.Tensor, p: ElemParams) -> torch.Tensor:
+    """round_magnitude_'s nearest_away on a tapered grid from the float's bits (the same values,
+    about half the vector ops of floor, compare and convert; HiF8's default rounding).
+
+    A magnitude in a grid binade e keeps its top m(e) mantissa bits: adding half of the dropped
+    part to the bits and clearing it rounds half away from zero, and a carry into the exponent
+    gives the next power of two, which is on the grid. Below 2^grid_emin the grid holds only 0
+    and 2^grid_emin (the tie 2^(grid_emin - 1) goes up); NaN stays NaN. Only a magnitude of
+    2^(grid_emax + 1) or more (beyond max_normal) may come out otherwise than by
+    multiply-round-multiply (a power of two or Inf, still beyond max_normal): saturation,
+    overflow encoding and every overflow test see the same."""
+    bits = a.view(torch.int32)
+    drop = 23 - tapered_mantissa_bits(grid_exponent(a, p.grid_emin, p.grid_emax))
+    half = torch.ones_like(drop) << (drop - 1)
+    r = ((bits + half) & -(half << 1)).view(torch.float32)
+    bottom = 2.0 ** p.grid_emin
+    r = torch.where(a < bottom, torch.where(a >= bottom / 2, bottom, 0.0), r)
+    return torch.where(a == a, r, a)
 
 
 def round_magnitude(a: torch.Tensor, p: ElemParams, rounding: str,

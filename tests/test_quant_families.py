@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from quant import FORMATS, quantize
-from quant.elemwise import ElemParams, _adder_rounds, round_magnitude_
+from quant.elemwise import ElemParams, _adder_rounds, round_magnitude_, tapered_mantissa_bits
 from quant.families import FAMILIES, family_of
 from quant.formats import SCALING_IDENTITY
 from quant.layout import to_blocks
@@ -86,6 +86,44 @@ def test_nearest_even_rounding_matches_float64(name):
     assert torch.equal(got.double()[inside], want[inside])
     assert bool((got[~inside] > FORMATS[name].max_normal).all())
     assert math.isinf(float(round_magnitude_(torch.tensor([math.inf]), p, "nearest_even")))
+
+
+def test_tapered_mantissa_bits_follow_hifp8s_exponent_ranges():
+    """3 mantissa bits for |E| <= 3, 2 for 4..7, 1 for 8..15, 0 from 16 (the paper's table),
+    on every exponent an int32 column may hold near the grid and far beyond it."""
+    e = torch.arange(-400, 401, dtype=torch.int32)
+    want = [3 if abs(v) <= 3 else 2 if abs(v) <= 7 else 1 if abs(v) <= 15 else 0
+            for v in e.tolist()]
+    assert tapered_mantissa_bits(e).tolist() == want
+    low = FORMATS["hifp8"].grid_emin   # the bits rounding assumes no mantissa bits down there
+    assert tapered_mantissa_bits(torch.tensor([low], dtype=torch.int32)).item() == 0
+
+
+def test_tapered_ties_away_rounding_matches_float64():
+    """HiF8's default rounding (ties away, computed on the float's bits) against float64 on
+    random float32 bit patterns, every grid value, its midpoints and their neighbours; past
+    2^(grid_emax + 1) only 'beyond max_normal' counts; NaN stays NaN, Inf stays beyond."""
+    spec = FORMATS["hifp8"]
+    p = ElemParams.of(spec)
+    bits = torch.randint(0, 0x7F800000, (200_000,), generator=torch.Generator().manual_seed(2),
+                         dtype=torch.int32)
+    grid = torch.tensor(spec.value_set(), dtype=torch.float64)
+    grid = grid[grid >= 0].unique()
+    mids = (grid[1:] + grid[:-1]) / 2                      # exact in float64
+    edges = torch.cat([grid, mids]).float()
+    edges = torch.cat([edges, torch.nextafter(edges, torch.tensor(0.0)),
+                       torch.nextafter(edges, torch.tensor(math.inf))])
+    a = torch.cat([bits.view(torch.float32), edges, torch.tensor([2.0 ** (p.grid_emin - 1)])])
+    got = round_magnitude_(a.clone(), p, "nearest_away")
+    e = torch.floor(torch.log2(a.double())).clamp(p.grid_emin, p.grid_emax)
+    e = torch.where(a > 0, e, torch.full_like(e, p.grid_emin))
+    step = torch.exp2(e - tapered_mantissa_bits(e.to(torch.int32)).double())
+    want = torch.floor(a.double() / step + 0.5) * step     # exact in float64: ties go up
+    inside = a.double() < 2.0 ** (p.grid_emax + 1)
+    assert torch.equal(got.double()[inside], want[inside])
+    assert bool((got[~inside] > spec.max_normal).all())
+    special = round_magnitude_(torch.tensor([math.inf, math.nan, 0.0]), p, "nearest_away")
+    assert math.isinf(special[0]) and math.isnan(special[1]) and special[2] == 0.0
 
 
 class _BlockAmaxFamily(ScalingFamily):
