@@ -66,12 +66,12 @@ def _same_sql(query: Query, checked: str, lacks: str = "") -> Kind:
     return Kind(checked, query, spark=query, lacks=lacks)
 
 
-def _narrow(query: Callable[[Any, str], list[Finding]], checked: str) -> Kind:
+def _narrow(query: Callable[[Any, str], list[Finding]], checked: str, lacks: str = "") -> Kind:
     """A kind whose query reads only the narrow table (``query(con, narrow)``)."""
     def on_narrow(con: Any, inp: rules.Inputs) -> list[Finding]:
         return query(con, inp.narrow)
 
-    return _same_sql(on_narrow, checked)
+    return _same_sql(on_narrow, checked, lacks)
 
 
 #: kind -> its Kind (what it checked, each engine's query); the order breaks ranking ties
@@ -92,7 +92,9 @@ KINDS: dict[str, Kind] = {
                                    "keep"),
     "attention_logit_growth": _narrow(rules.attention_logit_growth,
                                       "max |q.k|/sqrt(d) per layer over iterations (bound from "
-                                      "the query / key absmax)"),
+                                      "the query / key absmax)",
+                                      lacks="needs the query's head dimension (its shape), "
+                                            "which recorder summaries do not keep"),
     "rank_outlier": _same_sql(rules.rank_outlier,
                               "each rank against the median of the ranks "
                               "(tensor_viz.rank_tables: absmax, std, flush, underflow, "

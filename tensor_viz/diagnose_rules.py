@@ -467,8 +467,7 @@ def rank_outlier(con: Any, inp: Inputs) -> list[Finding]:
         if con.execute(f"SELECT count(DISTINCT rank) FROM {inp.narrow}").fetchone()[0] < 3:
             return []
         narrow = NarrowState(inp.narrow, inp.records + inp.summary_rows)
-        rows = [r for metric in rank_tables.METRICS
-                for r in rank_tables.outlier_ranks(con, narrow, metric, limit=10)]
+        rows = rank_tables.outlier_ranks(con, narrow, None, limit=10)
     for r in rows:
         metric = r["metric"]
         where = {"iteration": r["first_iteration"], "rank": r["rank"],

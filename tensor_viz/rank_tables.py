@@ -104,24 +104,28 @@ def _per_rank_sql(state: IndexState, metric: str) -> str:
     key = ", ".join(_key(state))
     if fold == "merge":
         return f"""
-        SELECT {key}, iteration, rank, {merged_std_sql("n", "m", "s")} AS v FROM (
+        SELECT '{metric}' AS metric, {key}, iteration, rank, {merged_std_sql("n", "m", "s")} AS v
+        FROM (
             SELECT {key}, iteration, rank, CAST({n} AS DOUBLE) AS n,
                    CAST({m} AS DOUBLE) AS m, CAST({expr} AS DOUBLE) AS s
             FROM {_source(state)} WHERE coalesce(variant, {SQL_HP}) = {SQL_HP}) AS x
         WHERE n > 0 AND isfinite(m) AND isfinite(s)
         GROUP BY {key}, iteration, rank"""
     return f"""
-        SELECT {key}, iteration, rank, {fold}(v) AS v FROM (
+        SELECT '{metric}' AS metric, {key}, iteration, rank, {fold}(v) AS v FROM (
             SELECT {key}, iteration, rank, CAST({expr} AS DOUBLE) AS v FROM {_source(state)}
             WHERE coalesce(variant, {SQL_HP}) = {SQL_HP}) AS x
         WHERE v IS NOT NULL AND isfinite(v)
         GROUP BY {key}, iteration, rank"""
 
 
-def _scored_sql(state: IndexState, metric: str) -> str:
-    key = ", ".join(_key(state))
+def _scored_sql(state: IndexState, metrics: list[str]) -> str:
+    """Each rank's z per metric x layer x tensor x iteration cell: every metric in one query
+    (one job on Spark instead of one per metric)."""
+    key = ", ".join(("metric", *_key(state)))
+    per_rank = " UNION ALL ".join(f"({_per_rank_sql(state, m)})" for m in metrics)
     return f"""
-        WITH r AS ({_per_rank_sql(state, metric)}),
+        WITH r AS ({per_rank}),
         m AS (SELECT {key}, iteration, median(v) AS med, min(v) AS lo, max(v) AS hi,
                      count(*) AS ranks FROM r GROUP BY {key}, iteration),
         d AS (SELECT r.*, m.med, m.lo, m.hi, m.ranks FROM r JOIN m USING ({key}, iteration)),
@@ -131,23 +135,32 @@ def _scored_sql(state: IndexState, metric: str) -> str:
         FROM d JOIN mad USING ({key}, iteration)"""
 
 
-def outlier_ranks(con: Any, state: IndexState, metric: str, limit: int = 20) -> list[dict[str, Any]]:
-    """Per rank with outliers: the first iteration it is one, how many layer x tensor x
-    iteration cells, the worst z and where (only ranks of worlds of 3+ ranks can be judged).
-    The same SQL on DuckDB and Spark (tensor_viz.sql_dialect spells the struct)."""
+def outlier_ranks(con: Any, state: IndexState, metric: str | None,
+                  limit: int = 20) -> list[dict[str, Any]]:
+    """Per metric (``None``: every metric of :data:`METRICS`, in one query) and rank with
+    outliers: the first iteration it is one, how many layer x tensor x iteration cells, the
+    worst z and where (only ranks of worlds of 3+ ranks can be judged); at most ``limit`` ranks
+    per metric. The same SQL on DuckDB and Spark (tensor_viz.sql_dialect spells the struct)."""
+    metrics = list(METRICS) if metric is None else [metric]
     key = _key(state)
     worst = named_struct(con, {k: k for k in (*key, "iteration", "v", "med")})
     # ties of z broken alike on both engines (no NULL in the ordering: they sort differently)
     order = named_struct(con, {"z": "z", "i": "iteration", **{
         f"k{i}": f"coalesce(CAST({k} AS STRING), '')" for i, k in enumerate(key)}})
     rows = con.execute(f"""
-        WITH s AS ({_scored_sql(state, metric)}), o AS (SELECT * FROM s WHERE ranks >= 3 AND z > {OUTLIER_Z})
-        SELECT rank, min(iteration) AS first_iteration, count(*) AS cells, max(z) AS worst_z,
-               max_by({worst}, {order}) AS worst
-        FROM o GROUP BY rank ORDER BY first_iteration, worst_z DESC, rank LIMIT {int(limit)}""").fetchall()
+        WITH s AS ({_scored_sql(state, metrics)}),
+        o AS (SELECT * FROM s WHERE ranks >= 3 AND z > {OUTLIER_Z}),
+        g AS (SELECT metric, rank, min(iteration) AS first_iteration, count(*) AS cells,
+                     max(z) AS worst_z, max_by({worst}, {order}) AS worst
+              FROM o GROUP BY metric, rank),
+        n AS (SELECT g.*, row_number() OVER (PARTITION BY metric
+                  ORDER BY first_iteration, worst_z DESC, rank) AS k FROM g)
+        SELECT metric, rank, first_iteration, cells, worst_z, worst, k FROM n
+        WHERE k <= {int(limit)}""").fetchall()
     out = []
-    for rank, first, cells, z, at in rows:
-        out.append({"metric": metric, "rank": int(rank), "first_iteration": int(first),
+    for name, rank, first, cells, z, at, k in sorted(rows, key=lambda r: (
+            metrics.index(r[0]), r[-1])):
+        out.append({"metric": name, "rank": int(rank), "first_iteration": int(first),
                     "cells": int(cells), "worst_z": float(z), **at})
     return out
 
@@ -169,7 +182,7 @@ def band(con: Any, state: IndexState, metric: str, where: dict[str, Any], rank: 
 def outliers_per_iteration(con: Any, state: IndexState, metric: str) -> list[tuple[int, int]]:
     """(iteration, outlier cells) for iterations that have any."""
     return [(int(i), int(n)) for i, n in con.execute(f"""
-        WITH s AS ({_scored_sql(state, metric)})
+        WITH s AS ({_scored_sql(state, [metric])})
         SELECT iteration, count(*) FROM s WHERE ranks >= 3 AND z > {OUTLIER_Z}
         GROUP BY iteration ORDER BY iteration""").fetchall()]
 
@@ -244,11 +257,9 @@ def rank_view(con: Any, state: IndexState, limit: int = 20) -> RankView:
     view = RankView(header(con, state))
     if view.header.ranks < 3:
         return view
-    for metric in METRICS:
-        rows = outlier_ranks(con, state, metric, limit)
-        view.outliers += rows
-        if rows:
-            view.per_iteration[metric] = outliers_per_iteration(con, state, metric)
+    view.outliers = outlier_ranks(con, state, None, limit)
+    for metric in dict.fromkeys(r["metric"] for r in view.outliers):
+        view.per_iteration[metric] = outliers_per_iteration(con, state, metric)
     if view.outliers:
         w = max(view.outliers, key=lambda r: r["worst_z"])
         view.worst = w

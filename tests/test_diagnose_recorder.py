@@ -76,8 +76,9 @@ def test_summaries_alone_name_the_iteration_and_module(recorded, tmp_path):
     # a kind that needs what summaries lack says so; every other kind ran on them
     assert result.checked["format_loss"] == ("not checked: needs what-if numerics, which "
                                              "recorder summaries do not keep")
+    assert result.checked["attention_logit_growth"].startswith("not checked: needs the query's")
     assert all(not v.startswith("not checked") for k, v in result.checked.items()
-               if k != "format_loss")
+               if k not in ("format_loss", "attention_logit_growth"))
 
 
 def test_summaries_fill_only_the_iterations_records_do_not_cover(recorded):
