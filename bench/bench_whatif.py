@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=25,
                     help="--capture: timed steps per configuration per round")
     args = ap.parse_args(argv)
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
+        if value < 1:
+            ap.error(f"{flag} {value}: give a positive count")
     torch.set_num_threads(1)
     if args.capture:
         return capture_main(args.rounds, args.steps)
