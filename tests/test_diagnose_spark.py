@@ -47,6 +47,7 @@ def _change(rec):
         rec["stats"]["nan_count"] = 2
     if path == FC1 and name == "weight":
         rec["stats"]["absmax"] = 0.5 * 4.0 ** it
+        rec["stats"]["std"] = rec["stats"]["absmax"] / 3     # and departs from the reference
     if rank == OUTLIER_RANK and it >= 2 and name == "grad_input":
         rec["stats"]["absmax"] *= 50
     if path == FC1 and name == "grad_output":
@@ -57,9 +58,18 @@ def _change(rec):
                                                "overflow_ratio": 0.0, "underflow_ratio": 0.9,
                                                "flush_ratio": 0.0, "axis": -1}}}
     if name in ("output", "input") and path.endswith("linear_qkv"):
-        rec = dict(rec, tensor_name="query" if name == "output" else "key", shape=[16, 2, 4, 16],
-                   module_path=path.replace("linear_qkv", "core_attention"))
+        rec = _attention(rec)
         rec["stats"] = dict(rec["stats"], absmax=2.0 * 1.5 ** it)
+    return rec
+
+
+def _attention(rec):
+    """linear_qkv's output and input recorded as core attention's query and key (the model of
+    the capture and of its reference)."""
+    if rec["tensor_name"] in ("output", "input") and rec["module_path"].endswith("linear_qkv"):
+        rec = dict(rec, tensor_name="query" if rec["tensor_name"] == "output" else "key",
+                   shape=[16, 2, 4, 16],
+                   module_path=rec["module_path"].replace("linear_qkv", "core_attention"))
     return rec
 
 
@@ -89,6 +99,10 @@ def write_summaries(folder, iterations=10, fmt="fp8_e4m3"):
                     "flush_count": n if (path, name) == (FC1, "grad_output") else 0,
                     "saturation_count": 0})
         pq.write_table(pa.Table.from_pylist(rows), d / schema.recorder_summary_name(rank, 0))
+        # the loss the recorder saw: falling, then a spike at the last iteration
+        (d / schema.recorder_loss_name(rank)).write_text("".join(json.dumps(
+            {"iteration": it, "rank": rank, "loss": 40.0 if it == iterations - 1 else
+             6.0 - 0.1 * it}) + "\n" for it in range(iterations)))
     return folder
 
 
@@ -104,7 +118,11 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results(folders, spark, tmp_path_factory):
     """(DuckDB's JSON, Spark's JSON) per folder; the summaries' through the command."""
-    out = {name: (diagnose(folder).to_json(), diagnose(folder, engine="spark").to_json())
+    # the capture against a healthy one of the same model: reference_gap on both engines
+    ref = {"reference": write_capture(tmp_path_factory.mktemp("ref") / "ref", ranks=RANKS,
+                                      change=_attention)}
+    out = {name: (diagnose(folder, **(ref if name == "capture" else {})).to_json(),
+                  diagnose(folder, engine="spark", **(ref if name == "capture" else {})).to_json())
            for name, folder in folders.items() if name != "summaries"}
     written = tmp_path_factory.mktemp("spark_json") / "d.json"
     assert diagnose_cli.main([str(folders["summaries"]), "--engine", "spark", "--json",
@@ -138,6 +156,21 @@ def test_each_kind_gives_duckdb_s_findings_on_spark(results, kind):
         same = [f for f in duck["findings"] if f["kind"] == kind]
         assert [f["summary"] for f in spark["findings"] if f["kind"] == kind] == [
             f["summary"] for f in same]
+
+
+#: the kinds beside KINDS: the reference (the capture's) and the recorder's losses
+OTHERS_FOUND_IN = {"reference_gap": ("capture",), "loss_spike": ("summaries", "both"),
+                   "loss_divergence": ("summaries", "both")}
+
+
+@pytest.mark.parametrize("kind", list(OTHERS_FOUND_IN))
+def test_the_reference_and_loss_kinds_are_the_same_on_spark(results, kind):
+    for name, (duck, spark) in results.items():
+        mine = [_key(f) for f in duck["findings"] if f["kind"] == kind]
+        assert [_key(f) for f in spark["findings"] if f["kind"] == kind] == mine, name
+        assert bool(mine) == (name in OTHERS_FOUND_IN[kind]), (name, mine)
+        assert [f["evidence"].get("follows") for f in spark["findings"] if f["kind"] == kind] \
+            == [f["evidence"].get("follows") for f in duck["findings"] if f["kind"] == kind]
 
 
 def test_the_whole_diagnosis_is_the_same_ranked_list(results):
