@@ -137,11 +137,15 @@ class IndexState:
 
 
 def connect(threads: int | None = None, memory_limit: str = "1GB") -> Any:
-    """A DuckDB connection with bounded memory (spilling to disk beyond it)."""
+    """A DuckDB connection with bounded memory, spilling beyond it into a folder of its own
+    under the system's temporary directory (DuckDB's default, ``.tmp`` in the working
+    directory, may be read-only or the user's project)."""
     import duckdb
 
     con = duckdb.connect()
     con.execute(f"SET memory_limit='{memory_limit}'")
+    spill = Path(tempfile.gettempdir()) / f"lowp_duckdb_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    con.execute(f"SET temp_directory={sql_string(spill)}")
     con.execute(f"SET threads={int(threads or max(1, min(os.cpu_count() or 1, 4)))}")
     con.execute("SET preserve_insertion_order=false")
     return con
