@@ -106,7 +106,7 @@ def narrow_from_summaries(con: Any, narrow: str, folder: str | os.PathLike[str])
     A table, not a view over the files: rank_outlier's medians over ranks need the rows more
     than once, and over a view of 20 M rows they ran out of memory (1.5 GB limit) where the
     table, held by DuckDB's buffer manager and spilled beyond its memory_limit
-    (columnar.connect), stays bounded: 1.40 GiB at 5.2 M rows, 1.55 GiB at 20.7 M
+    (columnar.connect), stays bounded: 1.36 GiB at 5.2 M rows, 1.55 GiB at 20.7 M
     (bench/bench_recorder_scale.py)."""
     view = _view(con, folder)
     if view is None:
