@@ -281,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{engine:>7}: failed: {res['error']}")
                 continue
             hits = named(res["diagnosis"], info["faults"], info["module_of"])
-            # CPU seconds beside the wall: on a shared machine the wall time says the load too
-            # (Spark: the JVM is the child's own child, counted once the child has reaped it)
+            # CPU seconds beside the wall: on a shared machine the wall time says the load too.
+            # Spark: the child is the Python driver; the JVM it starts is not reaped by it, so
+            # its CPU and memory are not in these numbers (the wall time is the whole run's)
             print(f"{engine:>7}: {res['seconds']:.1f} s wall ({info['rows'] / res['seconds']:,.0f}"
                   f" rows/s), {res['cpu_seconds']:.1f} CPU s of the child, peak RSS "
                   f"{res['peak_rss_mib']:.0f} MiB; named: "
