@@ -37,13 +37,17 @@ class SummaryWriter:
         self.rank = rank
         self.every = every
         self.keep = keep                # iterations kept at full resolution (rollup)
-        self.rows: dict[str, list[Any]] = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
+        self._chunks: list[tuple[int, np.ndarray, np.ndarray]] = []   # (iteration, sites, stats)
+        self._sites: list[SiteInfo] = []        # the book's sites (a summary row names its site)
+        self._site_cols: dict[str, list[Any]] = {k: [] for k in schema.REC_SITE_KEYS}
         self.first: int | None = None
         self.iterations = 0
         self.files: list[Path] = []
         self.losses: list[tuple[int, float]] = []
 
     def add(self, book: SlotBook, entry: IterStats) -> None:
+        """One iteration's rows (the sites seen, micro-batches merged) as one array each: a
+        step's summary costs a few numpy calls, not Python work per site."""
         merged = book.merged(entry)
         present = np.flatnonzero(merged["micro_batches"] > 0)
         if self.first is None:
@@ -51,18 +55,32 @@ class SummaryWriter:
         self.iterations += 1
         if not math.isnan(entry.loss):      # NaN: no loss on this rank (not the last stage)
             self.losses.append((entry.iteration, float(entry.loss)))
-        r = self.rows
-        for i in present:
-            info = book.sites[i]
-            r["iteration"].append(entry.iteration)
-            r["rank"].append(self.rank)
+        self._sites = book.sites
+        stats = np.stack([merged[k][present] for k in _NUMERIC])
+        self._chunks.append((entry.iteration, present, stats))
+
+    def _table(self) -> Any:
+        """The rows gathered so far as one Arrow table: the columns, types and values the
+        rows would have as Python lists (a naming column with no value in any row is of type
+        null, as pyarrow infers for a list of None)."""
+        import pyarrow as pa
+
+        for info in self._sites[len(self._site_cols["site"]):]:     # sites new since last time
             for key, value in _site_columns(info).items():
-                r[key].append(value)
-            r["micro_batches"].append(int(merged["micro_batches"][i]))
-            r["count"].append(int(merged["count"][i]))
-            for key in schema.REC_STATS:
-                value = float(merged[key][i])
-                r[key].append(int(value) if key.endswith("_count") else value)
+                self._site_cols[key].append(value)
+        sites = np.concatenate([c[1] for c in self._chunks])
+        stats = np.concatenate([c[2] for c in self._chunks], axis=1)
+        cols: dict[str, Any] = {
+            "iteration": np.concatenate([np.full(len(c[1]), c[0], dtype=np.int64)
+                                         for c in self._chunks]),
+            "rank": pa.array([self.rank] * len(sites))}
+        take = pa.array(sites)
+        for key in schema.REC_SITE_KEYS:
+            col = pa.array(self._site_cols[key]).take(take)
+            cols[key] = pa.nulls(len(col)) if col.null_count == len(col) else col
+        for i, key in enumerate(_NUMERIC):
+            cols[key] = stats[i].astype(np.int64) if key in _INTEGER else stats[i]
+        return pa.table({k: cols[k] for k in schema.REC_SUMMARY_COLUMNS})
 
     def due(self) -> bool:
         return self.iterations >= self.every
@@ -72,13 +90,12 @@ class SummaryWriter:
         if self.first is None:
             return None
         self._write_losses()
-        import pyarrow as pa
-
         path = self.directory / schema.recorder_summary_name(self.rank, self.first)
-        write_summary_table(pa.table(self.rows), path)
+        write_summary_table(self._table(), path)
         self.files.append(path)
-        rollup(self.directory, self.rank, max(self.rows["iteration"]), self.keep)
-        self.rows = {k: [] for k in schema.REC_SUMMARY_COLUMNS}
+        rollup(self.directory, self.rank,
+               max((c[0] for c in self._chunks if len(c[1])), default=self.first), self.keep)
+        self._chunks = []
         self.first, self.iterations = None, 0
         return path
 
@@ -91,6 +108,9 @@ class SummaryWriter:
             self.losses = []
 
 
+#: a summary row's statistics, in the order add() stacks them; the counts among them are integers
+_NUMERIC = ("micro_batches", "count", *schema.REC_STATS)
+_INTEGER = frozenset(k for k in _NUMERIC if k in ("micro_batches", "count") or k.endswith("_count"))
 _FLOATS = ["sum", "sumsq", "min", "max"]
 _DICTIONARY = [c for c in schema.REC_SUMMARY_COLUMNS if c not in _FLOATS]
 
