@@ -81,6 +81,7 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
         return now() - t0
 
     mode_now = None
+    savers: dict[str, object] = {}        # one saver per mode for the whole run, as in training
     conn.send("ready")
     while True:
         msg = conn.recv()
@@ -88,23 +89,9 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
             break
         mode, steps = msg
         if ts is not None and mode != mode_now:
-            ts.reset_tensor_saver()
-            if mode in EMULATION_MODES:       # emulation only: nothing captured
-                ts.configure(enabled=False, quant_type=emulate,
-                             underflow_warnings=(mode == "emulate_warn"))
-            elif mode in RECORDER_MODES:      # the flight recorder, no trigger
-                ts.configure(enabled=True, save_dir=save_dir, mode="recorder")
-                ts.get_tensor_saver().recorder.cpu_kernel = mode == "recorder"
-            elif mode != "disabled":          # every step captured (no default bound)
-                # stats_only / full: with the what-if set (opt-in in a user's config)
-                # stats_only: within the default whatif_budget; stats_whatif_all: on every
-                # (whatif_every-th) iteration however long they take
-                extra = ({"whatif_formats": ()} if mode == "stats_no_whatif" else
-                         {"whatif_formats": "default", "whatif_every": whatif_every})
-                if mode == "stats_whatif_all":
-                    extra["whatif_budget"] = "unlimited"
-                ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
-                             max_iterations="unlimited", byte_budget="unlimited", **extra)
+            savers.setdefault(mode, None)
+            savers[mode] = _use_saver(ts, savers[mode], mode, str(Path(save_dir) / mode),
+                                      emulate, whatif_every)
             mode_now = mode
         times = []
         quiet = contextlib.redirect_stderr(io.StringIO()) if mode == "emulate_warn" else (
@@ -131,8 +118,44 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
             times.append(total / steps)       # one mean step time per round
         conn.send(times)
     if ts is not None:
+        for saver in savers.values():
+            saver.close()
         ts.reset_tensor_saver()
     me.destroy_distributed()
+
+
+def _use_saver(ts, saver, mode: str, save_dir: str, emulate: str | None, whatif_every: int):
+    """Make ``mode``'s saver the process-wide one: ``saver`` again when the mode ran before
+    (its state carried on: a stats-only saver's what-if budget, the recorder's slots and
+    summaries), else a new one; the previous mode's saver is set aside, not closed. (A fresh
+    saver each round would give every round what a run pays once: the what-if numerics of
+    its first iteration, the recorder's slots.)"""
+    from tensor_capture import saver as saver_module
+    from tensor_capture.state import STATE
+
+    if saver is not None:
+        STATE.saver = saver
+        saver_module._set_flags(saver)
+        return saver
+    STATE.saver = None                    # set aside: configure() closes the current saver
+    if mode in EMULATION_MODES:           # emulation only: nothing captured
+        return ts.configure(enabled=False, quant_type=emulate,
+                            underflow_warnings=(mode == "emulate_warn"))
+    if mode in RECORDER_MODES:            # the flight recorder, no trigger
+        saver = ts.configure(enabled=True, save_dir=save_dir, mode="recorder")
+        saver.recorder.cpu_kernel = mode == "recorder"
+        return saver
+    if mode == "disabled":
+        return ts.configure(enabled=False)
+    # every step captured (no default bound); stats_only / full: with the what-if set (opt-in
+    # in a user's config): stats_only within the default whatif_budget, stats_whatif_all on
+    # every (whatif_every-th) iteration however long they take
+    extra = ({"whatif_formats": ()} if mode == "stats_no_whatif" else
+             {"whatif_formats": "default", "whatif_every": whatif_every})
+    if mode == "stats_whatif_all":
+        extra["whatif_budget"] = "unlimited"
+    return ts.configure(enabled=True, save_dir=save_dir, stats_only=(mode != "full"),
+                        max_iterations="unlimited", byte_budget="unlimited", **extra)
 
 
 def _schedule_step(model, tokens: torch.Tensor, inputs: dict, micro_batches: int,
@@ -257,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         for proc_name, mode in order:
             conns[proc_name].send((mode, args.steps))
             times[f"{proc_name}/{mode}"].extend(conns[proc_name].recv())
-        for f in Path(save_dir).glob("*"):        # keep the directory, drop this round's files
-            shutil.rmtree(f) if f.is_dir() else f.unlink()
+        for f in Path(save_dir).rglob("*"):      # keep the savers' folders, drop this round's files
+            if f.is_file():
+                f.unlink()
     for c in conns.values():
         c.send(None)
     for p in procs.values():

@@ -61,8 +61,8 @@ def _at(where: Site, layer_type: str, operation: str, phase: str, tensor_name: s
 def _save(saver, t: torch.Tensor, site: CaptureSite, it: int, sample: int | None,
           axis: int | None = None, whatif_axis: int | None = None,
           metadata: dict[str, Any] | None = None) -> None:
-    saver.capture(t, site, iteration=it, sample_idx=sample, quant_axis=axis,
-                  whatif_axis=whatif_axis, metadata=metadata)
+    """Capture ``t``, which the caller just found selected (saver.captures)."""
+    saver.take(t, site, it, sample, quant_axis=axis, whatif_axis=whatif_axis, metadata=metadata)
 
 
 # -- emulation: each GEMM operand quantized along quant.gemm_plan's axis ----------------------------
@@ -258,8 +258,8 @@ def _attention_site(module: torch.nn.Module) -> Site:
 
 def _grad_hook(saver, at: CaptureSite, it: int, sample: int | None):
     def hook(grad: torch.Tensor) -> None:
-        if saver.enabled:
-            _save(saver, grad, at, it, sample)
+        if saver.enabled:    # asked again: the saver may have changed its mind since (budget)
+            saver.capture(grad, at, iteration=it, sample_idx=sample)
     return hook
 
 

@@ -78,6 +78,7 @@ class Recorder:
         self._full = False                  # recorder_memory reached: no new slots
         self._params: dict[tuple, Any] = {}  # this iteration's parameter rows, by version
         self._kernel = OptionalModule(_load_cpu_kernel)   # the one-pass CPU statistics
+        self._kernel_now: Any = False   # ... once _cpu_kernel decided: the kernel or None
         self._known: dict[tuple[int, int | None], tuple] = {}   # (id(site), sample) -> _slot_of
         _LIVE.add(self)          # a run that ends on an error still writes its summaries
 
@@ -106,15 +107,16 @@ class Recorder:
         key = ((tensor.data_ptr(), tensor._version, tensor.shape, fmt)
                if tensor.is_leaf and tensor.requires_grad else None)
         done = self._params.get(key) if key is not None else None
-        if done is None and tensor.device.type == "cpu" and self.host_path:
-            kernel = self._cpu_kernel()
+        host = tensor.is_cpu and self.host_path
+        if done is None and host:
+            kernel = self._kernel_now if self._kernel_now is not False else self._cpu_kernel()
             if kernel is not None and kernel.slot_into(tensor, up, fl,
                                                        book.host_address(p, slot)):
                 if key is not None:
                     self._params[key] = book.host[p, slot].copy()
                 return
             done = host_row(tensor, fmt)
-        if tensor.device.type == "cpu" and self.host_path:
+        if host:
             book.host[p, slot] = done
         else:
             row = device_row(tensor, fmt) if done is None else done
@@ -153,6 +155,7 @@ class Recorder:
         if kernel is None:
             self._warn("recorder-cpu-kernel", "tensor capture: recorder: CPU statistics take "
                        f"the slower torch path ({self._kernel.error})")
+        self._kernel_now = kernel     # decided: the hot path asks no more
         return kernel
 
     def _begin(self, iteration: int) -> None:

@@ -219,6 +219,15 @@ class TensorSaver:
         it = self.iteration if iteration is None else int(iteration)
         if not self.captures(site, it):
             return None
+        return self.take(tensor, site, it, sample_idx, rank=rank, metadata=metadata,
+                         quant_axis=quant_axis, whatif_axis=whatif_axis)
+
+    def take(self, tensor: torch.Tensor, site: CaptureSite, it: int, sample_idx: int | None,
+             *, rank: int | None = None, metadata: dict[str, Any] | None = None,
+             quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
+        """:meth:`capture` of a tensor its caller found selected (:meth:`captures` true for
+        ``site`` and ``it``): the hooks ask first, so the check is not made twice per tensor
+        (the flight recorder's hot path: every selected tensor of every step comes here)."""
         rec = self.recorder
         if rec is not None:
             rec.record(tensor, site, it, self.sample_idx if sample_idx is None else sample_idx)
