@@ -90,11 +90,13 @@ class SummaryWriter:
         if self.first is None:
             return None
         self._write_losses()
-        path = self.directory / schema.recorder_summary_name(self.rank, self.first)
-        write_summary_table(self._table(), path)
-        self.files.append(path)
-        rollup(self.directory, self.rank,
-               max((c[0] for c in self._chunks if len(c[1])), default=self.first), self.keep)
+        latest = max((c[0] for c in self._chunks if len(c[1])), default=None)
+        path = None
+        if latest is not None:     # else no site seen (e.g. a stage without the layers): no file
+            path = self.directory / schema.recorder_summary_name(self.rank, self.first)
+            write_summary_table(self._table(), path)
+            self.files.append(path)
+            rollup(self.directory, self.rank, latest, self.keep)
         self._chunks = []
         self.first, self.iterations = None, 0
         return path

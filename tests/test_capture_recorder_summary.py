@@ -88,3 +88,16 @@ def test_the_summary_file_is_the_row_by_row_definition(tmp_path):
         assert got.equals(ref)
     assert pq.read_table(files[0]).schema.field("layer_idx").type == pa.null()
     assert pq.read_table(files[1]).schema.field("layer_idx").type == pa.int64()
+
+
+def test_iterations_without_a_site_seen_write_no_summary_file_but_their_losses(tmp_path):
+    """A rank that records nothing (its pipeline stage holds none of the selected layers)
+    writes no summary file, and no error; its losses still go to the loss file."""
+    book = SlotBook(window=3, every=1)
+    writer = SummaryWriter(tmp_path, rank=0, every=2, keep=1000)
+    for it in range(2):
+        for entry in _iteration(book, it, [], np.random.default_rng(it)):
+            writer.add(book, entry)
+    assert writer.due() and writer.write() is None
+    assert list(tmp_path.glob("*.parquet")) == []
+    assert len((tmp_path / schema.recorder_loss_name(0)).read_text().splitlines()) == 2
