@@ -41,6 +41,10 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 #: the flight recorder with its CPU rows from the one-pass C kernel, and from the torch passes
 RECORDER_MODES = ("recorder", "recorder_torch")
 EMULATION_MODES = ("emulate", "emulate_warn")   # CUSTOM_QUANT_TYPE, underflow_warnings off / on
+#: modes whose saver has a background writer: a new saver each time the mode comes round (two
+#: savers' writers side by side slowed each other's steps: stats-only 45 -> 62-73 ms a step on
+#: the embedded default), its first iteration untimed
+WRITER_MODES = ("stats_only", "stats_whatif_all", "stats_no_whatif", "full")
 
 
 def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int,
@@ -80,41 +84,51 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
             model(tokens, labels=tokens, **inputs).mean().backward()
         return now() - t0
 
+    def iterate(mode: str, steps: int) -> float:
+        """``steps`` iterations of ``mode``; their CPU or wall time, the writer's drain included."""
+        total = 0.0
+        for _ in range(steps):
+            total += step()
+            if schedule is not None:      # the schedule numbers iterations, ends them
+                continue
+            if ts is not None and mode in RECORDER_MODES:   # its step boundary counts
+                t0 = now()
+                saver = ts.get_tensor_saver()
+                saver.recorder.end_iteration(saver.iteration)
+                total += now() - t0
+            if ts is not None and mode != "disabled":
+                ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
+        if ts is not None and mode in MODES[1:]:
+            # steady state: the writer works beside the steps (a bounded queue stalls them
+            # when it falls behind); what is left at the end counts too
+            t0 = now()
+            ts.get_tensor_saver().flush()
+            total += now() - t0
+        return total
+
     mode_now = None
-    savers: dict[str, object] = {}        # one saver per mode for the whole run, as in training
+    savers: dict[str, object] = {}        # a saver per mode kept across rounds (see _use_saver)
     conn.send("ready")
     while True:
         msg = conn.recv()
         if msg is None:
             break
         mode, steps = msg
-        if ts is not None and mode != mode_now:
-            savers.setdefault(mode, None)
-            savers[mode] = _use_saver(ts, savers[mode], mode, str(Path(save_dir) / mode),
-                                      emulate, whatif_every)
-            mode_now = mode
-        times = []
         quiet = contextlib.redirect_stderr(io.StringIO()) if mode == "emulate_warn" else (
             contextlib.nullcontext())
+        if ts is not None and mode != mode_now:
+            if mode_now in WRITER_MODES:      # its writer must not run beside another mode
+                savers.pop(mode_now).close()
+            fresh = savers.get(mode) is None
+            savers[mode] = _use_saver(ts, savers.get(mode), mode, str(Path(save_dir) / mode),
+                                      emulate, whatif_every)
+            mode_now = mode
+            if fresh and mode in WRITER_MODES:
+                with quiet:               # untimed: what a run pays once (the first what-if
+                    iterate(mode, 1)      # iteration, which the budget always admits)
+        times = []
         with quiet:                                   # the warnings' text is not the point here
-            total = 0.0
-            for _ in range(steps):
-                total += step()
-                if schedule is not None:      # the schedule numbers iterations, ends them
-                    continue
-                if ts is not None and mode in RECORDER_MODES:   # its step boundary counts
-                    t0 = now()
-                    saver = ts.get_tensor_saver()
-                    saver.recorder.end_iteration(saver.iteration)
-                    total += now() - t0
-                if ts is not None and mode != "disabled":
-                    ts.get_tensor_saver().step()  # next iteration (warnings: once per kind each)
-            if ts is not None and mode in MODES[1:]:
-                # steady state: the writer works beside the steps (a bounded queue stalls them
-                # when it falls behind); what is left at the end counts too
-                t0 = now()
-                ts.get_tensor_saver().flush()
-                total += now() - t0
+            total = iterate(mode, steps)
             times.append(total / steps)       # one mean step time per round
         conn.send(times)
     if ts is not None:
@@ -126,10 +140,9 @@ def _worker(conn, patched_dir: str | None, port: int, shape_kw: dict, batch: int
 
 def _use_saver(ts, saver, mode: str, save_dir: str, emulate: str | None, whatif_every: int):
     """Make ``mode``'s saver the process-wide one: ``saver`` again when the mode ran before
-    (its state carried on: a stats-only saver's what-if budget, the recorder's slots and
-    summaries), else a new one; the previous mode's saver is set aside, not closed. (A fresh
-    saver each round would give every round what a run pays once: the what-if numerics of
-    its first iteration, the recorder's slots.)"""
+    (its state carried on: the recorder's slots and summaries), else a new one; the previous
+    mode's saver is set aside, not closed. (A new recorder each round would make every round
+    pay what a run pays once: its slots.)"""
     from tensor_capture import saver as saver_module
     from tensor_capture.state import STATE
 
