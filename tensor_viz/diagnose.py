@@ -19,6 +19,7 @@ from typing import Any
 
 from lowp_common import UserError
 from tensor_capture import recorder_read, schema
+from tensor_capture.guard import GUARD_DIR
 from tensor_capture.stats_read import merged_std_sql
 from tensor_viz import columnar, diagnose_format, recorder_view
 from tensor_viz import diagnose_loss as loss_kinds
@@ -194,7 +195,8 @@ def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
     root = Path(capture_dir)
     if not root.is_dir():
         raise UserError(f"{what} {root}: no such folder")
-    if not any(root.glob(schema.MANIFEST_GLOB)) and recorder_view.has_summaries(root):
+    if not any(root.glob(schema.MANIFEST_GLOB)) and (
+            recorder_view.has_summaries(root) or (root / GUARD_DIR).is_dir()):
         return columnar.connect(), None          # a flight recorder that never triggered
     if not any(root.glob(schema.MANIFEST_GLOB)):
         raise UserError(f"{what} {root}: no {schema.MANIFEST_GLOB} in it; point at the folder "
@@ -305,6 +307,9 @@ def _run_kinds(con: Any, inp: rules.Inputs, engine: str, checked: dict[str, str]
                ) -> list[Finding]:
     found: list[Finding] = []
     for name, kind in KINDS.items():
+        if inp.nested is None and not inp.summary_rows:   # e.g. a guard on a rank with no site
+            checked[name] = "not checked: the folder holds no record and no summary row"
+            continue
         if inp.nested is None and kind.lacks:
             checked[name] = f"not checked: {kind.lacks}"
             continue
@@ -344,7 +349,8 @@ def _diagnose(capture_dir: Any, con: Any, inp: rules.Inputs, engine: str, refere
         result.checked["reference_gap"] = f"std of each tensor against {reference}"
     if losses is not None:
         found += (loss_kinds.spikes(losses, found, first_cause, source)
-                  + loss_kinds.divergence(losses, found, loss_kinds.vocab_size(con, src),
+                  + loss_kinds.divergence(losses, found, loss_kinds.vocab_size(con, src)
+                                          if inp.records or inp.summary_rows else None,
                                           first_cause, source))
         result.checked["loss_spike"] = (f"{len(losses)} loss values ({source}), spike above "
                                         f"mean + {loss_kinds.LOSS_SIGMAS:g} std of the last "
