@@ -293,8 +293,10 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
     if engine == "spark":
         from tensor_viz import diagnose_spark
 
-        with diagnose_spark.opened(capture_dir, spark_master, cache_dir, skip_bad_lines,
-                                   say) as (spark_con, inp):
+        def index() -> columnar.IndexState | None:
+            return open_index(capture_dir, cache_dir, skip_bad_lines, say=say)[1]
+
+        with diagnose_spark.opened(capture_dir, spark_master, index) as (spark_con, inp):
             return _diagnose(capture_dir, spark_con, inp, "spark", reference, loss,
                              skip_bad_lines, say)
     if con is None or state is None:

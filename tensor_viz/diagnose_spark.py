@@ -154,15 +154,15 @@ def _narrow(con: SparkConnection, state: Any, folder: Any) -> rules.Inputs:
 
 
 @contextmanager
-def opened(capture_dir: Any, master: str | None, cache_dir: Any, skip_bad_lines: bool,
-           say: Callable[[str], None] | None) -> Iterator[tuple[SparkConnection, rules.Inputs]]:
-    """(a Spark connection, the kinds' inputs) for a capture or recorder folder; the session
-    stops on leaving when this call started it."""
-    from tensor_viz.diagnose import open_index
-
-    spark, started = session(master)      # refuse before the index is built
+def opened(capture_dir: Any, master: str | None, index: Callable[[], Any]
+           ) -> Iterator[tuple[SparkConnection, rules.Inputs]]:
+    """(a Spark connection, the kinds' inputs) for a capture or recorder folder; ``index``
+    opens the folder's columnar index (tensor_viz.diagnose.open_index's state), called once the
+    session started, so a missing pyspark or Java is refused before any work. The session stops
+    on leaving when this call started it."""
+    spark, started = session(master)
     try:
-        _, state = open_index(capture_dir, cache_dir, skip_bad_lines, say=say)
+        state = index()
         con = SparkConnection(spark)
         yield con, _narrow(con, state, capture_dir)
     finally:
