@@ -10,7 +10,7 @@
 # It sets TENSOR_SAVE_ENABLED/TENSOR_SAVE_DIR/TENSOR_SAVER_ITERATION/CUSTOM_QUANT_TYPE, launches
 # llama-train on the patched megatron-core, watches the tensor directory, stops once one full
 # iteration is saved (>= 10 files) or after 5 minutes, prints a summary, and with --visualize
-# runs script/one_click_visualize.sh. The logic is training_driver/collector.py.
+# runs script/one_click_visualize.sh. The logic is training_driver/collector/__init__.py.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"

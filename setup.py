@@ -63,7 +63,7 @@ setup(
         # GPU-only extras; nothing imports them unconditionally.
         "gpu": ["transformer-engine[pytorch]"],
         "tensorboard": ["tensorboard>=2.10"],
-        # lowp-diagnose over a cluster's Parquet dataset (tensor_viz.diagnose_spark)
+        # lowp-diagnose over a cluster's Parquet dataset (tensor_viz.diagnose.spark)
         "spark": ["pyspark>=3.5"],
         # what Megatron-LM's training loop (pretrain_gpt.py, MEGATRON_LM_DIR) imports beyond
         # megatron-core: six (its BERT tokenizer module), psutil (the checkpoint writer; without
@@ -80,14 +80,14 @@ setup(
             "quick-visualize=tensor_viz.quick_cli:main",
             "visualize-tensors=tensor_viz.full:main",
             "llama-train=training_driver.train:main",
-            "preprocess-corpus=training_driver.preprocess:main",
+            "preprocess-corpus=training_driver.data.preprocess:main",
             "amp-static-check=training_profiler.amp_checker.checker:main",
             "analyze-tensor=training_profiler.tensor_analyzer:main",
             "precision-diff=training_profiler.layer_diff:main",
             "lowp-te-check=te_integration.check_cli:main",
             "lowp-attribute=attribution.cli:main",
-            "lowp-diagnose=tensor_viz.diagnose_cli:main",
-            "lowp-audit=training_profiler.audit_cli:main",
+            "lowp-diagnose=tensor_viz.diagnose.cli:main",
+            "lowp-audit=training_profiler.audit.cli:main",
         ]
     },
 )

@@ -136,7 +136,7 @@ def _data(args) -> tuple[str, str]:
 
 def _shape(args, tokenizer: str):
     from training_driver import preflight
-    from training_driver.tokenizer import load_tokenizer
+    from training_driver.data.tokenizer import load_tokenizer
     from training_driver.train import MODEL_SHAPES
 
     from .ablations import ModelShape

@@ -87,8 +87,8 @@ class _Worker:
         activate_patched_megatron(setup.patched_dir or "runs/.patched_megatron")
         from megatron.core import tensor_saver  # noqa: F401  (the patched tree, or fail)
         from training_driver import megatron_env, preflight
-        from training_driver.data import check_data_prefix, check_tokenizer_matches
-        from training_driver.tokenizer import load_tokenizer
+        from training_driver.data.samples import check_data_prefix, check_tokenizer_matches
+        from training_driver.data.tokenizer import load_tokenizer
         from training_driver.train import MODEL_SHAPES
 
         self.shape = dict(MODEL_SHAPES[setup.model])
@@ -103,7 +103,7 @@ class _Worker:
 
     def dataset(self, seed: int):
         if seed not in self.datasets:
-            from training_driver.data import build_gpt_dataset
+            from training_driver.data.samples import build_gpt_dataset
 
             self.datasets[seed] = build_gpt_dataset(
                 self.setup.data_path, self.tokenizer, self.shape["seq_length"],
@@ -126,7 +126,7 @@ class _Worker:
         from megatron.core import tensor_parallel
         from training_driver import optim
         from training_driver.capture import SaverHooks
-        from training_driver.data import BatchPlan
+        from training_driver.data.samples import BatchPlan
         from training_driver.megatron_env import LlamaShape, build_llama_model, causal_inputs
         from training_driver.plan_sites import check_plan_covers
         from training_driver.steps import simple_step

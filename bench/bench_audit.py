@@ -194,8 +194,8 @@ def _hf_sweep() -> None:
 
 
 def _embedded_default() -> dict[str, int]:
-    from training_driver.corpus import write_builtin_corpus
-    from training_driver.preprocess import preprocess
+    from training_driver.data.corpus import write_builtin_corpus
+    from training_driver.data.preprocess import preprocess
 
     with tempfile.TemporaryDirectory() as root:
         corpus = os.path.join(root, "corpus.jsonl")

@@ -77,7 +77,7 @@ def run_diagnose(capture: Path, out_json: Path) -> tuple[float, float]:
               "print(p.stdout[-3000:]); print(p.stderr[-3000:], file=sys.stderr); "
               "print('BENCH', w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
               "sys.exit(p.returncode)")
-    cmd = [sys.executable, "-c", script, sys.executable, "-m", "tensor_viz.diagnose_cli",
+    cmd = [sys.executable, "-c", script, sys.executable, "-m", "tensor_viz.diagnose.cli",
            str(capture), "--json", str(out_json)]
     res = subprocess.run(cmd, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))

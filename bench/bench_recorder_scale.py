@@ -5,7 +5,7 @@ The folder is made from a REAL summary file (a recorder run of the tiny model: `
 recorder folder or summary file, else a short llama-train run in recorder mode makes one): its
 iterations replicated to ``--iterations``, its rank copied to ``--ranks`` ranks, each rank's
 values scaled by its own factor near 1 (jitter), written in the recorder's own layout
-(tensor_capture.recorder_out.write_summary_table, one file per rank per 50 iterations). Planted:
+(tensor_capture.recorder.out.write_summary_table, one file per rank per 50 iterations). Planted:
 a NaN (one rank, one iteration, one site), a drift (one site's values growing 5x over the run,
 every rank) and an outlier rank (one rank's values x50 on every site). ``lowp-diagnose DIR
 --json -`` then runs in a child process per engine; its peak RSS comes from wait4.
@@ -69,7 +69,7 @@ def _parser() -> CommandParser:
 
 def source_table(source: str | None, work: Path) -> Any:
     """The real summary rows of one rank: from ``source``, else from a short real run."""
-    from tensor_capture import recorder_read
+    from tensor_capture.recorder import read as recorder_read
 
     if source is None:
         source = str(_real_run(work / "source_run"))
@@ -95,8 +95,8 @@ def source_table(source: str | None, work: Path) -> Any:
 
 def _real_run(out: Path) -> Path:
     """A 20-iteration llama-train run of the tiny model in recorder mode (one rank)."""
-    from training_driver.corpus import write_builtin_corpus
-    from training_driver.preprocess import preprocess
+    from training_driver.data.corpus import write_builtin_corpus
+    from training_driver.data.preprocess import preprocess
 
     corpus = out / "corpus.jsonl"
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,7 @@ def plant(ranks: int, iterations: int) -> dict[str, Any]:
             "drift": {"site": DRIFT_SITE}, "outlier": {"rank": ranks - 2}}
 
 
-from tensor_capture.recorder_out import write_summary_table  # noqa: E402
+from tensor_capture.recorder.out import write_summary_table  # noqa: E402
 
 
 def write_folder(src: Any, out: Path, ranks: int, iterations: int, every: int,
@@ -166,7 +166,7 @@ def run_engine(engine: str, folder: Path, work: Path) -> dict[str, Any]:
     if not flag and engine != "duckdb":
         return {"engine": engine, "error": "lowp-diagnose has no --engine yet (DuckDB only)"}
     out, err = work / f"{engine}.json", work / f"{engine}.err"
-    cmd = [sys.executable, "-m", "tensor_viz.diagnose_cli", str(folder), "--json", "-", *flag]
+    cmd = [sys.executable, "-m", "tensor_viz.diagnose.cli", str(folder), "--json", "-", *flag]
     t0 = time.perf_counter()
     with open(out, "w") as fo, open(err, "w") as fe:
         proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, text=True, env=CHILD_ENV)
@@ -181,7 +181,7 @@ def run_engine(engine: str, folder: Path, work: Path) -> dict[str, Any]:
 
 
 def _has_engine_flag() -> bool:
-    proc = subprocess.run([sys.executable, "-m", "tensor_viz.diagnose_cli", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "tensor_viz.diagnose.cli", "--help"],
                           capture_output=True, text=True, env=CHILD_ENV)
     return "--engine" in proc.stdout
 
@@ -223,7 +223,7 @@ def rollup_size(src: Any, out: Path, iterations: int, every: int, keep: int) -> 
     import pyarrow as pa
 
     from tensor_capture import schema
-    from tensor_capture.recorder_out import rollup
+    from tensor_capture.recorder.out import rollup
 
     its = np.unique(src["iteration"].to_numpy())
     sites = src.num_rows // len(its)

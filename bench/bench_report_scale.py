@@ -37,8 +37,8 @@ OUTLIER_RANK, OUTLIER_FACTOR = 3, 50.0
 def genuine_capture(work: Path, whatif: bool) -> list[dict]:
     """Manifest records of a real 2-iteration stats-only capture of the tiny Llama (with the
     default what-if numerics when ``whatif``: about twice the bytes per record)."""
-    from training_driver.corpus import write_builtin_corpus
-    from training_driver.preprocess import preprocess
+    from training_driver.data.corpus import write_builtin_corpus
+    from training_driver.data.preprocess import preprocess
 
     (work / "data").mkdir(parents=True, exist_ok=True)
     corpus = work / "data" / "corpus.jsonl"

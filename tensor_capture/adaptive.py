@@ -2,8 +2,8 @@
 baseline, a sigma test against a rolling window, and the range doubling.
 
 Why in tensor_capture: the rule has two users that must not disagree, the ``@watch_training``
-monitor (training_profiler.monitor_thresholds, which re-exports it) and the flight recorder's
-loss / gradient-norm / flush-ratio triggers (tensor_capture.recorder_triggers); capture runs
+monitor (training_profiler.monitor.thresholds, which re-exports it) and the flight recorder's
+loss / gradient-norm / flush-ratio triggers (tensor_capture.recorder.triggers); capture runs
 inside training and may not import the profiler, so the one definition lives here.
 """
 from __future__ import annotations

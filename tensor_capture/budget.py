@@ -74,7 +74,7 @@ def max_over_ranks(values: list[float]) -> list[float]:
     """Each entry's maximum over the ranks: one all-reduce (MAX) of a small float64 vector
     over the default process group when more than one rank runs (every rank must call it at
     the same point with as many values), else ``values``. The agreement of :func:`any_rank`
-    and of the flight recorder's triggers (tensor_capture.recorder); the work handle is kept
+    and of the flight recorder's triggers (tensor_capture.recorder.flight); the work handle is kept
     as :func:`any_rank` explains."""
     import torch
     import torch.distributed as dist

@@ -35,7 +35,7 @@ _OPERATIONS = ("forward", "backward")
 _PHASES = ("pre", "post")
 _LAYER_TYPES = ("attention", "linear")
 #: capture modes: "capture" saves the selected iterations; "recorder" keeps mergeable statistics of
-#: every iteration in a ring and captures in full only after a trigger (tensor_capture.recorder)
+#: every iteration in a ring and captures in full only after a trigger (tensor_capture.recorder.flight)
 MODE_CAPTURE, MODE_RECORDER = "capture", "recorder"
 MODES = (MODE_CAPTURE, MODE_RECORDER)
 #: the recorder's host memory when the config names none (ring + summaries waiting to be written)
@@ -103,7 +103,7 @@ class CaptureConfig:
     queue_size: int = 64                      # background writer queue (items)
     underflow_warnings: bool = True           # emulation: warn by quant.format_loss
     underflow_hold: int = 100                 # ... a level's fall said once it held this many iterations
-    # -- the flight recorder (mode: recorder; tensor_capture.recorder, docs/capture.md) ----------
+    # -- the flight recorder (mode: recorder; tensor_capture.recorder.flight, docs/capture.md) ----------
     mode: str = MODE_CAPTURE                  # TENSOR_SAVE_MODE
     recorder_window: int = 8                  # W: iterations the ring keeps (per micro-batch)
     recorder_every: int = 1                   # N: statistics reach the host every N iterations

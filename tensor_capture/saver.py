@@ -35,8 +35,8 @@ from .config import MODE_RECORDER, CaptureConfig, ConfigError, load_config, load
 from .guard import Guard
 from .policy import CapturePolicy, Warnings
 from .record import RecordBuilder, short_dtype
-from .recorder import Recorder
-from .recorder import start_line as recorder_start_line
+from .recorder.flight import Recorder
+from .recorder.flight import start_line as recorder_start_line
 from .schema import CaptureSite
 from .sink import CaptureSink
 from .state import STATE
@@ -82,7 +82,7 @@ class TensorSaver:
         self.budget = self.policy.budget
         self.directory = self.sink.directory
         # the flight recorder (mode: recorder): statistics of every iteration, full capture
-        # only after a trigger (tensor_capture.recorder)
+        # only after a trigger (tensor_capture.recorder.flight)
         self.recorder = (Recorder(config, self.directory, self.policy.rank_info, self._label,
                                   self._warnings.once)
                          if config.enabled and config.mode == MODE_RECORDER else None)

@@ -459,7 +459,7 @@ def load_tensor_file(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]
 
 
 # ---------------------------------------------------------------------------------------------
-# The flight recorder's output (mode: recorder; tensor_capture.recorder, docs/capture.md
+# The flight recorder's output (mode: recorder; tensor_capture.recorder.flight, docs/capture.md
 # "Recorder mode"): under ``<save_dir>/recorder/`` beside the capture's own manifests.
 # ---------------------------------------------------------------------------------------------
 RECORDER_DIR = "recorder"
@@ -493,7 +493,7 @@ def recorder_summary_name(rank: int | None, first_iteration: int) -> str:
     return f"summary_rank{_fmt_int(rank)}_it{first_iteration:07d}.parquet"
 
 
-#: a rollup tier's rows (tensor_capture.recorder_out.rollup) each merge a span of iterations:
+#: a rollup tier's rows (tensor_capture.recorder.out.rollup) each merge a span of iterations:
 #: ``iteration`` is its first, this column its last (a full-resolution row has none: its own)
 REC_LAST_ITERATION = "last_iteration"
 #: a rollup tier's file: tier t >= 1, the span [first, last] of the finer files it replaced

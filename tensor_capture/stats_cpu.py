@@ -1,6 +1,6 @@
 """The flight recorder's statistics of a CPU tensor in one pass: a small C kernel.
 
-Why C: the torch path (tensor_capture.recorder_stats.host_row) makes four passes (dot, sum, amin,
+Why C: the torch path (tensor_capture.recorder.stats.host_row) makes four passes (dot, sum, amin,
 amax), and more when a format is judged or a value is not finite, plus a Python call per pass;
 at a small model's widths that is a tenth of the step. This kernel reads each element once and
 keeps every statistic of schema.REC_STATS in 64 independent lanes the compiler vectorizes: sums
@@ -40,7 +40,7 @@ import torch
 
 from lowp_common import atomic_path
 
-from .recorder_stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged, bounds
+from .recorder.stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged, bounds
 
 #: the order the C code writes a row in (it must be schema.REC_STATS')
 assert (SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT) == tuple(range(N_STATS)) == tuple(range(8))
@@ -286,7 +286,7 @@ class CpuStatsKernel:
 
     def slot_into(self, x: torch.Tensor, up: float, fl: float, out_address: int) -> bool:
         """:meth:`row_into` with the bounds given (:func:`bounds`, computed once per slot by
-        the caller), then x's element count and 1.0 (seen): tensor_capture.recorder_ring's
+        the caller), then x's element count and 1.0 (seen): tensor_capture.recorder.ring's
         slot, all of it in one call. False, nothing written, as :meth:`row_into`."""
         return self._call(self._slot, x, up, fl, out_address)
 

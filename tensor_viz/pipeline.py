@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Callable
 
 from tensor_capture import schema
 from tensor_viz import plots_quant as pq
-from tensor_viz import recorder_view
 from tensor_viz.catalog import Catalog, Entry, ManifestIndex, Problem, UserError, scan
 from tensor_viz.columnar import IndexState
 from tensor_viz.data import Dataset, PairError
+from tensor_viz.diagnose import recorder_view
 from tensor_viz.figures import FigureSet
 
 # Re-exported: callers import the section lists and defaults from here too.

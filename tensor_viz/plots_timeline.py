@@ -1,4 +1,4 @@
-"""run_timeline/: a flight recorder's whole run, from its summaries (tensor_viz.recorder_view).
+"""run_timeline/: a flight recorder's whole run, from its summaries (tensor_viz.diagnose.recorder_view).
 
 One figure of three panels sharing the iteration axis: each layer's absmax (log scale), its
 flush-to-zero ratio in the run's format, and its NaN/Inf count, with every trigger the ranks
@@ -9,8 +9,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tensor_viz import recorder_view
 from tensor_viz.data import Dataset
+from tensor_viz.diagnose import recorder_view
 from tensor_viz.figures import FigureSet, legend_outside, too_few_iterations
 
 SECTION = "run_timeline"

@@ -21,14 +21,14 @@ from typing import Any
 from tensor_capture import schema
 from tensor_capture.stats_read import merged_std_sql
 from tensor_viz.columnar import SQL_HP, IndexState, sql_string
-from tensor_viz.sql_dialect import engine, named_struct
+from tensor_viz.diagnose.sql_dialect import engine, named_struct
 
 #: robust z-score above which a rank is an outlier of its layer x tensor x iteration
 OUTLIER_Z = 3.5
 #: the deviation scale never falls below this share of |median|
 REL_FLOOR = 0.05
 #: metric -> (SQL over one record of the index, the same number in diagnosis' narrow table
-#: (tensor_viz.diagnose_rules.NARROW: flat columns, also filled from a flight recorder's
+#: (tensor_viz.diagnose.rules.NARROW: flat columns, also filled from a flight recorder's
 #: summaries), how a rank's micro-batches fold: an aggregate, or "merge": the std of their union
 #: from counts, means and stds, tensor_capture.stats_read); ratios are of the tensor's own quant
 #: type (stats.range), as the overflow table reads them
@@ -73,7 +73,7 @@ class Header:
 
 
 def _source(state: IndexState) -> str:
-    # a state may name a table holding the same columns (tensor_viz.diagnose_rules' narrow copy
+    # a state may name a table holding the same columns (tensor_viz.diagnose.rules' narrow copy
     # of the index, so the outlier test reads flat columns instead of the nested Parquet)
     relation = getattr(state, "relation", None)
     if relation:
@@ -179,7 +179,7 @@ def outlier_ranks(con: Any, state: IndexState, metric: str | None,
     """Per metric (``None``: every metric of :data:`METRICS`) and rank with
     outliers: the first iteration it is one, how many layer x tensor x iteration cells, the
     worst z and where (only ranks of worlds of 3+ ranks can be judged); at most ``limit`` ranks
-    per metric. The same SQL on DuckDB and Spark (tensor_viz.sql_dialect spells the struct)."""
+    per metric. The same SQL on DuckDB and Spark (tensor_viz.diagnose.sql_dialect spells the struct)."""
     if metric is None and engine(con) == "duckdb":
         # DuckDB: one metric at a time, so the medians' hash tables hold one metric's cells (all
         # six at once ran out of memory at 20.7 M summary rows); Spark: one job for all six

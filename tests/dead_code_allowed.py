@@ -29,10 +29,10 @@ _.whitespace_split
 _.commenters
 # tqdm reads the class attribute to start its monitor thread (tensor_viz/file_reads.py)
 _.monitor_interval
-# Hugging Face tokenizers: a Tokenizer's pre-tokenizer and decoder (training_driver/tokenizer.py)
+# Hugging Face tokenizers: a Tokenizer's pre-tokenizer and decoder (training_driver/data/tokenizer.py)
 _.pre_tokenizer
 _.decoder
-# megatron-core's MegatronTokenizerBase interface (training_driver/tokenizer.py's adapter):
+# megatron-core's MegatronTokenizerBase interface (training_driver/data/tokenizer.py's adapter):
 # the dataset cache key, decoding, and the abstract chat-template method
 _.unique_identifiers
 _.detokenize

@@ -11,8 +11,9 @@ from error_bounds import merged_moments_error_bounds
 
 from tensor_capture import schema, stats_read
 from tensor_capture.saver import TensorSaver
-from training_profiler import monitor_judging, watch_training
-from training_profiler.monitor_judging import Signal
+from training_profiler import watch_training
+from training_profiler.monitor import judging as monitor_judging
+from training_profiler.monitor.judging import Signal
 
 
 def _captured_records(tmp_path, tensors: list[torch.Tensor]) -> list[dict]:

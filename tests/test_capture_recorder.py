@@ -12,11 +12,13 @@ import pytest
 import torch
 from error_bounds import dot_error_bound, exact_sum, exact_sumsq, gamma, sum_error_bound
 
-from tensor_capture import numbering, recorder, recorder_read, schema, stats, stats_cpu
+from tensor_capture import numbering, schema, stats, stats_cpu
 from tensor_capture import saver as ts
 from tensor_capture.config import ConfigError, load_config
-from tensor_capture.recorder_ring import ring_bytes
-from tensor_capture.recorder_stats import (
+from tensor_capture.recorder import flight as recorder
+from tensor_capture.recorder import read as recorder_read
+from tensor_capture.recorder.ring import ring_bytes
+from tensor_capture.recorder.stats import (
     CHUNK,
     FLUSH,
     INF,
@@ -67,7 +69,7 @@ def test_bad_recorder_settings_are_one_line(tmp_path, key, value, fragment):
 
 
 def test_the_preflight_refuses_a_ring_that_does_not_fit_its_memory():
-    from training_driver.errors import UserError
+    from lowp_common.cli import UserError
     from training_driver.preflight import capture_sites, check_recorder
     from training_driver.train_config import MODEL_SHAPES
 
@@ -88,7 +90,7 @@ def test_the_preflight_refuses_a_ring_that_does_not_fit_its_memory():
 
 def test_the_adaptive_rule_has_one_definition():
     from tensor_capture import adaptive
-    from training_profiler import monitor_thresholds
+    from training_profiler.monitor import thresholds as monitor_thresholds
 
     assert monitor_thresholds.AdaptiveThreshold is adaptive.AdaptiveThreshold
 
@@ -286,7 +288,7 @@ def _summary(folder) -> tuple[list[tuple], list[float]]:
 
 
 def test_the_device_path_gives_what_the_host_path_gives(session, tmp_path, monkeypatch):
-    from tensor_capture.recorder import Recorder
+    from tensor_capture.recorder.flight import Recorder
 
     (tmp_path / "host").mkdir()
     (tmp_path / "dev").mkdir()
@@ -343,7 +345,7 @@ def test_the_replay_file_under_megatron_lm_resumes_pretrain_gpt_from_its_checkpo
     checkpoint at or before the trigger."""
     import types
 
-    from tensor_capture.recorder_replay import write_replay
+    from tensor_capture.recorder.replay import write_replay
 
     save = tmp_path / "ckpt"
     for it in (10, 20, 30):

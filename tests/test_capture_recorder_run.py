@@ -27,9 +27,10 @@ import pytest
 from error_bounds import gamma
 from training_helpers import ROOT, clean_env, one_error_line, run, small_data  # noqa: F401
 
-from tensor_capture import recorder_read, schema
+from tensor_capture import schema
+from tensor_capture.recorder import read as recorder_read
 from tensor_viz.diagnose import diagnose
-from tensor_viz.diagnose_loss import RECORDER_SOURCE
+from tensor_viz.diagnose.loss import RECORDER_SOURCE
 
 PLANTED = "decoder.layers.1.mlp.linear_fc1"
 SUPPORT = ROOT / "tests" / "megatron_lm_support"

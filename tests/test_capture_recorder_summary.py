@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tensor_capture import schema
-from tensor_capture.recorder_out import SummaryWriter, write_summary_table
-from tensor_capture.recorder_ring import SlotBook
-from tensor_capture.recorder_stats import N_STATS
+from tensor_capture.recorder.out import SummaryWriter, write_summary_table
+from tensor_capture.recorder.ring import SlotBook
+from tensor_capture.recorder.stats import N_STATS
 
 
 def _site(i: int) -> schema.CaptureSite:

@@ -1,5 +1,5 @@
 """The flight recorder's one-pass CPU kernel (tensor_capture.stats_cpu) against the torch path
-(tensor_capture.recorder_stats.host_row / device_row) and against the definitions.
+(tensor_capture.recorder.stats.host_row / device_row) and against the definitions.
 
 Counts, min and max must be equal always. The sums are compared exactly on data whose every
 partial sum is exact in float32 (small integers: any order gives the same bits), and within
@@ -15,7 +15,7 @@ import torch
 from error_bounds import exact_sum, exact_sumsq, gamma
 
 from tensor_capture import stats_cpu
-from tensor_capture.recorder_stats import (
+from tensor_capture.recorder.stats import (
     FLUSH,
     INF,
     MAX,

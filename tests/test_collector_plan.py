@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from training_helpers import small_data  # noqa: F401
 
+from lowp_common.cli import UserError
 from training_driver.capture import PATCHED_DIR_ENV
 from training_driver.collector import (
     Collection,
@@ -19,7 +20,6 @@ from training_driver.collector import (
     report_collection,
     request_from_args,
 )
-from training_driver.errors import UserError
 from training_driver.preflight import CHECKED_ENV
 from training_driver.tensor_summary import TensorSummary
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tensor_capture import schema
-from tensor_viz import diagnose_cli
+from tensor_viz.diagnose import cli as diagnose_cli
 from tensor_viz.diagnose import diagnose
-from tensor_viz.diagnose_rules import LOCATION_KEYS
+from tensor_viz.diagnose.rules import LOCATION_KEYS
 
 #: one micro-batch of a 2-layer model, in the order a capture records it
 _ORDER = [(f"decoder.layers.{layer}.{sub}", layer, op, phase, name)
@@ -346,7 +346,7 @@ def test_reference_gap_sees_micro_batches_that_move_apart(tmp_path):
 
 def test_loss_divergence_by_level():
     from tensor_viz.diagnose import first_cause
-    from tensor_viz.diagnose_loss import divergence
+    from tensor_viz.diagnose.loss import divergence
 
     def loss_divergence(losses, others, vocab):
         return divergence(losses, others, vocab, first_cause)
@@ -369,7 +369,7 @@ def test_loss_divergence_by_level():
 
 def test_the_run_format_operands_are_the_operands_the_format_casts():
     from quant.gemm_plan import PLAN
-    from tensor_viz.diagnose_format import OPERANDS, gemms
+    from tensor_viz.diagnose.formats import OPERANDS, gemms
 
     assert {OPERANDS[k] for k in OPERANDS} == {p.operand for p in PLAN}
     assert gemms("forward", "input") == ["fprop", "wgrad"]
@@ -419,7 +419,7 @@ def test_a_new_kind_is_one_entry_in_kinds_with_each_backend_s_query(tmp_path, mo
     (what it checked, its DuckDB query, its Spark query) and lowp-diagnose, the report's
     Diagnosis section and the Spark runner all run it; its parameter is bound by the engine."""
     from tensor_viz import diagnose as dg
-    from tensor_viz.diagnose_rules import MEDIUM, Finding
+    from tensor_viz.diagnose.rules import MEDIUM, Finding
 
     limit = 1.5
 

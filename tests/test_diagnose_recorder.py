@@ -17,7 +17,8 @@ import sys
 import pytest
 from training_helpers import ROOT, clean_env, small_data  # noqa: F401  (fixture)
 
-from tensor_capture import recorder_read, schema
+from tensor_capture import schema
+from tensor_capture.recorder import read as recorder_read
 
 PLANT_ITERATION, PLANT_MICRO_BATCH = 37, 1
 PLANT_MODULE = "decoder.layers.1.mlp.linear_fc1"
@@ -82,9 +83,7 @@ def test_summaries_alone_name_the_iteration_and_module(recorded, tmp_path):
 
 
 def test_summaries_fill_only_the_iterations_records_do_not_cover(recorded):
-    from tensor_viz import diagnose_rules as rules
-    from tensor_viz import recorder_view
-    from tensor_viz.diagnose import open_index
+    from tensor_viz.diagnose import open_index, recorder_view, rules
 
     con, state = open_index(recorded)
     src = rules.materialize(con, state)
@@ -109,7 +108,7 @@ def test_summaries_fill_only_the_iterations_records_do_not_cover(recorded):
 
 
 def test_report_draws_the_run_timeline_from_the_summaries(recorded, tmp_path):
-    from tensor_viz import recorder_view
+    from tensor_viz.diagnose import recorder_view
     from tensor_viz.options import Options
     from tensor_viz.pipeline import build
 
@@ -137,7 +136,7 @@ def test_report_draws_the_run_timeline_from_the_summaries(recorded, tmp_path):
 
 def test_cli_reads_a_recorder_folder_json(recorded, tmp_path):
     out = tmp_path / "d.json"
-    proc = subprocess.run([sys.executable, "-m", "tensor_viz.diagnose_cli", str(recorded),
+    proc = subprocess.run([sys.executable, "-m", "tensor_viz.diagnose.cli", str(recorded),
                            "--json", str(out)], env=clean_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -162,7 +161,7 @@ def _curve(kind: str, seed: int, n: int = 300) -> list[tuple[int, float]]:
 @pytest.mark.parametrize("seed", range(10))
 def test_a_plateau_is_judged_against_the_run_s_own_early_minimum(seed):
     from tensor_viz.diagnose import first_cause
-    from tensor_viz.diagnose_loss import PLATEAU_PARTS, divergence, plateau
+    from tensor_viz.diagnose.loss import PLATEAU_PARTS, divergence, plateau
 
     (f,) = divergence(_curve("plateau", seed), [], 384, first_cause)
     ev = f.evidence
@@ -213,8 +212,8 @@ def _record_losses(folder, losses: dict[int, float]) -> None:
 
 
 def test_the_recorder_s_own_losses_feed_the_loss_kinds_without_a_log(tmp_path, capsys):
-    from tensor_viz import diagnose_cli
-    from tensor_viz.diagnose_loss import RECORDER_SOURCE
+    from tensor_viz.diagnose import cli as diagnose_cli
+    from tensor_viz.diagnose.loss import RECORDER_SOURCE
 
     found = {}
     for kind in ("plateau", "falling"):
@@ -286,9 +285,10 @@ def test_summaries_alone_name_the_outlier_rank_and_the_run_format_s_flush(three_
     assert worst["evidence"]["value"] / worst["evidence"]["median"] > SCALE / 2
     # the mechanism, as the summaries saw it: the scaled input is out of scale from the
     # iteration the scale starts, on that rank only (rank_tables' band of the same cell)
-    from tensor_viz import rank_tables, recorder_view
+    from tensor_viz import rank_tables
     from tensor_viz.columnar import connect
-    from tensor_viz.diagnose_rules import NARROW, NarrowState
+    from tensor_viz.diagnose import recorder_view
+    from tensor_viz.diagnose.rules import NARROW, NarrowState
 
     con = connect()
     rows = recorder_view.narrow_from_summaries(con, NARROW, three_ranks)

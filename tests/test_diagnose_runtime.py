@@ -18,7 +18,7 @@ from diagnose_helpers import (
 )
 
 from tensor_capture.patcher import prepare_patched_megatron
-from tensor_viz import diagnose_cli
+from tensor_viz.diagnose import cli as diagnose_cli
 from tensor_viz.diagnose import diagnose
 
 

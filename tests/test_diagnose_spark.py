@@ -14,8 +14,9 @@ import pytest
 from test_diagnose import _ORDER, write_capture
 
 from tensor_capture import schema
-from tensor_viz import diagnose_cli, diagnose_spark
 from tensor_viz.diagnose import KINDS, diagnose
+from tensor_viz.diagnose import cli as diagnose_cli
+from tensor_viz.diagnose import spark as diagnose_spark
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark not installed (pip install -e "
                               "'.[spark]'; .ci/run installs it)")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from training_helpers import run, small_data  # noqa: F401
 
-from tensor_viz import diagnose_cli
+from tensor_viz.diagnose import cli as diagnose_cli
 from tensor_viz.diagnose import diagnose
 
 #: scenario -> (CUSTOM_QUANT_TYPE, iterations, extra llama-train options)

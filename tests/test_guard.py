@@ -244,7 +244,7 @@ def test_a_resumed_run_keeps_the_decisions_taken_before_it(session, tmp_path, ca
 def test_a_replay_of_a_guarded_run_keeps_the_guard_in_capture_mode(tmp_path):
     """The recorder's replay file writes the run's settings back as YAML: the guard's read back
     the same, and the replay's explicit capture mode stays capture."""
-    from tensor_capture.recorder_replay import _config_yaml
+    from tensor_capture.recorder.replay import _config_yaml
 
     c = load_config(env={"TENSOR_SAVE_GUARD": "on", "CUSTOM_QUANT_TYPE": "fp8_e4m3"})
     path = tmp_path / "replay.yaml"

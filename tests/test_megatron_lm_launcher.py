@@ -15,9 +15,9 @@ import pytest
 from test_training_scripts import _example_args, _standin_checkout
 from training_helpers import ROOT, one_error_line, run, small_data  # noqa: F401
 
-from training_driver.errors import UserError
+from lowp_common.cli import UserError
 from training_driver.megatron_env import free_port
-from training_driver.megatron_lm_command import (
+from training_driver.megatron_lm.command import (
     REQUIREMENTS,
     Machine,
     check_requirements,

@@ -103,7 +103,7 @@ def _saved(capture: Path, module: str, name: str) -> torch.Tensor:
 def test_every_flag_the_launcher_adds_is_one_this_megatron_lm_declares(checkout):
     """The machine flags and the local layers' flags are options of Megatron-LM's own parser
     (``add_megatron_arguments``; a misspelt flag would stop pretrain_gpt.py at parse time)."""
-    from training_driver.megatron_lm_command import MACHINE_FLAGS, transformer_impl_args
+    from training_driver.megatron_lm.command import MACHINE_FLAGS, transformer_impl_args
 
     flags = [f for rule in MACHINE_FLAGS for f in rule.flags] + transformer_impl_args("bf16")
     probe = ("import argparse, json, sys\n"
@@ -167,7 +167,7 @@ def test_one_process_mxfp8_then_a_resume_with_stats_a_plan_the_diagnosis_and_the
     assert any(META_WHATIF in r for r in recs)
 
     # 3. the diagnosis and the one-click report read what the real run captured
-    diag = run([sys.executable, "-m", "tensor_viz.diagnose_cli", str(stats), "--json",
+    diag = run([sys.executable, "-m", "tensor_viz.diagnose.cli", str(stats), "--json",
                 str(work / "diagnosis.json")], cwd=work, timeout=300)
     assert diag.returncode == 0, diag.stderr[-3000:]
     data = json.loads((work / "diagnosis.json").read_text())
@@ -185,7 +185,7 @@ def test_tensor_parallel_nvfp4_flight_recorder_and_a_nan_planted_in_a_real_run(
     0..1) and the triggered capture (iteration 2) are records of both TP ranks, the replay file
     names Megatron-LM's own command, and lowp-diagnose says where the first non-finite value was
     born, at the micro-batch."""
-    from tensor_capture import recorder_read
+    from tensor_capture.recorder import read as recorder_read
     from tensor_viz.diagnose import diagnose
 
     work = tmp_path / "tp2"

@@ -128,7 +128,7 @@ def test_a_report_of_another_capture_is_refused(tmp_path: Path, capsys) -> None:
 
 
 def test_preprocess_corpus_keeps_an_earlier_dataset(tmp_path: Path, capsys) -> None:
-    from training_driver import preprocess
+    from training_driver.data import preprocess
 
     prefix = tmp_path / "d" / "mine"
     (tmp_path / "d").mkdir()
@@ -181,7 +181,7 @@ def test_the_same_capture_redraws_its_report_and_another_is_refused(tmp_path: Pa
 
 def test_lowp_diagnose_keeps_an_earlier_json_without_force(tmp_path: Path, capsys) -> None:
     """Refused before the capture is read: the earlier diagnosis stays as it was."""
-    from tensor_viz import diagnose_cli
+    from tensor_viz.diagnose import cli as diagnose_cli
 
     out = tmp_path / "diagnosis.json"
     out.write_text('{"findings": []}\n')

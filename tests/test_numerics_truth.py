@@ -14,7 +14,7 @@ import quant
 from quant import scaling_sweep as ss
 from quant.analysis import cast_limits, severity
 from tensor_capture import stats
-from training_profiler.adaptive_monitor import TrainingMonitor
+from training_profiler.monitor import TrainingMonitor
 from training_profiler.tensor_analyzer import format_risks
 
 

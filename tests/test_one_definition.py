@@ -90,7 +90,7 @@ def test_gemm_tables_and_high_precision_are_defined_once():
     from quant.formats import HIGH_PRECISION, HIGH_PRECISION_NAMES
     from te_integration import factory, layouts
     from tensor_capture import emulation, schema, sites
-    from tensor_viz import diagnose_rules
+    from tensor_viz.diagnose import rules as diagnose_rules
     from training_profiler import lowp_emulation
 
     assert precision_plan.ROLES is gemm_plan.LINEAR_GEMMS

@@ -41,7 +41,7 @@ MUTATORS = frozenset({
 
 #: (module, name) -> why this module-level state is process-wide on purpose
 ALLOWED = {
-    ("tensor_capture.recorder", "_LIVE"):
+    ("tensor_capture.recorder.flight", "_LIVE"):
         "weak set of the open flight recorders, closed by the atexit hook beside it",
     ("tensor_capture.writer", "_LIVE"):
         "weak set of the open background writers, flushed by the atexit hook beside it",
@@ -49,7 +49,7 @@ ALLOWED = {
         "a drawing worker process's arguments, set by the pool's initializer in that process",
     ("training_profiler.amp_checker.rules.base", "_DISPATCH"):
         "memo of a pure function: (visitor class, node class) -> its visit method",
-    ("training_profiler.audit_source", "_CODE_INTERNAL"):
+    ("training_profiler.audit.source", "_CODE_INTERNAL"):
         "memo of a pure function: code object -> whether it is torch's or ours (a hot path)",
 }
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from training_helpers import small_data  # noqa: F401
 
 from training_profiler.audit import audit_precision, precision_audit, run_script
-from training_profiler.audit_cli import main as audit_main
-from training_profiler.audit_rules import RULES
+from training_profiler.audit.cli import main as audit_main
+from training_profiler.audit.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "bench" / "audit_cases"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from training_profiler import watch_training
-from training_profiler.adaptive_monitor import AdaptiveThreshold, TrainingMonitor, dtype_limits
+from training_profiler.monitor import AdaptiveThreshold, TrainingMonitor, dtype_limits
 
 
 def _noisy_loss(n: int, seed: int = 0, start: float = 3.0, end: float = 2.0, noise: float = 0.02):
@@ -231,7 +231,7 @@ def _alerts_and_history(step) -> tuple[list, list]:
 def test_setting_groups_equal_the_keywords() -> None:
     """The frozen groups and the flat keywords are one setting: the same run judged either way
     gives the same alerts and history; a keyword overrides its group's field."""
-    from training_profiler.adaptive_monitor import MonitorCadence, MonitorThresholds
+    from training_profiler.monitor import MonitorCadence, MonitorThresholds
 
     flat = _alerts_and_history(_mlp_step(layer_stats_every=2, sigma=6.0)[0])
     th = MonitorThresholds(warmup_steps=7, alert_window=40, sigma=6.0, cooldown=3)

@@ -16,9 +16,10 @@ import shutil
 import pytest
 import torch
 
-from tensor_capture import numbering, recorder_read, schema
+from tensor_capture import numbering, schema
 from tensor_capture import saver as ts
-from tensor_capture.recorder_out import (
+from tensor_capture.recorder import read as recorder_read
+from tensor_capture.recorder.out import (
     ROLLUP_FACTOR,
     merge_spans,
     rollup,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tensor_capture import schema
-from tensor_capture.recorder_out import write_summary_table
+from tensor_capture.recorder.out import write_summary_table
 
 
 def _table(rank: int, first: int, iterations: int, sites: int, nan_at: int | None) -> pa.Table:
@@ -60,8 +60,9 @@ def test_the_narrow_table_of_summaries_spills_into_a_folder_of_its_own(tmp_path,
     import os
     import tempfile
 
-    from tensor_viz import columnar, recorder_view
-    from tensor_viz.diagnose_rules import NARROW
+    from tensor_viz import columnar
+    from tensor_viz.diagnose import recorder_view
+    from tensor_viz.diagnose.rules import NARROW
 
     folder = _folder(tmp_path)
     monkeypatch.chdir(tmp_path)

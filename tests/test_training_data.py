@@ -11,11 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from training_helpers import one_error_line, run, small_data  # noqa: F401 - fixture
 
-from training_driver import preprocess as pp
-from training_driver.corpus import builtin_documents, write_builtin_corpus
-from training_driver.errors import UserError
-from training_driver.optim import lr_at
-from training_driver.tokenizer import (
+from lowp_common.cli import UserError
+from training_driver.data import preprocess as pp
+from training_driver.data.corpus import builtin_documents, write_builtin_corpus
+from training_driver.data.tokenizer import (
     EOD_TOKEN,
     OLD_FORMAT_FILE,
     TOKENIZER_FILE,
@@ -24,6 +23,7 @@ from training_driver.tokenizer import (
     save_tokenizer,
     train_bpe,
 )
+from training_driver.optim import lr_at
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -195,7 +195,7 @@ def test_old_format_tokenizer_one_line_exit_2(small_data, tmp_path, capsys):
 
 
 def test_data_made_with_another_tokenizer_is_refused(small_data, tok_dir, tok):
-    from training_driver.data import check_tokenizer_matches
+    from training_driver.data.samples import check_tokenizer_matches
 
     check_tokenizer_matches(small_data["data_path"], load_tokenizer(small_data["tokenizer"]))
     with pytest.raises(UserError, match="tokenized with another tokenizer"):
@@ -209,7 +209,7 @@ def test_data_beside_an_old_format_tokenizer_is_refused(small_data, tmp_path, ca
     import shutil
 
     from training_driver import train
-    from training_driver.data import check_tokenizer_matches
+    from training_driver.data.samples import check_tokenizer_matches
 
     prefix = tmp_path / "data" / "old_text_document"
     prefix.parent.mkdir()
@@ -279,7 +279,7 @@ def test_preprocess_round_trip(tmp_path):
 def test_gpt_dataset_reads_the_token_stream(small_data):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from training_driver.data import BatchPlan, build_gpt_dataset
+    from training_driver.data.samples import BatchPlan, build_gpt_dataset
 
     tok = load_tokenizer(small_data["tokenizer"])
     ds = build_gpt_dataset(small_data["data_path"], tok, seq_length=32, num_samples=40, seed=7)

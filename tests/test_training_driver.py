@@ -8,8 +8,8 @@ import torch
 import torch.multiprocessing as mp
 from training_helpers import clean_env, one_error_line, run, small_data  # noqa: F401
 
+from lowp_common.cli import UserError
 from training_driver import checkpoint
-from training_driver.errors import UserError
 from training_driver.megatron_env import free_port
 from training_driver.train import TrainConfig, check_config, main, train
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from training_helpers import small_data  # noqa: F401  (the session's dataset fixture)
 
+from lowp_common.cli import UserError
 from tensor_capture.config import load_config
 from training_driver import preflight
-from training_driver.errors import UserError
 from training_driver.preflight import (
     RunEstimate,
     capture_elements,

@@ -38,8 +38,8 @@ def one_error_line(stderr: str) -> str:
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory) -> dict[str, str]:
     """~60 KB of the default corpus, a 384-token BPE, and the indexed dataset."""
-    from training_driver.corpus import write_builtin_corpus
-    from training_driver.preprocess import preprocess
+    from training_driver.data.corpus import write_builtin_corpus
+    from training_driver.data.preprocess import preprocess
 
     root = tmp_path_factory.mktemp("training_data")
     corpus = root / "corpus.jsonl"

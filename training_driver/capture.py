@@ -37,7 +37,7 @@ def emulation_requested(env: dict[str, str] | None = None) -> bool:
 
 def check_capture_config(env: dict[str, str] | None = None) -> None:
     """Validate TENSOR_SAVE_* / CUSTOM_QUANT_TYPE up front: UserError with the capture's message."""
-    from .errors import UserError
+    from lowp_common.cli import UserError
 
     try:
         from tensor_capture.config import ConfigError, load_config
@@ -124,7 +124,7 @@ class SaverHooks:
         """Tell the flight recorder (recorder mode) how to replay this run from its checkpoints."""
         if self._recorder() is None:
             return
-        from tensor_capture import recorder
+        from tensor_capture.recorder import flight as recorder
 
         from .checkpoint import LATEST_FILE, saved_iterations
 
@@ -138,7 +138,7 @@ class SaverHooks:
     def report(self, grad_norm: float) -> None:
         """The iteration's gradient norm, for the recorder's grad_norm_spike trigger."""
         if self._recorder() is not None:
-            from tensor_capture import recorder
+            from tensor_capture.recorder import flight as recorder
 
             recorder.report(grad_norm=grad_norm)
 
@@ -155,7 +155,7 @@ class SaverHooks:
             saver.close()
 
 
-#: llama-train settings a replay sets itself (tensor_capture.recorder_replay): where it resumes
+#: llama-train settings a replay sets itself (tensor_capture.recorder.replay): where it resumes
 #: from and where it stops, and the outputs of the original run it must not touch
 _REPLAY_SET = ("checkpoint_dir", "exit_interval", "save_interval", "resume", "force",
                "stop_file", "progress_file", "tensorboard_dir", "patched_megatron_workdir")
@@ -182,7 +182,7 @@ def replay_argv(cfg: Any) -> list[str]:
 
 
 def replay_command_builder(cfg: Any, world_size: int, latest_file: str) -> Callable[..., str]:
-    """The recorder's replay command for this llama-train run (tensor_capture.recorder_replay.
+    """The recorder's replay command for this llama-train run (tensor_capture.recorder.replay.
     RunInfo.command): the checkpoint linked into a fresh folder beside the replay's capture,
     the same settings, full capture by ``env``, a stop after ``last`` (--exit-interval)."""
     import shlex

@@ -20,9 +20,8 @@ import torch
 import torch.distributed as dist
 
 from lowp_common import atomic_path, atomic_write_text
+from lowp_common.cli import UserError
 from tensor_capture import guard as guard_state
-
-from .errors import UserError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 FORMAT_VERSION = 1

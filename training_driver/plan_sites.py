@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .errors import UserError
+from lowp_common.cli import UserError
 
 _ATTENTION_CLASSES = ("DotProductAttention", "TEDotProductAttention")
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lowp_common import human_bytes
-
-from .errors import UserError
+from lowp_common.cli import UserError
 
 #: Bytes per parameter, by training dtype: (model weights, model gradients, fp32 master weights
 #: and gradients, AdamW's exp_avg + exp_avg_sq). fp32 trains on the model's own parameters;
@@ -181,11 +180,11 @@ def capture_sites(shape: Mapping[str, int], capture: Any, layers: int) -> int:
 
 def check_recorder(capture: Any, shape: Mapping[str, int], num_micro_batches: int,
                    pipeline_parallel: int = 1) -> int | None:
-    """The flight recorder's memory per rank (tensor_capture.recorder_ring.ring_bytes over
+    """The flight recorder's memory per rank (tensor_capture.recorder.ring.ring_bytes over
     sites x micro-batches), UserError (one line) when it exceeds ``recorder_memory``; None when
     the recorder is off."""
     from tensor_capture.config import MODE_RECORDER
-    from tensor_capture.recorder_ring import ring_bytes
+    from tensor_capture.recorder.ring import ring_bytes
 
     if capture is None or getattr(capture, "mode", None) != MODE_RECORDER:
         return None
@@ -358,8 +357,8 @@ def check_inputs(tokenizer: str, data_path: str,
     from tensor_capture.config import ConfigError, load_config
 
     from .capture import capture_requested
-    from .data import check_data_prefix, check_tokenizer_matches
-    from .tokenizer import load_tokenizer
+    from .data.samples import check_data_prefix, check_tokenizer_matches
+    from .data.tokenizer import load_tokenizer
 
     env = dict(os.environ if env is None else env)
     try:

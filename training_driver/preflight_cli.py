@@ -10,7 +10,8 @@ import argparse
 import sys
 from typing import Any, Mapping, Sequence
 
-from .errors import CommandParser, cli_entry
+from lowp_common.cli import CommandParser, cli_entry
+
 from .preflight import (
     REMEDY,
     RunEstimate,
@@ -26,8 +27,8 @@ def check_training_args(train_args: Sequence[str], ranks: int, remedy: str = "",
                         say: Any = None) -> RunEstimate:
     """The same from llama-train's command-line arguments (the collector's and the
     launcher's view), before any training process starts."""
+    from .data.tokenizer import load_tokenizer
     from .megatron_env import cuda_available
-    from .tokenizer import load_tokenizer
     from .train import build_parser, check_config, config_from_args
 
     cfg = config_from_args(build_parser().parse_args(list(train_args)))

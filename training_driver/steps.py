@@ -28,7 +28,7 @@ def micro_batch_schedule(*, forward_step_func, data_iterator, model, num_microba
 
 def simple_step(model, dataset, plan, it, device, saver, causal_inputs, shape_d) -> float:
     """Forward and backward of every micro-batch in turn; returns the mean loss."""
-    from .data import get_micro_batch
+    from .data.samples import get_micro_batch
 
     def forward_step(data_iterator, model_chunk):
         batch = get_micro_batch(dataset, plan, it, next(data_iterator), device)
@@ -52,7 +52,7 @@ def pipeline_step(model, dataset, plan, it, device, saver, causal_inputs, shape_
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from .data import get_micro_batch
+    from .data.samples import get_micro_batch
 
     counter = iter(range(plan.num_micro_batches))
 

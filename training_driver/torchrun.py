@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Sequence
 
-from .errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, cli_entry
+from lowp_common.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, cli_entry
 
 PROG = "torchrun"
 _INTERRUPTED = {EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM,

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from lowp_common import CommandParser, HelpWithDefaults
+from lowp_common.cli import UserError, cli_entry
 
-from .errors import UserError, cli_entry
 from .train_config import (
     DTYPES,
     MODEL_SHAPES,
@@ -140,9 +140,10 @@ def _check_run(cfg: TrainConfig, rank: int, world_size: int, capture: bool,
                patched: Any) -> RunPlan:
     """Settings, tokenizer and data checked, and (unless waived or done by the launcher) whether
     this node can hold the model and one captured iteration: all before any model exists."""
-    from . import data, preflight
+    from . import preflight
+    from .data import samples as data
+    from .data.tokenizer import load_tokenizer
     from .megatron_env import cuda_available
-    from .tokenizer import load_tokenizer
 
     cuda = cuda_available()
     derived = check_config(cfg, world_size, cuda, capture)
@@ -180,8 +181,8 @@ def _run(plan: RunPlan, opened: _Open) -> dict[str, Any]:
     """Model, resume, loop and checkpoints, on initialized process groups."""
     from megatron.core import parallel_state as ps
 
-    from . import data
     from .capture import SaverHooks
+    from .data import samples as data
 
     cfg = plan.cfg
     batches = data.BatchPlan(cfg.micro_batch_size, plan.derived["num_micro_batches"],

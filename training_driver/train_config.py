@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowp_common.cli import UserError
+
 from .capture import emulation_requested
-from .errors import UserError
 
 MODEL_SHAPES: dict[str, dict[str, int]] = {
     # A Llama in miniature: trains in seconds on 2 CPU cores.

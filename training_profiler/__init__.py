@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "watch_training": ("training_profiler.adaptive_monitor", "watch_training"),
-    "AdaptiveThreshold": ("training_profiler.adaptive_monitor", "AdaptiveThreshold"),
-    "TrainingMonitor": ("training_profiler.adaptive_monitor", "TrainingMonitor"),
+    "watch_training": ("training_profiler.monitor", "watch_training"),
+    "AdaptiveThreshold": ("training_profiler.monitor", "AdaptiveThreshold"),
+    "TrainingMonitor": ("training_profiler.monitor", "TrainingMonitor"),
     "analyze_tensor": ("training_profiler.tensor_analyzer", "analyze_tensor"),
     "check_source": ("training_profiler.amp_checker.checker", "check_source"),
     "check_paths": ("training_profiler.amp_checker.checker", "check_paths"),

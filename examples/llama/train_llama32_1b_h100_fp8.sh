@@ -206,7 +206,7 @@ for VAR in NUM_LAYERS HIDDEN_SIZE FFN_HIDDEN_SIZE NUM_ATTENTION_HEADS NUM_QUERY_
 done
 # Megatron-LM: its arguments for this shape and machine, after checking what its training loop
 # imports (six, psutil, pybind11, transformers) and that a CUSTOM_QUANT_PLAN matches a GEMM of
-# this model (training_driver.megatron_lm_command); else the shape alone. One line, exit 2.
+# this model (training_driver.megatron_lm.command); else the shape alone. One line, exit 2.
 MLM_ARGS=()
 COMMAND_ARGS=(--model "$MODEL" ${SHAPE_ARGS[@]+"${SHAPE_ARGS[@]}"} --dtype "$DTYPE")
 if [[ -n "${MEGATRON_LM_DIR:-}" ]]; then
@@ -216,7 +216,7 @@ else
     COMMAND_ARGS+=(--shape-only)
 fi
 NOTES_FILE=$(mktemp)
-if ! MLM_OUT=$("$PY" -m training_driver.megatron_lm_command "${COMMAND_ARGS[@]}" 2>"$NOTES_FILE"); then
+if ! MLM_OUT=$("$PY" -m training_driver.megatron_lm.command "${COMMAND_ARGS[@]}" 2>"$NOTES_FILE"); then
     LINE=$(grep -v '^[[:space:]]*$' "$NOTES_FILE" | tail -n 1 | sed 's/^megatron_lm_command: error: //')
     rm -f "$NOTES_FILE"; die "$LINE"
 fi

@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         minimum = Confidence.parse(args.min_confidence) if args.min_confidence else None
         report = check_paths(args.paths, rules, context=args.context, min_confidence=minimum)
         if args.audit:  # run-time findings merged in the same report (training_profiler.audit)
-            from training_profiler.audit_cli import merge_audit
+            from training_profiler.audit.cli import merge_audit
             report.errors += merge_audit(report, args.audit)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None

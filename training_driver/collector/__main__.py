@@ -1,0 +1,4 @@
+"""``python -m training_driver.collector``: the collector's command line."""
+from . import main
+
+raise SystemExit(main())

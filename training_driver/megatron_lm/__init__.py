@@ -1,0 +1,3 @@
+"""Megatron-LM's own training loop: the ``pretrain_gpt.py`` command line our runs translate to
+(``command``).
+"""
