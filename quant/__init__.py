@@ -2,8 +2,9 @@
 
 Public API (other packages rely on these names):
     get_format(name) -> FormatSpec, FORMATS, FormatSpec, ROUNDING_MODES, SCALE_MODES,
-    quantize(x, fmt, *, block_size=None, axis=-1, rounding=None, scale_mode="floor",
-             saturate=True, generator=None, analyze=None, backend="auto") -> Tensor,
+    quantize(x, fmt, *, generator=None, analyze=None, **options) -> Tensor (options: the
+             fields of quant.quantizer.Quantizer, quant.quantizer.OPTIONS: block_size, axis,
+             rounding, scale_mode, saturate, backend),
     quantize_ste(x, fmt, **kw), analyze_quantization(x, fmt, ...) -> QuantAnalysis,
     metrics (mse, rmse, mae, max_abs_error, relative_error, cosine_similarity, psnr, sqnr).
 Training recipes (Transformer Engine's, and every format as a trivial one):

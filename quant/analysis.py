@@ -23,12 +23,11 @@ import math
 import sys
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
 from .elemwise import ElemParams, round_magnitude
-from .families import family_of
 from .formats import FormatSpec, format_for_dtype, get_format
 from .layout import to_blocks
 from .quantizer import Quantizer, check_input
@@ -214,28 +213,29 @@ def _range_summary(t: torch.Tensor) -> tuple[tuple[float, float], float, float]:
     return (lo, hi), amax, (mnz if mnz != float("inf") else nan)
 
 
-def _scaled_layout(x32, spec, axis, block, scale_mode):
+def _scaled_layout(x32, q: Quantizer):
     """Scaled values in the layout the format works in (its family's Scales), plus per-block
     scales and a restorer.
 
     Returns (v, scales or None, restore or None, block_finite or None).
     """
-    family = family_of(spec)
+    family = q.family
     if not family.blocked:
-        return family.scales(x32, spec, scale_mode).encoded(x32), None, None, None
-    xb, restore = to_blocks(x32, axis, block)
-    s = family.scales(xb, spec, scale_mode)
+        return family.scales(x32, q.spec, q.scale_mode).encoded(x32), None, None, None
+    xb, restore = to_blocks(x32, q.axis, q.block)
+    s = family.scales(xb, q.spec, q.scale_mode)
     return s.encoded(xb), s.block_scale, restore, ~s.poisoned
 
 
-def _element_masks(x32, spec, axis, block, scale_mode, rounding):
+def _element_masks(x32, q: Quantizer):
     """Per element: would it overflow, does it underflow, after the format's scales (the
     module docstring's definitions, before zeros and NaN/Inf inputs are dropped). Returns
     (overflow, underflow, per-block scales or None, per-block finite mask or None)."""
-    v, scales, restore, block_finite = _scaled_layout(x32, spec, axis, block, scale_mode)
+    spec = q.spec
+    v, scales, restore, block_finite = _scaled_layout(x32, q)
     av = v.abs()
-    mode = _ANALYSIS_ROUNDING.get(rounding, rounding)
-    over_v = round_magnitude(av, ElemParams.of(spec), mode) > spec.max_normal
+    mode = _ANALYSIS_ROUNDING.get(q.rounding, q.rounding)
+    over_v = round_magnitude(av, q.params, mode) > spec.max_normal
     under_v = av < spec.min_normal
     if restore is not None:
         # elements of a NaN/Inf-poisoned block are NaN, not over/underflowed (nan_blocks)
@@ -247,12 +247,40 @@ def _element_masks(x32, spec, axis, block, scale_mode, rounding):
     return over_v, under_v, scales, block_finite
 
 
+@dataclass
+class _Masks:
+    """What analyze_quantization counts, per element (and per block for block formats)."""
+
+    overflow: torch.Tensor
+    underflow: torch.Tensor
+    ftz: torch.Tensor
+    nonzero: torch.Tensor
+    inf: torch.Tensor
+    per_block: Optional[dict] = None
+    nan_blocks: int = 0
+
+
+def _masks(x32: torch.Tensor, y32: torch.Tensor, q: Quantizer) -> _Masks:
+    """The element masks of the module docstring's definitions (x32 at least 1-D)."""
+    finite = torch.isfinite(x32)
+    nonzero = finite & (x32 != 0)
+    inf_mask = torch.isinf(x32)
+    over_el, under_el, scales, block_finite = _element_masks(x32, q)
+    m = _Masks(overflow=inf_mask | (finite & over_el), underflow=nonzero & under_el,
+               ftz=nonzero & (y32 == 0), nonzero=nonzero, inf=inf_mask)
+    if block_finite is not None:
+        def blocks_of(mask):
+            b, _ = to_blocks(mask.to(torch.int32), q.axis, q.block)
+            return b.sum(dim=-1)
+        m.per_block = {"overflow": blocks_of(m.overflow), "underflow": blocks_of(m.underflow),
+                       "flush_to_zero": blocks_of(m.ftz), "scale": scales.squeeze(-1)}
+        m.nan_blocks = int((~block_finite).sum())
+    return m
+
+
 def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,
-                         block_size: Optional[int] = None, axis: int = -1,
-                         rounding: Optional[str] = None, scale_mode: str = "floor",
-                         saturate: bool = True,
-                         quantized: Optional[torch.Tensor] = None,
-                         summaries: bool = True) -> QuantAnalysis:
+                         quantized: Optional[torch.Tensor] = None, summaries: bool = True,
+                         **options: Any) -> QuantAnalysis:
     """Count overflow / underflow / flush-to-zero of quantizing ``x`` to ``fmt``.
 
     Same options as quantize() (or a configured Quantizer as ``fmt``, which carries them); pass
@@ -264,65 +292,46 @@ def analyze_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer]
     format (what-if numerics at capture).
     """
     check_input(x, "analyze_quantization")
-    quantizer = Quantizer.resolve(fmt, "analyze_quantization", block_size=block_size, axis=axis,
-                                  rounding=rounding, scale_mode=scale_mode, saturate=saturate)
-    spec, rounding, block = quantizer.spec, quantizer.rounding, quantizer.block
-    axis, scale_mode = quantizer.axis, quantizer.scale_mode
+    q = Quantizer.resolve(fmt, "analyze_quantization", **options)
     with torch.no_grad():
         x = x.detach()
         if quantized is None:
-            quantized = quantizer(x)
+            quantized = q(x)
         if quantized.shape != x.shape:
             raise ValueError(f"analyze_quantization: quantized has shape "
                              f"{tuple(quantized.shape)}, x has {tuple(x.shape)}")
-        x32 = x.float()
-        y32 = quantized.detach().float()
-        scalar = x32.dim() == 0
-        if scalar:
-            x32, y32 = x32.reshape(1), y32.reshape(1)
-        total = x32.numel()
-        finite = torch.isfinite(x32)
-        nonzero = finite & (x32 != 0)
-        ftz = nonzero & (y32 == 0)
-        nan_count = int(torch.isnan(x32).sum())
-        inf_mask = torch.isinf(x32)
-
-        axis = axis if not scalar else 0
-        over_el, under_el, scales, block_finite = _element_masks(x32, spec, axis, block,
-                                                                 scale_mode, rounding)
-        overflow = inf_mask | (finite & over_el)
-        underflow = nonzero & under_el
-
-        per_block, nan_blocks = None, 0
-        if block_finite is not None:
-            def blocks_of(mask):
-                b, _ = to_blocks(mask.to(torch.int32), axis, block)
-                return b.sum(dim=-1)
-            per_block = {"overflow": blocks_of(overflow), "underflow": blocks_of(underflow),
-                         "flush_to_zero": blocks_of(ftz), "scale": scales.squeeze(-1)}
-            nan_blocks = int((~block_finite).sum())
-
+        x32, y32 = x.float(), quantized.detach().float()
+        if x32.dim() == 0:
+            x32, y32, q = x32.reshape(1), y32.reshape(1), q.along(0)
+        m = _masks(x32, y32, q)
         # one conversion for every count (each int() of a tensor is a host round trip)
-        n_over, n_under, n_ftz, n_nonzero, n_inf = (int(v) for v in torch.stack([
-            overflow.sum(), underflow.sum(), ftz.sum(), nonzero.sum(), inf_mask.sum()]).tolist())
-        if summaries:
-            before, after = _range_summary(x32), _range_summary(y32)
-        else:
-            nan = float("nan")
-            before = after = ((nan, nan), nan, nan)
-        return QuantAnalysis(
-            format=spec.name, total=total, nonzero=n_nonzero, nan_count=nan_count,
-            inf_count=n_inf, overflow_count=n_over, underflow_count=n_under,
-            flush_to_zero_count=n_ftz, overflow_ratio=n_over / total,
-            underflow_ratio=n_under / total, flush_to_zero_ratio=n_ftz / total,
-            overflow_severity=severity(n_over / total),
-            underflow_severity=severity(n_under / total),
-            flush_to_zero_severity=severity(n_ftz / total),
-            range_before=before[0], range_after=after[0], absmax_before=before[1],
-            absmax_after=after[1], min_nonzero_before=before[2],
-            min_nonzero_after=after[2], max_normal=spec.max_normal,
-            min_normal=spec.min_normal, min_subnormal=spec.min_subnormal,
-            block_size=block or None, nan_blocks=nan_blocks, per_block=per_block)
+        counts = torch.stack([m.overflow.sum(), m.underflow.sum(), m.ftz.sum(),
+                              m.nonzero.sum(), m.inf.sum()]).tolist()
+        nan = float("nan")
+        ranges = ((_range_summary(x32), _range_summary(y32)) if summaries
+                  else (((nan, nan), nan, nan),) * 2)
+        return _report(q, x32, m, [int(c) for c in counts], ranges)
+
+
+def _report(q: Quantizer, x32: torch.Tensor, m: _Masks, counts: list,
+            ranges: tuple) -> QuantAnalysis:
+    """The QuantAnalysis of the counts (overflow, underflow, flush, nonzero, Inf)."""
+    spec, total = q.spec, x32.numel()
+    n_over, n_under, n_ftz, n_nonzero, n_inf = counts
+    before, after = ranges
+    return QuantAnalysis(
+        format=spec.name, total=total, nonzero=n_nonzero,
+        nan_count=int(torch.isnan(x32).sum()), inf_count=n_inf, overflow_count=n_over,
+        underflow_count=n_under, flush_to_zero_count=n_ftz, overflow_ratio=n_over / total,
+        underflow_ratio=n_under / total, flush_to_zero_ratio=n_ftz / total,
+        overflow_severity=severity(n_over / total),
+        underflow_severity=severity(n_under / total),
+        flush_to_zero_severity=severity(n_ftz / total),
+        range_before=before[0], range_after=after[0], absmax_before=before[1],
+        absmax_after=after[1], min_nonzero_before=before[2], min_nonzero_after=after[2],
+        max_normal=spec.max_normal, min_normal=spec.min_normal,
+        min_subnormal=spec.min_subnormal, block_size=q.block or None,
+        nan_blocks=m.nan_blocks, per_block=m.per_block)
 
 
 def warn_if_underflow(report: QuantAnalysis, stream=None) -> Optional[str]:
@@ -331,12 +340,3 @@ def warn_if_underflow(report: QuantAnalysis, stream=None) -> Optional[str]:
     if msg is not None:
         print(msg, file=stream if stream is not None else sys.stderr, flush=True)
     return msg
-
-
-def _analyze_underflow_before_quantization(x: torch.Tensor, fmt: Union[str, FormatSpec],
-                                           **kwargs) -> QuantAnalysis:
-    """Seed-compatible name: analyse ``x`` before quantizing to ``fmt`` and print the warning
-    when underflow exceeds 0.1 %. Never changes any quantized result."""
-    report = analyze_quantization(x, fmt, **kwargs)
-    warn_if_underflow(report)
-    return report

@@ -5,7 +5,7 @@ from the options or passed in, plus the optional pre-quantization analysis), and
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -23,14 +23,13 @@ def _analysis_requested(analyze: Optional[bool]) -> bool:
 
 
 def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,
-             block_size: Optional[int] = None, axis: int = -1, rounding: Optional[str] = None,
-             scale_mode: str = "floor", saturate: bool = True,
-             generator: Optional[torch.Generator] = None,
-             analyze: Optional[bool] = None, backend: str = "auto") -> torch.Tensor:
+             generator: Optional[torch.Generator] = None, analyze: Optional[bool] = None,
+             **options: Any) -> torch.Tensor:
     """Fake-quantize ``x`` to format ``fmt``: returns the dequantized values, same shape and dtype.
 
-    ``fmt`` may be a configured quant.quantizer.Quantizer (built once by a caller that quantizes
-    many tensors alike); its options are then the quantizer's, and passing others is an error.
+    ``options`` are the Quantizer's fields (quant.quantizer.OPTIONS: block_size, axis, rounding,
+    scale_mode, saturate, backend), or ``fmt`` is a configured Quantizer (built once by a caller
+    that quantizes many tensors alike) and carries them; passing others then is an error.
 
     rounding: nearest_even | nearest_away | toward_zero | stochastic, plus hybrid for hifp8
     (None = the format's default: nearest_away for hifp8, nearest_even otherwise); the random
@@ -44,8 +43,7 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,
     The result is a new contiguous tensor without autograd history (see ``quantize_ste``).
     """
     check_input(x)
-    q = Quantizer.resolve(fmt, block_size=block_size, axis=axis, rounding=rounding,
-                          scale_mode=scale_mode, saturate=saturate, backend=backend)
+    q = Quantizer.resolve(fmt, **options)
     y = q(x, generator)
     if y.numel() and _analysis_requested(analyze):
         warn_if_underflow(analyze_quantization(x.detach(), q, quantized=y))

@@ -1,15 +1,11 @@
-"""MX helpers under the names older scripts import from quant/mxfp.py.
-
-Thin names over the public API: quant_mx fake-quantizes with an MX format; the underflow
-analysis runs before quantization and prints the underflow warning above 0.1 % (medium severity).
-"""
+"""MX helpers by element-format name: quant_mx fake-quantizes with the MX format of an element
+format (quant.quantize's options; ``analyze=True`` prints the underflow warning above 0.1 %)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from .analysis import _analyze_underflow_before_quantization  # noqa: F401  (seed name)
 from .fakequant import quantize
 from .formats import MX_OF_ELEMENT  # element-format name -> MX format name (from FORMATS)
 

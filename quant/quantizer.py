@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -26,7 +26,7 @@ from .families import family_of
 from .formats import DEFAULT_SCALE_MODE, FormatSpec, check_rounding, check_scale_mode, get_format
 from .scales import ScalingFamily
 
-__all__ = ["Quantizer", "SUPPORTED_DTYPES", "check_input"]
+__all__ = ["OPTIONS", "Quantizer", "SUPPORTED_DTYPES", "check_input"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -62,22 +62,29 @@ def _check_generator(generator) -> None:
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
 
 
+#: a field's metadata key naming its keyword in quant.quantize / Quantizer.of (default: the
+#: field's own name)
+KEYWORD = "keyword"
+
+
 @dataclass(frozen=True)
 class Quantizer:
     """A validated fake-quantization configuration; ``quantizer(x, generator=None)`` returns the
     dequantized values of ``x`` (same shape and dtype, new contiguous tensor, no autograd).
 
-    Build it with :meth:`of` (validated, and built once per configuration) or directly (also
-    validated); ``spec`` may be given as a name, ``rounding`` None and ``block`` 0 mean the
-    format's own, and they hold the resolved values after construction (``block`` stays 0 for
-    formats without blocks); ``params`` holds the element cast's constants. :meth:`along` gives
-    the same configuration on another axis.
+    Its init fields after ``spec`` ARE the options (:data:`OPTIONS`: quant.quantize's keywords,
+    :meth:`of`'s, the analysis'), each defined here once. Build it with :meth:`of` (built once
+    per configuration) or directly: both go through ``__post_init__``, the one validation.
+    ``spec`` may be given as a name, ``rounding`` and ``block`` None mean the format's own, and
+    they hold the resolved values after construction (``block`` 0 for formats without blocks);
+    ``params`` holds the element cast's constants. :meth:`along` gives the same configuration
+    on another axis.
     """
 
     spec: FormatSpec
     rounding: Optional[str] = None
     scale_mode: str = DEFAULT_SCALE_MODE
-    block: int = 0
+    block: Optional[int] = dataclasses.field(default=None, metadata={KEYWORD: "block_size"})
     axis: int = -1
     saturate: bool = True
     backend: str = "auto"
@@ -87,40 +94,36 @@ class Quantizer:
 
     def __post_init__(self) -> None:
         spec = get_format(self.spec)
-        rounding, block = _check_options(spec, self.rounding, self.scale_mode, self.block or None)
+        rounding, block = _check_options(spec, self.rounding, self.scale_mode, self.block)
         _checked_axis(self.axis)
         for name, value in (("spec", spec), ("rounding", rounding), ("block", block),
                             ("params", ElemParams.of(spec)), ("_axes", {})):
             object.__setattr__(self, name, value)
 
     @classmethod
-    def of(cls, fmt: Union[str, FormatSpec], *, block_size: Optional[int] = None,
-           axis: int = -1, rounding: Optional[str] = None, scale_mode: str = DEFAULT_SCALE_MODE,
-           saturate: bool = True, backend: str = "auto") -> "Quantizer":
-        """The quantizer of ``fmt`` with these options (quant.quantize's; ValueError /
+    def of(cls, fmt: Union[str, FormatSpec], **options: Any) -> "Quantizer":
+        """The quantizer of ``fmt`` with these options (:data:`OPTIONS`; ValueError /
         TypeError naming the valid values). Built once per distinct configuration."""
+        values = _option_values(options, "Quantizer.of")
         try:
-            return _cached(fmt, block_size, axis, rounding, scale_mode, saturate, backend)
+            return _cached(fmt, *values)
         except TypeError as exc:
             if "unhashable" not in str(exc):
                 raise
-        return _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend)
+        return _build(fmt, *values)
 
     @classmethod
-    def resolve(cls, fmt: Union[str, FormatSpec, "Quantizer"], where: str = "quantize", *,
-                block_size: Optional[int] = None, axis: int = -1,
-                rounding: Optional[str] = None, scale_mode: str = DEFAULT_SCALE_MODE,
-                saturate: bool = True, backend: str = "auto") -> "Quantizer":
-        """``fmt`` itself when it is a Quantizer (then the options must be :meth:`of`'s
-        defaults: its options are its own), else ``Quantizer.of(fmt, ...)``: how the functions
+    def resolve(cls, fmt: Union[str, FormatSpec, "Quantizer"], where: str = "quantize",
+                **options: Any) -> "Quantizer":
+        """``fmt`` itself when it is a Quantizer (then no option may differ from its default:
+        its options are its own), else ``Quantizer.of(fmt, **options)``: how the functions
         that take a format name or a quantizer (quant.quantize, the analysis) read their
         arguments."""
-        options = (block_size, axis, rounding, scale_mode, saturate, backend)
+        values = _option_values(options, where)
         if not isinstance(fmt, Quantizer):
-            return cls.of(fmt, block_size=block_size, axis=axis, rounding=rounding,
-                          scale_mode=scale_mode, saturate=saturate, backend=backend)
-        if options != _OF_DEFAULTS:
-            passed = [k for k, v, d in zip(_OPTION_NAMES, options, _OF_DEFAULTS) if v != d]
+            return cls.of(fmt, **options)
+        passed = [k for k, v in zip(OPTIONS, values) if v != OPTIONS[k]]
+        if passed:
             raise ValueError(f"{where}: options come from the Quantizer passed as fmt; build it "
                              f"with them (Quantizer.of(fmt, ...)) instead of passing {passed}")
         return fmt
@@ -136,7 +139,7 @@ class Quantizer:
             return self
         q = self._axes.get(axis)
         if q is None:
-            q = self._axes[axis] = dataclasses.replace(self, axis=_checked_axis(axis))
+            q = self._axes[axis] = dataclasses.replace(self, axis=axis, block=self.block or None)
         return q
 
     def __call__(self, x: torch.Tensor,
@@ -158,9 +161,21 @@ class Quantizer:
             return run(xd, self, generator).contiguous()
 
 
-#: :meth:`Quantizer.of`'s options and their defaults
-_OPTION_NAMES = ("block_size", "axis", "rounding", "scale_mode", "saturate", "backend")
-_OF_DEFAULTS = (None, -1, None, DEFAULT_SCALE_MODE, True, "auto")
+#: the options, keyword -> default, derived from the fields (quant.quantize's keywords)
+OPTIONS: dict[str, Any] = {f.metadata.get(KEYWORD, f.name): f.default
+                           for f in dataclasses.fields(Quantizer) if f.init and f.name != "spec"}
+#: keyword -> field name
+_FIELD_OF = {f.metadata.get(KEYWORD, f.name): f.name
+             for f in dataclasses.fields(Quantizer) if f.init and f.name != "spec"}
+
+
+def _option_values(options: dict, where: str) -> tuple:
+    """The options in field order, defaults filled in; TypeError naming an unknown one."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"{where}: unknown option(s) {', '.join(unknown)}; the options are "
+                        f"{', '.join(OPTIONS)}")
+    return tuple(options.get(k, d) for k, d in OPTIONS.items())
 
 
 def _checked_axis(axis) -> int:
@@ -169,12 +184,9 @@ def _checked_axis(axis) -> int:
     return axis
 
 
-def _build(fmt, block_size, axis, rounding, scale_mode, saturate, backend) -> Quantizer:
-    spec = get_format(fmt)
-    rounding, block = _check_options(spec, rounding, scale_mode, block_size)
-    return Quantizer(spec, rounding, scale_mode, block, _checked_axis(axis), saturate, backend)
+def _build(fmt, *values) -> Quantizer:
+    return Quantizer(fmt, **{_FIELD_OF[k]: v for k, v in zip(OPTIONS, values)})
 
 
 #: typed: block_size=True must not reuse block_size=1's quantizer (bool is refused)
 _cached = lru_cache(maxsize=1024, typed=True)(_build)
-

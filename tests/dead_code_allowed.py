@@ -123,9 +123,8 @@ _.JSON_ONLY
 _.ANALYSIS_JSON_ONLY
 
 # ---- public API the docs name ------------------------------------------------------------------
-# the seed's names in quant/mxfp.py (docs/quant.md: "seed-compatible names")
+# quant/mxfp.py's helper by element-format name (docs/quant.md)
 _.quant_mx
-_._analyze_underflow_before_quantization
 # FormatSpec.value_set(): every finite value of a <= 8-bit format (docs/quant.md)
 _.value_set
 # the Python reference of the merged std the SQL computes (docs/diagnose.md, reference_gap)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import quant
-from quant.analysis import _analyze_underflow_before_quantization, severity
+from quant.analysis import severity, warn_if_underflow
 
 
 def _known():
@@ -91,7 +91,8 @@ def test_warning_text_and_opt_in(capsys, monkeypatch):
 def test_medium_warning_and_silence_below_threshold(capsys):
     x = torch.ones(1000)
     x[:5] = 1e-5                  # 0.5 % underflow (all flushed) -> medium
-    r = _analyze_underflow_before_quantization(x, "fp8_e4m3")
+    r = quant.analyze_quantization(x, "fp8_e4m3")
+    assert warn_if_underflow(r) is not None
     assert r.underflow_severity == "medium"
     assert "🟡" in capsys.readouterr().err
     x = torch.ones(1000)
