@@ -475,14 +475,36 @@ RECORDER_LOSS_GLOB = "loss_rank*.jsonl"
 #: the file a user touches to ask for a trigger (in the save directory itself)
 RECORDER_TRIGGER_FILE = "TRIGGER"
 
-#: the mergeable statistics of one tensor (or of a site merged over micro-batches), in the order
-#: the recorder's device buffer holds them; ``count`` (elements) is kept on the host beside them
-REC_STATS = ("sum", "sumsq", "min", "max", "nan_count", "inf_count", "flush_count",
-             "saturation_count")
-#: how each merges over micro-batches (and iterations): counts and sums add, extremes take theirs
-REC_MERGE = {"count": "sum", "sum": "sum", "sumsq": "sum", "min": "min", "max": "max",
-             "nan_count": "sum", "inf_count": "sum", "flush_count": "sum",
-             "saturation_count": "sum"}
+
+@dataclass(frozen=True)
+class RecStat:
+    """One mergeable statistic of the flight recorder: its summary column, its value over no
+    element (the identity of its merge: an empty tensor's row, a slot not yet filled) and how
+    it merges over micro-batches, iterations and ranks ("sum", "min" or "max")."""
+
+    name: str
+    identity: float
+    merge: str
+
+
+#: the recorder's statistics, one row each, in the order its buffers hold them (the index of a
+#: row is where every path writes it: tensor_capture.recorder.stats, the C kernel of
+#: tensor_capture.stats_cpu); ``count`` (elements) is kept on the host beside them
+REC_STAT_ROWS = (
+    RecStat("sum", 0.0, "sum"),
+    RecStat("sumsq", 0.0, "sum"),
+    RecStat("min", float("inf"), "min"),       # over the finite values
+    RecStat("max", float("-inf"), "max"),
+    RecStat("nan_count", 0.0, "sum"),
+    RecStat("inf_count", 0.0, "sum"),
+    RecStat("flush_count", 0.0, "sum"),        # 0 < |x| < the judged format's flush bound
+    RecStat("saturation_count", 0.0, "sum"),   # |x| >= its overflow bound, +-Inf included
+)
+REC_STATS = tuple(r.name for r in REC_STAT_ROWS)
+#: the element count: merged as the counts are
+REC_COUNT = RecStat("count", 0.0, "sum")
+#: how each column merges
+REC_MERGE = {r.name: r.merge for r in (REC_COUNT, *REC_STAT_ROWS)}
 #: a summary row: where (the site, in first-seen = execution order), then the merged statistics
 REC_SITE_KEYS = ("site", "module_path", "layer_type", "layer_idx", "operation", "phase",
                  "tensor_name", "variant", "quant_type")

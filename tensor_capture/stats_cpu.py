@@ -40,10 +40,13 @@ import torch
 
 from lowp_common import atomic_path
 
+from .recorder.ring import COUNT, SEEN
 from .recorder.stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged, bounds
 
-#: the order the C code writes a row in (it must be schema.REC_STATS')
-assert (SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT) == tuple(range(N_STATS)) == tuple(range(8))
+#: where the C code writes each value of a slot: the rows' indexes (schema.REC_STAT_ROWS), then
+#: tensor_capture.recorder.ring's count and seen flag, as macros R_<NAME> (compile flags)
+_PLACES = {"SUM": SUM, "SUMSQ": SUMSQ, "MIN": MIN, "MAX": MAX, "NAN": NAN, "INF": INF,
+           "FLUSH": FLUSH, "SAT": SAT, "COUNT": COUNT, "SEEN": SEEN}
 
 #: dimensions the kernel walks a strided tensor in (more: a contiguous copy first)
 MAX_DIMS = 16
@@ -225,14 +228,15 @@ static void finish(const acc_t *A, double *out) {
         lo = A->lo[j] < lo ? A->lo[j] : lo;
         hi = A->hi[j] > hi ? A->hi[j] : hi;
     }
-    out[0] = s; out[1] = q; out[2] = lo; out[3] = hi;
-    for (int k = 0; k < 4; k++) out[4 + k] = (double)A->c[k];
+    out[R_SUM] = s; out[R_SUMSQ] = q; out[R_MIN] = lo; out[R_MAX] = hi;
+    out[R_NAN] = (double)A->c[K_NAN]; out[R_INF] = (double)A->c[K_INF];
+    out[R_FLUSH] = (double)A->c[K_FLUSH]; out[R_SAT] = (double)A->c[K_SAT];
 }
 
 /* The row of the n elements of dtype code `dtype` (0 float32, 1 bfloat16) at x (contiguous
-   when nd == 0, else nd <= MAX_DIMS sizes and strides) into out[8]: sum, sum of squares, min, max
-   (finite values), NaN, Inf, flush (0 < |x| < fl) and saturation (|x| >= up, +-Inf included)
-   counts. The fast loops first (no format: the moments alone; a format: with its two counts);
+   when nd == 0, else nd <= MAX_DIMS sizes and strides) into out at R_<NAME>: sum, sum of squares,
+   min, max (finite values), NaN, Inf, flush (0 < |x| < fl) and saturation (|x| >= up, +-Inf
+   included) counts. The fast loops first (no format: the moments alone; a format: with its two counts);
    the general loop only when their sums are not finite (a NaN or an Inf present, or a float32
    partial overflowed). Returns 0, or -1 for an unknown code or too many dimensions. */
 int lowp_rec_row(const void *x, int64_t n, int nd, const int64_t *size, const int64_t *stride,
@@ -243,7 +247,7 @@ int lowp_rec_row(const void *x, int64_t n, int nd, const int64_t *size, const in
     acc_init(&A);
     feed(KERNELS[fl > 0.0 || up < INFINITY][dtype], &S, (float)up, (float)fl, &A);
     finish(&A, out);
-    if (!(isfinite(out[0]) && isfinite(out[1]))) {
+    if (!(isfinite(out[R_SUM]) && isfinite(out[R_SUMSQ]))) {
         acc_init(&A);
         feed(KERNELS[2][dtype], &S, (float)up, (float)fl, &A);
         finish(&A, out);
@@ -251,11 +255,11 @@ int lowp_rec_row(const void *x, int64_t n, int nd, const int64_t *size, const in
     return 0;
 }
 
-/* The recorder's slot: the row, then the element count and a seen flag (1.0) in out[8], out[9]. */
+/* The recorder's slot: the row, the element count and a seen flag (1.0) at R_COUNT, R_SEEN. */
 int lowp_rec_slot(const void *x, int64_t n, int nd, const int64_t *size, const int64_t *stride,
                   int dtype, double up, double fl, double *out) {
     int r = lowp_rec_row(x, n, nd, size, stride, dtype, up, fl, out);
-    if (r == 0) { out[8] = (double)n; out[9] = 1.0; }
+    if (r == 0) { out[R_COUNT] = (double)n; out[R_SEEN] = 1.0; }
     return r;
 }
 """
@@ -264,7 +268,8 @@ int lowp_rec_slot(const void *x, int64_t n, int nd, const int64_t *size, const i
 #: the fast loops' sums: gamma(PART) in float32 on each partial, then float64 additions)
 PART = 32
 _FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
-          "-fno-trapping-math", f"-DPART={PART}", f"-DMAX_DIMS={MAX_DIMS}")
+          "-fno-trapping-math", f"-DPART={PART}", f"-DMAX_DIMS={MAX_DIMS}",
+          *(f"-DR_{name}={index}" for name, index in _PLACES.items()))
 _COMPILERS = ("cc", "gcc", "clang")
 _CACHE_DIR = "megatron-lowp-tools"
 

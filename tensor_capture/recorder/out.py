@@ -113,7 +113,7 @@ class SummaryWriter:
 #: a summary row's statistics, in the order add() stacks them; the counts among them are integers
 _NUMERIC = ("micro_batches", "count", *schema.REC_STATS)
 _INTEGER = frozenset(k for k in _NUMERIC if k in ("micro_batches", "count") or k.endswith("_count"))
-_FLOATS = ["sum", "sumsq", "min", "max"]
+_FLOATS = [k for k in schema.REC_STATS if k not in _INTEGER]
 _DICTIONARY = [c for c in schema.REC_SUMMARY_COLUMNS if c not in _FLOATS]
 
 

@@ -140,20 +140,19 @@ class SlotBook:
 
     def merged(self, entry: IterStats) -> dict[str, np.ndarray]:
         """One iteration's statistics per site, merged over micro-batches with
-        schema.REC_MERGE (sums add, min / max take theirs, counts add); ``micro_batches``:
+        each schema.REC_STAT_ROWS row's merge from its identity (sums add, min / max take
+        theirs, counts add); ``micro_batches``:
         how many were seen."""
         sites = len(self.sites)
         seen = entry.seen
         idx = np.asarray(self.slot_site[:len(seen)], dtype=np.int64)[seen]
         out: dict[str, np.ndarray] = {"micro_batches": np.bincount(idx, minlength=sites)}
-        columns = {"count": entry.count[seen],
-                   **{k: entry.stats[seen, i] for i, k in enumerate(schema.REC_STATS)}}
-        for key, values in columns.items():
-            how = schema.REC_MERGE[key]
-            init = {"sum": 0.0, "min": np.inf, "max": -np.inf}[how]
-            acc = np.full(sites, init)
-            _UFUNC[how].at(acc, idx, values)
-            out[key] = acc
+        columns = [(schema.REC_COUNT, entry.count[seen]),
+                   *((r, entry.stats[seen, i]) for i, r in enumerate(schema.REC_STAT_ROWS))]
+        for row, values in columns:
+            acc = np.full(sites, row.identity)
+            _UFUNC[row.merge].at(acc, idx, values)
+            out[row.name] = acc
         return out
 
     def first_nonfinite(self, entry: IterStats) -> int | None:

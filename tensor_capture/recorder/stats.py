@@ -23,17 +23,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .. import schema, stats
 
-N_STATS = len(schema.REC_STATS)
-SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT = range(N_STATS)
-assert schema.REC_STATS[SAT] == "saturation_count" and schema.REC_STATS[NAN] == "nan_count"
+N_STATS = len(schema.REC_STAT_ROWS)
+#: where the paths below write each statistic: its row's index in schema.REC_STAT_ROWS
+SUM, SUMSQ, MIN, MAX, NAN, INF, FLUSH, SAT = map(schema.REC_STATS.index, (
+    "sum", "sumsq", "min", "max", "nan_count", "inf_count", "flush_count", "saturation_count"))
 
-#: the row of an empty tensor (extremes are the identities of min / max)
-EMPTY_ROW = (0.0, 0.0, math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0)
+#: the row of an empty tensor: each row's identity
+EMPTY_ROW = tuple(r.identity for r in schema.REC_STAT_ROWS)
+
+
+def placed(values: dict[int, Any]) -> list[Any]:
+    """``values`` by row index as a row (schema.REC_STAT_ROWS order): the paths fill a row by
+    name, never by position."""
+    return [values[i] for i in range(N_STATS)]
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ def host_row(x: torch.Tensor, fmt: Judged | None) -> list[float]:
     s, q, lo, hi = _moments(a) if a.numel() <= CHUNK else _chunked(a)
     if not (math.isfinite(s) and math.isfinite(q)):
         return device_row(x, fmt).tolist()      # NaN / Inf present (or a square overflowed)
-    row = [s, q, lo, hi, 0.0, 0.0, 0.0, 0.0]
+    row = placed({SUM: s, SUMSQ: q, MIN: lo, MAX: hi, NAN: 0.0, INF: 0.0, FLUSH: 0.0, SAT: 0.0})
     if fmt is not None and not fmt.own_dtype:
         up = fmt.overflow
         if row[MAX] >= up or row[MIN] <= -up:
@@ -152,8 +160,8 @@ def device_row(x: torch.Tensor, fmt: Judged | None, kernel: bool | None = None) 
         absf = fa.abs()
         sat = (absf >= fmt.overflow).sum() + inf
         flush = ((absf < fmt.flush) & (absf > 0)).sum()
-    counts = torch.stack([nan, inf, flush, sat]).double()
-    return torch.cat([torch.stack([s, q, mn, mx]), counts])
+    return torch.stack(placed({SUM: s, SUMSQ: q, MIN: mn, MAX: mx, NAN: nan.double(),
+                               INF: inf.double(), FLUSH: flush.double(), SAT: sat.double()}))
 
 
 #: where tensor_capture.stats' packed vector holds what the row needs (see stats._SCALARS)
@@ -180,4 +188,5 @@ def _kernel_row(x: torch.Tensor, fmt: Judged | None) -> torch.Tensor:
         flush = v[_RANGES + 3]
     else:
         sat, flush = inf, torch.zeros_like(inf)
-    return torch.stack([total, sumsq, lo, hi, nan, inf, flush, sat])
+    return torch.stack(placed({SUM: total, SUMSQ: sumsq, MIN: lo, MAX: hi, NAN: nan, INF: inf,
+                               FLUSH: flush, SAT: sat}))
