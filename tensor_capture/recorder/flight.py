@@ -42,9 +42,9 @@ from .out import SummaryWriter, append_trigger, ring_records, write_ring
 from .replay import RunInfo, write_replay
 from .ring import SlotBook, ring_bytes
 from .stats import bounds, device_row, host_row, judged_format
-from .triggers import KINDS, TriggerRules
+from .triggers import Seen, TriggerRules, agreed_kinds, rank_alone
 
-__all__ = ["Recorder", "report", "set_run_info", "ring_bytes", "KINDS", "RunInfo"]
+__all__ = ["Recorder", "report", "set_run_info", "ring_bytes", "RunInfo"]
 
 
 class Recorder:
@@ -206,18 +206,9 @@ class Recorder:
     def _collect(self) -> None:
         entries = self.book.collect(self.block, self.losses)
         self.block, self.losses = [], []
-        flagged: dict[int, dict[str, Any]] = {}
         for entry in entries:
             self._summaries().add(self.book, entry)
-            kinds = self.rules.judge(self.book, entry)
-            if entry is entries[-1]:
-                asked = self.rules.user_request()
-                if asked is not None:
-                    kinds["user_request"] = asked
-            if kinds:
-                flagged[entry.iteration] = kinds
-        for it, kinds in self.rules.judge_grad_norms().items():
-            flagged.setdefault(it, {}).update(kinds)
+        flagged = self.rules.judge(self.rules.seen(self.book, entries))
         trigger_it, fired = self.rules.agree(flagged)
         last = entries[-1].iteration if entries else None
         if fired and last is not None and not self.capturing(last):
@@ -279,15 +270,16 @@ class Recorder:
             self.block, self.losses = [], []
             for entry in entries:
                 self._summaries().add(self.book, entry)
-            flagged = {}
-            for entry in entries:
-                slot = self.book.first_nonfinite(entry)
-                if slot is not None:
-                    flagged = {entry.iteration: self.rules.judge(self.book, entry)}
-                    break
-            flagged.setdefault(iteration, {})["error"] = {
-                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
-            self._trigger(iteration, iteration, ["error"], flagged, replay_here=True)
+            # the first iteration with a non-finite tensor, as the boundary would see it, and
+            # the error on its own iteration
+            first = next((e for e in entries if self.book.first_nonfinite(e) is not None), None)
+            seen = {} if first is None else {
+                first.iteration: Seen(first.iteration, stats=(self.book, first), loss=first.loss)}
+            seen.setdefault(iteration, Seen(iteration)).error = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            flagged = self.rules.judge(seen)
+            self._trigger(iteration, iteration, rank_alone(flagged.get(iteration, {})), flagged,
+                          replay_here=True)
             self.close()
         except Exception as inner:  # never hide the step's own error behind ours
             self._warn("recorder-error", f"tensor capture: recorder: could not write the ring "
@@ -379,7 +371,7 @@ def start_line(config: CaptureConfig) -> str:
             f"tensor, a ring of {c.recorder_window} iteration(s) (at most "
             f"{human_bytes(c.recorder_memory)}), summaries every {c.recorder_summary_every} "
             f"iteration(s) in {Path(c.save_dir) / schema.RECORDER_DIR}; a trigger "
-            f"({', '.join(KINDS)}; touch {Path(c.save_dir) / schema.RECORDER_TRIGGER_FILE} "
+            f"({', '.join(agreed_kinds())}; touch {Path(c.save_dir) / schema.RECORDER_TRIGGER_FILE} "
             f"to ask) captures {c.recorder_trigger_iterations} iteration(s) in full"
             + ("; then the run stops" if c.recorder_stop_on_trigger else ""))
 
