@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from . import accel
 from .backends import triton_kernels
-from .elemwise import cast_elements
 from .formats import SCALING_IDENTITY, SCALING_NONE
 from .layout import noise
-from .scales import ScalingFamily
+from .scales import Scales, ScalingFamily, cast_scaled
+
+
+def _cast(x, q, nz=None):
+    """The torch kernel (compiled by quant.accel): the element cast ``q`` configures."""
+    return cast_scaled(x, Scales(), q, nz)
 
 
 class IdentityFamily(ScalingFamily):
@@ -28,8 +32,7 @@ class ElementFamily(ScalingFamily):
     scaling = SCALING_NONE
 
     def quantize(self, x, q, generator=None):
-        return accel.run(cast_elements, x, (q.params, q.rounding, q.saturate),
-                         noise(x.shape, x.device, generator, q.rounding))
+        return accel.run(_cast, x, (q.kernel,), noise(x.shape, x.device, generator, q.rounding))
 
     def quantize_triton(self, x, q, generator=None):
         nz = noise(x.shape, x.device, generator, q.rounding)

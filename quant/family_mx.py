@@ -57,17 +57,17 @@ def e8m0_round_up(v: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(v), torch.full_like(code, 255), code)
 
 
-def _quantize_blocks(xb, p, emax_elem, rounding, scale_mode, saturate, nz=None, dim=-1):
+def _quantize_blocks(xb, q, nz=None, dim=-1):
     """The torch kernel (compiled by quant.accel) on [..., nblocks, block] (dim -1) or
-    [..., nblocks, block, inner] (dim -2)."""
+    [..., nblocks, block, inner] (dim -2), as quantizer ``q`` configures it."""
     amax = xb.abs().amax(dim=dim, keepdim=True)
-    s = MX.scales_of_amax(amax, emax_elem, p.max_normal, scale_mode)
-    return cast_scaled(xb, s, p, rounding, saturate, nz)
+    s = MX.scales_of_amax(amax, q.spec.emax, q.params.max_normal, q.scale_mode)
+    return cast_scaled(xb, s, q, nz)
 
 
-def _quantize_inner(xb, p, emax_elem, rounding, scale_mode, saturate):
+def _quantize_inner(xb, q):
     """_quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
-    return _quantize_blocks(xb, p, emax_elem, rounding, scale_mode, saturate, None, dim=-2)
+    return _quantize_blocks(xb, q, None, dim=-2)
 
 
 class MXFamily(ScalingFamily):
@@ -88,8 +88,7 @@ class MXFamily(ScalingFamily):
         return self.scales_of_amax(amax_b, spec.emax, spec.max_normal, scale_mode)
 
     def quantize(self, x, q, generator=None):
-        return quantize_blocked(x, q, (q.params, q.spec.emax, q.rounding, q.scale_mode, q.saturate), _quantize_inner,
-                                _quantize_blocks, generator)
+        return quantize_blocked(x, q, _quantize_inner, _quantize_blocks, generator)
 
     def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()

@@ -16,7 +16,7 @@ from .backends import triton_kernels
 from .elemwise import finish, float_exponent, round_magnitude_
 from .formats import SCALING_NVFP4, FormatSpec
 from .layout import block_axis, block_noise, quantize_blocked
-from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
+from .nvfp4_limits import ELEMENT_MAX, SCALE_FORMAT, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 from .scales import Scales, ScalingFamily, cast_scaled, finite_amax
 
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -35,16 +35,24 @@ def block_scale(amax_b: torch.Tensor, s_t: torch.Tensor) -> torch.Tensor:
     return finish(r, raw, SCALE_PARAMS, True)
 
 
-def _quantize_blocks(xb, p, rounding, saturate, nz=None, dim=-1):
+def _quantize_blocks(xb, q, nz=None, dim=-1):
     """The torch kernel (compiled by quant.accel) on the whole tensor in blocks, zero padded
     (s_t comes from its finite amax); layouts as quant.family_mx's."""
     s = NVFP4.scales_of_amax(xb.abs().amax(dim=dim, keepdim=True), finite_amax(xb))
-    return cast_scaled(xb, s, p, rounding, saturate, nz)
+    return cast_scaled(xb, s, q, nz)
 
 
-def _quantize_inner(xb, p, rounding, saturate):
+def _quantize_inner(xb, q):
     """_quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
-    return _quantize_blocks(xb, p, rounding, saturate, None, dim=-2)
+    return _quantize_blocks(xb, q, None, dim=-2)
+
+
+def _scale_quantizer():
+    """The E4M3 block-scale cast (nearest even, saturating) as a Quantizer, imported on use:
+    the quantizer dispatches to this family."""
+    from .quantizer import Quantizer
+
+    return Quantizer.of(SCALE_FORMAT.name)
 
 
 class NVFP4Family(ScalingFamily):
@@ -72,8 +80,7 @@ class NVFP4Family(ScalingFamily):
         return self.scales_of_amax(amax_b, tensor_amax)
 
     def quantize(self, x, q, generator=None):
-        return quantize_blocked(x, q, (q.params, q.rounding, q.saturate), _quantize_inner,
-                                _quantize_blocks, generator)
+        return quantize_blocked(x, q, _quantize_inner, _quantize_blocks, generator)
 
     def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()
@@ -100,7 +107,7 @@ class NVFP4Family(ScalingFamily):
         s_dec = torch.reciprocal(s_enc)
         s_b = cast_scaled(tile_amax * (s_enc * torch.tensor(1.0 / ELEMENT_MAX,
                                                             dtype=torch.float32)),
-                          Scales(), SCALE_PARAMS, "nearest_even", True)
+                          Scales(), _scale_quantizer())
         enc = torch.reciprocal(s_b * s_dec).clamp(max=FLT_MAX)
         return Scales(encode=enc, decode=s_b, global_decode=s_dec, stored=s_b)
 

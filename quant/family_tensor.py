@@ -38,10 +38,9 @@ def scale_of_amax(amax: torch.Tensor, max_normal: float) -> torch.Tensor:
     return torch.where((amax > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
 
 
-def _quantize_tensor(x, p, rounding, saturate, nz=None):
+def _quantize_tensor(x, q, nz=None):
     """The torch kernel of the family (compiled by quant.accel): scales, then the cast."""
-    return cast_scaled(x, TENSOR.scales_of_amax(finite_amax(x), p.max_normal), p, rounding,
-                       saturate, nz)
+    return cast_scaled(x, TENSOR.scales_of_amax(finite_amax(x), q.params.max_normal), q, nz)
 
 
 class TensorFamily(ScalingFamily):
@@ -58,7 +57,7 @@ class TensorFamily(ScalingFamily):
         return self.scales_of_amax(tensor_amax, spec.max_normal)
 
     def quantize(self, x, q, generator=None):
-        return accel.run(_quantize_tensor, x, (q.params, q.rounding, q.saturate),
+        return accel.run(_quantize_tensor, x, (q.kernel,),
                          noise(x.shape, x.device, generator, q.rounding))
 
     def quantize_triton(self, x, q, generator=None):

@@ -96,14 +96,15 @@ def block_axis(x: torch.Tensor, axis: int) -> int:
     return axis % x.dim()
 
 
-def quantize_blocked(x: torch.Tensor, q, static: tuple, inner, gathered, generator=None):
+def quantize_blocked(x: torch.Tensor, q, inner, gathered, generator=None):
     """The torch path every block-scaled family shares: blocks taken in place along an inner
     axis (weights and wgrad operands, deterministic rounding: no transposing copy) with
     ``inner``, else gathered along the last axis with ``gathered`` and the caller's noise for the
-    random roundings. ``static``: the family's constants (the kernels' cache key); ``q``: the
-    quant.quantizer.Quantizer (axis, block, rounding)."""
+    random roundings. ``q``: the quant.quantizer.Quantizer, the kernels' one constant argument
+    (and their cache key)."""
     from . import accel
 
+    static = (q.kernel,)
     inner_axis = along_inner(x, q.axis, q.rounding)
     if inner_axis is not None:
         xb, restore = blocks_in_place(x, inner_axis, q.block)

@@ -142,6 +142,14 @@ class Quantizer:
             q = self._axes[axis] = dataclasses.replace(self, axis=axis, block=self.block or None)
         return q
 
+    @property
+    def kernel(self) -> "Quantizer":
+        """This configuration as the torch kernels take it (their one constant, so their cache
+        key): axis and backend are the dispatcher's, so every axis and backend of one format
+        configuration shares one compiled kernel."""
+        return Quantizer.of(self.spec, rounding=self.rounding, scale_mode=self.scale_mode,
+                            block_size=self.block or None, saturate=self.saturate)
+
     def __call__(self, x: torch.Tensor,
                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
         check_input(x)

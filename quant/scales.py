@@ -37,6 +37,9 @@ class QuantizerOptions(Protocol):
 
     def along(self, axis: int) -> "QuantizerOptions": ...
 
+    @property
+    def kernel(self) -> "QuantizerOptions": ...
+
 
 @dataclass(frozen=True)
 class Scales:
@@ -69,12 +72,13 @@ class Scales:
         return self.decode
 
 
-def cast_scaled(x: torch.Tensor, s: Scales, p: ElemParams, rounding: str, saturate: bool,
+def cast_scaled(x: torch.Tensor, s: Scales, q: QuantizerOptions,
                 noise: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The dequantized values of x under scales ``s``: the element cast of the encoded values
-    (quant.elemwise), decoded, poisoned blocks set to NaN."""
+    (quant.elemwise) as quantizer ``q`` configures it (its element constants, rounding and
+    saturation), decoded, poisoned blocks set to NaN."""
     v = s.encoded(x)
-    y = finish(round_magnitude_(v.abs(), p, rounding, noise), v, p, saturate)
+    y = finish(round_magnitude_(v.abs(), q.params, q.rounding, noise), v, q.params, q.saturate)
     if s.decode is not None:
         y = y.mul_(s.decode)
     if s.global_decode is not None:
@@ -131,10 +135,6 @@ class ScalingFamily:
         amax_b = x.abs().amax(dim=dim, keepdim=True) if self.blocked else None
         tensor_amax = finite_amax(x) if self.uses_tensor_amax else None
         return self.scales_from(amax_b, tensor_amax, spec, scale_mode)
-
-    def cast(self, x: torch.Tensor, s: Scales, p: ElemParams, rounding: str, saturate: bool,
-             noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return cast_scaled(x, s, p, rounding, saturate, noise)
 
     def quantize(self, x: torch.Tensor, q: QuantizerOptions,
                  generator: Optional[torch.Generator] = None) -> torch.Tensor:

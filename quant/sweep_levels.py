@@ -12,12 +12,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from . import elemwise, sweep_verdicts
+from . import sweep_verdicts
 from .elemwise import round_magnitude_
 from .family_tensor import TENSOR
 from .formats import FormatSpec, element_formats, get_format
 from .quantizer import Quantizer
-from .scales import cast_scaled
+from .scales import Scales, cast_scaled
 
 #: element formats the sweep accepts (the ``--elem-format`` choices): those with an MX format
 ELEMENT_FORMATS = element_formats()
@@ -102,8 +102,7 @@ def element_grid(spec: FormatSpec, name: str | None = None) -> ElementGrid:
 
 def cast_elements(v: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
     """Cast already-scaled float32 values to the element format (saturating, RNE)."""
-    q = grid.quantizer
-    return elemwise.cast_elements(v.to(torch.float32), q.params, q.rounding, q.saturate)
+    return cast_scaled(v.to(torch.float32), Scales(), grid.quantizer)
 
 
 def cast_levels(x: torch.Tensor, factors: torch.Tensor, grid: ElementGrid) -> torch.Tensor:
@@ -114,7 +113,7 @@ def cast_levels(x: torch.Tensor, factors: torch.Tensor, grid: ElementGrid) -> to
     """
     s = TENSOR.levels(factors)
     q = grid.quantizer
-    return cast_scaled(x.to(torch.float32)[None, :], s, q.params, q.rounding, q.saturate)
+    return cast_scaled(x.to(torch.float32)[None, :], s, q)
 
 
 # --------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from quant.elemwise import ElemParams, _adder_rounds, round_magnitude_, tapered_
 from quant.families import FAMILIES, family_of
 from quant.formats import SCALING_IDENTITY
 from quant.layout import to_blocks
+from quant.quantizer import Quantizer
 from quant.scales import Scales, ScalingFamily, cast_scaled
 
 
@@ -37,10 +38,9 @@ def test_scales_then_cast_is_the_quantizer(name):
     spec = FORMATS[name]
     family = family_of(spec)
     x = _tensor()
-    p = ElemParams.of(spec)
     xs = x.reshape(x.shape[0], -1, spec.block_size) if family.blocked else x
     s = family.scales(xs, spec)
-    got = cast_scaled(xs, s, p, spec.default_rounding, True).reshape(x.shape)
+    got = cast_scaled(xs, s, Quantizer.of(name)).reshape(x.shape)
     want = quantize(x, name, backend="torch")
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     if family.blocked:
@@ -143,7 +143,7 @@ class _BlockAmaxFamily(ScalingFamily):
     def quantize(self, x, q, generator=None):
         xb, restore = to_blocks(x.float(), q.axis, q.block)
         s = self.scales(xb, q.spec)
-        return restore(cast_scaled(xb, s, q.params, q.rounding, q.saturate)).to(x.dtype)
+        return restore(cast_scaled(xb, s, q)).to(x.dtype)
 
     quantize_triton = quantize
 
