@@ -137,12 +137,17 @@ def _key(f):
     return (f["kind"], f["rank"], f["iteration"], f["module_path"], f["severity"])
 
 
-#: kind -> the folders DuckDB must find it in (the planted cause)
+#: kind -> the folders DuckDB must find it in (the planted cause; the reference is the
+#: capture's, the losses the recorder's; "recorder" says what it read and finds nothing itself;
+#: no folder holds an auto-guard's decisions)
 FOUND_IN = {"first_nonfinite": ("capture", "summaries", "both"),
             "run_format_loss": ("capture", "summaries", "both"),
             "range_drift": ("capture", "summaries", "both"),
             "format_loss": ("capture",), "attention_logit_growth": ("capture",),  # records
-            "rank_outlier": ("capture", "summaries", "both")}
+            "rank_outlier": ("capture", "summaries", "both"),
+            "recorder": (), "loss_spike": ("summaries", "both"),
+            "loss_divergence": ("summaries", "both"), "reference_gap": ("capture",),
+            "guard_decision": ()}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -153,25 +158,12 @@ def test_each_kind_gives_duckdb_s_findings_on_spark(results, kind):
         theirs = [_key(f) for f in spark["findings"] if f["kind"] == kind]
         assert theirs == mine, name
         assert bool(mine) == (name in FOUND_IN[kind]), (name, mine)
-        assert spark["checked"][kind] == duck["checked"][kind]
+        assert spark["checked"].get(kind) == duck["checked"].get(kind)
         same = [f for f in duck["findings"] if f["kind"] == kind]
         assert [f["summary"] for f in spark["findings"] if f["kind"] == kind] == [
             f["summary"] for f in same]
-
-
-#: the kinds beside KINDS: the reference (the capture's) and the recorder's losses
-OTHERS_FOUND_IN = {"reference_gap": ("capture",), "loss_spike": ("summaries", "both"),
-                   "loss_divergence": ("summaries", "both")}
-
-
-@pytest.mark.parametrize("kind", list(OTHERS_FOUND_IN))
-def test_the_reference_and_loss_kinds_are_the_same_on_spark(results, kind):
-    for name, (duck, spark) in results.items():
-        mine = [_key(f) for f in duck["findings"] if f["kind"] == kind]
-        assert [_key(f) for f in spark["findings"] if f["kind"] == kind] == mine, name
-        assert bool(mine) == (name in OTHERS_FOUND_IN[kind]), (name, mine)
         assert [f["evidence"].get("follows") for f in spark["findings"] if f["kind"] == kind] \
-            == [f["evidence"].get("follows") for f in duck["findings"] if f["kind"] == kind]
+            == [f["evidence"].get("follows") for f in same]
 
 
 def test_the_whole_diagnosis_is_the_same_ranked_list(results):

@@ -21,14 +21,11 @@ from lowp_common import UserError
 from tensor_capture import schema
 from tensor_capture.guard import GUARD_DIR
 from tensor_capture.recorder import read as recorder_read
-from tensor_capture.stats_read import merged_std_sql
 from tensor_viz import columnar
 from tensor_viz.diagnose import formats as diagnose_format
+from tensor_viz.diagnose import guard as guard_kind
 from tensor_viz.diagnose import loss as loss_kinds
-from tensor_viz.diagnose import recorder_view, rules
-from tensor_viz.diagnose.guard import CHECKED as GUARD_CHECKED
-from tensor_viz.diagnose.guard import KIND as GUARD_KIND
-from tensor_viz.diagnose.guard import guard_findings
+from tensor_viz.diagnose import recorder_view, reference, rules
 from tensor_viz.diagnose.loss import read_losses
 from tensor_viz.diagnose.rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
 
@@ -50,23 +47,50 @@ Query = Callable[[Any, rules.Inputs], list[Finding]]
 
 @dataclass(frozen=True)
 class Kind:
-    """One diagnosis kind, registered once: what "checked" says it looked at, and its query on
-    each engine, ``query(con, inputs)`` (tensor_viz.diagnose.rules.Inputs: the narrow table,
-    the nested dataset where there is one): ``duckdb`` over the columnar index (lowp-diagnose,
-    the report), ``spark`` in Spark SQL (``--engine spark``, tensor_viz.diagnose.spark; None:
-    DuckDB only). ``lacks``: what a flight recorder's summaries lack for it ("" when it runs on
-    them), said under ``checked`` for a folder of summaries alone."""
+    """One diagnosis kind, registered once: what "checked" says it looked at (a text, or made
+    from the inputs), and its query on each engine, ``query(con, inputs)``
+    (tensor_viz.diagnose.rules.Inputs): ``duckdb`` over the columnar index (lowp-diagnose, the
+    report), ``spark`` in Spark SQL (``--engine spark``, tensor_viz.diagnose.spark; None: DuckDB
+    only). ``lacks``: what a flight recorder's summaries lack for it ("" when it runs on them),
+    said under ``checked`` for a folder of summaries alone. ``reads``: the inputs it needs
+    (keys of :data:`READS`); it runs when the inputs hold them all."""
 
-    checked: str
+    checked: str | Callable[[rules.Inputs], str]
     duckdb: Query
     spark: Query | None = None
     lacks: str = ""
+    reads: tuple[str, ...] = ("records",)
 
 
-def _same_sql(query: Query, checked: str, lacks: str = "") -> Kind:
-    """A kind whose SQL is the same text on both engines (tensor_viz.diagnose.sql_dialect spells the
-    few expressions that differ)."""
-    return Kind(checked, query, spark=query, lacks=lacks)
+@dataclass(frozen=True)
+class Read:
+    """One input a kind may read: whether the inputs hold it, and what "checked" says of a kind
+    that needs it when they do not ("": nothing, the kind is left out, as an option not given)."""
+
+    held: Callable[[rules.Inputs], bool]
+    absent: str = ""
+
+
+#: what a kind can read -> when it is there. ``findings``: the findings about tensors, those of
+#: the kinds that read the records or a reference (TENSOR_READS); a kind reading them runs after
+#: every kind that does not
+READS = {
+    "records": Read(lambda i: i.nested is not None or i.summary_rows > 0,
+                    "not checked: the folder holds no record and no summary row"),
+    "summaries": Read(lambda i: i.summary_rows > 0),
+    "losses": Read(lambda i: i.losses is not None),
+    "reference": Read(lambda i: i.reference is not None),
+    "guard": Read(lambda i: i.guard is not None),
+    "findings": Read(lambda i: i.findings is not None),
+}
+TENSOR_READS = ("records", "reference")
+
+
+def _same_sql(query: Query, checked: str | Callable[[rules.Inputs], str], lacks: str = "",
+              reads: tuple[str, ...] = ("records",)) -> Kind:
+    """A kind whose SQL (or Python) is the same on both engines (tensor_viz.diagnose.sql_dialect
+    spells the few expressions that differ)."""
+    return Kind(checked, query, spark=query, lacks=lacks, reads=reads)
 
 
 def _narrow(query: Callable[[Any, str], list[Finding]], checked: str, lacks: str = "") -> Kind:
@@ -77,7 +101,39 @@ def _narrow(query: Callable[[Any, str], list[Finding]], checked: str, lacks: str
     return _same_sql(on_narrow, checked, lacks)
 
 
-#: kind -> its Kind (what it checked, each engine's query); the order breaks ranking ties
+def _recorder(con: Any, inp: rules.Inputs) -> list[Finding]:
+    return []                     # no finding of its own: "checked" says what was read
+
+
+def _recorder_checked(inp: rules.Inputs) -> str:
+    triggers = recorder_view.triggers_text(inp.folder)
+    return (f"{inp.summary_rows:,} summary rows of the flight recorder (iteration x site, "
+            f"micro-batches merged) where no record covers the iteration; triggers: "
+            f"{triggers or 'none'}")
+
+
+def _spikes(con: Any, inp: rules.Inputs) -> list[Finding]:
+    return loss_kinds.spikes(inp.losses, inp.findings, first_cause, inp.loss_source)
+
+
+def _divergence(con: Any, inp: rules.Inputs) -> list[Finding]:
+    vocab = (loss_kinds.vocab_size(con, inp.narrow) if inp.records or inp.summary_rows
+             else None)
+    return loss_kinds.divergence(inp.losses, inp.findings, vocab, first_cause, inp.loss_source)
+
+
+def _reference_gap(con: Any, inp: rules.Inputs) -> list[Finding]:
+    ref_con, ref_state, what = inp.reference
+    return reference.reference_gap(con, inp.narrow, ref_con,
+                                   rules.materialize(ref_con, ref_state), what)
+
+
+def _guard(con: Any, inp: rules.Inputs) -> list[Finding]:
+    return guard_kind.guard_findings(inp.folder) or []
+
+
+#: kind -> its Kind (what it checked, each engine's query, what it reads); the order breaks
+#: ranking ties and is the order of "checked"
 KINDS: dict[str, Kind] = {
     "first_nonfinite": _narrow(rules.first_nonfinite,
                                "NaN/Inf counts of every record, in execution order across ranks"),
@@ -102,11 +158,22 @@ KINDS: dict[str, Kind] = {
                               "each rank against the median of the ranks "
                               "(tensor_viz.rank_tables: absmax, std, flush, underflow, "
                               "overflow, non-finite counts)"),
+    "recorder": _same_sql(_recorder, _recorder_checked, reads=("summaries",)),
+    "loss_spike": _same_sql(
+        _spikes, lambda i: (f"{len(i.losses)} loss values ({i.loss_source}), spike above mean "
+                            f"+ {loss_kinds.LOSS_SIGMAS:g} std of the last "
+                            f"{loss_kinds.LOSS_WINDOW}"), reads=("losses", "findings")),
+    "loss_divergence": _same_sql(
+        _divergence, lambda i: (f"the loss by level ({i.loss_source}): above "
+                                f"{loss_kinds.DIVERGE_FACTOR:g} x its early minimum or "
+                                "ln(vocabulary) and staying there, or a plateau against its "
+                                "early minimum"), reads=("losses", "findings")),
+    reference.KIND: _same_sql(_reference_gap, lambda i: f"std of each tensor against {i.reference[2]}",
+                              reads=("reference",)),
+    guard_kind.KIND: _same_sql(_guard, guard_kind.CHECKED, reads=("guard",)),
 }
 #: the engines ``--engine`` names, the first the default
 ENGINES = ("duckdb", "spark")
-_KIND_ORDER = {k: i for i, k in enumerate([*KINDS, "loss_spike", "loss_divergence",
-                                            "reference_gap", GUARD_KIND])}
 
 
 @dataclass
@@ -143,9 +210,10 @@ def rank(findings: list[Finding]) -> list[Finding]:
     """The cause first: severity (calibrated against measured harm), then the iteration it
     starts (one present from the first iteration outranks a consequence that starts later),
     then the kind and the execution position."""
+    order = {k: i for i, k in enumerate(KINDS)}
     return sorted(findings, key=lambda f: (
         SEVERITY_ORDER[f.severity], f.onset if f.onset is not None else math.inf,
-        _KIND_ORDER.get(f.kind, 99), f.position))
+        order.get(f.kind, len(order)), f.position))
 
 
 def first_cause(candidates: list[Finding]) -> Finding | None:
@@ -214,50 +282,6 @@ def open_index(capture_dir: str | os.PathLike[str], cache_dir: Any = None,
     return con, state
 
 
-def _modules(con, src: str) -> set[str]:
-    return {r[0] for r in con.execute(
-        f"SELECT DISTINCT module_path FROM {src}").fetchall() if r[0]}
-
-
-def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Finding]:
-    """The first tensor (execution order) whose std (over ranks and micro-batches, merged from
-    counts, sums and sums of squares) differs from the reference capture's by more than REF_GAP; refuses a reference of another model (other module paths)."""
-    mine, theirs = _modules(con, src), _modules(ref_con, ref_src)
-    if mine and theirs and mine != theirs:
-        only = sorted(mine ^ theirs)[:2]
-        raise UserError(f"--reference {what}: a capture of another model ({len(mine ^ theirs)} "
-                        f"module path(s) differ, e.g. {', '.join(only)}); give a capture of the "
-                        "same model")
-    key = ", ".join(rules.TENSOR_KEY)
-    q = (f"SELECT {key}, iteration, {merged_std_sql()} AS std FROM {{src}} WHERE "
-         f"variant = {columnar.SQL_HP} AND {rules.FINITE_MOMENTS} GROUP BY {key}, iteration")
-    ref = {tuple(r[:-1]): r[-1] for r in ref_con.execute(q.format(src=ref_src)).fetchall()}
-    pos = rules.positions(con, src)
-    gaps = []
-    for row in con.execute(q.format(src=src)).fetchall():
-        other = ref.get(tuple(row[:-1]))
-        if other is None or row[-1] is None or not other:
-            continue
-        gap = abs(row[-1] - other) / abs(other)
-        if gap > REF_GAP or math.isnan(gap):
-            gaps.append((row[-2], pos.get(tuple(row[:-2]), math.inf), row, other, gap))
-    if not gaps:
-        return []
-    it, p, row, other, gap = min(gaps, key=lambda g: (g[0], g[1]))
-    where = dict(zip(rules.TENSOR_KEY, row[:-2]), iteration=it)
-    return [Finding("reference_gap", MEDIUM,
-                    f"First departure from the reference: {rules._label(where)} at iteration "
-                    f"{it}, std {row[-1]:.4g} vs {other:.4g} ({100 * gap:.0f}% apart).",
-                    where, {"std": row[-1], "reference_std": other, "relative_gap": gap,
-                            "departing_cells": len(gaps)},
-                    "index.html: numerics_map", "Keep this module in the reference precision "
-                    "and compare again (precision-diff narrows it to one GEMM).",
-                    onset=it, position=p)]
-
-
-REF_GAP = 0.25
-
-
 def _losses(capture_dir: str | os.PathLike[str],
             loss: Any) -> tuple[list[tuple[int, float]] | None, str]:
     """(the losses the loss kinds judge, where they came from): the ``--loss`` log or
@@ -307,12 +331,17 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
     return _diagnose(capture_dir, con, inp, "duckdb", reference, loss, skip_bad_lines, say)
 
 
-def _run_kinds(con: Any, inp: rules.Inputs, engine: str, checked: dict[str, str]
-               ) -> list[Finding]:
-    found: list[Finding] = []
-    for name, kind in KINDS.items():
-        if inp.nested is None and not inp.summary_rows:   # e.g. a guard on a rank with no site
-            checked[name] = "not checked: the folder holds no record and no summary row"
+def _run(con: Any, inp: rules.Inputs, engine: str, names: list[str],
+         checked: dict[str, str]) -> dict[str, list[Finding]]:
+    """The findings of each kind of ``names`` whose inputs are there; what each checked (or
+    why not) into ``checked``."""
+    found: dict[str, list[Finding]] = {}
+    for name in names:
+        kind = KINDS[name]
+        missing = next((r for r in kind.reads if not READS[r].held(inp)), None)
+        if missing is not None:
+            if READS[missing].absent:
+                checked[name] = READS[missing].absent
             continue
         if inp.nested is None and kind.lacks:
             checked[name] = f"not checked: {kind.lacks}"
@@ -321,52 +350,50 @@ def _run_kinds(con: Any, inp: rules.Inputs, engine: str, checked: dict[str, str]
         if query is None:
             checked[name] = f"not checked: no {engine} query"
             continue
-        found += query(con, inp)
-        checked[name] = kind.checked
+        found[name] = query(con, inp)
+        checked[name] = kind.checked(inp) if callable(kind.checked) else kind.checked
     return found
+
+
+def _run_kinds(con: Any, inp: rules.Inputs, engine: str, checked: dict[str, str]
+               ) -> list[Finding]:
+    """Every kind of :data:`KINDS`: first those that do not read findings, then, with the
+    findings about tensors, those that do; ``checked`` in the order of KINDS."""
+    later = [k for k, kind in KINDS.items() if "findings" in kind.reads]
+    said: dict[str, str] = {}
+    found = _run(con, inp, engine, [k for k in KINDS if k not in later], said)
+    inp.findings = [f for k, fs in found.items() if set(KINDS[k].reads) & set(TENSOR_READS)
+                    for f in fs]
+    found.update(_run(con, inp, engine, later, said))
+    checked.update((k, said[k]) for k in KINDS if k in said)
+    return [f for k in KINDS for f in found.get(k, ())]
+
+
+def _reference(reference: Any, skip_bad_lines: bool, say: Callable[[str], None] | None
+               ) -> tuple[Any, Any, str] | None:
+    """(connection, index, name) of the ``--reference`` capture, None without one."""
+    if reference is None:
+        return None
+    con, state = open_index(reference, None, skip_bad_lines, what="--reference", say=say)
+    if state is None:
+        raise UserError(f"--reference {reference}: holds flight recorder summaries and no "
+                        "record; give a capture with records (a triggered recorder folder "
+                        "or a capture)")
+    return con, state, str(reference)
 
 
 def _diagnose(capture_dir: Any, con: Any, inp: rules.Inputs, engine: str, reference: Any,
               loss: Any, skip_bad_lines: bool, say: Callable[[str], None] | None) -> Diagnosis:
-    """The one path after the engine opened the folder: the kinds, the reference, the losses,
-    the guard, then relate() and rank()."""
-    losses, source = _losses(capture_dir, loss)
-    ref = None
-    if reference is not None:
-        ref = open_index(reference, None, skip_bad_lines, what="--reference", say=say)
-        if ref[1] is None:
-            raise UserError(f"--reference {reference}: holds flight recorder summaries and no "
-                            "record; give a capture with records (a triggered recorder folder "
-                            "or a capture)")
+    """The one path after the engine opened the folder: what the folder and the command line
+    add to the inputs, every kind (:func:`_run_kinds`), then relate() and rank()."""
+    inp.folder = capture_dir
+    inp.losses, inp.loss_source = _losses(capture_dir, loss)
+    inp.reference = _reference(reference, skip_bad_lines, say)
+    inp.guard = (Path(capture_dir) / GUARD_DIR) if (Path(capture_dir) / GUARD_DIR).is_dir() \
+        else None
     result = Diagnosis(records=inp.records, capture=str(capture_dir),
                        summary_rows=inp.summary_rows)
-    src = inp.narrow
     found = _run_kinds(con, inp, engine, result.checked)
-    if result.summary_rows:
-        triggers = recorder_view.triggers_text(capture_dir)
-        result.checked["recorder"] = (
-            f"{result.summary_rows:,} summary rows of the flight recorder (iteration x site, "
-            "micro-batches merged) where no record covers the iteration; triggers: "
-            f"{triggers or 'none'}")
-    if ref is not None:
-        found += reference_gap(con, src, ref[0], rules.materialize(*ref), str(reference))
-        result.checked["reference_gap"] = f"std of each tensor against {reference}"
-    if losses is not None:
-        found += (loss_kinds.spikes(losses, found, first_cause, source)
-                  + loss_kinds.divergence(losses, found, loss_kinds.vocab_size(con, src)
-                                          if inp.records or inp.summary_rows else None,
-                                          first_cause, source))
-        result.checked["loss_spike"] = (f"{len(losses)} loss values ({source}), spike above "
-                                        f"mean + {loss_kinds.LOSS_SIGMAS:g} std of the last "
-                                        f"{loss_kinds.LOSS_WINDOW}")
-        result.checked["loss_divergence"] = (f"the loss by level ({source}): above "
-                                             f"{loss_kinds.DIVERGE_FACTOR:g} x its "
-                                             f"early minimum or ln(vocabulary) and staying "
-                                             f"there, or a plateau against its early minimum")
-    guarded = guard_findings(capture_dir)
-    if guarded is not None:
-        found += guarded
-        result.checked[GUARD_KIND] = GUARD_CHECKED
     relate(found)
     result.findings = rank(found)
     return result

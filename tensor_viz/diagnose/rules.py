@@ -119,13 +119,23 @@ class Inputs:
     """What a kind's query reads, on either engine: the narrow table; the index's nested dataset
     (a relation; None when the folder holds a flight recorder's summaries alone); how many
     records and summary rows the narrow table holds; the report's rank_tables.RankView when it
-    ran the outlier-rank test already."""
+    ran the outlier-rank test already. Then what the command line or the folder adds (None
+    where it does not; tensor_viz.diagnose.READS says which kind reads what): the folder, its
+    losses and where they came from, the reference (its connection, index and name on the
+    command line), the auto-guard's folder, and the findings of the kinds that do not read
+    findings (for the kinds that name the finding they follow)."""
 
     narrow: str
     nested: str | None
     records: int
     summary_rows: int = 0
     view: Any = None
+    folder: Any = None
+    losses: list[tuple[int, float]] | None = None
+    loss_source: str = ""
+    reference: tuple[Any, Any, str] | None = None
+    guard: Any = None
+    findings: list[Finding] | None = None
 
 
 @dataclass
