@@ -177,7 +177,11 @@ def sweep_cases():
 
 
 def recipe_cases():
-    from quant import recipes, te_arith
+    from quant import recipes
+    from quant import role_quantizers as rq
+    from quant.family_mx import e8m0_round_up
+    from quant.family_tensor import TENSOR
+    from quant.quantizer import Quantizer
     g0 = torch.Generator().manual_seed(99)
     x = torch.randn(128, 128, generator=g0) * torch.exp2(
         torch.randint(-20, 20, (128, 128), generator=g0).float())
@@ -200,15 +204,17 @@ def recipe_cases():
                 except Exception as exc:
                     yield key, f"error: {exc}"
     v = x.reshape(-1)
-    for el in te_arith.ELEMENTS:
-        yield f"te/cast/{el}", te_arith.cast(v, el)
-    yield "te/e8m0", te_arith.e8m0_round_up(v.abs())
-    yield "te/mxfp8", te_arith.mxfp8_blocks(x.reshape(128, 4, 32))
-    yield "te/nvfp4", te_arith.nvfp4_tiles(x, (16, 16), te_arith.amax_ignoring_nan(x))
+    for el in ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1"):     # TE's element casts: our Quantizer's
+        yield f"te/cast/{el}", Quantizer.of(el)(v)
+    yield "te/e8m0", e8m0_round_up(v.abs())
+    yield "te/mxfp8", rq.MXFP8Scaling(Quantizer.of("fp8_e4m3"), (1, 32)).blocks(
+        x.reshape(128, 4, 32))
+    yield "te/nvfp4", rq.NVFP4Scaling(Quantizer.of("fp4_e2m1"), (16, 16)).tiles(
+        x, rq.amax_ignoring_nan(x))
     for pow2 in (False, True):
-        yield f"te/scale/{pow2}", te_arith.scale_from_amax(
-            te_arith.amax_ignoring_nan(x.reshape(16, -1), 1), 448.0, pow2)
-    yield "te/rht", te_arith.rht(x)
+        yield f"te/scale/{pow2}", TENSOR.te_scale(
+            rq.amax_ignoring_nan(x.reshape(16, -1), 1), 448.0, pow2)
+    yield "te/rht", rq.rht(x)
 
 
 def capture_cases():

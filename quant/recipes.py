@@ -1,13 +1,15 @@
-"""Recipes: per GEMM operand, the quantization a training recipe applies (one table).
+"""Recipes: per GEMM operand role, the quantizer a training recipe applies (one table).
 
 Why recipes and not formats: researchers train with Transformer Engine *recipes*
 (Megatron-LM's ``--fp8-recipe delayed | tensorwise | blockwise | mxfp8``, ``--fp4-recipe nvfp4``),
 which choose per operand of each GEMM the element format, the block or tile shape, how the scale
-is rounded, the rounding of elements and transforms. A recipe here is one row of ``RECIPES``:
-an :class:`OperandSpec` per operand role; ``quantize_operand`` fake-quantizes one operand along
-the axis its GEMM reduces (``quant.gemm_plan``) with TE's arithmetic (``quant.te_arith``). Every
-format of ``quant.FORMATS`` is also a (trivial) recipe: the same format for every operand, as
-``CUSTOM_QUANT_TYPE`` always emulated it.
+is rounded, the rounding of elements and transforms. As in TE, a recipe is a factory:
+``factory(role) -> quantizer`` for each role ``(tensor, gemm)`` of :data:`ROLES`, the quantizer
+one of ``quant.role_quantizers`` (a scaling class holding its element
+:class:`quant.quantizer.Quantizer`); ``quantize_operand`` fake-quantizes one operand along the
+axis its GEMM reduces (``quant.gemm_plan``). Every format of ``quant.FORMATS`` is also a
+(trivial) recipe: the same format for every operand, as ``CUSTOM_QUANT_TYPE`` always emulated
+it. Adding a recipe: docs/architecture.md, *A recipe*.
 
 Operand layout (as the linear layer holds it): input ``[tokens, in]`` (or ``[s, b, in]``),
 weight ``[out, in]``, grad_output ``[tokens, out]``. fprop reduces over ``in``, dgrad over
@@ -20,95 +22,88 @@ Numerics only: torch and quant.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import torch
 
-from . import gemm_plan, te_arith
-from .formats import FORMATS, MX_OF_ELEMENT
+from . import gemm_plan
+from .family_tensor import TENSOR
+from .formats import FORMATS
+from .quantizer import Quantizer
+from .role_quantizers import (
+    CurrentScaling,
+    DelayedScaling,
+    FormatRole,
+    FP8BlockScaling,
+    MXFP8Scaling,
+    NVFP4Scaling,
+    OperandContext,
+    RoleQuantizer,
+)
 
 GEMMS = gemm_plan.LINEAR_GEMMS
 #: the six operand roles (tensor, gemm), in the order the GEMMs run (from quant.gemm_plan.PLAN)
 ROLES: tuple[tuple[str, str], ...] = tuple((p.operand, p.gemm) for p in gemm_plan.PLAN
                                            if p.gemm in GEMMS)
-
-# OperandSpec.kind values: how the operand is scaled
-FORMAT = "format"              # one of our formats through quant.quantize (trivial recipes)
-TENSOR_CURRENT = "tensor_current"   # FP8, one float32 scale from this tensor's amax
-TENSOR_DELAYED = "tensor_delayed"   # FP8, one float32 scale from an amax history (state)
-MXFP8 = "mxfp8"                # E8M0 scale per 1 x 32 block, exponent rounded up
-FP8_BLOCK = "fp8_block"        # float32 (power-of-two) scale per 1 x 128 block / 128 x 128 tile
-NVFP4 = "nvfp4"                # E4M3 scale per 1 x 16 block / 16 x 16 tile, float32 global scale
-
-
-@dataclass(frozen=True)
-class OperandSpec:
-    """How one GEMM operand is quantized. ``tile`` is (rows, cols) in the operand's GEMM layout
-    [rows, k] (k = the reduction axis): (1, n) blocks run along k; (n, n) tiles are the same
-    numbers for the operand and its transpose."""
-
-    kind: str
-    element: str                        # element format (kind FORMAT: our format name)
-    tile: Optional[tuple[int, int]] = None
-    pow2_scale: bool = False
-    rounding: str = "nearest_even"      # nearest_even | stochastic
-    rht: bool = False                   # 16-point random Hadamard transform along k first
-    multiple: Optional[int] = None      # the reduction axis must be a multiple (else refused)
-
-    def summary(self) -> dict:
-        """JSON-friendly facts (capture metadata)."""
-        return {"kind": self.kind, "element": self.element,
-                "tile": list(self.tile) if self.tile else None, "pow2_scale": self.pow2_scale,
-                "rounding": self.rounding, "rht": self.rht}
+#: a recipe's factory: role (tensor, gemm) -> the quantizer of that operand
+Factory = Callable[[tuple[str, str]], RoleQuantizer]
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """One recipe: a spec per operand role, and where it comes from."""
+    """One recipe: its factory (role -> quantizer), and where it comes from."""
 
     name: str
     description: str
-    specs: Mapping[tuple[str, str], OperandSpec]
+    factory: Factory
     megatron: Optional[tuple[str, str]] = None   # (flag, value) that selects it in Megatron-LM
     attention_format: Optional[str] = None       # attention Q·Kᵀ / P·V (None: not quantized)
 
-    def spec(self, tensor: str, gemm: str) -> OperandSpec:
-        return self.specs[(tensor, gemm)]
+    def quantizer(self, tensor: str, gemm: str) -> RoleQuantizer:
+        """The quantizer of operand ``tensor`` of ``gemm`` (ValueError naming the roles)."""
+        gemm = gemm_plan.gemm_name(gemm)
+        if (tensor, gemm) not in ROLES:
+            raise ValueError(f"no GEMM operand {tensor!r} of {gemm!r}; the operands are "
+                             + ", ".join(f"{t}/{g}" for t, g in ROLES))
+        return self.factory((tensor, gemm))
 
     def summary(self) -> dict:
-        """{"tensor/gemm": spec summary} for every role (capture metadata, docs)."""
-        return {f"{t}/{g}": self.specs[(t, g)].summary() for t, g in ROLES}
+        """{"tensor/gemm": quantizer summary} for every role (capture metadata, docs)."""
+        return {f"{t}/{g}": self.factory((t, g)).summary() for t, g in ROLES}
 
 
-def _roles(input_fprop: OperandSpec, weight: OperandSpec, grad: OperandSpec,
-           grad_wgrad: Optional[OperandSpec] = None, input_wgrad: Optional[OperandSpec] = None,
-           weight_dgrad: Optional[OperandSpec] = None) -> dict:
+def _roles(input_fprop: RoleQuantizer, weight: RoleQuantizer, grad: RoleQuantizer,
+           grad_wgrad: Optional[RoleQuantizer] = None,
+           input_wgrad: Optional[RoleQuantizer] = None,
+           weight_dgrad: Optional[RoleQuantizer] = None) -> Factory:
+    """The factory of a table: each operand's quantizer, the same in every GEMM unless given."""
     return {("input", "fprop"): input_fprop, ("weight", "fprop"): weight,
             ("grad_output", "dgrad"): grad, ("weight", "dgrad"): weight_dgrad or weight,
             ("grad_output", "wgrad"): grad_wgrad or grad,
-            ("input", "wgrad"): input_wgrad or input_fprop}
+            ("input", "wgrad"): input_wgrad or input_fprop}.__getitem__
 
 
-_E4M3, _E5M2 = "fp8_e4m3", "fp8_e5m2"
-_NV16 = OperandSpec(NVFP4, "fp4_e2m1", (1, 16), multiple=16)
-_MX32 = OperandSpec(MXFP8, _E4M3, (1, 32), multiple=32)
-_BLK = OperandSpec(FP8_BLOCK, _E4M3, (1, 128), pow2_scale=True)
+_E4M3, _E5M2 = Quantizer.of("fp8_e4m3"), Quantizer.of("fp8_e5m2")
+_E2M1, _E2M1_SR = Quantizer.of("fp4_e2m1"), Quantizer.of("fp4_e2m1", rounding="stochastic")
+_NV16 = NVFP4Scaling(_E2M1, (1, 16), multiple=16)
+_MX32 = MXFP8Scaling(_E4M3, (1, 32), multiple=32)
+_BLK = FP8BlockScaling(_E4M3, (1, 128), pow2_scale=True)
 
 _TE_RECIPES = (
     Recipe("te_fp8_delayed",
            "TE DelayedScaling, Megatron's defaults (HYBRID: E4M3 forward, E5M2 gradients; amax "
            "history 1, most_recent, margin 0): the scale comes from earlier steps' amax",
-           _roles(OperandSpec(TENSOR_DELAYED, _E4M3), OperandSpec(TENSOR_DELAYED, _E4M3),
-                  OperandSpec(TENSOR_DELAYED, _E5M2)), ("--fp8-recipe", "delayed")),
+           _roles(DelayedScaling(_E4M3), DelayedScaling(_E4M3), DelayedScaling(_E5M2)),
+           ("--fp8-recipe", "delayed")),
     Recipe("te_fp8_tensorwise",
            "TE Float8CurrentScaling (HYBRID: E4M3 forward, E5M2 gradients), one float32 scale "
            "from each tensor's own amax",
-           _roles(OperandSpec(TENSOR_CURRENT, _E4M3), OperandSpec(TENSOR_CURRENT, _E4M3),
-                  OperandSpec(TENSOR_CURRENT, _E5M2)), ("--fp8-recipe", "tensorwise")),
+           _roles(CurrentScaling(_E4M3), CurrentScaling(_E4M3), CurrentScaling(_E5M2)),
+           ("--fp8-recipe", "tensorwise")),
     Recipe("te_fp8_blockwise",
            "TE Float8BlockScaling (E4M3): power-of-two float32 scales per 1x128 block of "
            "activations and gradients, per 128x128 tile of weights",
-           _roles(_BLK, OperandSpec(FP8_BLOCK, _E4M3, (128, 128), pow2_scale=True), _BLK),
+           _roles(_BLK, FP8BlockScaling(_E4M3, (128, 128), pow2_scale=True), _BLK),
            ("--fp8-recipe", "blockwise")),
     Recipe("te_mxfp8",
            "TE MXFP8BlockScaling (E4M3 everywhere): E8M0 scale per 32 values, the exponent of "
@@ -118,19 +113,18 @@ _TE_RECIPES = (
            "TE NVFP4BlockScaling: E2M1 with an E4M3 scale per 16 values and a float32 global "
            "scale; weights in 16x16 tiles; gradients rounded stochastically; the wgrad operands "
            "go through the 16-point random Hadamard transform first",
-           _roles(_NV16, OperandSpec(NVFP4, "fp4_e2m1", (16, 16), multiple=16),
-                  OperandSpec(NVFP4, "fp4_e2m1", (1, 16), rounding="stochastic", multiple=16),
-                  grad_wgrad=OperandSpec(NVFP4, "fp4_e2m1", (1, 16), rounding="stochastic",
-                                         rht=True, multiple=16),
-                  input_wgrad=OperandSpec(NVFP4, "fp4_e2m1", (1, 16), rht=True, multiple=16)),
+           _roles(_NV16, NVFP4Scaling(_E2M1, (16, 16), multiple=16),
+                  NVFP4Scaling(_E2M1_SR, (1, 16), multiple=16),
+                  grad_wgrad=NVFP4Scaling(_E2M1_SR, (1, 16), rht=True, multiple=16),
+                  input_wgrad=NVFP4Scaling(_E2M1, (1, 16), rht=True, multiple=16)),
            ("--fp4-recipe", "nvfp4")),
 )
 
 
 def _trivial(name: str) -> Recipe:
-    spec = OperandSpec(FORMAT, name)
+    role = FormatRole(Quantizer.of(name))
     return Recipe(name, f"the format {name} for every operand ({FORMATS[name].description})",
-                  {role: spec for role in ROLES}, attention_format=name)
+                  lambda _role: role, attention_format=name)
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _TE_RECIPES}
@@ -139,19 +133,6 @@ RECIPES.update({n: _trivial(n) for n in FORMATS})
 MEGATRON_EMULATION: dict[str, dict[str, str]] = {}
 for _r in _TE_RECIPES:
     MEGATRON_EMULATION.setdefault(_r.megatron[0], {})[_r.megatron[1]] = _r.name
-
-
-#: kind -> the format of quant.FORMATS nearest to it (advisory analyses: underflow warnings)
-_ANALYSIS: dict[str, Callable[[OperandSpec], str]] = {
-    FORMAT: lambda s: s.element, NVFP4: lambda s: "nvfp4",
-    MXFP8: lambda s: MX_OF_ELEMENT[s.element], TENSOR_CURRENT: lambda s: s.element + "_tensor",
-    TENSOR_DELAYED: lambda s: s.element + "_tensor", FP8_BLOCK: lambda s: s.element + "_tensor"}
-
-
-def analysis_format(spec: OperandSpec) -> Optional[str]:
-    """The format whose pre-quantization analysis stands in for ``spec`` (None: identity)."""
-    name = _ANALYSIS[spec.kind](spec)
-    return None if FORMATS[name].is_identity else name
 
 
 def get_recipe(name) -> Recipe:
@@ -201,91 +182,11 @@ class DelayedScalingState:
 
     def update(self) -> None:
         for key, h in self._history.items():
-            self._scale[key] = te_arith.delayed_scale(h, self.scale(key), self._fp8_max[key],
-                                                      self.margin, self.algo)
+            self._scale[key] = TENSOR.delayed_scale(h, self.scale(key), self._fp8_max[key],
+                                                   self.margin, self.algo)
             rolled = torch.roll(h, -1)          # [i] <- [i + 1], the last <- the current
             rolled[0] = 0.0
             self._history[key] = rolled
-
-
-# ---- quantizers per kind (the table quantize_operand dispatches on) ------------------------------
-def _noise(m: torch.Tensor, spec: OperandSpec, generator) -> Optional[torch.Tensor]:
-    if spec.rounding != "stochastic":
-        return None
-    return torch.rand(m.shape, generator=generator, device=m.device, dtype=torch.float32)
-
-
-def _tiles_pad(m: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
-    rp, kp = (-m.shape[0]) % tile[0], (-m.shape[1]) % tile[1]
-    return torch.nn.functional.pad(m, (0, kp, 0, rp)) if rp or kp else m
-
-
-def _q_current(m, spec, ctx):
-    scale = te_arith.scale_from_amax(te_arith.amax_ignoring_nan(m),
-                                     te_arith.ELEMENTS[spec.element].max_normal, spec.pow2_scale)
-    return te_arith.scaled_cast(m, scale, spec.element, spec.rounding, _noise(m, spec, ctx.gen))
-
-
-def _q_delayed(m, spec, ctx):
-    if ctx.state is None:
-        raise ValueError(f"recipe {ctx.recipe}: delayed scaling keeps an amax history; pass "
-                         "state=quant.recipes.DelayedScalingState() (owned by the caller)")
-    key = (ctx.key, ctx.tensor)
-    scale = ctx.state.scale(key).to(m.device)
-    y = te_arith.scaled_cast(m, scale, spec.element, spec.rounding, _noise(m, spec, ctx.gen))
-    ctx.state.observe(key, te_arith.amax_ignoring_nan(m),
-                      te_arith.ELEMENTS[spec.element].max_normal)
-    return y
-
-
-def _q_mxfp8(m, spec, ctx):
-    rows, k = m.shape
-    return te_arith.mxfp8_blocks(m.reshape(rows, k // 32, 32), spec.element).reshape(rows, k)
-
-
-def _q_fp8_block(m, spec, ctx):
-    r, c = spec.tile
-    mp = _tiles_pad(m, spec.tile)
-    rows, k = mp.shape
-    tiles = mp.reshape(rows // r, r, k // c, c)
-    amax = te_arith.amax_ignoring_nan(tiles, (1, 3), keepdim=True)
-    scale = te_arith.fp8_block_scales(amax, spec.element, spec.pow2_scale, ctx.dtype)
-    noise = _noise(tiles, spec, ctx.gen)
-    y = te_arith.scaled_cast(tiles, scale, spec.element, spec.rounding, noise)
-    return y.reshape(rows, k)[: m.shape[0], : m.shape[1]]
-
-
-def _q_nvfp4(m, spec, ctx):
-    mp = _tiles_pad(m, spec.tile)
-    if spec.rht:
-        mp = te_arith.rht(mp)
-    amax = te_arith.amax_ignoring_nan(mp)
-    y = te_arith.nvfp4_tiles(mp, spec.tile, amax, spec.rounding, _noise(mp, spec, ctx.gen))
-    if spec.rht:
-        y = te_arith.rht_inverse(y)
-    return y[: m.shape[0], : m.shape[1]]
-
-
-@dataclass
-class _Ctx:
-    recipe: str
-    tensor: str
-    dtype: torch.dtype
-    gen: Optional[torch.Generator]
-    state: Optional[DelayedScalingState]
-    key: object
-
-
-_KINDS: dict[str, Callable] = {TENSOR_CURRENT: _q_current, TENSOR_DELAYED: _q_delayed,
-                               MXFP8: _q_mxfp8, FP8_BLOCK: _q_fp8_block, NVFP4: _q_nvfp4}
-
-
-def _role(recipe: Recipe, tensor: str, gemm: str) -> tuple[str, OperandSpec]:
-    gemm = gemm_plan.gemm_name(gemm)
-    if (tensor, gemm) not in recipe.specs:
-        raise ValueError(f"no GEMM operand {tensor!r} of {gemm!r}; the operands are "
-                         + ", ".join(f"{t}/{g}" for t, g in ROLES))
-    return gemm, recipe.specs[(tensor, gemm)]
 
 
 def operand_axis(tensor: str, gemm: str) -> int:
@@ -303,33 +204,16 @@ def quantize_operand(x: torch.Tensor, recipe, tensor: str, gemm: str, *,
     generator: the random stream of stochastic rounding (reproducible results).
     state / key: the caller's :class:`DelayedScalingState` and the key of this tensor in it
     (e.g. the module path) for delayed scaling; nothing else keeps state.
-    A reduction axis that the recipe cannot tile (``OperandSpec.multiple``) is refused with
+    A reduction axis that the recipe cannot tile (``RoleQuantizer.multiple``) is refused with
     ValueError naming the dimension and the multiple; partial 2-D tiles and FP8 blocks are
     zero-padded as TE pads them.
     """
     r = get_recipe(recipe)
-    gemm, spec = _role(r, tensor, gemm)
+    gemm = gemm_plan.gemm_name(gemm)
+    q = r.quantizer(tensor, gemm)
     axis = operand_axis(tensor, gemm)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"quantize_operand: x must be a floating-point tensor, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
-    if spec.kind == FORMAT:
-        from .fakequant import quantize
-
-        return quantize(x, spec.element, axis=axis, generator=generator)
-    if x.numel() == 0:
-        return x.detach().clone()
-    x2 = x.detach().reshape(-1, x.shape[-1]) if x.dim() != 2 else x.detach()
-    m = (x2.t() if axis == 0 else x2).to(torch.float32)
-    if spec.multiple and m.shape[1] % spec.multiple:
-        what = gemm_plan.plan(gemm, tensor).reduces_over
-        raise ValueError(f"recipe {r.name}: {tensor} of the {gemm} GEMM has {m.shape[1]} "
-                         f"{what} (its reduction axis); {r.name} needs a multiple of "
-                         f"{spec.multiple} there")
-    with torch.no_grad():
-        y = _KINDS[spec.kind](m.contiguous(), spec,
-                              _Ctx(r.name, tensor, x.dtype, generator, state, key))
-    y = y.t() if axis == 0 else y
-    return y.reshape(x.shape).to(x.dtype).contiguous()
-
-
+    return q.quantize(x, axis, OperandContext(r.name, tensor, gemm, x.dtype, generator, state,
+                                              key))

@@ -92,11 +92,11 @@ def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | Non
     if name is None:
         return x
     recipe = recipes.get_recipe(name)
-    spec = recipe.spec(tensor, gemm)
-    state = _delayed_state(iteration) if spec.kind == recipes.TENSOR_DELAYED else None
-    gen = _generator(x.device) if spec.rounding == "stochastic" else None
+    role = recipe.quantizer(tensor, gemm)
+    state = _delayed_state(iteration) if role.stateful else None
+    gen = _generator(x.device) if role.random else None
     q = recipes.quantize_operand(x, recipe, tensor, gemm, generator=gen, state=state, key=site)
-    fmt = recipes.analysis_format(spec)
+    fmt = role.analysis_format
     if STATE.guard is not None and site is not None:
         STATE.guard.observe(site, gemm, tensor, x, q, fmt=fmt,
                             axis=recipes.operand_axis(tensor, gemm), layer=layer)

@@ -133,7 +133,7 @@ class RecordBuilder:
             if t == role:
                 name = recipe_name(module_path, layer, g) if STATE.plan is not None else (
                     self.config.quant_type)
-                specs[g] = get_recipe(name).spec(t, g).summary() if name else {"kind": "hp",
+                specs[g] = get_recipe(name).quantizer(t, g).summary() if name else {"kind": "hp",
                                                                               "element": None}
         return specs or None
 

@@ -227,7 +227,7 @@ META_SAMPLED_ROW_STRIDE = "sampled_row_stride"   # stride of the kept rows (None
 META_EMULATED_FORMAT = "emulated_format"         # CUSTOM_QUANT_TYPE being emulated, or None
 META_RECIPE = "recipe"                # the emulated recipe (quant.recipes name), or None
 # For a linear GEMM operand (input / weight / grad_output and their quantized variants) under
-# emulation: {gemm: quant.recipes.OperandSpec.summary()} for each GEMM the tensor feeds
+# emulation: {gemm: quant.role_quantizers.RoleQuantizer.summary()} for each GEMM the tensor feeds
 # (fprop / dgrad / wgrad): kind, element, tile, pow2_scale, rounding, rht.
 META_RECIPE_SPECS = "recipe_specs"
 META_TP_RANK, META_PP_RANK, META_DP_RANK, META_WORLD_SIZE = (

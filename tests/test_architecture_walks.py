@@ -77,3 +77,40 @@ def test_a_monitor_signal_is_one_row_of_signals(monkeypatch) -> None:
     assert "loss_drop" in step.monitor.thresholds
     kept = [h["loss_drop"] for h in step.monitor.history if "loss_drop" in h]
     assert len(kept) == len(losses) and kept[150] == -float(torch.tensor(float(losses[150])))
+
+
+def test_a_recipe_is_one_factory_of_role_quantizers(monkeypatch) -> None:
+    """docs/architecture.md, *A recipe*: a recipe is a factory role -> quantizer; registered in
+    RECIPES it runs through quantize_operand, its summary records each role's quantizer, and a
+    precision plan takes its name. Here: MXFP8 for the forward operands, E5M2 current scaling for
+    the gradients, each role's values equal to the TE recipe that uses that quantizer."""
+    import pytest
+
+    from quant import recipes
+    from quant.precision_plan import plan_from_dict
+    from quant.quantizer import Quantizer
+    from quant.role_quantizers import CurrentScaling, MXFP8Scaling
+
+    mx = MXFP8Scaling(Quantizer.of("fp8_e4m3"), (1, 32), multiple=32)
+    grads = CurrentScaling(Quantizer.of("fp8_e5m2"))
+
+    def factory(role: tuple[str, str]):
+        return grads if role[0] == "grad_output" else mx
+
+    recipe = recipes.Recipe("walk_mx_fwd", "MXFP8 forward, E5M2 gradients", factory)
+    monkeypatch.setitem(recipes.RECIPES, recipe.name, recipe)
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(3)) * 40
+    for tensor, gemm in recipes.ROLES:
+        same_as = "te_fp8_tensorwise" if tensor == "grad_output" else "te_mxfp8"
+        got = recipes.quantize_operand(x, "walk_mx_fwd", tensor, gemm)
+        want = recipes.quantize_operand(x, same_as, tensor, gemm)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (tensor, gemm)
+        assert not torch.equal(got, x)
+    kinds = {role: s["kind"] for role, s in recipe.summary().items()}
+    assert kinds["grad_output/wgrad"] == "tensor_current" and kinds["input/fprop"] == "mxfp8"
+    assert recipe.summary()["grad_output/dgrad"]["element"] == "fp8_e5m2"
+    with pytest.raises(ValueError, match=r"walk_mx_fwd needs a multiple of 32"):
+        recipes.quantize_operand(torch.ones(4, 40), "walk_mx_fwd", "input", "fprop")
+    plan = plan_from_dict({"rules": [{"modules": "fc2", "roles": ["wgrad"],
+                                      "format": "WALK_MX_FWD"}]})
+    assert plan.format_for("layers.0.mlp.fc2", 0, "wgrad") == "walk_mx_fwd"

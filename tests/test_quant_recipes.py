@@ -2,7 +2,7 @@
 
 The derivations below are written element by element with numpy float32 scalars (every
 operation rounds once, as a CUDA float op does), torch's own float8 casts (clamped first: the
-kernels' casts saturate) and an explicit E2M1 threshold table; none calls quant.te_arith.
+kernels' casts saturate) and an explicit E2M1 threshold table; none calls quant.role_quantizers.
 """
 from __future__ import annotations
 
@@ -284,9 +284,9 @@ def test_nvfp4_weights_use_16x16_tiles_the_same_for_fprop_and_dgrad():
 
 
 def test_rht_is_te_signs_times_sylvester_and_orthogonal():
-    from quant import te_arith
+    from quant import role_quantizers
 
-    m = te_arith.hadamard16().double()
+    m = role_quantizers.hadamard16().double()
     h = np.array([[(-1) ** bin(i & j).count("1") for j in range(16)] for i in range(16)])
     assert torch.equal(m, torch.tensor(np.diag(TE_SIGNS) @ h / 4.0))
     assert torch.equal(m @ m.t(), torch.eye(16, dtype=torch.float64))
@@ -299,12 +299,12 @@ def test_rht_is_te_signs_times_sylvester_and_orthogonal():
 
 
 def test_wgrad_operands_are_quantized_after_the_rht_and_returned_in_the_original_domain():
-    from quant import te_arith
+    from quant import role_quantizers
 
     g = torch.Generator().manual_seed(7)
     x = torch.randn(64, 32, generator=g)              # [tokens, in]
     got = recipes.quantize_operand(x, "te_nvfp4", "input", "wgrad")
-    m = te_arith.hadamard16()
+    m = role_quantizers.hadamard16()
     xt = x.t().reshape(32, 4, 16) @ m                 # [in, tokens] transformed along tokens
     xt = xt.reshape(32, 64).to(torch.bfloat16).float()   # TE's fused kernel rounds to bf16
     q_rht = torch.tensor(ref_nvfp4(xt.numpy()))       # amax taken after the transform
@@ -407,7 +407,7 @@ def test_equals_transformer_engines_reference_quantizers():
     rn = pytest.importorskip("transformer_engine.pytorch.custom_recipes.reference_nvfp4")
     rc = pytest.importorskip("transformer_engine.pytorch.custom_recipes.reference_current_scaling")
     ru = pytest.importorskip("transformer_engine.pytorch.custom_recipes.reference_utils")
-    from quant import te_arith
+    from quant import role_quantizers
 
     def dequantized(data, scale, amax):
         q = rn.cast_from_fp4x2(data, torch.float32)
@@ -428,7 +428,7 @@ def test_equals_transformer_engines_reference_quantizers():
         xb = x.to(torch.bfloat16)
         ref = rn.NVFP4QuantizerRef(dtype=ru.Fp4Formats.E2M1, quant_tile_shape=(1, 16),
                                    with_rht=True, rowwise=False).quantize(xb)
-        back = te_arith.rht_inverse(dequantized(ref.data_t, ref.scale_t, ref.global_amax_col)).t()
+        back = role_quantizers.rht_inverse(dequantized(ref.data_t, ref.scale_t, ref.global_amax_col)).t()
         assert torch.equal(recipes.quantize_operand(xb.float(), "te_nvfp4", "input", "wgrad"), back)
         for dt, role in ((torch.float8_e4m3fn, ("input", "fprop")),
                          (torch.float8_e5m2, ("grad_output", "dgrad"))):

@@ -437,7 +437,7 @@ def check_recipe_shape(recipe_name: str, shape: Mapping[str, int], tokens: int,
         recipe = get_recipe(recipe_name)
     except ValueError:
         return                  # the capture config's check names the unknown recipe
-    need = {g: max((recipe.spec(t, g).multiple or 1) for t, gg in ROLES if gg == g)
+    need = {g: max((recipe.quantizer(t, g).multiple or 1) for t, gg in ROLES if gg == g)
             for g in ("fprop", "dgrad", "wgrad")}
     for what, gemm, n in _reduction_dims(shape, tokens, tp):
         if n % need[gemm]:
