@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from quant.precision_plan import ROLES, PlanRule, PrecisionPlan
+from quant.vocabulary import DGRAD, FPROP, WGRAD
 
 ATTENTION, MLP, OUTPUT = "attention", "mlp", "output_layer"
 #: unit kind -> regex on the module path (megatron-core GPTModel's names)
 UNIT_MODULES = {ATTENTION: r"\.self_attention\.", MLP: r"\.mlp\.", OUTPUT: r"^output_layer$"}
-BACKWARD = ("dgrad", "wgrad")
+BACKWARD = (DGRAD, WGRAD)
 
 Atom = tuple[str, Optional[int], str]      # (unit kind, layer or None, role)
 
@@ -50,7 +51,7 @@ class ModelShape:
         kv = h // self.num_attention_heads * self.num_query_groups
         if kind == ATTENTION:
             linears = h * (h + 2 * kv) + h * h
-            core = 2 * self.seq_length * h if role == "fprop" else 0   # Q·Kᵀ and P·V
+            core = 2 * self.seq_length * h if role == FPROP else 0   # Q·Kᵀ and P·V
             return 2.0 * (linears + core)
         if kind == MLP:
             return 2.0 * (h * 2 * f + f * h)        # gated fc1 (2 f outputs) and fc2
@@ -130,7 +131,7 @@ def splits(atoms: frozenset, shape: ModelShape) -> list[tuple[frozenset, frozens
     out = []
     roles = sorted({a[2] for a in atoms}, key=ROLES.index)
     if len(roles) > 1:
-        first = {"fprop"} if "fprop" in roles else {roles[0]}
+        first = {FPROP} if FPROP in roles else {roles[0]}
         lo = frozenset(a for a in atoms if a[2] in first)
         out.append((lo, atoms - lo))
     layers = sorted({a[1] for a in atoms if a[1] is not None})

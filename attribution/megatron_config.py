@@ -18,11 +18,12 @@ from __future__ import annotations
 from typing import Iterable
 
 from lowp_common import UserError
-from quant.precision_plan import HP, PlanSite, PrecisionPlan
+from quant.precision_plan import PlanSite, PrecisionPlan
+from quant.vocabulary import HIGH_PRECISION, LINEAR_GEMMS
 
 #: our recipe -> Megatron-LM training_recipe ({}: high precision)
 TRAINING_RECIPE: dict[str, dict] = {
-    HP: {}, "bf16": {}, "fp32": {},
+    HIGH_PRECISION: {}, "bf16": {}, "fp32": {},
     "te_fp8_tensorwise": {"fp8_quantization_recipe": "tensorwise", "fp8_format": "hybrid"},
     "te_fp8_blockwise": {"fp8_quantization_recipe": "blockwise", "fp8_format": "e4m3"},
     "te_mxfp8": {"fp8_quantization_recipe": "mxfp8", "fp8_format": "e4m3"},
@@ -38,7 +39,7 @@ def to_megatron(plan: PrecisionPlan, sites: Iterable[PlanSite], default: str) ->
     configs: dict[str, dict] = {}
     matchers: dict[str, dict] = {}
     for site in sites:
-        if site.roles != ("fprop", "dgrad", "wgrad"):
+        if site.roles != LINEAR_GEMMS:
             continue        # core attention: Megatron's config addresses linear modules only
         fmts = {r: plan.format_for(site.path, site.layer, r, default=default) for r in site.roles}
         if len(set(fmts.values())) > 1:

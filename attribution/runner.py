@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from lowp_common import UserError
+from quant.vocabulary import ENV_CONFIG, ENV_ENABLED, ENV_PLAN, ENV_QUANT
 from training_driver.train_config import TrainConfig
 
 
@@ -77,8 +78,7 @@ class _Worker:
         self.setup = setup
         if setup.patched_dir:
             os.environ["MEGATRON_LOWP_PATCHED_DIR"] = setup.patched_dir
-        for var in ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_PLAN", "TENSOR_SAVE_ENABLED",
-                    "TENSOR_SAVE_CONFIG"):
+        for var in (ENV_QUANT, ENV_PLAN, ENV_ENABLED, ENV_CONFIG):
             os.environ.pop(var, None)
         from training_driver.capture import activate_patched_megatron
         from training_driver.megatron_env import quiet_megatron_warnings
@@ -115,9 +115,9 @@ class _Worker:
         from megatron.core import tensor_saver
         from tensor_capture.config import load_config
 
-        env = {"CUSTOM_QUANT_TYPE": task.quant_type, **dict(task.capture_env)}
+        env = {ENV_QUANT: task.quant_type, **dict(task.capture_env)}
         if task.plan_path:
-            env["CUSTOM_QUANT_PLAN"] = task.plan_path
+            env[ENV_PLAN] = task.plan_path
         tensor_saver.configure(load_config(env=env, underflow_warnings=False))
 
     def run(self, task: RunTask) -> RunResult:

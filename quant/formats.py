@@ -20,10 +20,8 @@ SCALING_NVFP4 = "nvfp4"    # E4M3 scale per block of 16 times an FP32 per-tensor
 SCALING_TENSOR = "tensor"  # FP32 per-tensor amax scale (Transformer Engine current scaling)
 SCALING_IDENTITY = "identity"  # fp32: no quantization
 
-#: the name meaning "leave the tensor in high precision" (precision plans, TE roles, capture variants)
+#: (moving to quant.vocabulary.HIGH_PRECISION; tensor_capture.schema still reads it here)
 HIGH_PRECISION = "hp"
-#: every name a user may write for it (lower case; a float32 cast changes no value we quantize)
-HIGH_PRECISION_NAMES = (HIGH_PRECISION, "fp32", "none")
 
 
 @dataclass(frozen=True)

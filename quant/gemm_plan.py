@@ -29,6 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .vocabulary import LINEAR_GEMMS
+
 __all__ = ["OperandPlan", "PLAN", "GEMM_OPERANDS", "LINEAR_GEMMS", "gemm_name", "axis", "plan",
            "OperandQuantizer",
            "quantize_operands", "linear_forward", "linear_dgrad", "linear_wgrad",
@@ -63,8 +65,6 @@ _BY_KEY = {(p.gemm, p.operand): p for p in PLAN}
 GEMM_OPERANDS: dict[str, tuple[OperandPlan, ...]] = {}
 for _p in PLAN:
     GEMM_OPERANDS[_p.gemm] = GEMM_OPERANDS.get(_p.gemm, ()) + (_p,)
-#: the three GEMMs of a linear layer, in the order they run
-LINEAR_GEMMS = ("fprop", "dgrad", "wgrad")
 #: names accepted for a GEMM besides its own (callers' older spelling)
 _GEMM_ALIASES = {"forward": "fprop"}
 

@@ -26,13 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .formats import HIGH_PRECISION as HP
-from .formats import HIGH_PRECISION_NAMES
 from .gemm_plan import LINEAR_GEMMS as ROLES
+from .vocabulary import ENV_PLAN, FormatNameError, check_format_name
 
 _RULE_KEYS = ("modules", "layers", "roles", "format")
 _TOP_KEYS = ("default", "rules", "version", "description", "made_by")
-ENV_PLAN = "CUSTOM_QUANT_PLAN"
 
 
 class PlanError(ValueError):
@@ -129,16 +127,14 @@ def _short(d: Mapping[str, Any]) -> str:
 
 
 def check_format(name: Any, where: str) -> str:
-    """A format / recipe name of quant.recipes (lower case) or "hp"; PlanError otherwise."""
+    """A format / recipe name of quant.recipes (lower case) or "hp" (quant.vocabulary's one
+    check); PlanError otherwise."""
     from .recipes import RECIPES
 
-    key = str(name).strip().lower() if isinstance(name, str) else None
-    if key in HIGH_PRECISION_NAMES:
-        return HP
-    if key not in RECIPES:
-        raise PlanError(f"{where}: format {name!r} is unknown; use one of "
-                        f"{', '.join(RECIPES)} or hp")
-    return key
+    try:
+        return check_format_name(name, f"{where} format", RECIPES)
+    except FormatNameError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _layers(value: Any, where: str) -> frozenset[int]:

@@ -13,6 +13,7 @@ import torch
 
 from lowp_common import CommandParser, UserError, cli_entry, json_dumps
 from quant import FORMATS, analyze_quantization, metrics, quantize
+from quant.vocabulary import FormatNameError, check_format_name
 
 
 def captured_like(rows: int = 256, cols: int = 1024, seed: int = 0) -> torch.Tensor:
@@ -74,9 +75,10 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the built-in tensor")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
-    bad = [f for f in args.formats if f not in FORMATS]
-    if bad:
-        raise UserError(f"--formats: unknown {', '.join(bad)}; valid: {', '.join(FORMATS)}")
+    try:
+        args.formats = [check_format_name(f, "--formats", high_precision=False) for f in args.formats]
+    except FormatNameError as exc:
+        raise UserError(str(exc)) from None
     if args.input:
         x, source = load_input(args.input), args.input
     else:

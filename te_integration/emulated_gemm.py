@@ -18,10 +18,22 @@ from typing import Optional
 
 import torch
 
-from quant.formats import HIGH_PRECISION_NAMES
+from quant import gemm_plan
+from quant.vocabulary import is_high_precision
 
-#: TE layout -> the axis (of the [rows, cols] tensor) its blocks run along
-AXIS_OF_USAGE = {"rowwise": -1, "columnwise": 0}
+from .layouts import LAYOUT_GEMM
+
+
+def _axis_of(usage: str) -> int:
+    """The axis (of the [rows, cols] tensor) a layout's blocks run along: the plan's axis of
+    the operand in the GEMM that layout feeds (layouts.LAYOUT_GEMM), the same for every operand."""
+    (axis,) = {gemm_plan.axis(gemm, operand) for (operand, lay), gemm in LAYOUT_GEMM.items()
+               if lay == usage}
+    return axis
+
+
+#: TE layout -> the axis its blocks run along, derived from LAYOUT_GEMM and quant.gemm_plan
+AXIS_OF_USAGE = {usage: _axis_of(usage) for usage in dict.fromkeys(lay for _, lay in LAYOUT_GEMM)}
 
 
 def as_2d(x: torch.Tensor) -> torch.Tensor:
@@ -35,7 +47,7 @@ def usage_values(x2d: torch.Tensor, fmt: str, usage: str) -> torch.Tensor:
     import quant
     from quant.quantizer import Quantizer
 
-    if fmt in HIGH_PRECISION_NAMES:
+    if is_high_precision(fmt):
         q = x2d
     else:       # one configured quantizer per format and layout (built once, then reused)
         q = quant.quantize(x2d, Quantizer.of(fmt, axis=AXIS_OF_USAGE[usage]))

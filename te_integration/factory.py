@@ -43,14 +43,18 @@ from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
 
 from lowp_common import CommandParser, UserError
-from quant.formats import HIGH_PRECISION as HP
-from quant.formats import HIGH_PRECISION_NAMES
+from quant.vocabulary import (
+    ENV_PLAN,
+    ENV_QUANT,
+    HIGH_PRECISION,
+    LINEAR_OPERANDS,
+    FormatNameError,
+    check_format_name,
+)
 
 from .layouts import LAYOUT_GEMM
 
-ENV_QUANT = "CUSTOM_QUANT_TYPE"
 ENV_ROLE_FORMATS = "LOWP_TE_ROLE_FORMATS"
-ENV_PLAN = "CUSTOM_QUANT_PLAN"
 #: the dotted path Megatron-LM's --fp8-quantizer-factory takes
 FACTORY_PATH = "te_integration.factory.quantizer_factory"
 #: TE that has CustomRecipe (2.9) and QuantizerRole's module_type / tensor_type / name (2.16)
@@ -64,7 +68,6 @@ UNSUPPORTED_MODULES = {
                        "grouped GEMM takes only TE's own quantized tensors): run the MoE experts "
                        "without --moe-grouped-gemm, or without the custom recipe"),
 }
-OPERAND_TYPES = ("input", "weight", "grad_output")
 
 
 class FactoryError(UserError, ValueError):
@@ -100,15 +103,11 @@ def _field_matches(actual: str, op: str, value: str) -> bool:
 
 
 def _check_format(name: str, where: str) -> str:
-    import quant
-
-    key = name.strip().lower()
-    if key in HIGH_PRECISION_NAMES:
-        return HP
-    if key not in quant.FORMATS:
-        raise FactoryError(f"{where}: {name!r} is not a known format; valid: "
-                           f"{', '.join(quant.FORMATS)}, hp (high precision)")
-    return key
+    """A format name or "hp" (quant.vocabulary's one check); FactoryError otherwise."""
+    try:
+        return check_format_name(name, where)
+    except FormatNameError as exc:
+        raise FactoryError(str(exc)) from None
 
 
 def parse_rules(text: str, where: str = ENV_ROLE_FORMATS) -> tuple[RoleRule, ...]:
@@ -153,16 +152,16 @@ def choose_format(role: Any, default: str, rules: tuple[RoleRule, ...] = ()) -> 
         if role is not None and rule.matches(role):
             return rule.fmt
     if role is not None and getattr(role, "module_type", "") in LINEAR_MODULES and (
-            getattr(role, "tensor_type", "") in OPERAND_TYPES):
+            getattr(role, "tensor_type", "") in LINEAR_OPERANDS):
         return default
-    return HP
+    return HIGH_PRECISION
 
 
 def plan_formats(role: Any, plan: Any, default: str) -> Optional[tuple[str, str]]:
     """(rowwise, columnwise) formats the precision plan gives a linear operand slot, None for
     any other slot."""
     tensor = getattr(role, "tensor_type", "") if role is not None else ""
-    if getattr(role, "module_type", "") not in LINEAR_MODULES or tensor not in OPERAND_TYPES:
+    if getattr(role, "module_type", "") not in LINEAR_MODULES or tensor not in LINEAR_OPERANDS:
         return None
     path, layer = module_path(str(getattr(role, "name", "") or ""))
     return tuple(_check_format(plan.format_for(path, layer, LAYOUT_GEMM[(tensor, lay)],

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from lowp_common import UserError
 from quant.formats import FORMATS, WHATIF_FORMATS
+from quant.vocabulary import ENV_DIR, FormatNameError, check_format_name
 
 from . import names
 
@@ -38,9 +39,10 @@ def _formats(valid: tuple[str, ...], default: tuple[str, ...] = ()
             if name == "default" and default:
                 out += list(default)
                 continue
-            if name not in valid:
-                raise InspectConfigError(f"{key}: unknown format {item!r}; valid: {', '.join(valid)}")
-            out.append(name)
+            try:
+                out.append(check_format_name(item, key, valid, high_precision=False))
+            except FormatNameError as exc:
+                raise InspectConfigError(str(exc)) from None
         return tuple(out)
     return check
 
@@ -107,7 +109,7 @@ def option(config: Mapping[str, Any], key: str, feature: str) -> Any:
     if key in config:
         return FEATURE_OPTIONS[feature][key](key, config[key])
     if key == "save_dir":
-        return os.environ.get("TENSOR_SAVE_DIR") or "./tensor_logs"
+        return os.environ.get(ENV_DIR) or "./tensor_logs"
     return DEFAULTS.get(f"{key}:{feature}", DEFAULTS.get(key))
 
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional
 import torch
 from transformer_engine.pytorch.quantized_tensor import QuantizedTensorStorage, Quantizer
 
-from quant.formats import HIGH_PRECISION
+from quant.vocabulary import HIGH_PRECISION
 
 from .emulated_gemm import as_2d, hp_gemm, usage_values
 

@@ -10,25 +10,28 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from quant.formats import WHATIF_FORMATS
+from quant.vocabulary import (
+    ENV_CONFIG,
+    ENV_DIR,
+    ENV_ENABLED,
+    ENV_GUARD,
+    ENV_ITERATION,
+    ENV_MODE,
+    ENV_PLAN,
+    ENV_QUANT,
+    ENV_TENSORBOARD,
+    ENV_WHATIF,
+    HIGH_PRECISION,
+    FormatNameError,
+    check_format_name,
+    is_high_precision,
+)
 
-ENV_ENABLED = "TENSOR_SAVE_ENABLED"
-ENV_DIR = "TENSOR_SAVE_DIR"
-ENV_ITERATION = "TENSOR_SAVER_ITERATION"
-ENV_QUANT = "CUSTOM_QUANT_TYPE"
-ENV_PLAN = "CUSTOM_QUANT_PLAN"              # a precision plan file (quant.precision_plan)
-ENV_CONFIG = "TENSOR_SAVE_CONFIG"
-ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "none": off
-ENV_TENSORBOARD = "TENSOR_SAVE_TENSORBOARD_DIR"   # what-if numerics as TensorBoard events here
-ENV_MODE = "TENSOR_SAVE_MODE"               # capture (default) | recorder (the flight recorder)
-ENV_GUARD = "TENSOR_SAVE_GUARD"             # on: the auto-guard (and the recorder with it)
-
-# Values of CUSTOM_QUANT_TYPE that mean "no emulation" (the label still goes into file names).
-NO_QUANT = ("fp32", "none", "")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 _OPERATIONS = ("forward", "backward")
@@ -60,86 +63,6 @@ _UNLIMITED_WORDS = ("unlimited", "inf")
 
 class ConfigError(ValueError):
     """A capture setting is invalid; the message names it and says how to fix it."""
-
-
-@dataclass(frozen=True)
-class CaptureConfig:
-    """Every capture setting. YAML keys are these field names."""
-
-    enabled: bool = False                     # TENSOR_SAVE_ENABLED
-    save_dir: str = "./tensor_logs"           # TENSOR_SAVE_DIR
-    iteration: int = 0                        # TENSOR_SAVER_ITERATION: the starting iteration
-    quant_type: str | None = None             # CUSTOM_QUANT_TYPE (None: no emulation)
-    quant_plan: str | None = None             # CUSTOM_QUANT_PLAN: per module / GEMM role formats
-    iter_start: int = 0                       # save iterations start..end (inclusive) every N
-    iter_end: int | None = None
-    iter_every: int = 1
-    min_iterations: int = 1                   # the byte budget never cuts these short
-    max_iterations: int | float | None = None  # stop after this many saved iterations (None: default)
-    layers: tuple[int, ...] | None = None     # 0-based transformer layer indexes
-    module_regex: str | None = None           # re.search on the module path
-    operations: tuple[str, ...] = _OPERATIONS
-    phases: tuple[str, ...] = _PHASES
-    layer_types: tuple[str, ...] = _LAYER_TYPES
-    tensor_names: tuple[str, ...] | None = None
-    ranks: tuple[int, ...] | None = None      # global ranks that save (None: all)
-    byte_budget: int | float | None = None    # tensor bytes per rank, then stats only (None: default)
-    max_rows: int | None = None               # keep at most this many rows in a file
-    stats_only: bool = False                  # manifest records only, no tensor files
-    save_quantized: bool = False              # also save the operand the GEMM saw
-    emulate_attention: bool = True            # quantize Q, K (Q·Kᵀ) and P, V (P·V)
-    probs_heads: int = 2                      # attention probabilities: heads kept (0: none)
-    probs_rows: int = 256                     # ... and query rows kept (evenly strided)
-    range_formats: tuple[str, ...] = ()       # extra formats for overflow/underflow stats
-    # per-tensor what-if numerics (quant.whatif): off unless asked for ("default" = WHATIF_FORMATS)
-    # because they cost ~1 ms per format and tensor on a CPU (stats-only 2-2.8x instead of ~1.2x)
-    whatif_formats: tuple[str, ...] = ()
-    whatif_max_elements: int | float | None = WHATIF_MAX_ELEMENTS  # rows sampled above this
-    whatif_every: int = 1                     # what-if on every N-th captured iteration
-    # ... and only while they have used at most this share of wall time (tensor_capture.whatif
-    # WhatifGate; "unlimited": every due iteration)
-    whatif_budget: float = WHATIF_BUDGET
-    tensorboard_dir: str | None = None        # what-if numerics to TensorBoard (None: Megatron's)
-    queue_size: int = 64                      # background writer queue (items)
-    underflow_warnings: bool = True           # emulation: warn by quant.format_loss
-    underflow_hold: int = 100                 # ... a level's fall said once it held this many iterations
-    # -- the flight recorder (mode: recorder; tensor_capture.recorder.flight, docs/capture.md) ----------
-    mode: str = MODE_CAPTURE                  # TENSOR_SAVE_MODE
-    recorder_window: int = 8                  # W: iterations the ring keeps (per micro-batch)
-    recorder_every: int = 1                   # N: statistics reach the host every N iterations
-    recorder_summary_every: int = 50          # K: summary rows written every K iterations
-    recorder_full_iterations: int = 1000      # R: recent iterations kept whole; older roll up
-    recorder_trigger_iterations: int = 2      # J: iterations captured in full after a trigger
-    recorder_memory: int | float = RECORDER_MEMORY   # bound on the ring's memory (bytes)
-    recorder_stop_on_trigger: bool = False    # stop the run once a trigger's capture is written
-    recorder_warmup: int = 10                 # iterations before loss / grad-norm / flush rules judge
-    recorder_sigma: float = 6.0               # how far above its rolling baseline a spike is
-    # -- the auto-guard (tensor_capture.guard; its settings: tensor_capture.guard_rules) --------
-    guard: Any = None                         # GuardSettings, or None: off (TENSOR_SAVE_GUARD)
-
-    @property
-    def emulating(self) -> bool:
-        return (self.quant_type is not None and self.quant_type not in NO_QUANT) or bool(
-            self.quant_plan)
-
-
-# YAML may group the iteration schedule: iterations: {start, end, every}
-_NESTED = {"iterations": {"start": "iter_start", "end": "iter_end", "every": "iter_every"}}
-
-
-def env_requests_activity(env: Mapping[str, str] | None = None) -> bool:
-    """Is capture on? The one reading of the environment for that question: TENSOR_SAVE_ENABLED
-    set to anything but a false value, a CUSTOM_QUANT_TYPE that emulates, or a
-    TENSOR_SAVE_CONFIG file. Cheap and lenient on purpose: a misspelled value counts as "on",
-    so that load_config runs and rejects it with a clear message instead of capture staying
-    silently off."""
-    env = os.environ if env is None else env
-    return (env.get(ENV_ENABLED, "").strip().lower() not in _FALSE
-            or env.get(ENV_MODE, "").strip().lower() == MODE_RECORDER
-            or env.get(ENV_QUANT, "").strip().lower() not in NO_QUANT
-            or bool(env.get(ENV_PLAN, "").strip())
-            or env.get(ENV_GUARD, "").strip().lower() not in _FALSE
-            or bool(env.get(ENV_CONFIG, "").strip()))
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -229,38 +152,32 @@ def valid_quant_names() -> list[str]:
     return list(RECIPES)
 
 
-def valid_format_names() -> list[str]:
-    """The formats (range statistics and what-if numerics take formats, not recipes)."""
-    import quant
+def _format(name: str, value: Any, known: Any = None, high_precision: bool = False) -> str:
+    """quant.vocabulary's one check of a format name, as a ConfigError."""
+    try:
+        return check_format_name(value, name, known, high_precision=high_precision)
+    except FormatNameError as exc:
+        raise ConfigError(str(exc)) from None
 
-    return sorted(quant.FORMATS)
 
-
-def _quant(value: Any) -> str | None:
-    if value is None:
+def _quant(name: str, value: Any) -> str | None:
+    """A recipe or format name; a high-precision spelling (hp, fp32, none) emulates nothing and
+    keeps its own label (it goes into file names); empty is unset."""
+    text = "" if value is None else str(value).strip()
+    if not text:
         return None
-    text = str(value).strip()
-    if text.lower() in NO_QUANT:
-        return text.lower() or None
     try:
         names = valid_quant_names()
     except ImportError as exc:
-        raise ConfigError(f"{ENV_QUANT}={text!r} needs the quant package, which failed to import: {exc}") from None
-    if text not in names:
-        raise ConfigError(f"{ENV_QUANT}={text!r} is not a known format or recipe; valid names: "
-                          + ", ".join([n for n in names if n != "fp32"] + ["fp32 (no quantization)"]))
-    return text
+        raise ConfigError(f"{name}={text!r} needs the quant package, which failed to import: {exc}") from None
+    fmt = _format(ENV_QUANT, text, names, high_precision=True)
+    return text.lower() if fmt == HIGH_PRECISION else fmt
 
 
-def _check_formats(names: Any) -> tuple[str, ...]:
-    items = (names,) if isinstance(names, str) else tuple(names or ())
-    if not items:
-        return ()
-    known = valid_format_names()
-    bad = [n for n in items if n not in known]
-    if bad:
-        raise ConfigError(f"range_formats={bad!r}: unknown format; valid names: {', '.join(known)}")
-    return items
+def _formats(name: str, value: Any) -> tuple[str, ...]:
+    """Formats to measure (range statistics): a name or a list."""
+    items = (value,) if isinstance(value, str) else tuple(value or ())
+    return tuple(_format(name, v) for v in items)
 
 
 def _whatif(name: str, value: Any) -> tuple[str, ...]:
@@ -271,12 +188,7 @@ def _whatif(name: str, value: Any) -> tuple[str, ...]:
         value = () if word in ("", "none", "off") else (
             WHATIF_FORMATS if word == "default" else value.split(","))
     items = tuple(str(v).strip() for v in (value or ()) if str(v).strip())
-    known = valid_format_names()
-    bad = [n for n in items if n not in known]
-    if bad:
-        raise ConfigError(f"{name}={bad!r}: unknown what-if format; valid names: "
-                          f"{', '.join(known)} (or none, or default)")
-    return tuple(dict.fromkeys(items))
+    return tuple(dict.fromkeys(_format(name, v) for v in items))
 
 
 def _positive_float(name: str, value: Any) -> float:
@@ -318,51 +230,6 @@ def _names(name: str, value: Any) -> tuple[str, ...] | None:
     return tuple(str(v) for v in ([value] if isinstance(value, str) else value))
 
 
-# setting -> parser(display name, raw value); one row per setting.
-_PARSERS: dict[str, Any] = {
-    "enabled": _bool, "stats_only": _bool, "save_quantized": _bool, "emulate_attention": _bool,
-    "underflow_warnings": _bool,
-    "underflow_hold": lambda k, v: _int(k, v, minimum=0),
-    "save_dir": _dir,
-    "tensorboard_dir": lambda k, v: None if v is None or not str(v).strip() else _dir(k, v),
-    "iteration": lambda k, v: _int(k, v, minimum=0),
-    "iter_start": lambda k, v: _int(k, v, minimum=0),
-    "iter_end": lambda k, v: _int(k, v, minimum=0, allow_none=True),
-    "iter_every": lambda k, v: _int(k, v, minimum=1),
-    "min_iterations": lambda k, v: _int(k, v, minimum=0),
-    "max_iterations": _max_iterations,
-    "max_rows": lambda k, v: _int(k, v, minimum=1, allow_none=True),
-    "queue_size": lambda k, v: _int(k, v, minimum=1),
-    "probs_heads": lambda k, v: _int(k, v, minimum=0),
-    "probs_rows": lambda k, v: _int(k, v, minimum=1),
-    "quant_type": lambda k, v: _quant(v),
-    "quant_plan": lambda k, v: str(v).strip() or None if v is not None else None,
-    "layers": _int_list, "ranks": _int_list,
-    "module_regex": _regex,
-    "operations": lambda k, v: _choices(k, v, _OPERATIONS),
-    "phases": lambda k, v: _choices(k, v, _PHASES),
-    "layer_types": lambda k, v: _choices(k, v, _LAYER_TYPES),
-    "tensor_names": _names,
-    "byte_budget": _size,
-    "range_formats": lambda k, v: _check_formats(v),
-    "whatif_formats": _whatif,
-    "whatif_max_elements": _max_iterations,
-    "whatif_every": lambda k, v: _int(k, v, minimum=1),
-    "whatif_budget": lambda k, v: _share(k, v),
-    "mode": _mode,
-    "recorder_window": lambda k, v: _int(k, v, minimum=1),
-    "recorder_every": lambda k, v: _int(k, v, minimum=1),
-    "recorder_summary_every": lambda k, v: _int(k, v, minimum=1),
-    "recorder_full_iterations": lambda k, v: _int(k, v, minimum=1),
-    "recorder_trigger_iterations": lambda k, v: _int(k, v, minimum=1),
-    "recorder_memory": lambda k, v: RECORDER_MEMORY if v is None else _size(k, v),
-    "recorder_stop_on_trigger": _bool,
-    "recorder_warmup": lambda k, v: _int(k, v, minimum=2),
-    "recorder_sigma": _positive_float,
-    "guard": lambda k, v: _guard(k, v),
-}
-
-
 def _guard(name: str, value: Any):
     from .guard_rules import GuardError, parse_guard
 
@@ -372,13 +239,133 @@ def _guard(name: str, value: Any):
         raise ConfigError(str(exc)) from None
 
 
+def _at_least(minimum: int, allow_none: bool = False) -> Callable[[str, Any], int | None]:
+    """The parser of an integer setting with a lower bound."""
+    return lambda name, value: _int(name, value, minimum=minimum, allow_none=allow_none)
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable[[str, Any], tuple[str, ...]]:
+    """The parser of a setting that lists some of ``allowed``."""
+    return lambda name, value: _choices(name, value, allowed)
+
+
+def _optional_dir(name: str, value: Any) -> str | None:
+    return None if value is None or not str(value).strip() else _dir(name, value)
+
+
+def _optional_text(name: str, value: Any) -> str | None:
+    return str(value).strip() or None if value is not None else None
+
+
+def _recorder_memory(name: str, value: Any) -> int | float:
+    return RECORDER_MEMORY if value is None else _size(name, value)
+
+
+def setting(default: Any, parse: Callable[[str, Any], Any], env: str | None = None) -> Any:
+    """A capture setting: its default, its parser ``(name shown in errors, raw value) -> value``
+    (ConfigError on a bad value) and the environment variable it is read from, if any (a name
+    of quant.vocabulary). Its YAML key is the field's name."""
+    return field(default=default, metadata={"parse": parse, "env": env})
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Every capture setting, each one field that carries its parser and environment variable:
+    a new setting is one field here (docs/architecture.md, "A capture setting")."""
+
+    enabled: bool = setting(False, _bool, ENV_ENABLED)
+    save_dir: str = setting("./tensor_logs", _dir, ENV_DIR)
+    iteration: int = setting(0, _at_least(0), ENV_ITERATION)   # the starting iteration
+    quant_type: str | None = setting(None, _quant, ENV_QUANT)      # None: no emulation
+    quant_plan: str | None = setting(None, _optional_text, ENV_PLAN)  # per module / GEMM role formats
+    iter_start: int = setting(0, _at_least(0))        # save iterations start..end (inclusive) every N
+    iter_end: int | None = setting(None, _at_least(0, allow_none=True))
+    iter_every: int = setting(1, _at_least(1))
+    min_iterations: int = setting(1, _at_least(0))    # the byte budget never cuts these short
+    # stop after this many saved iterations (None: the default bound)
+    max_iterations: int | float | None = setting(None, _max_iterations)
+    layers: tuple[int, ...] | None = setting(None, _int_list)   # 0-based transformer layer indexes
+    module_regex: str | None = setting(None, _regex)  # re.search on the module path
+    operations: tuple[str, ...] = setting(_OPERATIONS, _one_of(_OPERATIONS))
+    phases: tuple[str, ...] = setting(_PHASES, _one_of(_PHASES))
+    layer_types: tuple[str, ...] = setting(_LAYER_TYPES, _one_of(_LAYER_TYPES))
+    tensor_names: tuple[str, ...] | None = setting(None, _names)
+    ranks: tuple[int, ...] | None = setting(None, _int_list)   # global ranks that save (None: all)
+    # tensor bytes per rank, then stats only (None: the default bound)
+    byte_budget: int | float | None = setting(None, _size)
+    max_rows: int | None = setting(None, _at_least(1, allow_none=True))  # rows kept in a file
+    stats_only: bool = setting(False, _bool)          # manifest records only, no tensor files
+    save_quantized: bool = setting(False, _bool)      # also save the operand the GEMM saw
+    emulate_attention: bool = setting(True, _bool)    # quantize Q, K (Q·Kᵀ) and P, V (P·V)
+    probs_heads: int = setting(2, _at_least(0))       # attention probabilities: heads kept (0: none)
+    probs_rows: int = setting(256, _at_least(1))      # ... and query rows kept (evenly strided)
+    range_formats: tuple[str, ...] = setting((), _formats)   # extra formats for overflow/underflow stats
+    # per-tensor what-if numerics (quant.whatif): off unless asked for ("default" = WHATIF_FORMATS)
+    # because they cost ~1 ms per format and tensor on a CPU (stats-only 2-2.8x instead of ~1.2x)
+    whatif_formats: tuple[str, ...] = setting((), _whatif, ENV_WHATIF)
+    # rows sampled above this
+    whatif_max_elements: int | float | None = setting(WHATIF_MAX_ELEMENTS, _max_iterations)
+    whatif_every: int = setting(1, _at_least(1))      # what-if on every N-th captured iteration
+    # ... and only while they have used at most this share of wall time (tensor_capture.whatif
+    # WhatifGate; "unlimited": every due iteration)
+    whatif_budget: float = setting(WHATIF_BUDGET, _share)
+    # what-if numerics to TensorBoard (None: Megatron's)
+    tensorboard_dir: str | None = setting(None, _optional_dir, ENV_TENSORBOARD)
+    queue_size: int = setting(64, _at_least(1))       # background writer queue (items)
+    underflow_warnings: bool = setting(True, _bool)   # emulation: warn by quant.format_loss
+    underflow_hold: int = setting(100, _at_least(0))  # a level's fall said once it held this many iterations
+    # -- the flight recorder (mode: recorder; tensor_capture.recorder.flight, docs/capture.md) ----------
+    mode: str = setting(MODE_CAPTURE, _mode, ENV_MODE)
+    recorder_window: int = setting(8, _at_least(1))   # W: iterations the ring keeps (per micro-batch)
+    recorder_every: int = setting(1, _at_least(1))    # N: statistics reach the host every N iterations
+    recorder_summary_every: int = setting(50, _at_least(1))   # K: summary rows every K iterations
+    recorder_full_iterations: int = setting(1000, _at_least(1))  # R: kept whole; older roll up
+    recorder_trigger_iterations: int = setting(2, _at_least(1))  # J: captured in full after a trigger
+    recorder_memory: int | float = setting(RECORDER_MEMORY, _recorder_memory)  # the ring's bound (bytes)
+    recorder_stop_on_trigger: bool = setting(False, _bool)  # stop once a trigger's capture is written
+    recorder_warmup: int = setting(10, _at_least(2))  # iterations before loss / grad-norm / flush judge
+    recorder_sigma: float = setting(6.0, _positive_float)   # how far above its rolling baseline a spike is
+    # -- the auto-guard (tensor_capture.guard; its settings: tensor_capture.guard_rules) --------
+    guard: Any = setting(None, _guard, ENV_GUARD)     # GuardSettings, or None: off
+
+    @property
+    def emulating(self) -> bool:
+        return not is_high_precision(self.quant_type) or bool(self.quant_plan)
+
+
+# YAML may group the iteration schedule: iterations: {start, end, every}
+_NESTED = {"iterations": {"start": "iter_start", "end": "iter_end", "every": "iter_every"}}
+
+
+def env_requests_activity(env: Mapping[str, str] | None = None) -> bool:
+    """Is capture on? The one reading of the environment for that question: TENSOR_SAVE_ENABLED
+    set to anything but a false value, a CUSTOM_QUANT_TYPE that emulates, or a
+    TENSOR_SAVE_CONFIG file. Cheap and lenient on purpose: a misspelled value counts as "on",
+    so that load_config runs and rejects it with a clear message instead of capture staying
+    silently off."""
+    env = os.environ if env is None else env
+    return (env.get(ENV_ENABLED, "").strip().lower() not in _FALSE
+            or env.get(ENV_MODE, "").strip().lower() == MODE_RECORDER
+            or not is_high_precision(env.get(ENV_QUANT))
+            or bool(env.get(ENV_PLAN, "").strip())
+            or env.get(ENV_GUARD, "").strip().lower() not in _FALSE
+            or bool(env.get(ENV_CONFIG, "").strip()))
+
+
+def _settings() -> dict[str, Any]:
+    """setting name -> its field (read at each call: the fields are the one table)."""
+    return {f.name: f for f in fields(CaptureConfig)}
+
+
 def _validate(raw: dict[str, Any], display: Mapping[str, str] | None = None) -> CaptureConfig:
     display = display or {}
-    unknown = sorted(set(raw) - set(_PARSERS))
+    settings = _settings()
+    unknown = sorted(set(raw) - set(settings))
     if unknown:
-        raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(_PARSERS) | set(_NESTED))}")
+        raise ConfigError(f"unknown capture setting(s) {unknown}; known: {sorted(set(settings) | set(_NESTED))}")
     # display name: the environment variable when the value came from one
-    cfg = {key: _PARSERS[key](display.get(key, key), value) for key, value in raw.items()}
+    cfg = {key: settings[key].metadata["parse"](display.get(key, key), value)
+           for key, value in raw.items()}
     if cfg.get("guard") is not None and "mode" not in raw:   # the guard turns the recorder on
         cfg["mode"] = MODE_RECORDER
     if cfg.get("mode") == MODE_RECORDER and "enabled" not in raw:
@@ -396,11 +383,11 @@ def _with_plan(config: CaptureConfig) -> CaptureConfig:
     if not config.quant_plan:
         return config
     plan = load_quant_plan(config.quant_plan)
-    quant = config.quant_type if config.quant_type not in NO_QUANT else None
+    quant = None if is_high_precision(config.quant_type) else config.quant_type
     if plan.default and quant and plan.default != quant.lower():
         raise ConfigError(f"{ENV_PLAN}={config.quant_plan} has default {plan.default} but "
                           f"{ENV_QUANT}={quant}: make them agree or drop one")
-    if quant is None and plan.default and plan.default != "hp":
+    if quant is None and plan.default and plan.default != HIGH_PRECISION:
         return replace(config, quant_type=plan.default)
     return config
 
@@ -411,7 +398,7 @@ def _with_guard(config: CaptureConfig, name: str) -> CaptureConfig:
         return config
     from .guard_rules import GuardError, check_format
 
-    fmt = config.quant_type if config.quant_type not in NO_QUANT else None
+    fmt = None if is_high_precision(config.quant_type) else config.quant_type
     try:
         check_format(config.guard, fmt, name)
     except GuardError as exc:
@@ -459,17 +446,10 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-_ENV_KEYS = ((ENV_ENABLED, "enabled"), (ENV_DIR, "save_dir"), (ENV_ITERATION, "iteration"),
-             (ENV_QUANT, "quant_type"), (ENV_PLAN, "quant_plan"), (ENV_WHATIF, "whatif_formats"),
-             (ENV_TENSORBOARD, "tensorboard_dir"), (ENV_MODE, "mode"), (ENV_GUARD, "guard"))
-
-
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for var, key in _ENV_KEYS:
-        if var in env:
-            out[key] = env[var]
-    return out
+    """setting name -> raw value, for each setting whose environment variable is set."""
+    return {f.name: env[f.metadata["env"]] for f in _settings().values()
+            if f.metadata["env"] and f.metadata["env"] in env}
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
@@ -483,7 +463,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     from_env = _from_env(env)
     raw.update(from_env)
     raw.update(overrides)
-    display = {key: var for var, key in _ENV_KEYS if key in from_env and key not in overrides}
+    settings = _settings()
+    display = {key: settings[key].metadata["env"] for key in from_env if key not in overrides}
     try:
         return _validate(raw, display)
     except ConfigError as exc:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from lowp_common import atomic_write_text, json_dumps
-from quant.formats import HIGH_PRECISION, HIGH_PRECISION_NAMES
+from quant.vocabulary import ENV_GUARD, HIGH_PRECISION, HIGH_PRECISION_NAMES
 
 from .guard_rules import (
     ELEMENTS,
@@ -168,7 +168,7 @@ class Guard:
                              base.default if base is not None else self.quant_type,
                              "tensor capture guard",
                              {"description": "the auto-guard's decisions (tensor_capture.guard)",
-                              "made_by": "TENSOR_SAVE_GUARD"})
+                              "made_by": ENV_GUARD})
 
     # -- the step boundary ----------------------------------------------------------------------
     def end_iteration(self, iteration: int) -> list[dict[str, Any]]:

@@ -196,7 +196,8 @@ def ladder(fmt: str, actions: tuple[str, ...]) -> list[str]:
     variants of its element format with finer scaling than its own (quant.formats: same
     ``element``), then "hp" (when allowed). A recipe of quant.recipes (TE's) has no scaled
     variant here: only "hp"."""
-    from quant.formats import FORMATS, HIGH_PRECISION, HIGH_PRECISION_NAMES
+    from quant.formats import FORMATS
+    from quant.vocabulary import HIGH_PRECISION, HIGH_PRECISION_NAMES
 
     if fmt in HIGH_PRECISION_NAMES:
         return []

@@ -24,8 +24,9 @@ import os
 import sys
 from typing import Any, Callable
 
+from quant.vocabulary import ENV_ITERATION
+
 from . import budget
-from .config import ENV_ITERATION
 from .saver import get_tensor_saver, stop_capture
 from .state import STATE
 

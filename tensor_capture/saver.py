@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from quant.formats import HIGH_PRECISION_NAMES
+from quant.vocabulary import is_high_precision
 
 from . import budget, schema, sites, whatif
 from .config import MODE_RECORDER, CaptureConfig, ConfigError, load_config, load_quant_plan
@@ -434,7 +434,7 @@ def reset_tensor_saver() -> None:
 def _attention_format(recipe: str | None) -> str | None:
     from quant.recipes import get_recipe
 
-    if not recipe or recipe in HIGH_PRECISION_NAMES:
+    if is_high_precision(recipe):
         return None
     return get_recipe(recipe).attention_format
 

@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from quant.formats import FORMATS
+from quant.vocabulary import LINEAR_OPERANDS
 
 from .saver import TensorSaver
 from .schema import CaptureSite
@@ -61,7 +62,7 @@ def write_synthetic_run(directory: str | Path, *, quant_types: Sequence[str] = (
                                    ("backward", "post", "grad_input", randn(seq, batch, hidden, scale=1e-3 * scale)),
                                    ("backward", "post", "grad_weight", randn(hidden, hidden, scale=1e-4)))
                         for op, phase, tname, t in tensors:
-                            if emulate and tname in ("input", "weight", "grad_output"):
+                            if emulate and tname in LINEAR_OPERANDS:
                                 import quant
 
                                 t = quant.quantize(t, qt)

@@ -75,14 +75,13 @@ def options(args: argparse.Namespace) -> defaults.Options:
     if bad:
         raise UserError(f"--map-stat {','.join(bad)}: unknown; choose from {', '.join(defaults.MAP_STAT_NAMES)}")
     whatif = None if args.whatif is None else _formats(args.whatif)
-    try:
-        import quant
+    if whatif is not None:
+        from quant.vocabulary import FormatNameError, check_format_name
 
-        unknown = [f for f in whatif or () if f not in getattr(quant, "FORMATS", {f: None for f in whatif})]
-    except ImportError:
-        unknown = []
-    if unknown:
-        raise UserError(f"--whatif {','.join(unknown)}: unknown format; see quant.FORMATS for names")
+        try:
+            whatif = tuple(check_format_name(f, "--whatif", high_precision=False) for f in whatif)
+        except FormatNameError as exc:
+            raise UserError(str(exc)) from None
     return defaults.Options(sample_size=args.sample_size, max_value_files=args.max_files, seed=args.seed,
                             workers=args.workers, whatif=whatif, whatif_files=args.whatif_files, map_stats=stats,
                             progress=not args.no_progress, index_dir=args.index_dir,

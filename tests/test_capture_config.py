@@ -59,7 +59,7 @@ def test_unknown_quant_type_lists_the_valid_names():
     ("iterations: {begin: 1}\n", "unknown key(s) ['begin'] under 'iterations'"),
     ("module_regex: '('\n", "module_regex='(' is not a regular expression"),
     ("byte_budget: lots\n", "byte_budget='lots' is not a size"),
-    ("range_formats: [fp7]\n", "range_formats=['fp7']: unknown format"),
+    ("range_formats: [fp7]\n", "range_formats='fp7' is not a known format"),
     ("- a\n- b\n", "must be a mapping"),
     ("a: [1\n", "not valid YAML"),
 ])

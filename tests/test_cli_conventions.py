@@ -256,6 +256,6 @@ def test_the_valid_format_list_names_fp32_once() -> None:
     from tensor_capture.config import ConfigError, _quant
 
     with pytest.raises(ConfigError) as exc:
-        _quant("fp9")
-    names = str(exc.value).split("valid names: ", 1)[1]
-    assert names.count("fp32") == 1 and names.endswith("fp32 (no quantization)")
+        _quant("quant_type", "fp9")
+    names = str(exc.value).split("valid: ", 1)[1]
+    assert names.count("fp32") == 1 and names.endswith("hp / fp32 / none (no quantization)")

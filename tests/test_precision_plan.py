@@ -56,7 +56,7 @@ def test_layer_ranges_and_role_lists_are_parsed_and_round_trip_through_yaml(tmp_
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"rules": [{"format": "fp9"}]}, "format 'fp9' is unknown"),
+    ({"rules": [{"format": "fp9"}]}, "format='fp9' is not a known format"),
     ({"rules": [{"roles": ["forward"], "format": "bf16"}]}, "forward GEMM is called fprop"),
     ({"rules": [{"roles": ["qk"], "format": "bf16"}]}, "GEMM role 'qk' is unknown"),
     ({"rules": [{"layers": ["3-1"], "format": "bf16"}]}, "layers '3-1'"),
@@ -64,7 +64,7 @@ def test_layer_ranges_and_role_lists_are_parsed_and_round_trip_through_yaml(tmp_
     ({"rules": [{"module": "x", "format": "bf16"}]}, "unknown key(s) module"),
     ({"rules": [{"modules": "x"}]}, "no format"),
     ({"rules": []}, "no rules and no default"),
-    ({"default": "nope"}, "format 'nope' is unknown"),
+    ({"default": "nope"}, "format='nope' is not a known format"),
     (["bf16"], "a precision plan is a mapping"),
 ])
 def test_bad_plans_are_one_line_naming_the_file_and_the_fix(raw, message):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from quant.vocabulary import Severity
 from training_profiler import findings_report as fr
 from training_profiler.amp_checker import checker as sc
 from training_profiler.amp_checker.catalog import RULES
-from training_profiler.amp_checker.rules import Severity
 
 GOLDEN = Path(__file__).parent / "profiler_golden"
 CASES = sorted(GOLDEN.glob("*.py"))

@@ -81,8 +81,9 @@ def test_tables_are_in_rule_id_order_with_unique_ids_and_names() -> None:
 
 
 # ---- walking docs/architecture.md's "A checker rule" with a rule declared here -------------------
+from quant.vocabulary import Severity  # noqa: E402
 from training_profiler.amp_checker.rules import casts as _casts_family  # noqa: E402
-from training_profiler.amp_checker.rules.base import RuleVisitor, Severity, declare_rule  # noqa: E402
+from training_profiler.amp_checker.rules.base import RuleVisitor, declare_rule  # noqa: E402
 
 _TEST_ID = "AMP900"  # a test-only id, above every real rule
 

@@ -26,6 +26,7 @@ from te_helpers import ROOT, initialize, make_logger, te_linear_calls
 
 import quant
 from quant import gemm_plan
+from quant.vocabulary import LINEAR_OPERANDS
 from te_integration import emulated_gemm, factory, names, options
 from te_integration.layouts import LAYOUT_GEMM
 
@@ -215,9 +216,9 @@ cap:
 
 @pytest.mark.parametrize("snippet,message", [
     ("LowpWhatIf: {enabled: True, tensors: [activation], formats: [mxfp8, mxfp9]}",
-     "fc.transformer_engine.LowpWhatIf.formats: unknown format 'mxfp9'; valid: fp8_e4m3"),
+     "fc.transformer_engine.LowpWhatIf.formats='mxfp9' is not a known format; valid: fp8_e4m3"),
     ("LowpBlockScaleStats: {enabled: True, tensors: [activation], formats: [hifp8]}",
-     "LowpBlockScaleStats.formats: unknown format 'hifp8'; valid: mxfp8, mxfp8_e5m2"),
+     "LowpBlockScaleStats.formats='hifp8' is not a known format; valid: mxfp8, mxfp8_e5m2"),
     ("LowpWhatIf: {enabled: True, tensors: [activation], frequency: 3}",
      "LowpWhatIf.frequency: unknown option 'frequency'; valid: enabled, end_step, formats, freq"),
     ("LowpCapture: {enabled: True, tensors: [query]}",
@@ -266,7 +267,7 @@ def test_check_command_validates_and_names_the_folders(tmp_path):
     bad.write_text(YAML.replace("hifp8, fp8_e4m3_tensor", "hifp9"))
     out = _python(f"from te_integration.check_cli import main; raise SystemExit(main([{str(bad)!r}]))")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "unknown format 'hifp9'" in out.stderr and "Traceback" not in out.stderr
+    assert "='hifp9' is not a known format" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_missing_nvdlfw_inspect_is_one_line_naming_the_extra(tmp_path):
@@ -370,7 +371,7 @@ def test_layouts_follow_the_gemm_plan():
     for (operand, usage), gemm in LAYOUT_GEMM.items():
         assert gemm_plan.axis(gemm, operand) % 2 == emulated_gemm.AXIS_OF_USAGE[usage] % 2
         assert gemm_plan.plan(gemm, operand).operand == operand
-    assert {k[0] for k in LAYOUT_GEMM} == set(factory.OPERAND_TYPES)
+    assert {k[0] for k in LAYOUT_GEMM} == set(LINEAR_OPERANDS)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3_tensor"])

@@ -25,6 +25,7 @@ from typing import Any
 
 from lowp_common import CommandParser, HelpWithDefaults
 from lowp_common.cli import UserError, cli_entry
+from quant.vocabulary import ENV_DIR, ENV_PLAN, ENV_QUANT, ENV_TENSORBOARD
 
 from .train_config import (
     DTYPES,
@@ -119,8 +120,6 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1,
 def _prepare_capture(cfg: TrainConfig, rank: int) -> tuple[bool, Any]:
     """Whether tensor capture is asked for, and the patched megatron-core it activated (None:
     not asked, or the patch set is not installed). Runs before megatron is imported."""
-    from tensor_capture.config import ENV_TENSORBOARD
-
     from .capture import activate_patched_megatron, capture_requested, check_capture_config
 
     capture = capture_requested()
@@ -225,8 +224,8 @@ def _announce(plan: RunPlan) -> None:
         state = ("ON via " + str(plan.patched) if plan.patched else
                  "requested but the patch set is not installed: training unpatched")
         print(f"llama-train: tensor capture {state}"
-              f" (TENSOR_SAVE_DIR={os.environ.get('TENSOR_SAVE_DIR', '<saver default>')}, "
-              f"CUSTOM_QUANT_TYPE={os.environ.get('CUSTOM_QUANT_TYPE', '<unset>')})", flush=True)
+              f" ({ENV_DIR}={os.environ.get(ENV_DIR, '<saver default>')}, "
+              f"{ENV_QUANT}={os.environ.get(ENV_QUANT, '<unset>')})", flush=True)
 
 
 def _build_model(plan: RunPlan) -> tuple[Any, Any, Any]:
@@ -249,7 +248,7 @@ def _build_model(plan: RunPlan) -> tuple[Any, Any, Any]:
     if pp == 1:   # a plan rule that matches no GEMM of this model: refused, not ignored
         from .plan_sites import check_plan_covers
 
-        check_plan_covers(model, os.environ.get("CUSTOM_QUANT_PLAN", "").strip())
+        check_plan_covers(model, os.environ.get(ENV_PLAN, "").strip())
     if params_dtype != torch.float32:
         model = model.to(params_dtype)   # all of it, norms included, as Megatron's Float16Module
     master = optim.MasterParams(model)
@@ -371,7 +370,7 @@ def _close_after_interrupt(plan: RunPlan, saver: Any) -> None:
     if saver is not None:
         with _signals_held():        # a second Ctrl-C (or the collector's SIGTERM) must not
             saver.close()            # cut the flush short: the queued files get written
-    where = os.environ.get("TENSOR_SAVE_DIR")
+    where = os.environ.get(ENV_DIR)
     if plan.rank == 0:
         cfg = plan.cfg
         print("llama-train: interrupted; " + (f"tensors saved so far are complete in {where}"

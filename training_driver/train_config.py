@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lowp_common.cli import UserError
+from quant.vocabulary import ENV_QUANT
 
 from .capture import emulation_requested
 
@@ -134,7 +135,7 @@ def check_config(cfg: TrainConfig, world_size: int, cuda: bool, capture: bool) -
         from te_integration.factory import check_te_version, installed_te_version
 
         check_te_version(installed_te_version())
-    quant_type = os.environ.get("CUSTOM_QUANT_TYPE", "").strip()
+    quant_type = os.environ.get(ENV_QUANT, "").strip()
     if quant_type and emulation_requested() and not te_recipe:
         from .preflight import check_recipe_shape
 

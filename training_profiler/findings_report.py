@@ -9,26 +9,10 @@ import json
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-
-class _Level(IntEnum):
-    """A three-level scale read from a command line (low / medium / high)."""
-
-    @classmethod
-    def parse(cls, text: str):
-        try:
-            return cls[text.upper()]
-        except KeyError:
-            raise ValueError(f"unknown {cls.__name__.lower()} {text!r}; "
-                             "use low, medium or high") from None
+from quant.vocabulary import FINDING_LEVELS, Severity
 
 
-class Severity(_Level):
-    LOW = 1
-    MEDIUM = 2
-    HIGH = 3
-
-
-class Confidence(_Level):
+class Confidence(IntEnum):
     """How sure the checker is that a finding's pattern is live in mixed-precision training:
     HIGH, the training (autocast, a scaler, a low-precision model that an optimizer steps) is
     seen; MEDIUM, the precision is decided outside the scan (a library, a launcher's config);
@@ -37,6 +21,19 @@ class Confidence(_Level):
     LOW = 1
     MEDIUM = 2
     HIGH = 3
+
+    @classmethod
+    def parse(cls, text: str) -> "Confidence":
+        """A confidence from a command line (low / medium / high); ValueError otherwise."""
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown confidence {text!r}; use low, medium or high") from None
+
+
+#: the words a command line takes for a finding's severity or confidence, mildest first
+SEVERITY_WORDS = tuple(s.word for s in FINDING_LEVELS)
+CONFIDENCE_WORDS = tuple(c.name.lower() for c in Confidence)
 
 
 @dataclass(frozen=True)
@@ -96,7 +93,7 @@ def format_text(report: Report) -> str:
                 lines.append(f"  -> {it.explanation}")
                 lines.append(f"  -> Suggestion: {it.suggestion}")
             lines.append("")
-    counts = {s.name: sum(1 for f in report.findings if f.severity == s) for s in Severity}
+    counts = {s.name: sum(1 for f in report.findings if f.severity == s) for s in FINDING_LEVELS}
     lines.append(f"{report.files_checked} file(s) checked, {len(report.findings)} finding(s) "
                  f"(HIGH {counts['HIGH']}, MEDIUM {counts['MEDIUM']}, LOW {counts['LOW']}), "
                  f"{len(report.errors)} file(s) skipped")

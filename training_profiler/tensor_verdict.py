@@ -23,12 +23,13 @@ from typing import Any, Callable, Iterable, Optional
 from quant.analysis import MEDIUM_THRESHOLD
 from quant.format_loss import MARGIN_HIGH_DB, MARGIN_MEDIUM_DB, loss_severity
 from quant.formats import FORMATS
+from quant.vocabulary import Severity
 
-LOW, MEDIUM, HIGH = "LOW", "MEDIUM", "HIGH"
+#: the risk levels a verdict prints (quant.vocabulary.Severity's labels)
+LOW, MEDIUM, HIGH = (s.label for s in (Severity.LOW, Severity.MEDIUM, Severity.HIGH))
 CANNOT_JUDGE = "CANNOT JUDGE"
-_RANK = {LOW: 0, MEDIUM: 1, HIGH: 2}
-#: quant.analysis.severity class -> risk level
-SEVERITY_LEVEL = {"none": LOW, "medium": MEDIUM, "high": HIGH}
+#: quant's ratio / loss severity -> risk level (a ratio with nothing to say is a LOW risk)
+SEVERITY_LEVEL = {Severity.NONE.word: LOW, Severity.MEDIUM.word: MEDIUM, Severity.HIGH.word: HIGH}
 #: fewest nonzero finite values for which "below 0.1 %" can hold with one value affected
 MIN_VALUES_FOR_LOW = math.ceil(1 / MEDIUM_THRESHOLD)
 # bf16 keeps 8 significant bits: a channel 2**8 times smaller than another falls below half an
@@ -206,7 +207,7 @@ def judge(report: dict) -> dict[str, Any]:
     safe = [f for f in checked if f not in flagged]
     blocked = [p.reason.format(**ctx) for p in PRECONDITIONS if p.applies(report)]
     if findings:
-        level = max((f["level"] for f in findings), key=_RANK.__getitem__)
+        level = max((f["level"] for f in findings), key=Severity.of)
     else:
         level = CANNOT_JUDGE if blocked else LOW
     top = [f for f in findings if f["level"] == level]

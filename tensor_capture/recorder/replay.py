@@ -25,17 +25,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lowp_common import atomic_write_json, atomic_write_text
+from quant.vocabulary import ENV_CONFIG, ENV_DIR, ENV_ENABLED, ENV_MODE, ENV_QUANT
 
 from .. import schema
-from ..config import (
-    ENV_CONFIG,
-    ENV_DIR,
-    ENV_ENABLED,
-    ENV_MODE,
-    ENV_QUANT,
-    MODE_CAPTURE,
-    CaptureConfig,
-)
+from ..config import MODE_CAPTURE, CaptureConfig
 from ..state import STATE
 
 #: Megatron-LM options the replay command sets itself (dropped from the original command line)

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Mapping
 
 from lowp_common import CommandParser, HelpWithDefaults, atomic_write_text
 from lowp_common.cli import UserError, cli_entry
+from quant.vocabulary import ENV_CONFIG, ENV_DIR, ENV_ENABLED, ENV_ITERATION, ENV_QUANT
 
 from ..tensor_summary import TensorSummary, format_summary, summarize, tensor_files
 
@@ -252,11 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="indexed dataset prefix (preprocess-corpus output); default: the "
                         "embedded corpus")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (needed with --data-path)")
-    p.add_argument("--tensor-dir", default=os.environ.get("TENSOR_SAVE_DIR", "./enhanced_tensor_logs"),
+    p.add_argument("--tensor-dir", default=os.environ.get(ENV_DIR, "./enhanced_tensor_logs"),
                    help="TENSOR_SAVE_DIR for this run")
-    p.add_argument("--quant-type", default=os.environ.get("CUSTOM_QUANT_TYPE", "hifp8"),
+    p.add_argument("--quant-type", default=os.environ.get(ENV_QUANT, "hifp8"),
                    help="CUSTOM_QUANT_TYPE: the format emulated in the captured layers")
-    p.add_argument("--saver-iteration", default=os.environ.get("TENSOR_SAVER_ITERATION"),
+    p.add_argument("--saver-iteration", default=os.environ.get(ENV_ITERATION),
                    help="TENSOR_SAVER_ITERATION: number the first iteration so (default: the "
                         "run's own count, which continues a resumed checkpoint)")
     p.add_argument("--min-files", type=int, default=10,
@@ -401,10 +402,9 @@ def request_from_args(args: argparse.Namespace, passthrough: list[str]) -> Colle
 def capture_env(req: CollectRequest, base: Mapping[str, str]) -> dict[str, str]:
     """The training environment: ``base`` with capture on into the request's folder and format."""
     env = dict(base)
-    env.update(TENSOR_SAVE_ENABLED="true", TENSOR_SAVE_DIR=str(Path(req.tensor_dir)),
-               CUSTOM_QUANT_TYPE=req.quant_type)
+    env.update({ENV_ENABLED: "true", ENV_DIR: str(Path(req.tensor_dir)), ENV_QUANT: req.quant_type})
     if req.saver_iteration is not None:
-        env["TENSOR_SAVER_ITERATION"] = str(req.saver_iteration)
+        env[ENV_ITERATION] = str(req.saver_iteration)
     # a collection run lasts a few iterations: background kernel compiles would not pay off
     # (and would hold the trainer's exit until done); an explicit QUANT_COMPILE still wins
     env.setdefault("QUANT_COMPILE", "0")
@@ -472,13 +472,13 @@ def plan_collection(req: CollectRequest, base_env: Mapping[str, str] | None = No
     check_capture_config(env)
     workdir, embedded = Path(req.workdir), req.data_path is None
     paths = training_data(req, env)
-    if embedded and not env.get("TENSOR_SAVE_CONFIG"):
+    if embedded and not env.get(ENV_CONFIG):
         # One captured iteration is what the default run is for; it keeps the report quick.
         # The quantized operands (the report's "measured" error) and the what-if numerics
         # (numerics.csv, the numerics figures) are what a first look at a format needs.
         capture_yaml = workdir / "capture_default.yaml"
         capture_yaml.write_text(embedded_capture_yaml())
-        env["TENSOR_SAVE_CONFIG"] = str(capture_yaml)
+        env[ENV_CONFIG] = str(capture_yaml)
         check_capture_config(env)
     master_port = _check_master_port(req.nproc)
     progress_file = workdir / f"progress_{os.getpid()}.json"

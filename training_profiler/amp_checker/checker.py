@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from lowp_common import CommandParser, UserError, cli_entry
+from quant.vocabulary import Severity
 from training_profiler.amp_checker.catalog import RULES, RULES_BY_ID, RULES_BY_NAME
 from training_profiler.amp_checker.context import FileContext
 from training_profiler.amp_checker.intent import BENCHMARK, INFERENCE, program_purpose
@@ -34,9 +35,11 @@ from training_profiler.amp_checker.launch_rules import (
 from training_profiler.amp_checker.precision import in_model_library
 from training_profiler.amp_checker.project import Project, module_names
 from training_profiler.amp_checker.questions import deep_stack
-from training_profiler.amp_checker.rules import Confidence, Finding, Rule, Severity
+from training_profiler.amp_checker.rules import Confidence, Finding, Rule
 from training_profiler.findings_report import (
+    CONFIDENCE_WORDS,
     FORMATTERS,
+    SEVERITY_WORDS,
     FileError,
     Report,
     exit_code,
@@ -311,9 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=sorted(FORMATTERS), default="text", help="output format (default text)")
     p.add_argument("--select", default="", help="comma-separated rule ids or names to run (default all)")
     p.add_argument("--ignore", default="", help="comma-separated rule ids or names to skip")
-    p.add_argument("--fail-on", default="high", choices=["low", "medium", "high"],
+    p.add_argument("--fail-on", default="high", choices=SEVERITY_WORDS,
                    help="exit 1 when a finding at or above this severity exists (default high)")
-    p.add_argument("--min-confidence", default=None, choices=["low", "medium", "high"],
+    p.add_argument("--min-confidence", default=None, choices=CONFIDENCE_WORDS,
                    help="show findings at or above this confidence: high = the training is seen, "
                    "medium = the precision is decided outside the scan, low = no training seen "
                    "(default: low for one file or a folder of loose scripts, high for a project that "

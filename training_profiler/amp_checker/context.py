@@ -12,13 +12,13 @@ import ast
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from quant.vocabulary import LOW_PRECISION_DTYPES
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.project import Project
 from training_profiler.amp_checker.values import AUTOCAST_APIS, DTYPE_NAMES, dotted
 
 # Autocast's documented default dtype per device.
 _DEFAULT_DTYPE = {"cuda": "float16", "cpu": "bfloat16"}
-LOWP_DTYPES = ("float16", "bfloat16")
 MIXED = "mixed"  # a library runs autocast in the precision (the model's parameters stay float32)
 TRUE = "true"    # a library casts the model's parameters to the precision
 
@@ -305,7 +305,7 @@ class FileContext:
         choices = self.dtype_choices(expr)
         if len(choices) == 1:
             return next(iter(choices))
-        for lowp in LOWP_DTYPES:  # a run-time choice: the low-precision path is the one to judge
+        for lowp in LOW_PRECISION_DTYPES:  # a run-time choice: the low-precision path is the one to judge
             if lowp in choices:
                 return lowp
         return "unknown"
@@ -441,7 +441,7 @@ class FileContext:
             cands = list(call.args) + [k.value for k in call.keywords if k.arg == "dtype"]
             for c in cands:
                 d = self.dtype_of(c)
-                if d in LOWP_DTYPES:
+                if d in LOW_PRECISION_DTYPES:
                     return d
         if f.attr == "type" and call.args:
             q = self.qualname(call.args[0]) or ""

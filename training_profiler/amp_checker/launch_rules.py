@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from training_profiler.amp_checker.rules import Finding, Severity
+from quant.vocabulary import ENV_CONFIG, ENV_ENABLED, ENV_QUANT, Severity, is_high_precision
+from training_profiler.amp_checker.rules import Finding
 
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _SHEBANG_OK = re.compile(r"^#!\s*(/usr/bin/env\s+)?(/bin/|/usr/bin/)?(ba|da|z|k)?sh\b")
-#: CUSTOM_QUANT_TYPE values that emulate nothing (tensor_capture.config.NO_QUANT's meaning)
-_NO_QUANT = ("", "fp32", "none")
 
 
 class NotBash(ValueError):
@@ -112,9 +111,9 @@ def _quant_on_te(s: LaunchScript) -> list[tuple[int, str]]:
     impl = s.value("--transformer-impl") or "transformer_engine"   # Megatron-LM's default
     custom = (s.value("--fp8-recipe") == "custom" or s.value("--fp4-recipe") == "custom")
     out = []
-    for no, raw in s.assigns.get("CUSTOM_QUANT_TYPE", []):
+    for no, raw in s.assigns.get(ENV_QUANT, []):
         v = _literal(raw)
-        if v is not None and v.strip().lower() not in _NO_QUANT and impl == "transformer_engine" \
+        if v is not None and not is_high_precision(v) and impl == "transformer_engine" \
                 and not custom:
             out.append((no, f"CUSTOM_QUANT_TYPE={v} with Transformer Engine linears "
                             f"(--transformer-impl {impl}{'' if s.has('--transformer-impl') else ', the default'})"))
@@ -184,16 +183,16 @@ def _fusion_without_apex(s: LaunchScript) -> list[tuple[int, str]]:
 def _unbounded_capture(s: LaunchScript) -> list[tuple[int, str]]:
     from tensor_capture.config import ConfigError, load_config
 
-    on = [(no, v) for no, v in s.assigns.get("TENSOR_SAVE_ENABLED", [])
+    on = [(no, v) for no, v in s.assigns.get(ENV_ENABLED, [])
           if (_literal(v) or "").strip().lower() in ("1", "true", "yes", "on")]
-    cfgs = [(no, _literal(v)) for no, v in s.assigns.get("TENSOR_SAVE_CONFIG", [])]
+    cfgs = [(no, _literal(v)) for no, v in s.assigns.get(ENV_CONFIG, [])]
     out = []
     for no, path in cfgs:
         if not on or not path:
             continue
         p = Path(path) if Path(path).is_absolute() else Path(s.path).parent / path
         try:
-            cfg = load_config(env={"TENSOR_SAVE_ENABLED": "true", "TENSOR_SAVE_CONFIG": str(p)})
+            cfg = load_config(env={ENV_ENABLED: "true", ENV_CONFIG: str(p)})
         except ConfigError:
             continue                      # capture itself refuses it at start, in one line
         if cfg.max_iterations == float("inf") and cfg.byte_budget == float("inf") and (

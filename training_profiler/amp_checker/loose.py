@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import LOW_PRECISION_DTYPES
 from training_profiler.amp_checker.context import FileContext
 from training_profiler.amp_checker.intent import (
     TRAINING,
@@ -31,8 +32,6 @@ from training_profiler.amp_checker.rules.autograd_function import _is_autograd_f
 from training_profiler.amp_checker.rules.base import NO_TRAINING_NOTE, Confidence, RuleVisitor
 from training_profiler.amp_checker.rules.helpers import _has_kw
 from training_profiler.amp_checker.rules.reductions import _SOFTMAX
-
-LOWP = ("float16", "bfloat16")
 
 
 def _note(seen: str, why: str) -> str:
@@ -184,7 +183,7 @@ class LooseSoftmax(RuleVisitor):
             op = node.func.attr if isinstance(node.func, ast.Attribute) else name.split(".")[-1]
             x = _operand(ctx, node)
             d = cast_dtype_of(ctx, x, cast_names_before(ctx, node)) if x is not None else None
-            if d in LOWP:
+            if d in LOW_PRECISION_DTYPES:
                 self.report(node, f"{op} without dtype on a {d} value (`{ast.unparse(x)[:40]}` comes from a cast)",
                             Confidence.HIGH if d == "float16" else Confidence.MEDIUM)
             elif d is None and not (ctx.uses_lowp or ctx.project_uses_amp or ctx.autocast_scopes
@@ -207,7 +206,7 @@ class LooseReduction(RuleVisitor):
                 and not ctx.in_autocast(node):
             x = _operand(ctx, node)
             d = cast_dtype_of(ctx, x, cast_names_before(ctx, node)) if x is not None else None
-            if d in LOWP:
+            if d in LOW_PRECISION_DTYPES:
                 op = node.func.attr if isinstance(node.func, ast.Attribute) else name
                 self.report(node, f"{op}() on {d} value `{ast.unparse(x)[:40]}` (from a cast) outside autocast",
                             Confidence.HIGH if d == "float16" else Confidence.MEDIUM)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import BFLOAT16, FLOAT16, LOW_PRECISION_DTYPES
 from training_profiler.amp_checker.context import MIXED, TRUE, FileContext
 from training_profiler.amp_checker.intent import (
     compared_dtypes,
@@ -19,8 +20,6 @@ from training_profiler.amp_checker.intent import (
     trains,
 )
 
-FLOAT16 = "float16"
-BFLOAT16 = "bfloat16"
 _STRING_DTYPES = {"float16": FLOAT16, "fp16": FLOAT16, "half": FLOAT16, "bfloat16": BFLOAT16, "bf16": BFLOAT16}
 _LOADERS = ("from_pretrained", "from_config", "from_single_file")
 _FREEZERS = ("get_peft_model", "prepare_model_for_kbit_training", "prepare_model_for_int8_training")
@@ -40,7 +39,7 @@ def _dtype_value(ctx: FileContext, expr: ast.AST | None) -> str | None:
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return _STRING_DTYPES.get(expr.value.lower())
     d = ctx.dtype_of(expr)
-    return d if d in (FLOAT16, BFLOAT16) else None
+    return d if d in LOW_PRECISION_DTYPES else None
 
 
 def _callee(ctx: FileContext, call: ast.Call) -> str:
@@ -68,7 +67,7 @@ def own_precisions(ctx: FileContext) -> set[str]:
     cached = ctx.facts.get("_fact_own_precisions")
     if cached is not None:
         return cached
-    out = {s.dtype for s in ctx.autocast_scopes if s.enabled and s.dtype in (FLOAT16, BFLOAT16)}
+    out = {s.dtype for s in ctx.autocast_scopes if s.enabled and s.dtype in LOW_PRECISION_DTYPES}
     out |= {d for c in training_lowp_casts(ctx) if (d := ctx.lowp_cast_dtype(c))}
     out |= {d for _, d in loaded_lowp_models(ctx)}
     out |= {d for d, how in ctx.library_precisions if how == MIXED}
@@ -137,7 +136,7 @@ def activation_dtype_tests(ctx: FileContext) -> dict[str, ast.Compare]:
         found: dict[str, ast.Compare] = {}
         for node in ctx.nodes:
             if isinstance(node, ast.Compare) and _tests_a_tensor_dtype(ctx, node):
-                for dtype in compared_dtypes(ctx, node) & {FLOAT16, BFLOAT16}:
+                for dtype in compared_dtypes(ctx, node) & set(LOW_PRECISION_DTYPES):
                     found.setdefault(dtype, node)
         ctx.facts[key] = found
     return ctx.facts[key]
@@ -157,7 +156,7 @@ def _tests_a_tensor_dtype(ctx: FileContext, test: ast.Compare) -> bool:
         for how, expr in scope.names.get(left.id, []))
 
 
-def expects_lowp_activations(ctx: FileContext, dtypes: tuple[str, ...] = (FLOAT16, BFLOAT16)) -> str | None:
+def expects_lowp_activations(ctx: FileContext, dtypes: tuple[str, ...] = LOW_PRECISION_DTYPES) -> str | None:
     """A note naming where this module's code tests for one of ``dtypes`` on its tensors, or None."""
     tests = activation_dtype_tests(ctx)
     hit = next((tests[d] for d in dtypes if d in tests), None)

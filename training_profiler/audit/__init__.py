@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TextIO
 
-from training_profiler.audit.record import Record, Recorder, StopAudit
+from training_profiler.audit.record import OpRecorder, Record, StopAudit
 from training_profiler.audit.rules import judge
 from training_profiler.findings_report import Finding
 
@@ -36,7 +36,7 @@ class PrecisionAudit:
     entered again (the decorator does, once per audited call): the record accumulates."""
 
     def __init__(self, max_steps: int | None = None) -> None:
-        self.recorder = Recorder(max_steps)
+        self.recorder = OpRecorder(max_steps)
         self.findings: list[Finding] = []
 
     @property

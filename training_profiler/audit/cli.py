@@ -27,9 +27,10 @@ from lowp_common import (
     cli_entry,
     refuse_overwrite,
 )
+from quant.vocabulary import Severity
 from training_profiler.audit import ScriptOutcome, format_findings, run_script
 from training_profiler.audit.rules import RULES
-from training_profiler.findings_report import Severity
+from training_profiler.findings_report import SEVERITY_WORDS
 
 PROG = "lowp-audit"
 
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output format on stdout (default text, as amp-static-check)")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the findings as JSON")
     p.add_argument("--force", action="store_true", help="replace a --json file written earlier")
-    p.add_argument("--fail-on", default="high", choices=["low", "medium", "high"],
+    p.add_argument("--fail-on", default="high", choices=SEVERITY_WORDS,
                    help="exit 1 when a finding at or above this severity exists (default high)")
     return p
 

@@ -249,7 +249,7 @@ class StopAudit(BaseException):
     (a BaseException, so a script's ``except Exception`` does not swallow it)."""
 
 
-class Recorder(TorchDispatchMode):
+class OpRecorder(TorchDispatchMode):
     """Records every op's dtypes and range per call site; see the module docstring."""
 
     def __init__(self, max_steps: int | None = None) -> None:

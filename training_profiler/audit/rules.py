@@ -20,12 +20,12 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from quant.analysis import SEVERITY_HIGH, dtype_limits, severity
+from quant.vocabulary import LOW_PRECISION_DTYPES, Severity
 from training_profiler.audit.record import FunctionCall, OpSite, Record, StepEvent
 from training_profiler.audit.source import Where, place
 from training_profiler.audit.updates import ManualUpdate
-from training_profiler.findings_report import Confidence, Finding, Severity
+from training_profiler.findings_report import Confidence, Finding
 
-LOWP = ("float16", "bfloat16")
 #: fraction of float16's max_normal at which a value is reported as about to overflow
 NEAR_MAX = 0.9
 #: fraction of a step's low-precision gradient elements at zero or below min_normal
@@ -62,7 +62,7 @@ class AuditRule:
 
 
 def _lowp_in(site: OpSite) -> str | None:
-    return next((d for d in site.in_dtypes if d in LOWP), None)
+    return next((d for d in site.in_dtypes if d in LOW_PRECISION_DTYPES), None)
 
 
 def _autocast_upcasts(site: OpSite) -> bool:
@@ -91,7 +91,7 @@ def _located(anchors: Sequence[tuple[str, Where | None]]) -> tuple[Where, str]:
     return where, f" ({', '.join(others)})" if others else ""
 
 
-def _cast(casts: dict[Where, str], dtypes: Sequence[str] = LOWP) -> tuple[str, Where | None]:
+def _cast(casts: dict[Where, str], dtypes: Sequence[str] = LOW_PRECISION_DTYPES) -> tuple[str, Where | None]:
     """The first line that cast these parameters to one of ``dtypes``, as an anchor."""
     found = next(((w, d) for w, d in casts.items() if d in dtypes), None)
     return (f"parameters cast to {found[1]} at", found[0]) if found else ("", None)
@@ -113,7 +113,7 @@ def _lowp_reduction(rec: Record) -> Iterator[Hit]:
     a pooling) is its policy, kept by every AMP training; the bugs are tensors made low
     precision by hand (a .half() model, an autocast-disabled region fed low-precision input)."""
     for s in _forward(rec):
-        d = next((o for o in s.out_dtypes if o in LOWP), None)
+        d = next((o for o in s.out_dtypes if o in LOW_PRECISION_DTYPES), None)
         if s.op in REDUCTION_OPS and d and _lowp_in(s) and s.reduced > 1 and s.autocast is None:
             yield s.where, f"{s.op} accumulated {s.reduced} values into {d}{_at(s)}"
 
@@ -136,7 +136,7 @@ def _flushed_grads(rec: Record) -> Iterator[Hit]:
         if ev.lowp_grad_flushed / ev.lowp_grad_elems > FLUSHED_GRADS:
             frac = ev.lowp_grad_flushed / ev.lowp_grad_elems
             where, also = _located([("stepped at", ev.where), _cast(ev.casts)])
-            yield where, (f"{frac:.0%} of the {'/'.join(sorted(ev.grad_dtypes & set(LOWP)))} "
+            yield where, (f"{frac:.0%} of the {'/'.join(sorted(ev.grad_dtypes & set(LOW_PRECISION_DTYPES)))} "
                           f"gradients reaching {ev.optimizer}.step are zero or below min_normal{also}")
 
 

@@ -22,7 +22,9 @@ from typing import Any, Callable
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-LOW_PRECISION = (torch.float16, torch.bfloat16)
+from quant.vocabulary import LOW_PRECISION_DTYPES
+
+LOW_PRECISION = tuple(getattr(torch, name) for name in LOW_PRECISION_DTYPES)
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))

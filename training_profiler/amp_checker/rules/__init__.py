@@ -66,7 +66,6 @@ from training_profiler.amp_checker.rules.base import (
     Finding,
     Rule,
     RuleVisitor,
-    Severity,
     declare_rule,
 )
 from training_profiler.amp_checker.rules.casts import (
@@ -150,7 +149,7 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 
 __all__ = [
     "RULES", "RULES_BY_ID", "RULES_BY_NAME", "BUG_KIND_RULES", "FAMILIES", "BUG_KIND_FAMILIES",
-    "Confidence", "Finding", "Rule", "RuleVisitor", "Severity", "declare_rule", "NO_TRAINING_NOTE",
+    "Confidence", "Finding", "Rule", "RuleVisitor", "declare_rule", "NO_TRAINING_NOTE",
     "FP16_MAX", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL", "trains", "training_lowp_casts",
     "AutocastWrappedForward", "AutogradFunctionNoCustomFwd", "BackwardInAutocast", "BceUnderAutocast",
     "ClipWithoutUnscale", "DeprecatedAmpApi", "EpsAgainstParameters", "EpsUnderflowFp16",

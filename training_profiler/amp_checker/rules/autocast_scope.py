@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext
 from training_profiler.amp_checker.intent import (
@@ -13,13 +14,7 @@ from training_profiler.amp_checker.intent import (
     no_grad_region,
     training_backward_calls,
 )
-from training_profiler.amp_checker.rules.base import (
-    Confidence,
-    Rule,
-    RuleVisitor,
-    Severity,
-    declare_rule,
-)
+from training_profiler.amp_checker.rules.base import Confidence, Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import _is_accelerator, _is_loss_call
 
 _BCE = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy",

@@ -11,10 +11,11 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import FLOAT16, Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import TRAINING, cast_purpose, per_project, receiver_root
-from training_profiler.amp_checker.precision import FLOAT16, lowp_parameters
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.precision import lowp_parameters
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 
 _AVERAGE = re.compile(r"avg|average|ema|shadow|swa", re.I)
 _MODEL = re.compile(r"model|net|module", re.I)

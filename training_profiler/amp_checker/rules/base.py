@@ -3,7 +3,7 @@
 A rule is a ``RuleVisitor`` subclass with its words (id, name, severity, explanation,
 suggestion) declared on the class by ``@declare_rule``, so what a rule says sits beside what it
 looks for. Each visitor only reports; filtering (suppression comments, rule selection) happens in
-``amp_checker.checker``. Severity, Confidence and Finding are
+``amp_checker.checker``. Confidence and Finding are
 ``training_profiler.findings_report``'s, shared with the run-time audit.
 """
 from __future__ import annotations
@@ -12,10 +12,11 @@ import ast
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker.context import FileContext
-from training_profiler.findings_report import Confidence, Finding, Severity
+from training_profiler.findings_report import Confidence, Finding
 
-__all__ = ["Confidence", "Finding", "Severity", "Rule", "RuleVisitor", "declare_rule", "NO_TRAINING_NOTE",
+__all__ = ["Confidence", "Finding", "Rule", "RuleVisitor", "declare_rule", "NO_TRAINING_NOTE",
            "LIBRARY_NOTE"]
 
 NO_TRAINING_NOTE = " (no training seen; if this runs under AMP, {why})"

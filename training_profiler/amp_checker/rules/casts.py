@@ -5,17 +5,11 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import FLOAT16, Severity
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import per_module, receiver_root, training_lowp_casts
-from training_profiler.amp_checker.precision import FLOAT16
-from training_profiler.amp_checker.rules.base import (
-    Confidence,
-    Rule,
-    RuleVisitor,
-    Severity,
-    declare_rule,
-)
+from training_profiler.amp_checker.rules.base import Confidence, Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import (
     _BF16_WORDS,
     _selects_bf16,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import per_project
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import _callee, _has_kw
 
 

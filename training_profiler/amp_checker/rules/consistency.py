@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import LOW_PRECISION_DTYPES, Severity
 from training_profiler.amp_checker.context import FileContext
 from training_profiler.amp_checker.intent import is_float32_cast
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 
 
 def _matched_to(call: ast.AST) -> str | None:
@@ -143,7 +144,7 @@ class UpcastSkippedHere(RuleVisitor):
             inner = _upcast_operand(ctx, operand)
             if inner is not None:
                 upcast.setdefault((owner, op, ast.unparse(inner)), c)
-            elif ctx.dtype_of(operand) in (None, "unknown", "float16", "bfloat16"):
+            elif ctx.dtype_of(operand) in (None, "unknown", *LOW_PRECISION_DTYPES):
                 plain.append((owner, op, ast.unparse(operand), c))
         for owner, op, text, c in plain:
             twin = upcast.get((owner, op, text))

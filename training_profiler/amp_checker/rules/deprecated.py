@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker.context import FileContext
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 
 _DEPRECATED = {
     "torch.cuda.amp.autocast": 'torch.amp.autocast("cuda", ...)',

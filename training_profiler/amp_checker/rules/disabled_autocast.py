@@ -12,11 +12,10 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import LOW_PRECISION_DTYPES, Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import is_float32_cast
 from training_profiler.amp_checker.precision import (
-    BFLOAT16,
-    FLOAT16,
     in_model_library,
     own_precisions,
 )
@@ -25,7 +24,6 @@ from training_profiler.amp_checker.rules.base import (
     Confidence,
     Rule,
     RuleVisitor,
-    Severity,
     declare_rule,
 )
 
@@ -147,7 +145,7 @@ class AutocastOffWithoutUpcast(RuleVisitor):
 
     def _confidence(self) -> tuple[Confidence, str]:
         ctx = self.ctx
-        if any(own_precisions(m) & {FLOAT16, BFLOAT16} for m in ctx.project.users_of(ctx)):
+        if any(own_precisions(m) & set(LOW_PRECISION_DTYPES) for m in ctx.project.users_of(ctx)):
             return Confidence.HIGH, ""
         if in_model_library(ctx):
             return Confidence.MEDIUM, LIBRARY_NOTE.format(why="under their autocast the inputs arrive in half")

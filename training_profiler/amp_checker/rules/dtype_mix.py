@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import float32_result, is_float32_cast
 from training_profiler.amp_checker.precision import (
@@ -35,7 +36,6 @@ from training_profiler.amp_checker.rules.base import (
     Confidence,
     Rule,
     RuleVisitor,
-    Severity,
     declare_rule,
 )
 from training_profiler.amp_checker.rules.helpers import classes_calling, registered_buffers

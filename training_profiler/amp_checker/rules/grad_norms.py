@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import FLOAT16, Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import per_project
-from training_profiler.amp_checker.precision import FLOAT16
-from training_profiler.amp_checker.rules.base import (
-    Confidence,
-    Rule,
-    RuleVisitor,
-    Severity,
-    declare_rule,
-)
+from training_profiler.amp_checker.rules.base import Confidence, Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import in_parameter, names_in, upcast_in
 
 _NORM_FUNCTIONS = ("torch.norm", "torch.linalg.norm", "torch.linalg.vector_norm")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import itertools
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import (
@@ -13,7 +14,7 @@ from training_profiler.amp_checker.intent import (
     training_backward_calls,
     training_lowp_casts,
 )
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import _callee, _has_kw, _selects_bf16
 
 

@@ -7,12 +7,11 @@ import re
 
 import numpy as np
 
+from quant.vocabulary import BFLOAT16, FLOAT16
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import is_float32_cast, per_module, training_lowp_casts
 from training_profiler.amp_checker.precision import (
-    BFLOAT16,
-    FLOAT16,
     in_model_library,
     own_precisions,
     trains_in,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker.context import FileContext, dotted
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import (
     FP16_MIN_SUBNORMAL,
     _fp16_confidence,

@@ -15,17 +15,12 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import LOW_PRECISION_DTYPES, Severity
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import per_module, training_lowp_casts
-from training_profiler.amp_checker.precision import BFLOAT16, FLOAT16, loaded_lowp_models
-from training_profiler.amp_checker.rules.base import (
-    Confidence,
-    Rule,
-    RuleVisitor,
-    Severity,
-    declare_rule,
-)
+from training_profiler.amp_checker.precision import loaded_lowp_models
+from training_profiler.amp_checker.rules.base import Confidence, Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import (
     assigned_values,
     names_in,
@@ -170,7 +165,7 @@ def _weights_tested_for_lowp(m: FileContext) -> str | None:
         sides = [n.left, *n.comparators]
         dtypes = {m.literal_dtype(e) for s in sides for e in ([*s.elts] if isinstance(s, (ast.List, ast.Tuple, ast.Set))
                                                               else [s])}
-        if dtypes & {FLOAT16, BFLOAT16} and any(
+        if dtypes & set(LOW_PRECISION_DTYPES) and any(
                 isinstance(s, ast.Attribute) and s.attr == "dtype" and _WEIGHT_WORDS.search(" ".join(names_in(s.value)))
                 for s in sides):
             return f"{_TESTED} at {m.path.rsplit('/', 1)[-1]}:{n.lineno}"

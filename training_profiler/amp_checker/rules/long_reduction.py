@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import FLOAT16, Severity
 from training_profiler.amp_checker.context import dotted
 from training_profiler.amp_checker.intent import is_float32_cast
-from training_profiler.amp_checker.precision import FLOAT16
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import _const_value, _fp16_confidence, _has_kw
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 import re
 
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from quant.vocabulary import Severity
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 
 _SCALE_NAME = re.compile(r"scal", re.I)
 

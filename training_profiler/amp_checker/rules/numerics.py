@@ -5,21 +5,15 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import FLOAT16, Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import is_float32_cast, per_module, training_lowp_casts
 from training_profiler.amp_checker.precision import (
-    FLOAT16,
     expects_lowp_activations,
     lowp_parameters,
     own_precisions,
 )
-from training_profiler.amp_checker.rules.base import (
-    Confidence,
-    Rule,
-    RuleVisitor,
-    Severity,
-    declare_rule,
-)
+from training_profiler.amp_checker.rules.base import Confidence, Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import (
     FP16_MAX,
     FP16_MIN_NORMAL,

@@ -18,10 +18,9 @@ from __future__ import annotations
 import ast
 import re
 
+from quant.vocabulary import BFLOAT16, FLOAT16, LOW_PRECISION_DTYPES, Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.precision import (
-    BFLOAT16,
-    FLOAT16,
     expects_lowp_activations,
     in_model_library,
     own_precisions,
@@ -31,7 +30,6 @@ from training_profiler.amp_checker.rules.base import (
     Confidence,
     Rule,
     RuleVisitor,
-    Severity,
     declare_rule,
 )
 from training_profiler.amp_checker.rules.helpers import (
@@ -90,7 +88,7 @@ def _low_precision_model(ctx: FileContext, cls: ast.ClassDef) -> tuple[Confidenc
     names = {ctx.dtype_of(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute)
              and (ctx.qualname(n) or "").startswith("torch.")} | {
         ctx.lowp_cast_dtype(c) for c in ast.walk(cls) if isinstance(c, ast.Call)}
-    lowp = sorted(names & {FLOAT16, BFLOAT16})
+    lowp = sorted(names & set(LOW_PRECISION_DTYPES))
     if lowp:
         return Confidence.HIGH, f" (this class is written for {' and '.join(lowp)} models)"
     if any(own_precisions(m) for m in ctx.project.program_modules(ctx)):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker.context import FileContext
 from training_profiler.amp_checker.intent import (
     float32_result,
     is_float32_cast,
     training_lowp_casts,
 )
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import _accelerate_autocast, _has_kw, _is_loss_call
 
 _SOFTMAX = {"torch.softmax", "torch.log_softmax", "torch.nn.functional.softmax",

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import ast
 
+from quant.vocabulary import Severity
 from training_profiler.amp_checker import values as av
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import per_project
-from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, Severity, declare_rule
+from training_profiler.amp_checker.rules.base import Rule, RuleVisitor, declare_rule
 from training_profiler.amp_checker.rules.helpers import plain_torch_scalers
 
 #: what makes a forward low precision without the word autocast in this scan

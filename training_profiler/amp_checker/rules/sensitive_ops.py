@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from quant.vocabulary import BFLOAT16, FLOAT16, LOW_PRECISION_DTYPES, Severity
 from training_profiler.amp_checker.context import FileContext, dotted
 from training_profiler.amp_checker.intent import float32_result
 from training_profiler.amp_checker.precision import (
-    BFLOAT16,
-    FLOAT16,
     expects_lowp_activations,
     in_model_library,
     own_precisions,
@@ -38,7 +37,6 @@ from training_profiler.amp_checker.rules.base import (
     Confidence,
     Rule,
     RuleVisitor,
-    Severity,
     declare_rule,
 )
 from training_profiler.amp_checker.rules.helpers import EXACT_INTEGERS, cast_inputs_dtype, names_in
@@ -203,10 +201,10 @@ SENSITIVE_OPS: tuple[SensitiveOp, ...] = (
                 f"bfloat16 holds integers exactly only up to {EXACT_INTEGERS[BFLOAT16]} (float16 up to "
                 f"{EXACT_INTEGERS[FLOAT16]}): larger positions "
                 "are rounded, so neighbouring tokens get the same rotary angle"),
-    SensitiveOp("spectral features", spectral_features, (FLOAT16, BFLOAT16),
+    SensitiveOp("spectral features", spectral_features, LOW_PRECISION_DTYPES,
                 "power spectra pass float16's 65504 and the filterbank matmul runs in low precision "
                 "(inf, then NaN after the log); cuFFT runs half precision only for power-of-two sizes"),
-    SensitiveOp("matrix decomposition", matrix_decomposition, (FLOAT16, BFLOAT16),
+    SensitiveOp("matrix decomposition", matrix_decomposition, LOW_PRECISION_DTYPES,
                 "autocast makes the product in low precision, and CUDA autocast hands the decomposition that "
                 "half matrix (it has no float32 entry for it): torch's linear-algebra kernels take no "
                 "float16/bfloat16 (an error). CPU autocast upcasts it, after the product was rounded to "
