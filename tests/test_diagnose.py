@@ -419,14 +419,14 @@ def test_a_new_kind_is_one_entry_in_kinds_with_each_backend_s_query(tmp_path, mo
     (what it checked, its DuckDB query, its Spark query) and lowp-diagnose, the report's
     Diagnosis section and the Spark runner all run it; its parameter is bound by the engine."""
     from tensor_viz import diagnose as dg
-    from tensor_viz.diagnose.rules import MEDIUM, Finding
+    from tensor_viz.diagnose.rules import MEDIUM, RunFinding
 
     limit = 1.5
 
     def above(con, src):
         rows = con.execute(f"SELECT module_path, min(iteration) FROM {src} WHERE absmax > ? "
                            "GROUP BY module_path ORDER BY module_path", [limit]).fetchall()
-        return [Finding("absmax_above", MEDIUM, f"{m}: absmax above {limit}",
+        return [RunFinding("absmax_above", MEDIUM, f"{m}: absmax above {limit}",
                         {"module_path": m}, onset=it) for m, it in rows]
 
     def query(con, inputs):             # both engines: the narrow table's name in inputs

@@ -27,10 +27,10 @@ from tensor_viz.diagnose import guard as guard_kind
 from tensor_viz.diagnose import loss as loss_kinds
 from tensor_viz.diagnose import recorder_view, reference, rules
 from tensor_viz.diagnose.loss import read_losses
-from tensor_viz.diagnose.rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, Finding
+from tensor_viz.diagnose.rules import HIGH, LOW, MEDIUM, SEVERITY_ORDER, RunFinding
 
 
-def _format_loss(con: Any, inp: rules.Inputs) -> list[Finding]:
+def _format_loss(con: Any, inp: rules.Inputs) -> list[RunFinding]:
     if inp.nested is None or not con.execute(
             f"SELECT count(*) FROM {inp.narrow} WHERE has_whatif").fetchone()[0]:
         return []                 # nothing to judge: no torch import, no baseline
@@ -42,7 +42,7 @@ def _format_loss(con: Any, inp: rules.Inputs) -> list[Finding]:
     return rules.format_loss(con, inp, fmts, baseline_sqnr, loss_severity)
 
 
-Query = Callable[[Any, rules.Inputs], list[Finding]]
+Query = Callable[[Any, rules.Inputs], list[RunFinding]]
 
 
 @dataclass(frozen=True)
@@ -93,15 +93,15 @@ def _same_sql(query: Query, checked: str | Callable[[rules.Inputs], str], lacks:
     return Kind(checked, query, spark=query, lacks=lacks, reads=reads)
 
 
-def _narrow(query: Callable[[Any, str], list[Finding]], checked: str, lacks: str = "") -> Kind:
+def _narrow(query: Callable[[Any, str], list[RunFinding]], checked: str, lacks: str = "") -> Kind:
     """A kind whose query reads only the narrow table (``query(con, narrow)``)."""
-    def on_narrow(con: Any, inp: rules.Inputs) -> list[Finding]:
+    def on_narrow(con: Any, inp: rules.Inputs) -> list[RunFinding]:
         return query(con, inp.narrow)
 
     return _same_sql(on_narrow, checked, lacks)
 
 
-def _recorder(con: Any, inp: rules.Inputs) -> list[Finding]:
+def _recorder(con: Any, inp: rules.Inputs) -> list[RunFinding]:
     return []                     # no finding of its own: "checked" says what was read
 
 
@@ -112,23 +112,23 @@ def _recorder_checked(inp: rules.Inputs) -> str:
             f"{triggers or 'none'}")
 
 
-def _spikes(con: Any, inp: rules.Inputs) -> list[Finding]:
+def _spikes(con: Any, inp: rules.Inputs) -> list[RunFinding]:
     return loss_kinds.spikes(inp.losses, inp.findings, first_cause, inp.loss_source)
 
 
-def _divergence(con: Any, inp: rules.Inputs) -> list[Finding]:
+def _divergence(con: Any, inp: rules.Inputs) -> list[RunFinding]:
     vocab = (loss_kinds.vocab_size(con, inp.narrow) if inp.records or inp.summary_rows
              else None)
     return loss_kinds.divergence(inp.losses, inp.findings, vocab, first_cause, inp.loss_source)
 
 
-def _reference_gap(con: Any, inp: rules.Inputs) -> list[Finding]:
+def _reference_gap(con: Any, inp: rules.Inputs) -> list[RunFinding]:
     ref_con, ref_state, what = inp.reference
     return reference.reference_gap(con, inp.narrow, ref_con,
                                    rules.materialize(ref_con, ref_state), what)
 
 
-def _guard(con: Any, inp: rules.Inputs) -> list[Finding]:
+def _guard(con: Any, inp: rules.Inputs) -> list[RunFinding]:
     return guard_kind.guard_findings(inp.folder) or []
 
 
@@ -178,7 +178,7 @@ ENGINES = ("duckdb", "spark")
 
 @dataclass
 class Diagnosis:
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[RunFinding] = field(default_factory=list)
     checked: dict[str, str] = field(default_factory=dict)
     records: int = 0
     capture: str = ""
@@ -206,7 +206,7 @@ class Diagnosis:
         return out
 
 
-def rank(findings: list[Finding]) -> list[Finding]:
+def rank(findings: list[RunFinding]) -> list[RunFinding]:
     """The cause first: severity (calibrated against measured harm), then the iteration it
     starts (one present from the first iteration outranks a consequence that starts later),
     then the kind and the execution position."""
@@ -216,12 +216,12 @@ def rank(findings: list[Finding]) -> list[Finding]:
         order.get(f.kind, len(order)), f.position))
 
 
-def first_cause(candidates: list[Finding]) -> Finding | None:
+def first_cause(candidates: list[RunFinding]) -> RunFinding | None:
     """The top-ranked of ``candidates`` (what a loss finding follows), None when empty."""
     return rank(candidates)[0] if candidates else None
 
 
-def relate(findings: list[Finding]) -> None:
+def relate(findings: list[RunFinding]) -> None:
     """A range_drift whose tensors a run_format_loss finding also names says so: the flush /
     saturation is the cause (or the same fact seen as a level), the drift its effect there; one
     that starts later than the drift is the drift's consequence ("leads_to").
@@ -332,10 +332,10 @@ def diagnose(capture_dir: str | os.PathLike[str], reference: Any = None, loss: A
 
 
 def _run(con: Any, inp: rules.Inputs, engine: str, names: list[str],
-         checked: dict[str, str]) -> dict[str, list[Finding]]:
+         checked: dict[str, str]) -> dict[str, list[RunFinding]]:
     """The findings of each kind of ``names`` whose inputs are there; what each checked (or
     why not) into ``checked``."""
-    found: dict[str, list[Finding]] = {}
+    found: dict[str, list[RunFinding]] = {}
     for name in names:
         kind = KINDS[name]
         missing = next((r for r in kind.reads if not READS[r].held(inp)), None)
@@ -356,7 +356,7 @@ def _run(con: Any, inp: rules.Inputs, engine: str, names: list[str],
 
 
 def _run_kinds(con: Any, inp: rules.Inputs, engine: str, checked: dict[str, str]
-               ) -> list[Finding]:
+               ) -> list[RunFinding]:
     """Every kind of :data:`KINDS`: first those that do not read findings, then, with the
     findings about tensors, those that do; ``checked`` in the order of KINDS."""
     later = [k for k, kind in KINDS.items() if "findings" in kind.reads]
@@ -407,7 +407,7 @@ __all__ = [
     "MEDIUM",
     "ENGINES",
     "Diagnosis",
-    "Finding",
+    "RunFinding",
     "diagnose",
     "open_index",
     "rank",

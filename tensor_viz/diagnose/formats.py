@@ -34,8 +34,8 @@ from tensor_viz.diagnose.rules import (
     MEDIUM,
     OPERANDS,
     TENSOR_KEY,
-    Finding,
     Inputs,
+    RunFinding,
     Trend,
     _label,
     _rows,
@@ -235,7 +235,7 @@ def _remedy(hit: _Hit, members: list[_Hit]) -> str:
     return f"Scale the gradients: {scale}{scaled}{wide}or {plan}."
 
 
-def run_format_loss(con: Any, inp: Inputs) -> list[Finding]:
+def run_format_loss(con: Any, inp: Inputs) -> list[RunFinding]:
     """The findings of the run's own format on the GEMM operands (module docstring)."""
     src = inp.narrow
     pairs = ", ".join(f"('{o}', '{t}')" for o, t in OPERANDS)
@@ -263,7 +263,7 @@ def run_format_loss(con: Any, inp: Inputs) -> list[Finding]:
             for m in groups.values()]
 
 
-def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
+def _finding(members: list[_Hit], pos: dict[tuple, float]) -> RunFinding:
     hit, r = members[0], members[0].at_onset
     op = hit.op
     where = dict(zip(TENSOR_KEY, op.key), iteration=hit.onset, rank=None, sample_idx=None)
@@ -295,6 +295,6 @@ def _finding(members: list[_Hit], pos: dict[tuple, float]) -> Finding:
                       "worst": m.worst} for m in members[1:11]],
         "operands_at_level": len(members),
     }
-    return Finding(KIND, hit.level, summary, where, evidence,
+    return RunFinding(KIND, hit.level, summary, where, evidence,
                    "index.html: overflow_analysis (flush / overflow per tensor); numerics_map",
                    _remedy(hit, members), onset=hit.onset, position=pos.get(op.key, math.inf))

@@ -13,13 +13,13 @@ import os
 from typing import Any
 
 from tensor_capture.guard import DECISIONS, GUARD_DIR, read_decisions
-from tensor_viz.diagnose.rules import LOW, MEDIUM, Finding
+from tensor_viz.diagnose.rules import LOW, MEDIUM, RunFinding
 
 KIND = "guard_decision"
 CHECKED = f"the auto-guard's decisions ({GUARD_DIR}/{DECISIONS}, TENSOR_SAVE_GUARD)"
 
 
-def guard_findings(capture_dir: str | os.PathLike[str]) -> list[Finding] | None:
+def guard_findings(capture_dir: str | os.PathLike[str]) -> list[RunFinding] | None:
     """The decisions of the run's guard grouped per (iteration, from, to, rule); None when the
     folder has no guard output (the kind is then not listed as checked)."""
     if not (os.path.isdir(os.path.join(capture_dir, GUARD_DIR))):
@@ -32,7 +32,7 @@ def guard_findings(capture_dir: str | os.PathLike[str]) -> list[Finding] | None:
     for (it, old, new, rule), decided in sorted(groups.items(), key=lambda kv: kv[0][0]):
         gemms = [f"{d['module']} {d['gemm']}" for d in decided]
         upcast = new == "hp"
-        out.append(Finding(
+        out.append(RunFinding(
             KIND, MEDIUM if upcast else LOW,
             f"The auto-guard moved {len(gemms)} GEMM(s) from {old} to {new} after iteration "
             f"{it} ({rule} held on {', '.join(sorted({d['operand'] for d in decided}))}): "

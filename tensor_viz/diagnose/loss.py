@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lowp_common import UserError
-from tensor_viz.diagnose.rules import HIGH, LOW, MEDIUM, Finding, _label
+from tensor_viz.diagnose.rules import HIGH, LOW, MEDIUM, RunFinding, _label
 
 #: picks the finding a loss finding follows from the candidates (None: there are none)
-Cause = Callable[[list[Finding]], "Finding | None"]
+Cause = Callable[[list[RunFinding]], "RunFinding | None"]
 
 #: loss spike: above mean + LOSS_SIGMAS x std of the previous LOSS_WINDOW iterations (or
 #: non-finite); a finding of another kind that starts at most LOSS_LEAD iterations before the
@@ -67,8 +67,8 @@ def read_losses(path: str | os.PathLike[str]) -> list[tuple[int, float]]:
     return out
 
 
-def spikes(losses: list[tuple[int, float]], others: list[Finding], first: Cause,
-           source: str = LOG_SOURCE) -> list[Finding]:
+def spikes(losses: list[tuple[int, float]], others: list[RunFinding], first: Cause,
+           source: str = LOG_SOURCE) -> list[RunFinding]:
     """The loss above mean + LOSS_SIGMAS x std of the previous LOSS_WINDOW values (after 8), or
     non-finite; each names the finding it follows (``first``: the top-ranked of a list)."""
     out = []
@@ -83,7 +83,7 @@ def spikes(losses: list[tuple[int, float]], others: list[Finding], first: Cause,
         if spike:
             near = [f for f in others if f.onset is not None and it - LOSS_LEAD <= f.onset <= it]
             cause = first(near)
-            out.append(Finding(
+            out.append(RunFinding(
                 "loss_spike", HIGH if not math.isfinite(v) else MEDIUM,
                 f"Loss spike at iteration {it} ({v:.4g})"
                 + (f"; it follows {cause.kind} at iteration {cause.onset} "
@@ -170,8 +170,8 @@ def _diverged(seq: list[tuple[int, float]], ln_v: float | None,
     return None, ""
 
 
-def divergence(losses: list[tuple[int, float]], others: list[Finding], vocab: int | None,
-               first: Cause, source: str = LOG_SOURCE) -> list[Finding]:
+def divergence(losses: list[tuple[int, float]], others: list[RunFinding], vocab: int | None,
+               first: Cause, source: str = LOG_SOURCE) -> list[RunFinding]:
     """The loss by level (docs/diagnose.md): from the first iteration whose loss is above
     DIVERGE_FACTOR x the lowest of its first LOSS_EARLY values or above DIVERGE_FACTOR x
     ln(vocabulary) (HIGH); else, with 4 x LOSS_FLAT values or more, a :func:`plateau` (MEDIUM,
@@ -204,7 +204,7 @@ def divergence(losses: list[tuple[int, float]], others: list[Finding], vocab: in
                + (f"; it follows {cause.kind} at iteration {cause.onset} "
                   f"({_label(cause.where)})" if cause else
                   "; no captured finding precedes it") + ".")
-    return [Finding(
+    return [RunFinding(
         "loss_divergence", MEDIUM if hit is None else HIGH, summary, {"iteration": it},
         {"loss": v, "rule": rule, "early_minimum": early, "ln_vocabulary": ln_v,
          "vocabulary": vocab, "max_after": max(after), "last": seq[-1][1],

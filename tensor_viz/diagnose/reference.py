@@ -12,7 +12,7 @@ from lowp_common import UserError
 from tensor_capture.stats_read import merged_std_sql
 from tensor_viz import columnar
 from tensor_viz.diagnose import rules
-from tensor_viz.diagnose.rules import MEDIUM, Finding
+from tensor_viz.diagnose.rules import MEDIUM, RunFinding
 
 KIND = "reference_gap"
 #: a std further apart than this share of the reference's is a departure
@@ -24,7 +24,7 @@ def _modules(con, src: str) -> set[str]:
         f"SELECT DISTINCT module_path FROM {src}").fetchall() if r[0]}
 
 
-def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Finding]:
+def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[RunFinding]:
     """The first tensor (execution order) whose std (over ranks and micro-batches, merged from
     counts, sums and sums of squares) differs from the reference capture's by more than REF_GAP; refuses a reference of another model (other module paths)."""
     mine, theirs = _modules(con, src), _modules(ref_con, ref_src)
@@ -50,7 +50,7 @@ def reference_gap(con, src: str, ref_con, ref_src: str, what: str) -> list[Findi
         return []
     it, p, row, other, gap = min(gaps, key=lambda g: (g[0], g[1]))
     where = dict(zip(rules.TENSOR_KEY, row[:-2]), iteration=it)
-    return [Finding(KIND, MEDIUM,
+    return [RunFinding(KIND, MEDIUM,
                     f"First departure from the reference: {rules._label(where)} at iteration "
                     f"{it}, std {row[-1]:.4g} vs {other:.4g} ({100 * gap:.0f}% apart).",
                     where, {"std": row[-1], "reference_std": other, "relative_gap": gap,

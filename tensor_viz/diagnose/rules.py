@@ -60,8 +60,10 @@ LOGIT_HIGH = 30.0
 
 
 @dataclass
-class Finding:
-    """One finding: where (the capture's keys), what, the numbers, where to look, what to try."""
+class RunFinding:
+    """One finding about a captured run (the checker's findings about source code are
+    training_profiler.findings_report.Finding): where (the capture's keys), what, the numbers,
+    where to look, what to try."""
 
     kind: str
     severity: str
@@ -135,7 +137,7 @@ class Inputs:
     loss_source: str = ""
     reference: tuple[Any, Any, str] | None = None
     guard: Any = None
-    findings: list[Finding] | None = None
+    findings: list[RunFinding] | None = None
 
 
 @dataclass
@@ -171,7 +173,7 @@ def _label(rec: dict[str, Any]) -> str:
 
 
 # -- first_nonfinite -------------------------------------------------------------------------------
-def first_nonfinite(con: Any, src: str) -> list[Finding]:
+def first_nonfinite(con: Any, src: str) -> list[RunFinding]:
     """The earliest NaN/Inf in execution order (iteration, micro-batch, the capture's own order on
     its rank, then rank) and where it was born."""
     first_it = con.execute(f"SELECT min(iteration) FROM {src} WHERE {_NONFINITE} > 0").fetchone()[0]
@@ -231,7 +233,7 @@ def first_nonfinite(con: Any, src: str) -> list[Finding]:
         action = ("Look at what runs between the two captured tensors (norm, activation, "
                   "residual add, communication); capture this iteration with tensors "
                   "(stats_only: false) to see the values.")
-    return [Finding("first_nonfinite", HIGH, summary, _where(origin), evidence,
+    return [RunFinding("first_nonfinite", HIGH, summary, _where(origin), evidence,
                     "index.html: Diagnosis; numerics_map (statistic nonfinite)", action,
                     onset=origin["iteration"], position=float(origin["pos"]))]
 
@@ -324,7 +326,7 @@ def positions(con: Any, src: str) -> dict[tuple, float]:
     return {tuple(r[:-1]): float(r[-1]) for r in rows}
 
 
-def range_drift(con: Any, src: str) -> list[Finding]:
+def range_drift(con: Any, src: str) -> list[RunFinding]:
     """Tensors whose absmax rises steadily toward the format's largest value; the tensors whose
     rise starts in the same iteration are one finding named by the upstream one."""
     series: dict[tuple, list[dict[str, Any]]] = {}
@@ -373,7 +375,7 @@ def range_drift(con: Any, src: str) -> list[Finding]:
         action = (f"Look at what makes {_label(where)} grow (learning rate, weight decay, a "
                   f"missing norm); until then keep it out of {fmt} or give it a scale "
                   "(a per-tensor / block-scaled format) before it crosses.")
-        out.append(Finding("range_drift", sev, summary, where, evidence,
+        out.append(RunFinding("range_drift", sev, summary, where, evidence,
                            "index.html: numerics_map (absmax over iterations); overflow_analysis",
                            action, onset=onset, position=pos.get(key, math.inf)))
     return out
@@ -387,7 +389,7 @@ def _trend_dict(t: Trend) -> dict[str, Any]:
 # -- format_loss ---------------------------------------------------------------------------------
 def format_loss(con: Any, inp: Inputs, run_formats: set[str],
                 baseline: Callable[[str, tuple, int], float],
-                severity: Callable[[float, float], str]) -> list[Finding]:
+                severity: Callable[[float, float], str]) -> list[RunFinding]:
     """Per what-if format, the tensors whose SQNR falls below the format's Gaussian baseline by
     the margin of quant.format_loss; one finding per format (and per cast / not cast), named by
     its worst tensor. Only the GEMM operands (OPERANDS) of the formats the run computes in
@@ -457,14 +459,14 @@ def format_loss(con: Any, inp: Inputs, run_formats: set[str],
         else:
             action = (f"Keep {_label(where)} out of {fmt} (a per-module recipe override), or use "
                       "a format with finer scaling for it; the per-layer table ranks the formats.")
-        out.append(Finding("format_loss", level, summary, where, evidence,
+        out.append(RunFinding("format_loss", level, summary, where, evidence,
                            "index.html: the per-layer quantization error table; whatif_numerics",
                            action, onset=r["at"]["iteration"]))
     return out
 
 
 # -- rank_outlier --------------------------------------------------------------------------------
-def rank_outlier(con: Any, inp: Inputs) -> list[Finding]:
+def rank_outlier(con: Any, inp: Inputs) -> list[RunFinding]:
     """The report's outlier-rank test (tensor_viz.rank_tables, its one definition), one finding
     per rank and metric, over the narrow table: records and a flight recorder's summaries alike
     (their absmax from min / max, std from the mergeable sums, flush and saturation ratios from
@@ -490,7 +492,7 @@ def rank_outlier(con: Any, inp: Inputs) -> list[Finding]:
                    f"worst z {r['worst_z']:.3g} at L{r.get('layer_idx')} "
                    f"{r.get('submodule') or r.get('module_path') or ''} "
                    f"{r.get('tensor_name')}).")
-        out.append(Finding("rank_outlier", sev, summary, where,
+        out.append(RunFinding("rank_outlier", sev, summary, where,
                            {"metric": metric, "cells": r["cells"], "worst_z": r["worst_z"],
                             "value": r.get("v"), "median": r.get("med"),
                             "submodule": r.get("submodule")},
@@ -502,7 +504,7 @@ def rank_outlier(con: Any, inp: Inputs) -> list[Finding]:
 
 
 # -- attention_logit_growth ----------------------------------------------------------------------
-def attention_logit_growth(con: Any, src: str) -> list[Finding]:
+def attention_logit_growth(con: Any, src: str) -> list[RunFinding]:
     """max |q.k|/sqrt(d) per layer over iterations, bounded from the captured query and key
     absmax: |q.k|/sqrt(d) <= sqrt(d) * absmax(q) * absmax(k) (d the head dimension)."""
     rows = _rows(con, f"""
@@ -526,7 +528,7 @@ def attention_logit_growth(con: Any, src: str) -> list[Finding]:
         sev = HIGH if t.last >= LOGIT_HIGH else MEDIUM
         where = {"layer_idx": layer, "module_path": rs[0]["module_path"], "operation": "forward",
                  "tensor_name": "query", "iteration": rs[0]["iteration"], "phase": "pre"}
-        out.append(Finding(
+        out.append(RunFinding(
             "attention_logit_growth", sev,
             f"Layer {layer}'s attention logits grow: max |q.k|/sqrt(d) bound {t.first:.3g} -> "
             f"{t.last:.3g} over iterations {rs[0]['iteration']}..{rs[-1]['iteration']}.",
