@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from quant.formats import HIGH_PRECISION_NAMES
+from quant.vocabulary import is_high_precision
 
 from .state import STATE
 
@@ -66,16 +66,13 @@ def _delayed_state(iteration: int | None):
     return run.state
 
 
-_UNQUANTIZED = (None, "", *HIGH_PRECISION_NAMES)
-
-
 def recipe_name(site: str | None, layer: int | None, role: str) -> str | None:
     """The recipe ``role`` (fprop / dgrad / wgrad) of the module at ``site`` computes in: the
     precision plan's rule (CUSTOM_QUANT_PLAN), else CUSTOM_QUANT_TYPE; None: unquantized."""
     name = STATE.quant_type
     if STATE.plan is not None:
         name = STATE.plan.format_for(site, layer, role, default=name)
-    return None if name in _UNQUANTIZED else name
+    return None if is_high_precision(name) else name
 
 
 def quantize_operand(x: torch.Tensor, tensor: str, gemm: str, *, kind: str | None = None,
