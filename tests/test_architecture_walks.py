@@ -79,6 +79,41 @@ def test_a_monitor_signal_is_one_row_of_signals(monkeypatch) -> None:
     assert len(kept) == len(losses) and kept[150] == -float(torch.tensor(float(losses[150])))
 
 
+def test_a_capture_setting_is_one_field_with_its_parser_and_variable(tmp_path, monkeypatch) -> None:
+    """docs/architecture.md "A capture setting": a CaptureConfig field declared with
+    ``setting(default, parser, env)`` alone is read from YAML and from its environment variable
+    (the variable wins), checked by its parser (one line naming the variable), and listed among
+    the known settings: no parser table, env-key list or constant is edited."""
+    from dataclasses import make_dataclass
+
+    import pytest
+
+    from tensor_capture import config
+
+    def hold(name: str, value) -> int:                  # the new setting's parser
+        n = int(str(value).strip())
+        if n < 1:
+            raise config.ConfigError(f"{name}={n} must be >= 1")
+        return n
+
+    new = make_dataclass("CaptureConfig", [("flush_hold", int, config.setting(5, hold, "TENSOR_SAVE_FLUSH_HOLD"))],
+                         bases=(config.CaptureConfig,), frozen=True)
+    monkeypatch.setattr(config, "CaptureConfig", new)
+    yaml_file = tmp_path / "capture.yaml"
+    yaml_file.write_text("flush_hold: 7\nstats_only: true\n")
+
+    assert config.load_config(env={}).flush_hold == 5
+    from_yaml = config.load_config(yaml_file, env={})
+    assert (from_yaml.flush_hold, from_yaml.stats_only) == (7, True)
+    assert config.load_config(yaml_file, env={"TENSOR_SAVE_FLUSH_HOLD": " 9 "}).flush_hold == 9
+    assert config.load_config(env={}, flush_hold="3").flush_hold == 3
+    with pytest.raises(config.ConfigError, match=r"^tensor capture: TENSOR_SAVE_FLUSH_HOLD=0 must be >= 1"):
+        config.load_config(yaml_file, env={"TENSOR_SAVE_FLUSH_HOLD": "0"})
+    yaml_file.write_text("flush_holt: 7\n")
+    with pytest.raises(config.ConfigError, match=r"unknown capture setting\(s\) \['flush_holt'\]; known: .*'flush_hold'"):
+        config.load_config(yaml_file, env={})
+
+
 def test_a_recipe_is_one_factory_of_role_quantizers(monkeypatch) -> None:
     """docs/architecture.md, *A recipe*: a recipe is a factory role -> quantizer; registered in
     RECIPES it runs through quantize_operand, its summary records each role's quantizer, and a

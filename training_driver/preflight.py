@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from lowp_common import human_bytes
 from lowp_common.cli import UserError
+from quant.vocabulary import DGRAD, FPROP, LINEAR_GEMMS, WGRAD
 
 #: Bytes per parameter, by training dtype: (model weights, model gradients, fp32 master weights
 #: and gradients, AdamW's exp_avg + exp_avg_sq). fp32 trains on the model's own parameters;
@@ -418,13 +419,13 @@ def _reduction_dims(shape: Mapping[str, int], tokens: int,
     GQA; column-parallel outputs and row-parallel inputs split over ``tp`` ranks)."""
     h, f = shape["hidden_size"], shape["ffn_hidden_size"]
     kv = _kv_size(shape)
-    return [("--hidden-size (linear_qkv, linear_fc1 inputs)", "fprop", h),
-            ("--ffn-hidden-size / TP (linear_fc2 input)", "fprop", f // tp),
-            ("--hidden-size / TP (linear_proj input)", "fprop", h // tp),
-            ("linear_qkv output / TP (hidden + 2 x key/value width)", "dgrad", (h + 2 * kv) // tp),
-            ("linear_fc1 output / TP (2 x --ffn-hidden-size)", "dgrad", 2 * f // tp),
-            ("--hidden-size (linear_proj, linear_fc2 outputs)", "dgrad", h),
-            ("tokens per micro-batch (--seq-length x --micro-batch-size)", "wgrad", tokens)]
+    return [("--hidden-size (linear_qkv, linear_fc1 inputs)", FPROP, h),
+            ("--ffn-hidden-size / TP (linear_fc2 input)", FPROP, f // tp),
+            ("--hidden-size / TP (linear_proj input)", FPROP, h // tp),
+            ("linear_qkv output / TP (hidden + 2 x key/value width)", DGRAD, (h + 2 * kv) // tp),
+            ("linear_fc1 output / TP (2 x --ffn-hidden-size)", DGRAD, 2 * f // tp),
+            ("--hidden-size (linear_proj, linear_fc2 outputs)", DGRAD, h),
+            ("tokens per micro-batch (--seq-length x --micro-batch-size)", WGRAD, tokens)]
 
 
 def check_recipe_shape(recipe_name: str, shape: Mapping[str, int], tokens: int,
@@ -438,7 +439,7 @@ def check_recipe_shape(recipe_name: str, shape: Mapping[str, int], tokens: int,
     except ValueError:
         return                  # the capture config's check names the unknown recipe
     need = {g: max((recipe.quantizer(t, g).multiple or 1) for t, gg in ROLES if gg == g)
-            for g in ("fprop", "dgrad", "wgrad")}
+            for g in LINEAR_GEMMS}
     for what, gemm, n in _reduction_dims(shape, tokens, tp):
         if n % need[gemm]:
             raise UserError(f"CUSTOM_QUANT_TYPE={recipe.name} needs a multiple of {need[gemm]} "
