@@ -149,3 +149,88 @@ def test_a_recipe_is_one_factory_of_role_quantizers(monkeypatch) -> None:
     plan = plan_from_dict({"rules": [{"modules": "fc2", "roles": ["wgrad"],
                                       "format": "WALK_MX_FWD"}]})
     assert plan.format_for("layers.0.mlp.fc2", 0, "wgrad") == "walk_mx_fwd"
+
+
+def test_a_recorder_trigger_is_one_row_of_triggers(tmp_path, monkeypatch) -> None:
+    """docs/architecture.md, "A recorder trigger": a Trigger row added to triggers.TRIGGERS alone
+    is judged on a real recorder session, agreed, announced, and fires once (re-armed by a clean
+    iteration): its trigger record, ring and replay file are written."""
+    from tensor_capture import numbering
+    from tensor_capture import saver as ts
+    from tensor_capture.recorder import read as recorder_read
+    from tensor_capture.recorder import triggers
+    from tensor_capture.recorder.stats import MAX
+
+    limit = 100.0
+
+    def max_above(rules, seen):           # the new trigger: a site's largest value above limit
+        book, entry = seen.stats
+        hot = [s for s in range(len(entry.seen)) if entry.seen[s] and entry.stats[s, MAX] > limit]
+        if not hot:
+            return None
+        site = book.sites[book.slot_site[hot[0]]].site
+        return {"tensor_name": site.tensor_name, "max": float(entry.stats[hot[0], MAX])}
+
+    monkeypatch.setattr(triggers, "TRIGGERS",
+                        triggers.TRIGGERS + (triggers.Trigger("max_above", max_above, ("stats",)),))
+    ts.configure(enabled=True, save_dir=str(tmp_path), mode="recorder", recorder_window=3,
+                 recorder_trigger_iterations=2, recorder_summary_every=4, recorder_warmup=3)
+    try:
+        saver = ts.get_tensor_saver()
+        g = torch.Generator().manual_seed(0)
+        for it in range(12):
+            saver.set_iteration(it)
+            for i in range(2):
+                x = torch.randn(64, generator=g)
+                if it in (5, 6) and i == 1:          # two iterations in a row: one trigger
+                    x[3] = 500.0
+                saver.capture(x, schema.CaptureSite(
+                    layer_type="linear", operation="forward", phase="pre", tensor_name=f"t{i}",
+                    module_path=f"decoder.layers.{i}.mlp", layer_idx=i, component="linear"))
+            numbering.end_iteration(saver, it)
+        saver.close()
+    finally:
+        ts.reset_tensor_saver()
+    (t,) = recorder_read.read_triggers(tmp_path)
+    assert (t["iteration"], t["kinds"], t["ring"]) == (5, ["max_above"], [3, 5])
+    assert t["details"]["max_above"] == {"tensor_name": "t1", "max": 500.0}
+    assert "max_above" in triggers.agreed_kinds()
+    assert sorted({r["iteration"] for r in schema.read_manifest(tmp_path)}) == [3, 4, 5, 6, 7]
+    assert [r["iteration"] for r in recorder_read.read_replays(tmp_path)] == [5]
+
+
+def test_a_run_time_audit_rule_is_one_row_of_rules(monkeypatch) -> None:
+    """docs/architecture.md, "A run-time audit rule": an AuditRule row added to RULES alone is
+    judged over the record of a real audited step and reported, with its severity and fix, at
+    the user's line, through the static checker's formats."""
+    import inspect
+
+    from quant.vocabulary import LOW_PRECISION_DTYPES, Severity
+    from training_profiler.audit import format_findings, precision_audit
+    from training_profiler.audit import rules as audit_rules
+
+    def lowp_matmul(rec):                 # the new rule: a linear layer's GEMM in low precision
+        for s in rec.sites.values():
+            if s.phase == "forward" and s.op in ("mm", "addmm") and any(
+                    d in LOW_PRECISION_DTYPES for d in s.out_dtypes):
+                yield s.where, f"{s.op} returned {'/'.join(s.out_dtypes)} in {s.module}"
+
+    rule = audit_rules.AuditRule("AUD900", "lowp-matmul", Severity.LOW,
+                                 "a GEMM whose output is float16/bfloat16", "nothing: a walk",
+                                 lowp_matmul)
+    monkeypatch.setattr(audit_rules, "RULES", audit_rules.RULES + (rule,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    with precision_audit() as audit:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            line = inspect.currentframe().f_lineno + 1
+            out = model(x)                                   # the user's line
+        out.sum().float().backward()
+    mine = [f for f in audit.findings if f.rule_id == "AUD900"]
+    assert {(f.path, f.line) for f in mine} == {(__file__, line)}
+    assert mine[0].severity == Severity.LOW and "addmm returned bfloat16" in mine[0].message
+    assert "AUD900" in format_findings(mine)
+    with precision_audit() as plain:                         # a float32 step: no hit
+        model(x).sum().backward()
+    assert not [f for f in plain.findings if f.rule_id == "AUD900"]

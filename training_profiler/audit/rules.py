@@ -275,10 +275,11 @@ RULES: tuple[AuditRule, ...] = (
 RULES_BY_ID = {r.id: r for r in RULES}
 
 
-def judge(rec: Record, rules: tuple[AuditRule, ...] = RULES) -> list[Finding]:
-    """The findings of ``rules`` over a record, one per rule and source line, in rule order."""
+def judge(rec: Record) -> list[Finding]:
+    """The findings of every row of :data:`RULES` over a record, one per rule and source line,
+    in rule order (a new rule is one row there: docs/architecture.md, "A run-time audit rule")."""
     out: dict[tuple, Finding] = {}
-    for rule in rules:
+    for rule in RULES:
         for where, message in rule.judge(rec):
             key = (rule.id, where.path, where.line)
             if key not in out:
