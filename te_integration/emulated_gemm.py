@@ -14,7 +14,7 @@ No Transformer Engine import: te_integration.te_quantizer wraps these in TE's cl
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -22,6 +22,9 @@ from quant import gemm_plan
 from quant.vocabulary import is_high_precision
 
 from .layouts import LAYOUT_GEMM
+
+if TYPE_CHECKING:
+    from quant.quantizer import Quantizer
 
 
 def _axis_of(usage: str) -> int:
@@ -41,17 +44,22 @@ def as_2d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
 
 
-def usage_values(x2d: torch.Tensor, fmt: str, usage: str) -> torch.Tensor:
-    """The operand TE's ``usage`` layout holds: ``x2d`` fake-quantized to ``fmt`` along
-    AXIS_OF_USAGE (quant.quantize), transposed for the columnwise layout."""
-    import quant
+def layout_quantizer(fmt: str, usage: str) -> Optional[Quantizer]:
+    """The quantizer of TE's ``usage`` layout of an operand in ``fmt``: blocks along
+    AXIS_OF_USAGE[usage] (built once per format and layout); None for high precision."""
     from quant.quantizer import Quantizer
 
-    if is_high_precision(fmt):
-        q = x2d
-    else:       # one configured quantizer per format and layout (built once, then reused)
-        q = quant.quantize(x2d, Quantizer.of(fmt, axis=AXIS_OF_USAGE[usage]))
-    return q if usage == "rowwise" else q.t().contiguous()
+    return None if is_high_precision(fmt) else Quantizer.of(fmt, axis=AXIS_OF_USAGE[usage])
+
+
+def usage_values(x2d: torch.Tensor, q: Optional[Quantizer], usage: str) -> torch.Tensor:
+    """The operand TE's ``usage`` layout holds: ``x2d`` fake-quantized by ``q`` (quant.quantize
+    with the layout's quantizer, :func:`layout_quantizer`; None: high precision), transposed for
+    the columnwise layout."""
+    import quant
+
+    v = x2d if q is None else quant.quantize(x2d, q)
+    return v if usage == "rowwise" else v.t().contiguous()
 
 
 def hp_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,

@@ -20,7 +20,7 @@ from transformer_engine.pytorch.quantized_tensor import QuantizedTensorStorage, 
 
 from quant.vocabulary import HIGH_PRECISION
 
-from .emulated_gemm import as_2d, hp_gemm, usage_values
+from .emulated_gemm import as_2d, hp_gemm, layout_quantizer, usage_values
 
 _ONE = 1.0   # the stored values are already dequantized: every scale is 1
 
@@ -83,11 +83,8 @@ class EmulatedTensor(QuantizedTensorStorage):
             raise RuntimeError(f"{type(self).__name__}: the {usage} layout was not quantized and "
                                "cannot be rebuilt from the other one (different block axis); "
                                "set the quantizer's usage before quantizing")
-        fmt = self.fmt
-        if usage == "columnwise" and self._quantizer is not None:
-            # a precision plan may give the transposed layout another format (its GEMM's)
-            fmt = getattr(self._quantizer, "fmt_columnwise", fmt)
-        setattr(self, name, usage_values(as_2d(self._source.detach()), fmt, usage))
+        setattr(self, name, usage_values(as_2d(self._source.detach()),
+                                         self._quantizer.layouts[usage], usage))
         setattr(self, name.replace("data", "scale"),
                 torch.full((1,), _ONE, dtype=torch.float32, device=self._source.device))
 
@@ -118,16 +115,20 @@ class EmulatedTensor(QuantizedTensorStorage):
 
 
 class EmulatedQuantizer(Quantizer):
-    """TE custom quantizer backed by quant.quantize (``fmt``: a quant.FORMATS name or "hp")."""
+    """TE custom quantizer backed by quant.quantize: it holds the two resolved
+    quant.quantizer.Quantizer values of its layouts (``layouts``: rowwise and columnwise, each
+    blocked along the axis of the GEMM that layout feeds, emulated_gemm.layout_quantizer; None:
+    high precision). The two may differ: the transposed layout feeds another GEMM
+    (layouts.LAYOUT_GEMM), which a precision plan may give another format. ``fmt`` names the
+    rowwise one (repr, EmulatedTensor.fmt)."""
 
     def __init__(self, fmt: str, tensor_type: str = "", rowwise: bool = True,
                  columnwise: bool = True, fmt_columnwise: Optional[str] = None) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.internal = True
         self.fmt = fmt
-        # the transposed layout feeds another GEMM (layouts.LAYOUT_GEMM): a precision plan
-        # may give it another format
-        self.fmt_columnwise = fmt_columnwise or fmt
+        self.layouts = {"rowwise": layout_quantizer(fmt, "rowwise"),
+                        "columnwise": layout_quantizer(fmt_columnwise or fmt, "columnwise")}
         self.tensor_type = tensor_type
 
     @property
@@ -142,8 +143,9 @@ class EmulatedQuantizer(Quantizer):
         return True      # deterministic rounding: quantizing again gives the same values
 
     def _layouts(self, x2d: torch.Tensor) -> dict[str, Optional[torch.Tensor]]:
-        return {"data": usage_values(x2d, self.fmt, "rowwise") if self.rowwise_usage else None,
-                "data_t": (usage_values(x2d, self.fmt_columnwise, "columnwise")
+        return {"data": (usage_values(x2d, self.layouts["rowwise"], "rowwise")
+                         if self.rowwise_usage else None),
+                "data_t": (usage_values(x2d, self.layouts["columnwise"], "columnwise")
                            if self.columnwise_usage else None)}
 
     def _one(self, device) -> torch.Tensor:

@@ -379,8 +379,9 @@ def test_emulated_gemms_equal_our_linear_emulation(fmt):
     """fprop / dgrad / wgrad as TE's custom GEMM calls qgemm (a @ b.T on the layouts it
     picks) give our emulation's numbers (quant.gemm_plan with quant.quantize)."""
     x, w, dy = _operand((48, 64), 7), _operand((96, 64), 8), _operand((48, 96), 9)
-    rows = lambda t: emulated_gemm.usage_values(t, fmt, "rowwise")       # noqa: E731
-    cols = lambda t: emulated_gemm.usage_values(t, fmt, "columnwise")    # noqa: E731
+    row_q, col_q = (emulated_gemm.layout_quantizer(fmt, u) for u in ("rowwise", "columnwise"))
+    rows = lambda t: emulated_gemm.usage_values(t, row_q, "rowwise")       # noqa: E731
+    cols = lambda t: emulated_gemm.usage_values(t, col_q, "columnwise")    # noqa: E731
     q = gemm_plan.format_quantizer(fmt)
     # the operands themselves are bit-identical to the plan's
     assert torch.equal(cols(w).t(), quant.quantize(w, fmt, axis=0))
