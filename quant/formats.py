@@ -20,9 +20,6 @@ SCALING_NVFP4 = "nvfp4"    # E4M3 scale per block of 16 times an FP32 per-tensor
 SCALING_TENSOR = "tensor"  # FP32 per-tensor amax scale (Transformer Engine current scaling)
 SCALING_IDENTITY = "identity"  # fp32: no quantization
 
-#: (moving to quant.vocabulary.HIGH_PRECISION; tensor_capture.schema still reads it here)
-HIGH_PRECISION = "hp"
-
 
 @dataclass(frozen=True)
 class FormatSpec:

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from quant.formats import HIGH_PRECISION, UNDERSCORED_NAMES  # the format table; loads no torch
+from quant.formats import UNDERSCORED_NAMES  # the format table; loads no torch
+from quant.vocabulary import HIGH_PRECISION
 
 SCHEMA_VERSION = 3
 

@@ -156,7 +156,7 @@ def _vocabulary_lists():
 
 
 @pytest.mark.parametrize("item", ["high-precision names", "low-precision dtypes",
-                                  "linear GEMM names", "linear operand names"])
+                                  "linear GEMM names", "linear operand names", "severity labels"])
 def test_each_word_list_is_spelled_once(item):
     """A second spelling of the list (a tuple of two of its words) anywhere in the library fails;
     use quant.vocabulary's name (or a table derived from it) instead."""

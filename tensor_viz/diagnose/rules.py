@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quant.severity import HIGH_THRESHOLD
+from quant.vocabulary import FINDING_LEVELS, Severity
 from tensor_capture import schema
 from tensor_viz import rank_tables
 from tensor_viz.columnar import SQL_HP, IndexState, sql_string
 from tensor_viz.diagnose.sql_dialect import dialect, named_struct
 
-HIGH, MEDIUM, LOW = "HIGH", "MEDIUM", "LOW"
-SEVERITY_ORDER = {HIGH: 0, MEDIUM: 1, LOW: 2}
+#: a finding's severity as it prints (quant.vocabulary.Severity's labels) and its rank, worst
+#: first (0 = HIGH): the sort key of the ranking
+HIGH, MEDIUM, LOW = (s.label for s in (Severity.HIGH, Severity.MEDIUM, Severity.LOW))
+SEVERITY_ORDER = {s.label: Severity.HIGH - s for s in FINDING_LEVELS}
 
 #: the capture's own keys a finding copies from the record it points at (tensor_capture.schema)
 LOCATION_KEYS = ("iteration", "sample_idx", "rank", "layer_idx", schema.META_MODULE_PATH,
@@ -185,10 +188,35 @@ def first_nonfinite(con: Any, src: str) -> list[RunFinding]:
                     FROM {src} WHERE iteration = ?),
         o AS (SELECT *, counter - min(counter) OVER (PARTITION BY rank, sample_idx) AS pos FROM it)
         SELECT * FROM o ORDER BY sample_idx NULLS FIRST, pos, rank""", [first_it])
-    bad = [r for r in recs if (r["bad"] or 0) > 0]
-    origin = bad[0]
+    origin = next(r for r in recs if (r["bad"] or 0) > 0)
     same_run = [r for r in recs if r["rank"] == origin["rank"]
                 and r["sample_idx"] == origin["sample_idx"]]
+    born, previous = _birth(origin, same_run)
+    kinds = "NaN" if origin["nan"] else "Inf"
+    micro = (f"micro-batch {origin['sample_idx']}" if origin["sample_idx"] is not None else
+             "micro-batches merged (a flight recorder summary: its ring dump or a replay names "
+             "the micro-batch)")
+    summary = (f"First {kinds}: iteration {origin['iteration']}, {micro}, rank "
+               f"{origin['rank']}, {_label(origin)}; {born}.")
+    evidence = _nonfinite_evidence(con, src, origin, same_run, previous)
+    if born.startswith("born"):
+        action = (f"Check {origin['module_path']}'s operands for overflow before the cast (the "
+                  "range findings); rerun with this module in bf16 (a per-module recipe "
+                  "override) to confirm; capture this iteration with tensors (stats_only: "
+                  "false) to see the values.")
+    else:
+        action = ("Look at what runs between the two captured tensors (norm, activation, "
+                  "residual add, communication); capture this iteration with tensors "
+                  "(stats_only: false) to see the values.")
+    return [RunFinding("first_nonfinite", HIGH, summary, _where(origin), evidence,
+                       "index.html: Diagnosis; numerics_map (statistic nonfinite)", action,
+                       onset=origin["iteration"], position=float(origin["pos"]))]
+
+
+def _birth(origin: dict[str, Any], same_run: list[dict[str, Any]]
+           ) -> tuple[str, dict[str, Any] | None]:
+    """(where the first non-finite value was born, the finite record captured just before it)
+    from the records of its rank and micro-batch in capture order."""
     before = [r for r in same_run if r["pos"] < origin["pos"]]
     inputs = [r for r in before if r["module_path"] == origin["module_path"]
               and r["operation"] == origin["operation"]]
@@ -201,18 +229,19 @@ def first_nonfinite(con: Any, src: str) -> list[RunFinding]:
                 f"({_label(previous)}) was finite, so it was produced in between")
     else:
         born = "non-finite in the first tensor captured in that micro-batch"
+    return born, previous
+
+
+def _nonfinite_evidence(con: Any, src: str, origin: dict[str, Any],
+                        same_run: list[dict[str, Any]], previous: dict[str, Any] | None
+                        ) -> dict[str, Any]:
+    """first_nonfinite's numbers: the origin's counts, the record before it, and how far the
+    non-finite values spread (records, modules, ranks, iterations)."""
     forward_finite = all(not r["bad"] for r in same_run if r["operation"] == "forward")
     spread = con.execute(f"""SELECT count(*), count(DISTINCT module_path), count(DISTINCT rank),
         count(DISTINCT iteration), max(iteration) FROM {src} WHERE {_NONFINITE} > 0""").fetchone()
     in_it = sum(1 for r in same_run if r["pos"] >= origin["pos"])
     bad_after = sum(1 for r in same_run if r["pos"] >= origin["pos"] and r["bad"])
-    kinds = "NaN" if origin["nan"] else "Inf"
-    where = "backward" if origin["operation"] == "backward" else "forward"
-    micro = (f"micro-batch {origin['sample_idx']}" if origin["sample_idx"] is not None else
-             "micro-batches merged (a flight recorder summary: its ring dump or a replay names "
-             "the micro-batch)")
-    summary = (f"First {kinds}: iteration {origin['iteration']}, {micro}, rank "
-               f"{origin['rank']}, {_label(origin)}; {born}.")
     evidence = {
         "nan_count": origin["nan"], "inf_count": origin["inf"], "numel": origin["numel"],
         "quant_type": origin["quant_type"], "variant": origin["variant"],
@@ -222,20 +251,9 @@ def first_nonfinite(con: Any, src: str) -> list[RunFinding]:
                    "iterations": spread[3], "last_iteration": spread[4],
                    "after_origin_in_its_micro_batch": f"{bad_after} of {in_it} records"},
     }
-    if where == "backward" and forward_finite:
+    if origin["operation"] == "backward" and forward_finite:
         evidence["note"] = "the forward of this micro-batch was finite: the loss was finite"
-    if born.startswith("born"):
-        action = (f"Check {origin['module_path']}'s operands for overflow before the cast (the "
-                  "range findings); rerun with this module in bf16 (a per-module recipe "
-                  "override) to confirm; capture this iteration with tensors (stats_only: "
-                  "false) to see the values.")
-    else:
-        action = ("Look at what runs between the two captured tensors (norm, activation, "
-                  "residual add, communication); capture this iteration with tensors "
-                  "(stats_only: false) to see the values.")
-    return [RunFinding("first_nonfinite", HIGH, summary, _where(origin), evidence,
-                    "index.html: Diagnosis; numerics_map (statistic nonfinite)", action,
-                    onset=origin["iteration"], position=float(origin["pos"]))]
+    return evidence
 
 
 # -- trends ------------------------------------------------------------------------------------
@@ -394,26 +412,11 @@ def format_loss(con: Any, inp: Inputs, run_formats: set[str],
     the margin of quant.format_loss; one finding per format (and per cast / not cast), named by
     its worst tensor. Only the GEMM operands (OPERANDS) of the formats the run computes in
     (``run_formats``) are graded above LOW: the run's format does not cast the others."""
-    key = ", ".join(TENSOR_KEY)
     if inp.nested is None or not con.execute(
             f"SELECT count(*) FROM {inp.narrow} WHERE has_whatif").fetchone()[0]:
         return []
-    at = named_struct(con, {**{k: k for k in ("iteration", "rank", "sample_idx", "shape", "axis")},
-                            "underflow": "f.value.underflow_ratio",
-                            "flush": "f.value.flush_ratio"})
-    # ties (the same SQNR on several ranks) broken alike on both engines: the earliest
-    order = named_struct(con, {"s": "f.value.sqnr_db", "i": "iteration", "r": "rank",
-                               "m": "coalesce(sample_idx, -1)"})
-    rows = _rows(con, f"""
-        WITH w AS (SELECT {key}, iteration, rank, sample_idx, shape, whatif.axis AS axis,
-                          {dialect(con)['explode']}(map_entries(whatif.formats)) AS f
-                   FROM {inp.nested} WHERE whatif IS NOT NULL AND {_NONFINITE_NESTED} = 0)
-        SELECT {key}, f.key AS format, min(f.value.sqnr_db) AS sqnr_db,
-               min_by({at}, {order}) AS at
-        FROM w WHERE f.value.sqnr_db IS NOT NULL AND isfinite(f.value.sqnr_db)
-        GROUP BY {key}, f.key""")
     per_format: dict[tuple[str, bool], list] = {}
-    for r in rows:
+    for r in _whatif_minima(con, inp.nested):
         at = r["at"]
         shape = tuple(at["shape"] or ()) or (1,)
         base = baseline(r["format"], shape, int(at["axis"] if at["axis"] is not None else -1))
@@ -428,41 +431,66 @@ def format_loss(con: Any, inp: Inputs, run_formats: set[str],
     out = []
     for (fmt, cast), items in per_format.items():
         items.sort(key=lambda x: -x[0])
-        deficit, r, base, sev = items[0]
-        level = sev.upper() if fmt in run_formats and cast else LOW
-        where = {**{k: r[k] for k in TENSOR_KEY}, "iteration": r["at"]["iteration"],
-                 "rank": r["at"]["rank"], "sample_idx": r["at"]["sample_idx"]}
-        summary = (f"{_label(where)} loses {deficit:.1f} dB more in {fmt} than Gaussian data of "
-                   f"its shape (SQNR {r['sqnr_db']:.1f} dB vs {base:.1f} dB)"
-                   + (f"; {len(items) - 1} other tensor(s) too" if len(items) > 1 else "")
-                   + ("" if fmt not in run_formats or cast else
-                      " (a tensor the run's format does not cast)")
-                   + ("" if fmt in run_formats else " (a what-if format, not the run's)") + ".")
-        evidence = {"format": fmt, "sqnr_db": r["sqnr_db"], "baseline_db": base,
-                    "deficit_db": deficit, "tensors_beyond_margin": len(items),
-                    "others": [{"tensor": _label(dict(zip(TENSOR_KEY, [x[1][k] for k in TENSOR_KEY]))),
-                                "deficit_db": x[0]} for x in items[1:11]]}
-        under = r["at"]["underflow"] or 0.0
-        evidence.update(underflow_ratio=under, flush_ratio=r["at"]["flush"], cast=cast,
-                        below_gradient_noise=r["sqnr_db"] < GRADIENT_NOISE_DB,
-                        cause="range" if under >= UNDERFLOW_CAUSE else "precision")
-        if under >= UNDERFLOW_CAUSE and where["operation"] == "backward":
-            action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
-                      "scale the gradients (a loss scale) or give them a scaled format "
-                      "(fp8_e4m3_tensor, mxfp8); a finer format does not help values the scale "
-                      "leaves below the range; or keep this GEMM in high precision (a precision "
-                      "plan).")
-        elif under >= UNDERFLOW_CAUSE:
-            action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
-                      "give it a scale (a per-tensor or block-scaled format) or keep it out of "
-                      f"{fmt} (a precision plan).")
-        else:
-            action = (f"Keep {_label(where)} out of {fmt} (a per-module recipe override), or use "
-                      "a format with finer scaling for it; the per-layer table ranks the formats.")
-        out.append(RunFinding("format_loss", level, summary, where, evidence,
-                           "index.html: the per-layer quantization error table; whatif_numerics",
-                           action, onset=r["at"]["iteration"]))
+        out.append(_format_loss_finding(fmt, cast, items, fmt in run_formats))
     return out
+
+
+def _whatif_minima(con: Any, nested: str) -> list[dict[str, Any]]:
+    """Per tensor and what-if format, the least finite SQNR and where it was measured."""
+    key = ", ".join(TENSOR_KEY)
+    at = named_struct(con, {**{k: k for k in ("iteration", "rank", "sample_idx", "shape", "axis")},
+                            "underflow": "f.value.underflow_ratio",
+                            "flush": "f.value.flush_ratio"})
+    # ties (the same SQNR on several ranks) broken alike on both engines: the earliest
+    order = named_struct(con, {"s": "f.value.sqnr_db", "i": "iteration", "r": "rank",
+                               "m": "coalesce(sample_idx, -1)"})
+    return _rows(con, f"""
+        WITH w AS (SELECT {key}, iteration, rank, sample_idx, shape, whatif.axis AS axis,
+                          {dialect(con)['explode']}(map_entries(whatif.formats)) AS f
+                   FROM {nested} WHERE whatif IS NOT NULL AND {_NONFINITE_NESTED} = 0)
+        SELECT {key}, f.key AS format, min(f.value.sqnr_db) AS sqnr_db,
+               min_by({at}, {order}) AS at
+        FROM w WHERE f.value.sqnr_db IS NOT NULL AND isfinite(f.value.sqnr_db)
+        GROUP BY {key}, f.key""")
+
+
+def _format_loss_finding(fmt: str, cast: bool, items: list, run_format: bool) -> RunFinding:
+    """format_loss' finding of one format (cast or not), named by its worst tensor (``items``:
+    (deficit, row, baseline, severity), the worst first)."""
+    deficit, r, base, sev = items[0]
+    level = sev.upper() if run_format and cast else LOW
+    where = {**{k: r[k] for k in TENSOR_KEY}, "iteration": r["at"]["iteration"],
+             "rank": r["at"]["rank"], "sample_idx": r["at"]["sample_idx"]}
+    summary = (f"{_label(where)} loses {deficit:.1f} dB more in {fmt} than Gaussian data of "
+               f"its shape (SQNR {r['sqnr_db']:.1f} dB vs {base:.1f} dB)"
+               + (f"; {len(items) - 1} other tensor(s) too" if len(items) > 1 else "")
+               + ("" if not run_format or cast else
+                  " (a tensor the run's format does not cast)")
+               + ("" if run_format else " (a what-if format, not the run's)") + ".")
+    evidence = {"format": fmt, "sqnr_db": r["sqnr_db"], "baseline_db": base,
+                "deficit_db": deficit, "tensors_beyond_margin": len(items),
+                "others": [{"tensor": _label(dict(zip(TENSOR_KEY, [x[1][k] for k in TENSOR_KEY]))),
+                            "deficit_db": x[0]} for x in items[1:11]]}
+    under = r["at"]["underflow"] or 0.0
+    evidence.update(underflow_ratio=under, flush_ratio=r["at"]["flush"], cast=cast,
+                    below_gradient_noise=r["sqnr_db"] < GRADIENT_NOISE_DB,
+                    cause="range" if under >= UNDERFLOW_CAUSE else "precision")
+    if under >= UNDERFLOW_CAUSE and where["operation"] == "backward":
+        action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
+                  "scale the gradients (a loss scale) or give them a scaled format "
+                  "(fp8_e4m3_tensor, mxfp8); a finer format does not help values the scale "
+                  "leaves below the range; or keep this GEMM in high precision (a precision "
+                  "plan).")
+    elif under >= UNDERFLOW_CAUSE:
+        action = (f"{100 * under:.1f}% of {_label(where)} sits below {fmt}'s smallest normal: "
+                  "give it a scale (a per-tensor or block-scaled format) or keep it out of "
+                  f"{fmt} (a precision plan).")
+    else:
+        action = (f"Keep {_label(where)} out of {fmt} (a per-module recipe override), or use "
+                  "a format with finer scaling for it; the per-layer table ranks the formats.")
+    return RunFinding("format_loss", level, summary, where, evidence,
+                      "index.html: the per-layer quantization error table; whatif_numerics",
+                      action, onset=r["at"]["iteration"])
 
 
 # -- rank_outlier --------------------------------------------------------------------------------
