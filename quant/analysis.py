@@ -178,7 +178,7 @@ class QuantAnalysis:
         return d
 
     def warning_message(self) -> Optional[str]:
-        """The seed's underflow warning when underflow exceeds 0.1 %, else None."""
+        """The original analysis script's underflow warning when underflow exceeds 0.1 %, else None."""
         if self.underflow_severity == SEVERITY_NONE:
             return None
         icon = "🔴" if self.underflow_severity == SEVERITY_HIGH else "🟡"

@@ -1,4 +1,4 @@
-"""The seed's script path of ``mxfp-scaling-test``: runs ``quant_tools.scaling_cli.main``.
+"""The original script path of ``mxfp-scaling-test``: runs ``quant_tools.scaling_cli.main``.
 
 ``python quant/mxfp_scaling_test.py T.pt ...`` from the repository root. Run as a file, Python
 puts quant/ first on sys.path (its modules would shadow top-level names): the repository root

@@ -268,7 +268,7 @@ _LEVEL_COUNT_KEYS = ("overflow_count", "underflow_count", "flush_to_zero_count",
 
 def severity(ratio: float) -> str:
     """``quant.analysis.severity`` (HIGH above 1 %, MEDIUM above 0.1 %, else NONE), as the
-    seed's report prints it (``quant.analysis.severity_label``)."""
+    original sweep script's report prints it (``quant.analysis.severity_label``)."""
     return severity_label(_severity(ratio))
 
 

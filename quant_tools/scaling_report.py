@@ -17,7 +17,7 @@ SHORT = "-" * 40
 
 
 def fmt_factor(f: float) -> str:
-    """The seed prints factors with 6 decimals; tiny or huge ones need an exponent."""
+    """The original sweep script printed factors with 6 decimals; tiny or huge ones need an exponent."""
     return f"{f:.6f}" if 1e-4 <= abs(f) < 1e7 else f"{f:.6e}"
 
 

@@ -181,8 +181,8 @@ class TensorSaver:
                     module_path: str | None = None, submodule: str | None = None,
                     variant: str = schema.VARIANT_HP, metadata: dict[str, Any] | None = None,
                     quant_axis: int | None = None, whatif_axis: int | None = None) -> str | None:
-        """Capture one tensor: the first capture API's signature (as the seed calls it: phase,
-        component and the run-time fields by keyword) over :meth:`capture`."""
+        """Capture one tensor through the first capture API's signature (phase, component and
+        the run-time fields by keyword, as a tree patched for that API calls it) over :meth:`capture`."""
         if not self.enabled or not isinstance(tensor, torch.Tensor) or not self.should_capture(
                 layer_type, operation, phase, tensor_name, layer_idx, module_path,
                 iteration=iteration):
@@ -293,7 +293,7 @@ class TensorSaver:
                                quant_type: str | None = None, operation: str = "forward",
                                layer_idx: int | None = None, *, phase: str = "pre",
                                component: str = "FA", **kw: Any) -> dict[str, str | None]:
-        """Save query, key and value of one attention call (seed API; ``kw``: save_tensor's
+        """Save query, key and value of one attention call (the first capture API; ``kw``: save_tensor's
         keywords, rank / sample_idx / iteration among them)."""
         return {n: self.save_tensor(t, "attention", operation, quant_type, n, layer_idx,
                                     phase=phase, component=component, **kw)
@@ -303,7 +303,7 @@ class TensorSaver:
                             quant_type: str | None = None, operation: str = "forward",
                             layer_idx: int | None = None, phase: str = "pre", *,
                             component: str = "linear", **kw: Any) -> dict[str, str | None]:
-        """Save the input and weight of one linear call (seed API; ``kw``: save_tensor's
+        """Save the input and weight of one linear call (the first capture API; ``kw``: save_tensor's
         keywords, rank / sample_idx / iteration among them)."""
         return {n: self.save_tensor(t, "linear", operation, quant_type, n, layer_idx,
                                     phase=phase, component=component, **kw)
@@ -442,7 +442,7 @@ def _attention_format(recipe: str | None) -> str | None:
 def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_type: str | None = None,
                 tensor_name: str = "tensor", layer_idx: int | None = None,
                 **kw: Any) -> str | None:
-    """Seed convenience function: save through the process-wide saver (``kw``: phase,
+    """The first capture API's function: save through the process-wide saver (``kw``: phase,
     component and the rest of TensorSaver.save_tensor's keywords)."""
     return get_tensor_saver().save_tensor(tensor, layer_type, operation, quant_type, tensor_name,
                                           layer_idx, **kw)
@@ -451,7 +451,7 @@ def save_tensor(tensor: torch.Tensor, layer_type: str, operation: str, quant_typ
 def save_attention_tensors(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            quant_type: str | None = None, operation: str = "forward",
                            layer_idx: int | None = None, **kw: Any) -> dict[str, str | None]:
-    """Seed convenience function: TensorSaver.save_attention_tensors of the process's saver."""
+    """The first capture API's function: TensorSaver.save_attention_tensors of the process's saver."""
     return get_tensor_saver().save_attention_tensors(query, key, value, quant_type, operation,
                                                      layer_idx, **kw)
 
@@ -460,6 +460,6 @@ def save_linear_tensors(input_tensor: torch.Tensor, weight: torch.Tensor,
                         quant_type: str | None = None, operation: str = "forward",
                         layer_idx: int | None = None, phase: str = "pre",
                         **kw: Any) -> dict[str, str | None]:
-    """Seed convenience function: TensorSaver.save_linear_tensors of the process's saver."""
+    """The first capture API's function: TensorSaver.save_linear_tensors of the process's saver."""
     return get_tensor_saver().save_linear_tensors(input_tensor, weight, quant_type, operation,
                                                   layer_idx, phase, **kw)

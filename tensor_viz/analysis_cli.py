@@ -1,5 +1,5 @@
-"""enhanced-tensor-visualizer (seed: script/visualization/enhanced_tensor_visualizer.py): the
-seed's twelve draw/ folders plus the numerics map, and index.html."""
+"""enhanced-tensor-visualizer (first written as script/visualization/enhanced_tensor_visualizer.py):
+that script's twelve draw/ folders plus the numerics map, and index.html."""
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,4 @@
-"""visualize-tensors (seed: script/visualize_tensors.py): every figure, the quick view and index.html."""
+"""visualize-tensors (first written as script/visualize_tensors.py): every figure, the quick view and index.html."""
 from __future__ import annotations
 
 import sys

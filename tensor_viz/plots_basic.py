@@ -1,4 +1,4 @@
-"""Seed folders distributions/, heatmaps/, attention_maps/, comparisons/, statistics/,
+"""The first visualizer's folders distributions/, heatmaps/, attention_maps/, comparisons/, statistics/,
 attention_analysis/: what the values look like, per group of tensors."""
 from __future__ import annotations
 

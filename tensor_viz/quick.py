@@ -1,4 +1,4 @@
-"""Quick view (seed: script/quick_visualize.py): quick_analysis.png with four panels and
+"""Quick view (first written as script/quick_visualize.py): quick_analysis.png with four panels and
 tensor_stats.txt, from stored statistics and a small reproducible sample of values."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""quick-visualize (seed: script/quick_visualize.py): quick_analysis.png + tensor_stats.txt.
+"""quick-visualize (first written as script/quick_visualize.py): quick_analysis.png + tensor_stats.txt.
 
 The command lives apart from the quick-view library (tensor_viz.quick), which the full report
 also draws through, so the library never imports the command layer.

@@ -81,7 +81,7 @@ def format_risks(x: torch.Tensor, formats: Sequence[str] = DEFAULT_FORMATS) -> d
 
 def analyze_tensor(tensor: torch.Tensor, name: str = "tensor", *, channel_axis: int = -1,
                    block_size: int = 32, formats: Sequence[str] | None = DEFAULT_FORMATS) -> dict[str, Any]:
-    """The seed's report (shape, per-dimension min/max/mean, dim_ratio, risk_level, suggestion)
+    """The original analyzer's report (shape, per-dimension min/max/mean, dim_ratio, risk_level, suggestion)
     plus per-channel absmax, block-wise dynamic range and per-format overflow/flush fractions.
 
     "Dimension" means an index along ``channel_axis`` (the last axis by default: the features

@@ -1,4 +1,4 @@
-"""The seed's rules where the checker sees no mixed-precision training.
+"""The original checker's rules where this checker sees no mixed-precision training.
 
 A user who runs the checker on one model file cares about that file even when nothing in it
 trains: an attention helper doing ``q.half() @ k.half().transpose(-2, -1)`` and a softmax without
