@@ -79,3 +79,29 @@ def test_built_directly_it_is_validated_and_resolved_too():
         Quantizer("mxfp8", rounding="bogus")
     with pytest.raises(ValueError, match="only applies to MX"):
         Quantizer("nvfp4", scale_mode="ceil")
+
+
+def test_the_options_are_the_fields_and_nothing_else():
+    """OPTIONS (quant.quantize's, Quantizer.of's and the analysis' keywords) is derived from the
+    Quantizer's fields: each keyword sets its field, an unknown one is refused naming them all,
+    and quant.quantize / analyze_quantization accept exactly these."""
+    import dataclasses
+
+    from quant.quantizer import OPTIONS
+
+    fields = [f for f in dataclasses.fields(Quantizer) if f.init and f.name != "spec"]
+    assert len(OPTIONS) == len(fields) and "block_size" in OPTIONS and "block" not in OPTIONS
+    chosen = {"block_size": 16, "axis": 0, "rounding": "toward_zero", "scale_mode": "ceil",
+              "saturate": False, "backend": "torch"}
+    assert set(chosen) == set(OPTIONS)
+    q = Quantizer.of("mxfp8", **chosen)
+    assert (q.block, q.axis, q.rounding, q.scale_mode, q.saturate, q.backend) == (
+        16, 0, "toward_zero", "ceil", False, "torch")
+    x = _x(3)
+    _same(quant.quantize(x, "mxfp8", **chosen), q(x))
+    assert quant.analyze_quantization(x, "mxfp8", **chosen).block_size == 16
+    for call in (lambda: Quantizer.of("mxfp8", block=16),
+                 lambda: quant.quantize(x, "mxfp8", blocksize=16),
+                 lambda: quant.analyze_quantization(x, "mxfp8", axes=0)):
+        with pytest.raises(TypeError, match="the options are rounding, scale_mode, block_size"):
+            call()
