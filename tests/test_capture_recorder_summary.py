@@ -101,3 +101,32 @@ def test_iterations_without_a_site_seen_write_no_summary_file_but_their_losses(t
     assert writer.due() and writer.write() is None
     assert list(tmp_path.glob("*.parquet")) == []
     assert len((tmp_path / schema.recorder_loss_name(0)).read_text().splitlines()) == 2
+
+
+def test_a_recorder_statistic_is_one_row_its_index_identity_and_merge_derived():
+    """schema.REC_STAT_ROWS is the one definition: the row of an empty tensor is each row's
+    identity (what every path and the slot buffer start from), a merge over micro-batches starts
+    from it (an unseen micro-batch changes nothing), and every path addresses a statistic by its
+    row's index, on a tensor whose statistics are known exactly."""
+    import math
+
+    import torch
+
+    from tensor_capture.recorder import stats as rec_stats
+
+    rows = schema.REC_STAT_ROWS
+    assert rec_stats.EMPTY_ROW == tuple(r.identity for r in rows)
+    assert schema.REC_MERGE == {"count": "sum", **{r.name: r.merge for r in rows}}
+    merge = {"sum": lambda a, b: a + b, "min": min, "max": max}
+    values = [3.0, -2.0, 5.0, 7.0, 1.0, 0.0, 4.0, 2.0]
+    assert [merge[r.merge](r.identity, v) for r, v in zip(rows, values)] == values
+    x = torch.tensor([1.0, -2.0, 3.0, float("inf"), float("nan"), 1e-30])
+    fmt = rec_stats.judged_format("fp8_e4m3", torch.float32)
+    want = {"sum": 2.0 + 1e-30, "sumsq": 14.0 + 1e-60, "min": -2.0, "max": 3.0,
+            "nan_count": 1.0, "inf_count": 1.0, "flush_count": 1.0, "saturation_count": 1.0}
+    for row in (rec_stats.host_row(x, fmt), rec_stats.device_row(x, fmt).tolist()):
+        assert {r.name: row[i] for i, r in enumerate(rows)} == want     # exact: 1e-30 < ulp(2)
+    named = {"SUM": "sum", "SUMSQ": "sumsq", "MIN": "min", "MAX": "max", "NAN": "nan_count",
+             "INF": "inf_count", "FLUSH": "flush_count", "SAT": "saturation_count"}
+    assert {k: schema.REC_STATS[getattr(rec_stats, k)] for k in named} == named
+    assert not any(math.isnan(v) for v in rec_stats.EMPTY_ROW)
