@@ -12,10 +12,10 @@ MAP_STAT_NAMES = ("absmax", "std", "overflow_ratio", "underflow_ratio", "flush_t
 DEFAULT_MAP_STATS = ("absmax", "underflow_ratio", "overflow_ratio")
 
 # The twelve draw/ folders users of the first visualizer know, in their order, then ours.
-SEED_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
-                 "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
-                 "bf16_analysis", "backward_analysis", "rank_analysis")
-ENHANCED_SECTIONS = SEED_SECTIONS + ("numerics_map", "whatif_numerics")
+ORIGINAL_SECTIONS = ("distributions", "heatmaps", "comparisons", "statistics", "attention_analysis",
+                     "quantization_analysis", "layer_analysis", "overflow_analysis", "fp8_analysis",
+                     "bf16_analysis", "backward_analysis", "rank_analysis")
+ENHANCED_SECTIONS = ORIGINAL_SECTIONS + ("numerics_map", "whatif_numerics")
 
 #: Every report section (a draw/ folder), in index.html order: (name, "plots module:function",
 #: what the section answers). The one list of sections: a new plot family is its

@@ -25,8 +25,8 @@ from tensor_viz.options import (
     DEFAULT_WHATIF,
     ENHANCED_SECTIONS,
     FULL_SECTIONS,
+    ORIGINAL_SECTIONS,
     SECTION_TABLE,
-    SEED_SECTIONS,
     Options,
 )
 from tensor_viz.result import Result
@@ -34,7 +34,7 @@ from tensor_viz.result import Result
 if TYPE_CHECKING:
     from tensor_viz.diagnose import Diagnosis
 
-__all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "SEED_SECTIONS", "Options", "SECTIONS",
+__all__ = ["DEFAULT_WHATIF", "ENHANCED_SECTIONS", "FULL_SECTIONS", "ORIGINAL_SECTIONS", "Options", "SECTIONS",
            "Result", "build", "diagnosis", "load", "draw"]
 from tensor_viz import workers as worker_pool
 from tensor_viz.file_reads import FileTask, PairTask, progress_bar, run_tasks
