@@ -58,6 +58,15 @@ def test_the_custom_recipe_or_local_linears_clear_the_te_hazard():
         assert launch_rules.check_script(base.format(ok)) == []
 
 
+@pytest.mark.parametrize("word", ["hp", "HP", "fp32", "none"])
+def test_a_high_precision_quant_type_is_no_te_hazard(word):
+    """Every spelling of high precision (quant.vocabulary; hp was missing here) emulates nothing,
+    so Transformer Engine linears lose nothing to it."""
+    script = f"#!/bin/bash\nexport CUSTOM_QUANT_TYPE={word}\npython pretrain_gpt.py --bf16 --no-gradient-accumulation-fusion\n"
+    assert launch_rules.check_script(script) == []
+    assert [f.rule_id for f in launch_rules.check_script(script.replace(word, "mxfp8", 1))] == ["LCH001"]
+
+
 def test_bad_files_are_one_line_each_and_the_scan_goes_on(tmp_path, capsys):
     (tmp_path / "a_binary.sh").write_bytes(b"\x7fELF\x00\x01")
     (tmp_path / "b_latin1.sh").write_bytes("#!/bin/bash\n# caf\xe9\n".encode("latin-1"))
