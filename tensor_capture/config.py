@@ -32,11 +32,10 @@ from quant.vocabulary import (
     is_high_precision,
 )
 
+from .schema import LAYER_TYPES, OPERATIONS, PHASES
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
-_OPERATIONS = ("forward", "backward")
-_PHASES = ("pre", "post")
-_LAYER_TYPES = ("attention", "linear")
 #: capture modes: "capture" saves the selected iterations; "recorder" keeps mergeable statistics of
 #: every iteration in a ring and captures in full only after a trigger (tensor_capture.recorder.flight)
 MODE_CAPTURE, MODE_RECORDER = "capture", "recorder"
@@ -286,9 +285,9 @@ class CaptureConfig:
     max_iterations: int | float | None = setting(None, _max_iterations)
     layers: tuple[int, ...] | None = setting(None, _int_list)   # 0-based transformer layer indexes
     module_regex: str | None = setting(None, _regex)  # re.search on the module path
-    operations: tuple[str, ...] = setting(_OPERATIONS, _one_of(_OPERATIONS))
-    phases: tuple[str, ...] = setting(_PHASES, _one_of(_PHASES))
-    layer_types: tuple[str, ...] = setting(_LAYER_TYPES, _one_of(_LAYER_TYPES))
+    operations: tuple[str, ...] = setting(OPERATIONS, _one_of(OPERATIONS))
+    phases: tuple[str, ...] = setting(PHASES, _one_of(PHASES))
+    layer_types: tuple[str, ...] = setting(LAYER_TYPES, _one_of(LAYER_TYPES))
     tensor_names: tuple[str, ...] | None = setting(None, _names)
     ranks: tuple[int, ...] | None = setting(None, _int_list)   # global ranks that save (None: all)
     # tensor bytes per rank, then stats only (None: the default bound)

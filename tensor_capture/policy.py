@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from . import budget
+from . import budget, schema
 from .config import CaptureConfig
 from .ranks import RankInfo, parallel_ranks
 
@@ -74,9 +74,9 @@ class CapturePolicy:
         if hit is not None:
             return hit
         c = self.config
-        ok = (layer_type in c.layer_types or layer_type not in ("attention", "linear")) and (
-            operation in c.operations or operation not in ("forward", "backward")) and (
-            phase in c.phases or phase not in ("pre", "post"))
+        ok = (layer_type in c.layer_types or layer_type not in schema.LAYER_TYPES) and (
+            operation in c.operations or operation not in schema.OPERATIONS) and (
+            phase in c.phases or phase not in schema.PHASES)
         if ok and c.tensor_names is not None:
             ok = tensor_name in c.tensor_names
         if ok and c.layers is not None:

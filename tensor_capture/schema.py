@@ -237,6 +237,10 @@ META_PARALLEL = (META_TP_RANK, META_PP_RANK, META_DP_RANK, META_WORLD_SIZE)
 META_MCORE_VERSION = "megatron_core_version"
 MANIFEST_FILE = "file"                # relative file name, None in stats-only mode
 
+#: the values of a record's operation, phase and layer_type (and of the capture filters on them)
+OPERATIONS = ("forward", "backward")
+PHASES = ("pre", "post")
+LAYER_TYPES = ("attention", "linear")
 # Values of META_VARIANT: the high-precision tensor, or the operand a GEMM saw (fake-quantized).
 VARIANT_HP = HIGH_PRECISION
 VARIANT_QUANTIZED = "quantized"

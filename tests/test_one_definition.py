@@ -147,21 +147,28 @@ def _respelled(words: tuple[str, ...], fold=str) -> list[str]:
 
 def _vocabulary_lists():
     from quant import vocabulary as v
+    from tensor_capture import schema
 
     return {"high-precision names": (v.HIGH_PRECISION_NAMES, str.lower),
             "low-precision dtypes": (v.LOW_PRECISION_DTYPES, str),
             "linear GEMM names": (v.LINEAR_GEMMS, str),
             "linear operand names": (v.LINEAR_OPERANDS, str),
-            "severity labels": (tuple(s.label for s in v.Severity), str.upper)}
+            "severity labels": (tuple(s.label for s in v.Severity), str.upper),
+            # capture's own words (tensor_capture.schema: a record's phase and layer_type)
+            "capture phases": (schema.PHASES, str),
+            "capture layer types": (schema.LAYER_TYPES, str)}
 
 
 @pytest.mark.parametrize("item", ["high-precision names", "low-precision dtypes",
-                                  "linear GEMM names", "linear operand names", "severity labels"])
+                                  "linear GEMM names", "linear operand names", "severity labels",
+                                  "capture phases", "capture layer types"])
 def test_each_word_list_is_spelled_once(item):
     """A second spelling of the list (a tuple of two of its words) anywhere in the library fails;
     use quant.vocabulary's name (or a table derived from it) instead."""
     words, fold = _vocabulary_lists()[item]
-    assert _respelled(words, fold) == [], f"{item} re-spelled; import them from quant.vocabulary"
+    defining = "tensor_capture/schema.py" if item.startswith("capture") else None
+    found = [f for f in _respelled(words, fold) if not f.startswith(f"{defining}:")]
+    assert found == [], f"{item} re-spelled; import the one definition"
 
 
 def test_the_respelling_check_can_fail(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from lowp_common import human_bytes
 from lowp_common.cli import UserError
 from quant.vocabulary import DGRAD, FPROP, LINEAR_GEMMS, WGRAD
+from tensor_capture.schema import LAYER_TYPES, OPERATIONS
 
 #: Bytes per parameter, by training dtype: (model weights, model gradients, fp32 master weights
 #: and gradients, AdamW's exp_avg + exp_avg_sq). fp32 trains on the model's own parameters;
@@ -128,8 +129,8 @@ def capture_elements(shape: Mapping[str, int], vocab_size: int, tokens: int,
     module_regex) are not modelled: the estimate is then an upper bound."""
     if capture is None or getattr(capture, "stats_only", False):
         return 0
-    ops = set(getattr(capture, "operations", ("forward", "backward")))
-    types = set(getattr(capture, "layer_types", ("attention", "linear")))
+    ops = set(getattr(capture, "operations", OPERATIONS))
+    types = set(getattr(capture, "layer_types", LAYER_TYPES))
     max_rows = getattr(capture, "max_rows", None)
     rows = _rows(tokens, max_rows)
 
@@ -143,7 +144,7 @@ def capture_elements(shape: Mapping[str, int], vocab_size: int, tokens: int,
         return n
 
     h, kv = shape["hidden_size"], _kv_size(shape)
-    attention = (2 * rows * h + 2 * rows * kv) * len(ops & {"forward", "backward"})
+    attention = (2 * rows * h + 2 * rows * kv) * len(ops & set(OPERATIONS))
     heads = min(getattr(capture, "probs_heads", 0), shape["num_attention_heads"])
     if heads and "forward" in ops:                  # the probabilities' sample: heads x rows x keys
         s = shape["seq_length"]
@@ -164,8 +165,8 @@ def capture_sites(shape: Mapping[str, int], capture: Any, layers: int) -> int:
     the output layer), after the layer_types / operations / layers / probs_heads /
     save_quantized filters: the flight recorder's slots per micro-batch (an upper bound when
     name filters apply)."""
-    ops = set(getattr(capture, "operations", ("forward", "backward")))
-    types = set(getattr(capture, "layer_types", ("attention", "linear")))
+    ops = set(getattr(capture, "operations", OPERATIONS))
+    types = set(getattr(capture, "layer_types", LAYER_TYPES))
     linear = 3 * ("forward" in ops) + 4 * ("backward" in ops)
     attention = (4 + (getattr(capture, "probs_heads", 0) > 0)) * ("forward" in ops) + (
         4 * ("backward" in ops))
