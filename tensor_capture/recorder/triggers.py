@@ -12,7 +12,8 @@ what each iteration shows (:class:`Seen`: its statistics, its loss, the gradient
 for it, the user's request, the step's error) and judges every row whose inputs are there, in
 row order; adding a trigger is one row. The rows (each rank's local view):
 
-- ``nonfinite``: a NaN or Inf in any statistic recorded this iteration, or a non-finite loss;
+- ``nonfinite``: a non-finite gradient norm reported for the iteration, else a NaN or Inf in
+  any statistic recorded in it (the first in execution order), else an infinite loss;
 - ``loss_spike``: the loss above its adaptive baseline (tensor_capture.adaptive, the monitor's
   rule: warm-up, rolling mean + sigma x spread, or twice the warm-up's largest);
 - ``grad_norm_spike``: the gradient norm the training loop reported (``recorder.report``) above
