@@ -74,17 +74,25 @@ def _attention(rec):
     return rec
 
 
+OUTPUT = "output_layer"
+_SUMMARY_SITES = [*_ORDER, (OUTPUT, None, "forward", "post", "output")]
+
+
 def write_summaries(folder, iterations=10, fmt="fp8_e4m3"):
     """A flight recorder's summary files (schema.REC_SUMMARY_COLUMNS, one per rank): a NaN on
     rank 1 at iteration 7, layer 0 fc1's weight doubling every iteration, rank 2's input
-    gradients 50 x the others' from iteration 4, layer 0 fc1's gradient wholly flushed by the run's format."""
+    gradients 50 x the others' from iteration 4, layer 0 fc1's gradient wholly flushed by the run's format;
+    and the output layer (no layer index: a cell with a NULL column) 1000 x on rank 2 from
+    iteration 6, which both engines must score like any other cell."""
     d = folder / schema.RECORDER_DIR
     d.mkdir(parents=True, exist_ok=True)
     for rank in range(RANKS):
         rows = []
         for it in range(iterations):
-            for site, (path, layer, op, phase, name) in enumerate(_ORDER):
+            for site, (path, layer, op, phase, name) in enumerate(_SUMMARY_SITES):
                 a = 1.0 + 0.01 * ((site * 7 + rank) % 5)
+                if path == OUTPUT and rank == OUTLIER_RANK and it >= 6:
+                    a *= 1000
                 if path == FC1 and name == "weight":
                     a = 0.5 * 2.0 ** it
                 if rank == OUTLIER_RANK and it >= 4 and name == "grad_input":
@@ -176,10 +184,11 @@ def test_the_whole_diagnosis_is_the_same_ranked_list(results):
     duck, _ = results["summaries"]
     (nan,) = [f for f in duck["findings"] if f["kind"] == "first_nonfinite"]
     assert (nan["rank"], nan["iteration"], nan["module_path"]) == (NAN_RANK, 7, FC1)
-    assert {f["rank"] for f in duck["findings"] if f["kind"] == "rank_outlier"
-            and f["severity"] != "HIGH"} == {OUTLIER_RANK}
+    outliers = [f for f in duck["findings"] if f["kind"] == "rank_outlier"]
+    assert {f["rank"] for f in outliers if f["severity"] != "HIGH"} == {OUTLIER_RANK}
+    assert OUTPUT in {f["module_path"] for f in outliers}      # its NULL layer index scored too
     assert duck["checked"]["format_loss"].startswith("not checked: needs what-if numerics")
     # records where they exist, summaries beyond them
     duck, _ = results["both"]
-    assert duck["records"] == 800 and duck["summary_rows"] == RANKS * 5 * len(_ORDER)
+    assert duck["records"] == 800 and duck["summary_rows"] == RANKS * 5 * len(_SUMMARY_SITES)
 

@@ -27,9 +27,19 @@ from tensor_viz.diagnose import recorder_view, rules
 SOURCE_VIEW = "diag_source"
 #: the records' narrow table while a recorder's summaries are added beside it
 _RECORDS = "diag_from_records"
+#: the summary rows in the narrow columns, cached (without the formats' bounds)
+_SUMMARY_ROWS = "diag_summary_rows"
 #: master URL when none is given: Spark inside this process, two cores
 DEFAULT_MASTER = "local[2]"
 INSTALL = 'pip install -e ".[spark]" plus a Java runtime (e.g. apt-get install default-jre-headless)'
+#: the session a local run starts (a cluster's own settings win where it sets them): no UI; a
+#: driver large enough to keep the narrow table cached (at 1 GiB Spark evicts and rereads the
+#: Parquet for every kind)
+SESSION_CONFIG = {
+    "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "4g",
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+}
 _CREATE = re.compile(r"^\s*CREATE OR REPLACE TEMP TABLE (\w+) AS\s+(.*)$", re.DOTALL | re.IGNORECASE)
 #: DuckDB's isfinite, which Spark SQL lacks, as a session function (NULL stays NULL)
 _ISFINITE = ("CREATE OR REPLACE TEMPORARY FUNCTION isfinite(x DOUBLE) RETURNS BOOLEAN "
@@ -105,22 +115,31 @@ def session(master: str | None) -> tuple[Any, bool]:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
-    spark = (SparkSession.builder.master(master or DEFAULT_MASTER).appName("lowp-diagnose")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "8").getOrCreate())
+    builder = SparkSession.builder.master(master or DEFAULT_MASTER).appName("lowp-diagnose")
+    for key, value in SESSION_CONFIG.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True
 
 
 def _summaries(con: SparkConnection, folder: Any) -> str | None:
-    """The narrow-table SELECT of the folder's summary files read by Spark (None: none)."""
+    """The narrow-table SELECT of the folder's summary files read by Spark (None: none): their
+    rows cached once in the narrow columns, each format's largest value (``max_normal``) put in
+    by the SELECT, from the formats the cached rows name (a scan of the cache, not of the
+    files)."""
     files = recorder_read.summary_files(folder)
     if not files:
         return None
-    con.spark.read.option("mergeSchema", "true").parquet(*map(str, files)) \
-        .createOrReplaceTempView(recorder_view.SUMMARY_VIEW)
     view = recorder_view.SUMMARY_VIEW
-    return recorder_view._narrow_select(view, recorder_view._bounds(con, view))
+    con.spark.read.option("mergeSchema", "true").parquet(*map(str, files)) \
+        .createOrReplaceTempView(view)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_SUMMARY_ROWS} AS "
+                f"{recorder_view._narrow_select(view, {})}")
+    columns = con.spark.table(_SUMMARY_ROWS).columns
+    bounds = recorder_view._bounds_sql(recorder_view._bounds(con, _SUMMARY_ROWS))
+    select = ", ".join(f"{bounds} AS max_normal" if c == "max_normal" else c for c in columns)
+    return f"SELECT {select} FROM {_SUMMARY_ROWS}"
 
 
 def _count(con: SparkConnection, table: str) -> int:
@@ -131,8 +150,8 @@ def _narrow(con: SparkConnection, state: Any, folder: Any) -> rules.Inputs:
     """The narrow table in Spark: the records' and the summaries where no record covers the
     (rank, iteration), the same rows recorder_view.add_summaries gives DuckDB."""
     summaries = _summaries(con, folder)
-    if state is None:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {rules.NARROW} AS {summaries}")
+    if state is None:      # a view: its rows are cached already
+        con.spark.sql(summaries).createOrReplaceTempView(rules.NARROW)
         return rules.Inputs(rules.NARROW, None, 0, _count(con, rules.NARROW))
     data = str(state.data_dir)
     con.spark.read.option("basePath", data).option("mergeSchema", "true").parquet(data) \

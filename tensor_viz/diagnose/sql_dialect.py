@@ -11,8 +11,10 @@ from typing import Any
 
 #: expression -> its spelling per engine ({} fields are filled by str.format)
 DIALECTS: dict[str, dict[str, str]] = {
-    "duckdb": {"last_dim": "shape[-1]", "explode": "unnest"},
-    "spark": {"last_dim": "element_at(shape, -1)", "explode": "explode"},
+    "duckdb": {"last_dim": "shape[-1]", "explode": "unnest", "array": "list_value",
+               "hash": "hash"},
+    "spark": {"last_dim": "element_at(shape, -1)", "explode": "explode", "array": "array",
+              "hash": "xxhash64"},
 }
 
 
