@@ -111,7 +111,7 @@ def _cli(*args: str):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--mode", "mxfp9"], "mode 'mxfp9': not a quant format"),
+    (["--mode", "mxfp9"], "--mode='mxfp9' is not a known format; valid: "),
     (["--mode", "mxfp8", "--num-layers", "0"], "--num-layers >= 1"),
 ])
 def test_cli_mistake_is_one_line_before_megatron(args, message) -> None:

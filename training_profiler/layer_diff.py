@@ -163,11 +163,12 @@ def check_mode(mode: str) -> None:
     """ValueError unless ``mode`` is fp32, an autocast mode or a quant format (checked before any
     model is built, so a typo costs no megatron import)."""
     if mode != "fp32" and mode not in AUTOCAST_MODES:
-        import quant
+        from quant.vocabulary import FormatNameError, check_format_name
+
         try:
-            quant.get_format(mode)
-        except (KeyError, ValueError) as exc:
-            raise ValueError(f"mode {mode!r}: not a quant format or one of {sorted(AUTOCAST_MODES)} ({exc})") from None
+            check_format_name(mode, "--mode", high_precision=False)
+        except FormatNameError as exc:
+            raise ValueError(f"{exc}; or an autocast mode: {', '.join(sorted(AUTOCAST_MODES))}") from None
 
 
 def layer_diff(model: torch.nn.Module, step_fn: Callable[[torch.nn.Module], Any], mode: str = "bf16", *,

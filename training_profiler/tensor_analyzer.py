@@ -20,6 +20,7 @@ import torch
 import quant
 from lowp_common import EXIT_USER_ERROR, CommandParser, UserError, cli_entry, json_dumps
 from quant.formats import FORMATS, SCALING_MX, SURVEY_FORMATS
+from quant.vocabulary import FormatNameError, check_format_name
 from training_profiler.tensor_verdict import HIGH_RATIO, MEDIUM_RATIO, judge  # noqa: F401
 
 DEFAULT_FORMATS = SURVEY_FORMATS
@@ -178,12 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tensor_capture.schema import load_tensor_file
 
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
-        for f in formats:
-            quant.get_format(f)
-    except (KeyError, ValueError) as exc:
-        raise UserError(f"--formats: {exc}") from None
+        formats = [check_format_name(f, "--formats", high_precision=False)
+                   for f in args.formats.split(",") if f.strip()]
+    except FormatNameError as exc:
+        raise UserError(str(exc)) from None
     missing = [f for f in args.files if not os.path.isfile(f)]
     if missing:
         raise UserError(f"{missing[0]}: no such file; pass tensor files the capture wrote")
