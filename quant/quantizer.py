@@ -91,6 +91,9 @@ class Quantizer:
     params: ElemParams = dataclasses.field(init=False, repr=False, compare=False)
     #: this configuration on other axes, built on first use (along)
     _axes: dict = dataclasses.field(init=False, repr=False, compare=False, default=None)
+    #: :attr:`kernel`, built on first use
+    _kernel: Optional["Quantizer"] = dataclasses.field(init=False, repr=False, compare=False,
+                                                       default=None)
 
     def __post_init__(self) -> None:
         spec = get_format(self.spec)
@@ -147,8 +150,11 @@ class Quantizer:
         """This configuration as the torch kernels take it (their one constant, so their cache
         key): axis and backend are the dispatcher's, so every axis and backend of one format
         configuration shares one compiled kernel."""
-        return Quantizer.of(self.spec, rounding=self.rounding, scale_mode=self.scale_mode,
-                            block_size=self.block or None, saturate=self.saturate)
+        if self._kernel is None:
+            object.__setattr__(self, "_kernel", Quantizer.of(
+                self.spec, rounding=self.rounding, scale_mode=self.scale_mode,
+                block_size=self.block or None, saturate=self.saturate))
+        return self._kernel
 
     def __call__(self, x: torch.Tensor,
                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
