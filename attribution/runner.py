@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from lowp_common import UserError
-from quant.vocabulary import ENV_CONFIG, ENV_ENABLED, ENV_PLAN, ENV_QUANT
+from quant.vocabulary import ENV_COMPILE, ENV_CONFIG, ENV_ENABLED, ENV_PLAN, ENV_QUANT
 from training_driver.train_config import TrainConfig
 
 
@@ -77,7 +77,9 @@ class _Worker:
     def __init__(self, setup: RunSetup) -> None:
         self.setup = setup
         if setup.patched_dir:
-            os.environ["MEGATRON_LOWP_PATCHED_DIR"] = setup.patched_dir
+            from training_driver.capture import PATCHED_DIR_ENV
+
+            os.environ[PATCHED_DIR_ENV] = setup.patched_dir
         for var in (ENV_QUANT, ENV_PLAN, ENV_ENABLED, ENV_CONFIG):
             os.environ.pop(var, None)
         from training_driver.capture import activate_patched_megatron
@@ -220,7 +222,7 @@ def load_checkpoint_state(directory: str, shape: dict, vocab: int) -> dict:
 def _worker_main(setup: RunSetup, tasks, results) -> None:
     # quant's background compile swaps kernels mid-run: a repeated run then drifted from its
     # first steps on (not bit-identical here), and the compile competes for the worker's core
-    os.environ["QUANT_COMPILE"] = "0"
+    os.environ[ENV_COMPILE] = "0"
     try:
         worker = _Worker(setup)
     except BaseException as exc:

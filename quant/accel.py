@@ -36,6 +36,7 @@ from typing import Callable, Optional
 import torch
 
 from . import inductor_vec
+from .vocabulary import ENV_COMPILE, FALSE_WORDS, TRUE_WORDS
 
 DEFAULT_MIN_NUMEL = 1 << 14
 DEFAULT_HOT_AFTER = 8
@@ -61,10 +62,10 @@ COMPILE = CompileState()
 
 
 def _mode() -> str:
-    mode = os.environ.get("QUANT_COMPILE", "auto").strip().lower()
-    if mode in ("0", "false", "no", "off", "never"):
+    mode = os.environ.get(ENV_COMPILE, "auto").strip().lower()
+    if mode in (*FALSE_WORDS, "never"):
         return "off"
-    if mode in ("1", "true", "yes", "on", "always", "sync"):
+    if mode in (*TRUE_WORDS, "always", "sync"):
         return "sync"
     return "auto"
 

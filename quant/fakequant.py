@@ -12,14 +12,13 @@ import torch
 from .analysis import analyze_quantization, warn_if_underflow
 from .formats import FormatSpec
 from .quantizer import Quantizer, check_input
-
-ANALYZE_ENV = "QUANT_ANALYZE"
+from .vocabulary import ENV_ANALYZE, TRUE_WORDS
 
 
 def _analysis_requested(analyze: Optional[bool]) -> bool:
     if analyze is not None:
         return bool(analyze)
-    return os.environ.get(ANALYZE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get(ENV_ANALYZE, "").strip().lower() in TRUE_WORDS
 
 
 def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec, Quantizer], *,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 
+from .vocabulary import TRUE_WORDS
+
 
 def triton_interpreting() -> bool:
     """Whether Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in TRUE_WORDS

@@ -61,6 +61,11 @@ ENV_WHATIF = "TENSOR_SAVE_WHATIF_FORMATS"   # comma-separated what-if formats; "
 ENV_TENSORBOARD = "TENSOR_SAVE_TENSORBOARD_DIR"   # what-if numerics as TensorBoard events here
 ENV_MODE = "TENSOR_SAVE_MODE"               # capture (default) | recorder (the flight recorder)
 ENV_GUARD = "TENSOR_SAVE_GUARD"             # on: the auto-guard (and the recorder with it)
+ENV_COMPILE = "QUANT_COMPILE"               # torch.compile of the quantizers: auto | 0 | 1 (quant.accel)
+ENV_ANALYZE = "QUANT_ANALYZE"               # quant.quantize analyses by default (quant.fakequant)
+#: the words an on / off variable or setting takes (any case)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 # -- dtypes, GEMMs, operands --------------------------------------------------------------------
 #: torch dtype names of the low-precision floating types training runs in (the audit and the

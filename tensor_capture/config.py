@@ -26,7 +26,9 @@ from quant.vocabulary import (
     ENV_QUANT,
     ENV_TENSORBOARD,
     ENV_WHATIF,
+    FALSE_WORDS,
     HIGH_PRECISION,
+    TRUE_WORDS,
     FormatNameError,
     check_format_name,
     is_high_precision,
@@ -34,8 +36,7 @@ from quant.vocabulary import (
 
 from .schema import LAYER_TYPES, OPERATIONS, PHASES
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
+_FALSE = (*FALSE_WORDS, "")          # an empty value is off
 #: capture modes: "capture" saves the selected iterations; "recorder" keeps mergeable statistics of
 #: every iteration in a ring and captures in full only after a trigger (tensor_capture.recorder.flight)
 MODE_CAPTURE, MODE_RECORDER = "capture", "recorder"
@@ -68,7 +69,7 @@ def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
-    if text in _TRUE:
+    if text in TRUE_WORDS:
         return True
     if text in _FALSE:
         return False

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from quant.vocabulary import FALSE_WORDS, TRUE_WORDS
+
 #: the statistics the guard keeps per quantized operand, summed over micro-batches and ranks
 STATS = ("elements", "nonzero", "flushed", "made_nonfinite", "saturated", "signal", "noise")
 ELEMENTS, NONZERO, FLUSHED, MADE_NONFINITE, SATURATED, SIGNAL, NOISE = range(len(STATS))
@@ -106,8 +108,8 @@ class GuardSettings:
         return [(c, t) for c in CONDITIONS if (t := self.thresholds.get(c.name)) is not None]
 
 
-_ON = {"on", "true", "1", "yes"}
-_OFF = {"off", "false", "0", "no", ""}
+_ON = set(TRUE_WORDS)
+_OFF = {*FALSE_WORDS, ""}
 
 
 def parse_guard(name: str, value: Any) -> GuardSettings | None:

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping
 
 from lowp_common import CommandParser, HelpWithDefaults, atomic_write_text
 from lowp_common.cli import UserError, cli_entry
-from quant.vocabulary import ENV_CONFIG, ENV_DIR, ENV_ENABLED, ENV_ITERATION, ENV_QUANT
+from quant.vocabulary import ENV_COMPILE, ENV_CONFIG, ENV_DIR, ENV_ENABLED, ENV_ITERATION, ENV_QUANT
 
 from ..tensor_summary import TensorSummary, format_summary, summarize, tensor_files
 
@@ -407,7 +407,7 @@ def capture_env(req: CollectRequest, base: Mapping[str, str]) -> dict[str, str]:
         env[ENV_ITERATION] = str(req.saver_iteration)
     # a collection run lasts a few iterations: background kernel compiles would not pay off
     # (and would hold the trainer's exit until done); an explicit QUANT_COMPILE still wins
-    env.setdefault("QUANT_COMPILE", "0")
+    env.setdefault(ENV_COMPILE, "0")
     return env
 
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from quant.vocabulary import ENV_CONFIG, ENV_ENABLED, ENV_QUANT, Severity, is_high_precision
+from quant.vocabulary import (
+    ENV_CONFIG,
+    ENV_ENABLED,
+    ENV_QUANT,
+    TRUE_WORDS,
+    Severity,
+    is_high_precision,
+)
 from training_profiler.amp_checker.rules import Finding
 
 _ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -184,7 +191,7 @@ def _unbounded_capture(s: LaunchScript) -> list[tuple[int, str]]:
     from tensor_capture.config import ConfigError, load_config
 
     on = [(no, v) for no, v in s.assigns.get(ENV_ENABLED, [])
-          if (_literal(v) or "").strip().lower() in ("1", "true", "yes", "on")]
+          if (_literal(v) or "").strip().lower() in TRUE_WORDS]
     cfgs = [(no, _literal(v)) for no, v in s.assigns.get(ENV_CONFIG, [])]
     out = []
     for no, path in cfgs:
