@@ -154,6 +154,7 @@ def _vocabulary_lists():
             "linear GEMM names": (v.LINEAR_GEMMS, str),
             "linear operand names": (v.LINEAR_OPERANDS, str),
             "severity labels": (tuple(s.label for s in v.Severity), str.upper),
+            "on / off words": (v.TRUE_WORDS + v.FALSE_WORDS, str.lower),
             # capture's own words (tensor_capture.schema: a record's phase and layer_type)
             "capture phases": (schema.PHASES, str),
             "capture layer types": (schema.LAYER_TYPES, str)}
@@ -161,7 +162,7 @@ def _vocabulary_lists():
 
 @pytest.mark.parametrize("item", ["high-precision names", "low-precision dtypes",
                                   "linear GEMM names", "linear operand names", "severity labels",
-                                  "capture phases", "capture layer types"])
+                                  "on / off words", "capture phases", "capture layer types"])
 def test_each_word_list_is_spelled_once(item):
     """A second spelling of the list (a tuple of two of its words) anywhere in the library fails;
     use quant.vocabulary's name (or a table derived from it) instead."""
