@@ -515,9 +515,10 @@ def rank_outlier(con: Any, inp: Inputs) -> list[RunFinding]:
                  "operation": r.get("operation"), "phase": r.get("phase"),
                  "tensor_name": r.get("tensor_name")}
         sev = HIGH if metric == "nonfinite" else MEDIUM
+        layer = "" if r.get("layer_idx") is None else f"L{r['layer_idx']} "
         summary = (f"Rank {r['rank']} is an outlier in {metric} from iteration "
                    f"{r['first_iteration']} ({r['cells']} layer x tensor x iteration cells; "
-                   f"worst z {r['worst_z']:.3g} at L{r.get('layer_idx')} "
+                   f"worst z {r['worst_z']:.3g} at {layer}"
                    f"{r.get('submodule') or r.get('module_path') or ''} "
                    f"{r.get('tensor_name')}).")
         out.append(RunFinding("rank_outlier", sev, summary, where,
