@@ -9,8 +9,9 @@ tensorwise / blockwise / mxfp8 (delayed is refused there), ``fp4_quantization_re
 ``enabled: true``, ``pattern`` an fnmatch pattern on the module path such as
 ``decoder.layers.0.mlp.linear_fc1``, ``config``); the first enabled match wins, an unmatched
 module keeps the run's global recipe. It selects one recipe per *module*: all three GEMMs of a
-module share it, so a plan that splits a module's GEMMs cannot be converted (one line says so
-and names the custom-recipe route, where our quantizer factory reads the plan per GEMM).
+module share it, so a plan that splits a module's GEMMs, or selects GEMM operands (a rule with
+``operands``), cannot be converted (one line says so and names the custom-recipe route, where
+our quantizer factory reads the plan per GEMM and operand).
 Only Transformer Engine recipes (te_*) and high precision have a Megatron-LM spelling.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Iterable
 
 from lowp_common import UserError
 from quant.precision_plan import PlanSite, PrecisionPlan
-from quant.vocabulary import HIGH_PRECISION, LINEAR_GEMMS
+from quant.vocabulary import HIGH_PRECISION, LINEAR_GEMMS, LINEAR_OPERANDS
 
 #: our recipe -> Megatron-LM training_recipe ({}: high precision)
 TRAINING_RECIPE: dict[str, dict] = {
@@ -41,6 +42,14 @@ def to_megatron(plan: PrecisionPlan, sites: Iterable[PlanSite], default: str) ->
     for site in sites:
         if site.roles != LINEAR_GEMMS:
             continue        # core attention: Megatron's config addresses linear modules only
+        by_operand = [r for r in site.roles
+                      if getattr(plan.rule_for(site.path, site.layer, r), "operands",
+                                 LINEAR_OPERANDS) != LINEAR_OPERANDS]
+        if by_operand:
+            raise UserError(f"{site.path}: the plan selects operands of its "
+                            f"{', '.join(by_operand)} GEMM(s) (a rule with operands); "
+                            "Megatron-LM's --te-precision-config-file sets one recipe per "
+                            f"module: run this plan through {CUSTOM_ROUTE}")
         fmts = {r: plan.format_for(site.path, site.layer, r, default=default) for r in site.roles}
         if len(set(fmts.values())) > 1:
             raise UserError(f"{site.path}: the plan gives its GEMMs different formats "

@@ -12,12 +12,26 @@ Schema (YAML or JSON)::
       - modules: 'mlp\\.linear_fc2$'  # optional: Python regex, re.search on the module path
         layers: [0, "2-3"]       # optional: 0-based transformer layer indexes / ranges
         roles: [dgrad, wgrad]    # optional: GEMM roles fprop / dgrad / wgrad (default: all)
+        operands: [grad_output]  # optional: input / weight / grad_output (default: all)
         format: bf16             # a format or recipe of quant.recipes, or "hp" (unquantized)
 
 A linear layer has three GEMMs (fprop, dgrad, wgrad: quant.gemm_plan); attention's Q·Kᵀ and
 P·V are the fprop role of the ``core_attention`` module (their backward is not quantized).
 A rule with ``layers`` never matches a module outside the transformer layers (the output
-layer). Numerics configuration only: no Megatron, no capture.
+layer).
+
+``operands`` selects GEMM operands (quant.vocabulary.LINEAR_OPERANDS). A caller that quantizes
+one operand at a time names it (:meth:`PrecisionPlan.format_for`'s ``operand``; the TE
+quantizer factory does: one slot per operand, each layout feeding one GEMM) and the rule then
+matches that operand only. A caller that gives a whole GEMM one format names none (the
+megatron-core emulation, Megatron-LM's per-module config): a rule with ``operands`` matches a
+GEMM role through an operand the GEMM reads (quant.gemm_plan), so ``operands: [grad_output]``
+puts all of dgrad and wgrad in its format there. A rule without ``operands`` matches every
+operand, so a plan that names none means what it meant before operands existed.
+
+The TE factory's ``LOWP_TE_ROLE_FORMATS`` is a compact spelling of these rules
+(te_integration.factory.parse_rules), asked through the same :meth:`PrecisionPlan.format_for`.
+Numerics configuration only: no Megatron, no capture.
 """
 from __future__ import annotations
 
@@ -26,10 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from .gemm_plan import GEMM_OPERANDS
 from .gemm_plan import LINEAR_GEMMS as ROLES
-from .vocabulary import ENV_PLAN, FormatNameError, check_format_name
+from .vocabulary import ENV_PLAN, LINEAR_OPERANDS, FormatNameError, check_format_name
 
-_RULE_KEYS = ("modules", "layers", "roles", "format")
+_RULE_KEYS = ("modules", "layers", "roles", "operands", "format")
+#: what a name a user writes in ``roles`` / ``operands`` may mean instead, said in the error
+_HINTS = {"forward": " (the forward GEMM is called fprop)"}
+#: a rule's list key -> what one of its names is, in the error
+_WHAT = {"roles": "GEMM role", "operands": "operand"}
 _TOP_KEYS = ("default", "rules", "version", "description", "made_by")
 
 
@@ -48,20 +67,30 @@ class PlanSite:
 
 @dataclass(frozen=True)
 class PlanRule:
-    """modules (regex) x layers x roles -> format; an absent condition matches everything."""
+    """modules (regex) x layers x roles x operands -> format; an absent condition matches
+    everything (``operand`` None: the whole GEMM, matched through an operand it reads)."""
 
     fmt: str
     modules: Optional[str] = None
     layers: Optional[frozenset[int]] = None
     roles: tuple[str, ...] = ROLES
+    operands: tuple[str, ...] = LINEAR_OPERANDS
 
-    def matches(self, path: Optional[str], layer: Optional[int], role: str) -> bool:
+    def matches(self, path: Optional[str], layer: Optional[int], role: str,
+                operand: Optional[str] = None) -> bool:
         if role not in self.roles:
+            return False
+        if self.operands != LINEAR_OPERANDS and not self._reads(role, operand):
             return False
         if self.layers is not None and (layer is None or layer not in self.layers):
             return False
         return self.modules is None or (path is not None
                                         and re.search(self.modules, path) is not None)
+
+    def _reads(self, role: str, operand: Optional[str]) -> bool:
+        if operand is not None:
+            return operand in self.operands
+        return any(p.operand in self.operands for p in GEMM_OPERANDS[role])
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -71,6 +100,8 @@ class PlanRule:
             out["layers"] = sorted(self.layers)
         if self.roles != ROLES:
             out["roles"] = list(self.roles)
+        if self.operands != LINEAR_OPERANDS:
+            out["operands"] = list(self.operands)
         out["format"] = self.fmt
         return out
 
@@ -86,16 +117,23 @@ class PrecisionPlan:
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def format_for(self, path: Optional[str], layer: Optional[int], role: str,
-                   default: Optional[str] = None) -> Optional[str]:
-        """The format of ``role`` of the module at ``path`` (layer ``layer``): the first
-        matching rule's, else the plan's default, else ``default``; "hp" means unquantized."""
-        key = (path, layer, role, default)
+                   default: Optional[str] = None, operand: Optional[str] = None) -> Optional[str]:
+        """The format of ``role`` of the module at ``path`` (layer ``layer``), of its operand
+        ``operand`` where the caller quantizes one (None: the whole GEMM): the first matching
+        rule's, else the plan's default, else ``default``; "hp" means unquantized."""
+        key = (path, layer, role, default, operand)
         hit = self._cache.get(key, _MISS)
         if hit is _MISS:
-            hit = next((r.fmt for r in self.rules if r.matches(path, layer, role)), None)
-            hit = hit or self.default or default
+            rule = self.rule_for(path, layer, role, operand)
+            hit = (rule.fmt if rule is not None else None) or self.default or default
             self._cache[key] = hit
         return hit
+
+    def rule_for(self, path: Optional[str], layer: Optional[int], role: str,
+                 operand: Optional[str] = None) -> Optional[PlanRule]:
+        """The first rule matching (None: the default decides); what a converter that cannot
+        say everything a rule says (Megatron-LM's per-module config) checks."""
+        return next((r for r in self.rules if r.matches(path, layer, role, operand)), None)
 
     def check_matches(self, sites: Iterable[PlanSite]) -> None:
         """PlanError naming the first rule that matches no module of ``sites``."""
@@ -105,7 +143,7 @@ class PrecisionPlan:
                 raise PlanError(f"{self.source}: rule {i + 1} ({_short(rule.to_dict())}) matches "
                                 f"no GEMM of this model ({len(sites)} modules, e.g. "
                                 f"{sites[0].path if sites else 'none'}); fix its modules / layers "
-                                "/ roles or remove it")
+                                "/ roles / operands or remove it")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": 1}
@@ -157,20 +195,19 @@ def _layers(value: Any, where: str) -> frozenset[int]:
     return frozenset(out)
 
 
-def _roles(value: Any, where: str) -> tuple[str, ...]:
+def _names(value: Any, where: str, key: str, valid: tuple[str, ...]) -> tuple[str, ...]:
+    """``roles`` / ``operands``: a name or a list of names of ``valid``, in ``valid``'s order."""
     items = value if isinstance(value, (list, tuple)) else [value]
     out = []
     for item in items:
-        role = str(item).strip().lower()
-        if role not in ROLES:
-            hint = " (the forward GEMM is called fprop)" if role == "forward" else ""
-            raise PlanError(f"{where}: GEMM role {item!r} is unknown{hint}; use "
-                            f"{', '.join(ROLES)}")
-        if role not in out:
-            out.append(role)
+        name = str(item).strip().lower()
+        if name not in valid:
+            raise PlanError(f"{where}: {_WHAT[key]} {item!r} is unknown{_HINTS.get(name, '')}; use "
+                            f"{', '.join(valid)}")
+        out.append(name)
     if not out:
-        raise PlanError(f"{where}: roles is empty; omit it to mean {', '.join(ROLES)}")
-    return tuple(r for r in ROLES if r in out)
+        raise PlanError(f"{where}: {key} is empty; omit it to mean {', '.join(valid)}")
+    return tuple(n for n in valid if n in out)
 
 
 def _rule(raw: Any, where: str) -> PlanRule:
@@ -190,10 +227,14 @@ def _rule(raw: Any, where: str) -> PlanRule:
             raise PlanError(f"{where}: modules {modules!r} is not a regular expression "
                             f"({exc})") from None
         modules = str(modules)
+    given = {k: raw[k] for k in ("roles", "operands") if raw.get(k) is not None}
     return PlanRule(fmt=check_format(raw["format"], where), modules=modules,
                     layers=_layers(raw["layers"], where) if raw.get("layers") is not None
                     else None,
-                    roles=_roles(raw["roles"], where) if raw.get("roles") is not None else ROLES)
+                    roles=_names(given["roles"], where, "roles", ROLES) if "roles" in given
+                    else ROLES,
+                    operands=_names(given["operands"], where, "operands", LINEAR_OPERANDS)
+                    if "operands" in given else LINEAR_OPERANDS)
 
 
 def plan_from_dict(raw: Any, source: str = "plan") -> PrecisionPlan:

@@ -15,20 +15,25 @@ fused attention takes only TE's own quantizer families, so it cannot run our emu
 attention emulation is on the megatron-core side, tensor_capture). A grouped linear (MoE
 ``--moe-grouped-gemm``) is refused in one line: TE's grouped GEMM cannot run a custom quantizer.
 
-Which format: CUSTOM_QUANT_TYPE (any quant.FORMATS name), overridden per role by
-LOWP_TE_ROLE_FORMATS, rules ``field=value[,field=value]:format`` separated by ``;``, first
-match wins (fields of QuantizerRole; ``name=`` also matches a dotted suffix of Megatron's full
-module path, ``field~=regex`` searches; format a quant.FORMATS name or ``hp``), e.g.
+Which format: one precision plan (quant.precision_plan, :func:`role_plan`) asked per layout of
+each linear operand slot, first match wins: the LOWP_TE_ROLE_FORMATS rules, then the rules and
+default of the plan CUSTOM_QUANT_PLAN names, then CUSTOM_QUANT_TYPE (any quant.FORMATS name).
+LOWP_TE_ROLE_FORMATS is a compact spelling of plan rules (:func:`parse_rules`):
+``field=value[,field=value]:format`` separated by ``;`` with fields of QuantizerRole:
+``tensor_type`` the operands (input / weight / grad_output), ``name=suffix`` a dotted suffix of
+the module path (``name=linear_fc2`` and ``name=layers.1.mlp.linear_fc2`` both match
+``decoder.layers.1.mlp.linear_fc2``), ``field~=regex`` a search, ``module_type`` only ``linear``
+(our formats apply to linear operand slots alone); format a quant.FORMATS name or ``hp``, e.g.
 ``tensor_type=grad_output:fp8_e5m2_tensor;name=linear_fc2,tensor_type=weight:nvfp4``.
 
-A precision plan (CUSTOM_QUANT_PLAN, quant.precision_plan: module regex / layers x GEMM role
--> format) applies to linear operand slots no LOWP_TE_ROLE_FORMATS rule matched: the role's
-``name`` is the module path, its layer the number after ``layers.`` in it, and each layout of
-the slot gets the format of the GEMM it feeds (``layouts.LAYOUT_GEMM``: an input's rowwise layout feeds
-fprop, its columnwise one wgrad, ...). TE names a module only when something assigned the
-name (:func:`module_path`: a name the debug API's infer_and_assign_layer_names gave, which
-numbers layers from 1, is mapped back to the module path); an unnamed role matches only rules
-without ``modules`` / ``layers``.
+The role's ``name`` is the module path, its layer the number after ``layers.`` in it, and each
+layout of the slot gets the format of the GEMM it feeds (``layouts.LAYOUT_GEMM``: an input's
+rowwise layout feeds fprop, its columnwise one wgrad, ...); a rule without GEMM roles gives
+both layouts its format. TE names a module only when something assigned the name
+(:func:`module_path`: a name the debug API's infer_and_assign_layer_names gave, which numbers
+layers from 1, is mapped back to the module path, for plan and LOWP_TE_ROLE_FORMATS rules
+alike); an unnamed role matches only rules without ``modules`` / ``layers`` (a name rule of
+LOWP_TE_ROLE_FORMATS on an unnamed layer is refused: :func:`check_role`).
 
 Transformer Engine is imported on the first call only; a TE older than the custom-recipe
 quantizer roles is one line naming the version needed.
@@ -38,7 +43,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
 
@@ -74,32 +78,8 @@ class FactoryError(UserError, ValueError):
     """A factory setting (environment variable) is wrong; the message names it and the fix."""
 
 
-@dataclass(frozen=True)
-class RoleRule:
-    """``match`` (QuantizerRole field, operator, value) -> ``fmt`` (a format name or "hp").
-
-    ``field=value`` compares whole values, except for ``name``, where it also matches a
-    dotted suffix: Megatron names a TE layer by its full module path
-    (``decoder.layers.1.mlp.linear_fc2``; nvdlfw-inspect's ``model.`` prefix too), so
-    ``name=linear_fc2`` and ``name=layers.1.mlp.linear_fc2`` both match it. ``field~=regex``
-    searches the value with a Python regular expression (``name~=layers\\.(0|1)\\.``).
-    """
-
-    match: tuple[tuple[str, str, str], ...]
-    fmt: str
-
-    def matches(self, role: Any) -> bool:
-        return all(_field_matches(str(getattr(role, f, "") or ""), op, v) for f, op, v in self.match)
-
-    @property
-    def needs_name(self) -> bool:
-        return any(f == "name" for f, _, _ in self.match)
-
-
 def _field_matches(actual: str, op: str, value: str) -> bool:
-    if op == "~=":
-        return re.search(value, actual) is not None
-    return actual == value or (value != "" and actual.endswith("." + value))
+    return re.search(value, actual) is not None if op == "~=" else actual == value
 
 
 def _check_format(name: str, where: str) -> str:
@@ -110,8 +90,9 @@ def _check_format(name: str, where: str) -> str:
         raise FactoryError(str(exc)) from None
 
 
-def parse_rules(text: str, where: str = ENV_ROLE_FORMATS) -> tuple[RoleRule, ...]:
-    """``field=value[,field=value]:format;...`` -> rules (FactoryError names the bad part)."""
+def parse_rules(text: str, where: str = ENV_ROLE_FORMATS) -> tuple[Any, ...]:
+    """``field=value[,field=value]:format;...`` -> quant.precision_plan.PlanRule s (FactoryError
+    names the bad part): the compact spelling of plan rules, see :func:`_plan_rule`."""
     rules = []
     for part in filter(None, (p.strip() for p in (text or "").split(";"))):
         lhs, sep, fmt = part.rpartition(":")
@@ -132,8 +113,36 @@ def parse_rules(text: str, where: str = ENV_ROLE_FORMATS) -> tuple[RoleRule, ...
                     raise FactoryError(f"{where}: {value!r} in rule {part!r} is not a regular "
                                        f"expression ({exc})") from None
             match.append((field, op, value))
-        rules.append(RoleRule(tuple(match), _check_format(fmt, f"{where} rule {part!r}")))
+        rules.append(_plan_rule(match, _check_format(fmt, f"{where} rule {part!r}"),
+                                f"{where}: rule {part!r}"))
     return tuple(rules)
+
+
+def _plan_rule(match: list[tuple[str, str, str]], fmt: str, where: str) -> Any:
+    """One rule's conditions as a plan rule: ``name=suffix`` a module regex matching the dotted
+    suffix (``(^|\\.)suffix$``), ``name~=regex`` the regex (several: all must match);
+    ``tensor_type`` the operands it matches; ``module_type`` must match ``linear``: our formats
+    apply to linear GEMM operands only (every other slot stays in high precision)."""
+    from quant.precision_plan import PlanRule
+
+    modules, operands = [], list(LINEAR_OPERANDS)
+    for field, op, value in match:
+        if field == "name":
+            modules.append(value if op == "~=" else rf"(^|\.){re.escape(value)}$")
+        elif field == "tensor_type":
+            operands = [o for o in operands if _field_matches(o, op, value)]
+        elif not any(_field_matches(m, op, value) for m in LINEAR_MODULES):
+            raise FactoryError(f"{where}: module_type {value!r} selects no slot our formats "
+                               f"apply to: they apply to the operands of linear GEMMs "
+                               f"(module_type=linear), every other slot stays in high precision; "
+                               "drop the condition")
+    if not operands:
+        raise FactoryError(f"{where}: tensor_type selects no operand of a linear GEMM "
+                           f"({', '.join(LINEAR_OPERANDS)}), the only slots our formats apply "
+                           "to; fix or drop the condition")
+    pattern = (modules[0] if len(modules) == 1
+               else "^" + "".join(f"(?=.*?(?:{m}))" for m in modules) if modules else None)
+    return PlanRule(fmt, modules=pattern, operands=tuple(operands))
 
 
 def _split_condition(cond: str) -> tuple[str, Optional[str], str]:
@@ -145,28 +154,28 @@ def _split_condition(cond: str) -> tuple[str, Optional[str], str]:
     return cond.strip(), None, ""
 
 
-def choose_format(role: Any, default: str, rules: tuple[RoleRule, ...] = ()) -> str:
-    """The format of one quantizer slot: the first matching rule, else ``default`` for the
-    operands of linear GEMMs and "hp" for every other slot (None role included)."""
-    for rule in rules:
-        if role is not None and rule.matches(role):
-            return rule.fmt
-    if role is not None and getattr(role, "module_type", "") in LINEAR_MODULES and (
-            getattr(role, "tensor_type", "") in LINEAR_OPERANDS):
-        return default
-    return HIGH_PRECISION
+def role_plan(rules: tuple[Any, ...] = (), plan: Any = None) -> Any:
+    """The one plan the factory asks: LOWP_TE_ROLE_FORMATS rules first, then CUSTOM_QUANT_PLAN's
+    rules and default (first match wins); what none decides gets CUSTOM_QUANT_TYPE."""
+    from quant.precision_plan import PrecisionPlan
+
+    if plan is None:
+        return PrecisionPlan(tuple(rules), None, ENV_ROLE_FORMATS)
+    return PrecisionPlan(tuple(rules) + plan.rules, plan.default, plan.source)
 
 
-def plan_formats(role: Any, plan: Any, default: str) -> Optional[tuple[str, str]]:
-    """(rowwise, columnwise) formats the precision plan gives a linear operand slot, None for
-    any other slot."""
+def slot_formats(role: Any, plan: Any, default: str) -> tuple[str, str]:
+    """(rowwise, columnwise) formats of one quantizer slot: an operand of a linear GEMM gets,
+    per layout, the plan's format for that operand in the GEMM the layout feeds; every other
+    slot (None role included) "hp"."""
     tensor = getattr(role, "tensor_type", "") if role is not None else ""
     if getattr(role, "module_type", "") not in LINEAR_MODULES or tensor not in LINEAR_OPERANDS:
-        return None
+        return HIGH_PRECISION, HIGH_PRECISION
     path, layer = module_path(str(getattr(role, "name", "") or ""))
-    return tuple(_check_format(plan.format_for(path, layer, LAYOUT_GEMM[(tensor, lay)],
-                                               default=default), f"{ENV_PLAN} ({plan.source})")
-                 for lay in ("rowwise", "columnwise"))
+    row, col = (_check_format(plan.format_for(path, layer, LAYOUT_GEMM[(tensor, lay)],
+                                              default=default, operand=tensor),
+                              f"{ENV_PLAN} ({plan.source})") for lay in ("rowwise", "columnwise"))
+    return row, col
 
 
 def module_path(name: str) -> tuple[Optional[str], Optional[int]]:
@@ -244,23 +253,20 @@ def installed_te_version() -> str:
     return str(getattr(transformer_engine, "__version__", ""))
 
 
-def make_factory(default: str, rules: tuple[RoleRule, ...] = (),
+def make_factory(default: str, rules: tuple[Any, ...] = (),
                  plan: Any = None) -> Callable[[Any], Any]:
-    """A qfactory returning our emulating quantizer for each role (TE imported on first call);
-    ``plan`` (quant.precision_plan) decides the linear slots no rule matched, per layout."""
+    """A qfactory returning our emulating quantizer for each role (TE imported on first call),
+    its formats from :func:`role_plan` (``rules`` from :func:`parse_rules`, then ``plan``)."""
     default = _check_format(default, "default format")
+    one = role_plan(rules, plan)
 
     def qfactory(role: Any) -> Any:
         te_quantizer = _te_quantizer_module()
         check_debug_api_off()
         check_role(role, rules)
-        tensor = getattr(role, "tensor_type", "") or ""
-        ruled = role is not None and any(r.matches(role) for r in rules)
-        layouts = plan_formats(role, plan, default) if plan is not None and not ruled else None
-        if layouts is not None:
-            return te_quantizer.EmulatedQuantizer(layouts[0], tensor,
-                                                  fmt_columnwise=layouts[1])
-        return te_quantizer.EmulatedQuantizer(choose_format(role, default, rules), tensor)
+        row, col = slot_formats(role, one, default)
+        return te_quantizer.EmulatedQuantizer(row, getattr(role, "tensor_type", "") or "",
+                                              fmt_columnwise=col)
 
     return qfactory
 
@@ -287,7 +293,7 @@ def _unnamed(name: str) -> bool:
     return not name or _TE_PLACEHOLDER_NAME.fullmatch(name) is not None
 
 
-def check_role(role: Any, rules: tuple[RoleRule, ...] = ()) -> None:
+def check_role(role: Any, rules: tuple[Any, ...] = ()) -> None:
     """FactoryError (one line) for a slot our emulation would get wrong: a grouped linear
     (TE's grouped GEMM takes only its own quantized tensors), or a layer without a name while
     a rule selects layers by name (it would silently never match)."""
@@ -297,7 +303,7 @@ def check_role(role: Any, rules: tuple[RoleRule, ...] = ()) -> None:
     if module_type in UNSUPPORTED_MODULES:
         raise FactoryError(UNSUPPORTED_MODULES[module_type])
     if _unnamed(str(getattr(role, "name", "") or "")) and module_type in LINEAR_MODULES and any(
-            r.needs_name for r in rules):
+            r.modules is not None for r in rules):
         raise FactoryError(
             f"{ENV_ROLE_FORMATS} selects layers by name, but Transformer Engine gave this "
             f"{module_type} none (Megatron-LM passes none, TE then says Layer_N, unless the layers "

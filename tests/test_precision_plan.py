@@ -59,6 +59,9 @@ def test_layer_ranges_and_role_lists_are_parsed_and_round_trip_through_yaml(tmp_
     ({"rules": [{"format": "fp9"}]}, "format='fp9' is not a known format"),
     ({"rules": [{"roles": ["forward"], "format": "bf16"}]}, "forward GEMM is called fprop"),
     ({"rules": [{"roles": ["qk"], "format": "bf16"}]}, "GEMM role 'qk' is unknown"),
+    ({"rules": [{"operands": ["output"], "format": "bf16"}]},
+     "operand 'output' is unknown; use input, weight, grad_output"),
+    ({"rules": [{"operands": [], "format": "bf16"}]}, "operands is empty"),
     ({"rules": [{"layers": ["3-1"], "format": "bf16"}]}, "layers '3-1'"),
     ({"rules": [{"modules": "(", "format": "bf16"}]}, "not a regular expression"),
     ({"rules": [{"module": "x", "format": "bf16"}]}, "unknown key(s) module"),
@@ -72,6 +75,29 @@ def test_bad_plans_are_one_line_naming_the_file_and_the_fix(raw, message):
         plan_from_dict(raw, "bad.yaml")
     text = str(exc.value)
     assert message in text and text.startswith("bad.yaml") and "\n" not in text
+
+
+def test_an_operands_rule_matches_the_operand_named_or_a_gemm_that_reads_one(tmp_path):
+    """A caller naming the operand (the TE factory) gets the rule for that operand only; a
+    caller naming none (a whole GEMM: the megatron-core emulation) gets it for each GEMM that
+    reads one of the rule's operands (quant.gemm_plan): grad_output is read by dgrad and wgrad."""
+    plan = _plan({"operands": ["grad_output"], "format": "fp8_e5m2"},
+                 {"modules": "fc2", "operands": "weight", "roles": ["dgrad"], "format": "hp"},
+                 default="mxfp8")
+    assert plan.format_for(FC2_3, 3, "dgrad", operand="grad_output") == "fp8_e5m2"
+    assert plan.format_for(FC2_3, 3, "dgrad", operand="weight") == "hp"          # rule 2
+    assert plan.format_for(QKV0, 0, "dgrad", operand="weight") == "mxfp8"       # not fc2
+    assert plan.format_for(FC2_3, 3, "fprop", operand="weight") == "mxfp8"      # not dgrad
+    assert plan.format_for(FC2_3, 3, "wgrad", operand="input") == "mxfp8"
+    whole = {role: plan.format_for(QKV0, 0, role) for role in ("fprop", "dgrad", "wgrad")}
+    assert whole == {"fprop": "mxfp8", "dgrad": "fp8_e5m2", "wgrad": "fp8_e5m2"}
+    assert plan.rule_for(QKV0, 0, "fprop") is None
+    assert plan.format_for(FC2_3, 3, "fprop") == "mxfp8"          # fprop reads no grad_output
+    path = tmp_path / "ops.yaml"
+    path.write_text(dump_plan(plan))
+    again = load_plan(path)
+    assert again.rules == plan.rules and again.rules[1].operands == ("weight",)
+    assert "operands" not in _plan({"format": "bf16"}).to_dict()["rules"][0]
 
 
 def test_a_rule_that_matches_no_gemm_of_the_model_is_refused():
@@ -144,18 +170,27 @@ def test_the_te_factory_gives_each_layout_the_format_of_the_gemm_it_feeds(tmp_pa
     role = SimpleNamespace(module_type="linear", tensor_type="input",
                            name="model.decoder.layers.2.mlp.linear_fc1")   # layer_number 2
     # input: rowwise feeds fprop (layer 1 under the 1-based name: no rule), columnwise wgrad
-    assert factory.plan_formats(role, plan, "mxfp8") == ("mxfp8", "hp")
+    assert factory.slot_formats(role, factory.role_plan((), plan), "mxfp8") == ("mxfp8", "hp")
     grad = SimpleNamespace(module_type="linear", tensor_type="grad_output",
                            name="decoder.layers.0.mlp.linear_fc1")
-    assert factory.plan_formats(grad, plan, "mxfp8") == ("mxfp8", "hp")     # dgrad, wgrad
+    assert factory.slot_formats(grad, factory.role_plan((), plan), "mxfp8") == ("mxfp8", "hp")     # dgrad, wgrad
     weight = SimpleNamespace(module_type="linear", tensor_type="weight",
                              name="decoder.layers.0.self_attention.linear_qkv")
-    assert factory.plan_formats(weight, plan, "mxfp8") == ("bf16", "mxfp8")  # fprop, dgrad
-    assert factory.plan_formats(SimpleNamespace(module_type="dpa", tensor_type="input"),
-                                plan, "mxfp8") is None
+    assert factory.slot_formats(weight, factory.role_plan((), plan), "mxfp8") == ("bf16", "mxfp8")  # fprop, dgrad
+    assert factory.slot_formats(SimpleNamespace(module_type="dpa", tensor_type="input"),
+                                factory.role_plan((), plan), "mxfp8") == ("hp", "hp")
+    # a plan's operands rule is the grad_output slot's alone: the weight's dgrad layout keeps
+    # the default, where a whole-GEMM caller would give all of dgrad the rule's format
+    ops = factory.role_plan((), _plan({"operands": ["grad_output"], "format": "hp"}))
+    assert factory.slot_formats(grad, ops, "mxfp8") == ("hp", "hp")
+    assert factory.slot_formats(weight, ops, "mxfp8") == ("mxfp8", "mxfp8")
+    # LOWP_TE_ROLE_FORMATS rules come first, the plan decides what they leave
+    ruled = factory.role_plan(factory.parse_rules("tensor_type=weight:nvfp4"), plan)
+    assert factory.slot_formats(weight, ruled, "mxfp8") == ("nvfp4", "nvfp4")
+    assert factory.slot_formats(grad, ruled, "mxfp8") == ("mxfp8", "hp")
     te_recipe = _plan({"format": "te_mxfp8"})
     with pytest.raises(factory.FactoryError, match="not a known format"):
-        factory.plan_formats(role, te_recipe, "mxfp8")
+        factory.slot_formats(role, factory.role_plan((), te_recipe), "mxfp8")
 
 
 # ---- Megatron-LM's --te-precision-config-file -----------------------------------------------------
@@ -176,6 +211,19 @@ def test_megatron_config_has_one_glob_matcher_per_module_in_another_recipe():
     assert all(m["type"] == "glob" and m["enabled"] is True for m in cfg["matchers"].values())
     assert all(c["transformer_engine_config_type"] == "TEQuantizationParams"
                for c in cfg["configs"].values())
+
+
+def test_megatron_config_refuses_a_plan_that_selects_operands():
+    plan = _plan({"modules": "linear_fc1", "operands": ["input", "weight"], "format": "te_mxfp8"})
+    with pytest.raises(UserError) as err:
+        megatron_config.to_megatron(plan, SITES, "bf16")
+    line = str(err.value)
+    assert line.startswith("decoder.layers.0.mlp.linear_fc1: the plan selects operands of its "
+                           "fprop, dgrad, wgrad GEMM(s)") and "quantizer_factory" in line
+    assert "\n" not in line
+    # the same modules without operands: one recipe for the module, converted
+    whole = _plan({"modules": "linear_fc1", "format": "te_mxfp8"})
+    assert len(megatron_config.to_megatron(whole, SITES, "bf16")["matchers"]) == 2
 
 
 def test_megatron_config_refuses_what_megatron_cannot_express():

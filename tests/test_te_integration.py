@@ -26,6 +26,7 @@ from te_helpers import ROOT, initialize, make_logger, te_linear_calls
 
 import quant
 from quant import gemm_plan
+from quant.precision_plan import plan_from_dict
 from quant.vocabulary import LINEAR_OPERANDS
 from te_integration import emulated_gemm, factory, names, options
 from te_integration.layouts import LAYOUT_GEMM
@@ -291,26 +292,52 @@ class Role:
         self.module_type, self.tensor_type, self.name = module_type, tensor_type, name
 
 
+def _chosen(role, rules=(), plan=None, default="mxfp8"):
+    """The format the factory gives a slot whose two layouts agree (the rules give both one)."""
+    row, col = factory.slot_formats(role, factory.role_plan(rules, plan), default)
+    assert row == col, (row, col)
+    return row
+
+
 def test_factory_chooses_formats_per_role():
     rules = factory.parse_rules("tensor_type=grad_output:fp8_e5m2_tensor; "
-                                "name=fc2,tensor_type=weight:nvfp4; module_type=dpa:mxfp8")
-    choose = lambda *a: factory.choose_format(Role(*a), "mxfp8", rules)  # noqa: E731
-    assert choose("linear", "input", "fc1") == "mxfp8"
+                                "name=fc2,tensor_type=weight:nvfp4; module_type=linear:mxfp4")
+    choose = lambda *a: _chosen(Role(*a), rules)  # noqa: E731
+    assert choose("linear", "input", "fc1") == "mxfp4"                  # rule 3
     assert choose("grouped_linear", "weight", "experts") == "hp"         # refused: check_role
     assert choose("linear", "grad_output", "fc1") == "fp8_e5m2_tensor"   # first rule
     assert choose("linear", "weight", "fc2") == "nvfp4"
-    assert choose("dpa", "qkv", "core_attention") == "mxfp8"             # only by a rule
-    assert factory.choose_format(Role("dpa", "qkv"), "mxfp8") == "hp"
-    assert factory.choose_format(Role("linear", "output"), "mxfp8") == "hp"
-    assert factory.choose_format(None, "mxfp8") == "hp"
+    assert choose("dpa", "qkv", "core_attention") == "hp"                # not a linear operand
+    assert choose("linear", "output", "fc2") == "hp"
+    assert _chosen(Role("linear", "input")) == "mxfp8"                   # no rule: the default
+    assert _chosen(None, rules) == "hp"
     # Megatron's names: a full module path matches a name rule by dotted suffix, or by ~= regex
     assert choose("linear", "weight", "decoder.layers.1.mlp.fc2") == "nvfp4"
-    assert choose("linear", "weight", "decoder.layers.1.mlp.linear_fc2") == "mxfp8"   # not "fc2"
+    assert choose("linear", "weight", "decoder.layers.1.mlp.linear_fc2") == "mxfp4"   # not "fc2"
     regex = factory.parse_rules(r"name~=layers\.(0|1)\.self_attention:hp")
-    assert factory.choose_format(Role("linear", "input", "model.decoder.layers.1.self_attention."
-                                      "linear_qkv"), "mxfp8", regex) == "hp"
-    assert factory.choose_format(Role("linear", "input", "decoder.layers.11.self_attention."
-                                      "linear_qkv"), "mxfp8", regex) == "mxfp8"
+    assert _chosen(Role("linear", "input", "model.decoder.layers.1.self_attention."
+                                           "linear_qkv"), regex) == "hp"
+    assert _chosen(Role("linear", "input", "decoder.layers.11.self_attention."
+                                           "linear_qkv"), regex) == "mxfp8"
+    # several name conditions in one rule: all must match
+    both = factory.parse_rules(r"name~=layers\.1\.,name=linear_fc2:hp")
+    assert _chosen(Role("linear", "input", "decoder.layers.1.mlp.linear_fc2"), both) == "hp"
+    assert _chosen(Role("linear", "input", "decoder.layers.2.mlp.linear_fc2"), both) == "mxfp8"
+    assert _chosen(Role("linear", "input", "decoder.layers.1.mlp.linear_fc1"), both) == "mxfp8"
+
+
+def test_role_rules_and_plan_rules_name_layers_alike():
+    """A rule matches the module path a plan matches: an nvdlfw-inspect name numbers layers
+    from 1 (``model.decoder.layers.2`` is layer 1), so a name rule for layers.1 matches it as
+    the plan rule for layer 1 does, and a suffix still matches whole components only."""
+    rule = factory.parse_rules("name=layers.1.mlp.linear_fc2:hp")
+    plan = factory.role_plan((), plan_from_dict({"rules": [
+        {"modules": r"mlp\.linear_fc2$", "layers": [1], "format": "hp"}]}, "plan.yaml"))
+    for name, fmt in (("model.decoder.layers.2.mlp.linear_fc2", "hp"),
+                      ("model.decoder.layers.3.mlp.linear_fc2", "mxfp8"),
+                      ("decoder.layers.11.mlp.linear_fc2", "mxfp8")):
+        assert _chosen(Role("linear", "weight", name), rule) == fmt, name
+        assert factory.slot_formats(Role("linear", "weight", name), plan, "mxfp8") == (fmt, fmt)
 
 
 def test_factory_refuses_what_it_cannot_emulate_in_one_line():
@@ -329,6 +356,8 @@ def test_factory_refuses_what_it_cannot_emulate_in_one_line():
 
 @pytest.mark.parametrize("text,message", [
     ("tensor_type=weight", "needs 'field=value:format'"),
+    ("module_type=dpa:mxfp8", "module_type 'dpa' selects no slot our formats apply to"),
+    ("tensor_type=qkv:mxfp8", "tensor_type selects no operand of a linear GEMM"),
     ("tensortype=weight:mxfp8", "'tensortype=weight' in rule"),
     ("tensor_type=weight:mxfp9", "'mxfp9' is not a known format; valid: fp8_e4m3"),
     ("name~=layers.(:hp", "is not a regular expression"),

@@ -208,8 +208,11 @@ def test_te_role_rules_match_megatron_layer_names(run):
     got = _case(run, "role_formats")
     assert got["path"] == {"input": FMT, "weight": "hp", "grad_output": FMT, "other": "hp"}
     assert got["fc1"] == {"input": "mxfp4", "weight": "mxfp4", "grad_output": "mxfp4", "other": "hp"}
+    # nvdlfw-inspect counts layers from 1: its layers.2 is the module path's layers.1, which
+    # role rules match as plans do (factory.module_path)
+    assert got["inspect_name"] == got["path"]
     # layers.2 is not layers.1: a suffix matches at a dot, whole components only
-    assert got["inspect_name"] == {"input": FMT, "weight": FMT, "grad_output": FMT, "other": "hp"}
+    assert got["layer2"] == {"input": FMT, "weight": FMT, "grad_output": FMT, "other": "hp"}
     err = got["none"].get("error", "")
     assert err.startswith("FactoryError: LOWP_TE_ROLE_FORMATS selects layers by name")
     # TE names an unnamed layer Layer_N; te_integration.megatron_lm renames it by module path

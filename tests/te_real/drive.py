@@ -134,7 +134,8 @@ def case_grouped_linear(te, recipe) -> dict:
 ROLE_RULES = "name=layers.1.mlp.linear_fc2,tensor_type=weight:hp;name~=linear_fc1$:mxfp4"
 #: layer names as Megatron gives them: a module path, nvdlfw-inspect's name, none
 ROLE_NAMES = {"path": "decoder.layers.1.mlp.linear_fc2", "fc1": "decoder.layers.1.mlp.linear_fc1",
-              "inspect_name": "model.module.decoder.layers.2.mlp.linear_fc2", "none": None}
+              "inspect_name": "model.module.decoder.layers.2.mlp.linear_fc2",
+              "layer2": "decoder.layers.2.mlp.linear_fc2", "none": None}
 
 
 def case_role_formats(te, recipe) -> dict:
