@@ -29,10 +29,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .vocabulary import LINEAR_GEMMS
+from .vocabulary import LINEAR_GEMMS, is_high_precision
 
 __all__ = ["OperandPlan", "PLAN", "GEMM_OPERANDS", "LINEAR_GEMMS", "gemm_name", "axis", "plan",
-           "OperandQuantizer",
+           "QuantizeOperand",
            "quantize_operands", "linear_forward", "linear_dgrad", "linear_wgrad",
            "wgrad_2d", "format_quantizer", "EmulatedLinear", "emulated_linear"]
 
@@ -88,14 +88,15 @@ def axis(gemm: str, operand: str) -> int:
     return plan(gemm, operand).axis
 
 
-#: quantize(tensor, plan entry) -> the fake-quantized tensor (same shape and dtype): what a GEMM's
-#: operands go through; :func:`format_quantizer` makes one from quant.quantizer.Quantizer objects
-#: (one configuration each, moved to the plan entry's axis), training emulation's adds its recipe
-OperandQuantizer = Callable[[torch.Tensor, OperandPlan], torch.Tensor]
+#: a function, not a quantizer: (tensor, plan entry) -> the fake-quantized tensor (same shape and
+#: dtype), what a GEMM's operands go through; :func:`format_quantizer` makes one from
+#: quant.quantizer.Quantizer values (one per format, moved to the plan entry's axis), training
+#: emulation's adds its recipe
+QuantizeOperand = Callable[[torch.Tensor, OperandPlan], torch.Tensor]
 
 
 def quantize_operands(gemm: str, tensors: tuple[torch.Tensor, ...],
-                      quantize: Optional[OperandQuantizer]) -> tuple[torch.Tensor, ...]:
+                      quantize: Optional[QuantizeOperand]) -> tuple[torch.Tensor, ...]:
     """``tensors`` (in the plan's operand order of ``gemm``) through ``quantize``; None: as is."""
     if quantize is None:
         return tensors
@@ -108,7 +109,7 @@ def quantize_operands(gemm: str, tensors: tuple[torch.Tensor, ...],
 # -- the three GEMMs of a linear layer (the same ops, in the same order, as megatron-core's
 #    LinearWithGradAccumulationAndAsyncCommunication, so an unquantized run is bit-identical)
 def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   quantize: Optional[OperandQuantizer] = None) -> torch.Tensor:
+                   quantize: Optional[QuantizeOperand] = None) -> torch.Tensor:
     """x @ weight.T (+ bias) on the forward operands."""
     a, w = quantize_operands("fprop", (x, weight), quantize)
     out = torch.matmul(a, w.t())
@@ -118,7 +119,7 @@ def linear_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
 
 
 def linear_dgrad(grad_output: torch.Tensor, weight: torch.Tensor,
-                 quantize: Optional[OperandQuantizer] = None) -> torch.Tensor:
+                 quantize: Optional[QuantizeOperand] = None) -> torch.Tensor:
     """grad_output @ weight: the input gradient, on the dgrad operands."""
     g, w = quantize_operands("dgrad", (grad_output, weight), quantize)
     return g.matmul(w)
@@ -134,22 +135,24 @@ def wgrad_2d(grad_output: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def linear_wgrad(grad_output: torch.Tensor, x: torch.Tensor,
-                 quantize: Optional[OperandQuantizer] = None) -> torch.Tensor:
+                 quantize: Optional[QuantizeOperand] = None) -> torch.Tensor:
     """grad_output.T @ x of the 2-D operands: the weight gradient, on the wgrad operands."""
     g, a = quantize_operands("wgrad", (grad_output, x), quantize)
     return g.t().matmul(a)
 
 
-def format_quantizer(fmt: str, grad_fmt: Optional[str] = None) -> OperandQuantizer:
+def format_quantizer(fmt: str, grad_fmt: Optional[str] = None) -> QuantizeOperand:
     """Input and weight operands in ``fmt``, grad_output operands in ``grad_fmt`` (default
-    ``fmt``; "fp32": left unquantized), each along its plan axis: quant.quantize with one
-    quant.quantizer.Quantizer per format, built here once."""
+    ``fmt``; a high-precision name of quant.vocabulary, "fp32" among them: left unquantized),
+    each along its plan axis: quant.quantize with one quant.quantizer.Quantizer per format,
+    built here once."""
     import quant  # lazy: quant's torch modules load on first use
     from quant.quantizer import Quantizer
 
     fake_quantize = quant.quantize
     grad_fmt = grad_fmt or fmt
-    quantizers = {name: Quantizer.of(name) for name in {fmt, grad_fmt} if name != "fp32"}
+    quantizers = {name: Quantizer.of(name) for name in {fmt, grad_fmt}
+                  if not is_high_precision(name)}
 
     def q(t: torch.Tensor, p: OperandPlan) -> torch.Tensor:
         config = quantizers.get(grad_fmt if p.operand == "grad_output" else fmt)
@@ -164,7 +167,7 @@ class EmulatedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                quantize: Optional[OperandQuantizer]) -> torch.Tensor:
+                quantize: Optional[QuantizeOperand]) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.quantize = quantize
         ctx.use_bias = bias is not None

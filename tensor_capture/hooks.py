@@ -77,7 +77,7 @@ def _quantized_name(p: OperandPlan) -> str:
 
 
 def _emulator(saver, cap: bool, layer_type: str, site: Site, it: int, sample: int | None,
-              ste: bool = False) -> gemm_plan.OperandQuantizer:
+              ste: bool = False) -> gemm_plan.QuantizeOperand:
     """The quantizer of the emulated CUSTOM_QUANT_TYPE for one call (linear operands: the
     recipe's spec of the operand role; attention: its format) along the plan's axis,
     with the underflow warning, capturing each quantized operand when save_quantized."""
@@ -164,7 +164,7 @@ def _wgrad_operands(ctx: Any, grad_output: torch.Tensor,
     return g, a
 
 
-def _wgrad_emulator(ctx: Any) -> gemm_plan.OperandQuantizer | None:
+def _wgrad_emulator(ctx: Any) -> gemm_plan.QuantizeOperand | None:
     if not STATE.emulate:
         return None
     call = _call(ctx)

@@ -48,12 +48,12 @@ def is_linear(module: torch.nn.Module) -> bool:
     return _kind(module) is not None
 
 
-def _torch_forward(module: torch.nn.Linear, quantize: gemm_plan.OperandQuantizer,
+def _torch_forward(module: torch.nn.Linear, quantize: gemm_plan.QuantizeOperand,
                    input: torch.Tensor) -> torch.Tensor:
     return gemm_plan.EmulatedLinear.apply(input, module.weight, module.bias, quantize)
 
 
-def _megatron_impl(quantize: gemm_plan.OperandQuantizer, input: torch.Tensor, weight: torch.Tensor,
+def _megatron_impl(quantize: gemm_plan.QuantizeOperand, input: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None = None, *args: Any, allreduce_dgrad: bool = False,
                    sequence_parallel: bool = False, **kwargs: Any) -> torch.Tensor:
     """megatron-core's linear_with_grad_accumulation_and_async_allreduce at tensor-parallel
@@ -64,7 +64,7 @@ def _megatron_impl(quantize: gemm_plan.OperandQuantizer, input: torch.Tensor, we
     return gemm_plan.EmulatedLinear.apply(input, weight, bias, quantize)
 
 
-def _patch(module: torch.nn.Module, kind: str, quantize: gemm_plan.OperandQuantizer, where: str,
+def _patch(module: torch.nn.Module, kind: str, quantize: gemm_plan.QuantizeOperand, where: str,
            done: list[tuple[torch.nn.Module, str, Any]]) -> None:
     if kind == "te":
         raise ValueError(f"{where or type(module).__name__}: a Transformer Engine linear; its GEMMs "
