@@ -76,8 +76,12 @@ def should_compile(numel: int, device_type: str = "cpu") -> bool:
     auto mode: CPU only (the compiled kernels are verified against the eager ones on CPU; CUDA
     tensors go to the Triton kernels), from QUANT_COMPILE_MIN_NUMEL elements up.
     """
-    if COMPILE.broken is not None:
-        return False
+    return COMPILE.broken is None and compile_wanted(numel, device_type)
+
+
+def compile_wanted(numel: int, device_type: str = "cpu") -> bool:
+    """:func:`should_compile` but for an earlier compile failure: whether compiled kernels
+    are wanted for such a tensor (also what the C block kernels of quant.cpu_blocks follow)."""
     mode = _mode()
     if mode == "off":
         return False
@@ -163,7 +167,8 @@ def _disable(exc: BaseException, what: str = "a kernel") -> None:
           "QUANT_COMPILE=0 turns compiling off", file=sys.stderr, flush=True)
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b hold the same bits (NaN where the other has NaN, any payload)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     nan_a, nan_b = torch.isnan(a), torch.isnan(b)
@@ -219,7 +224,7 @@ def _build(key, fn: Callable, static: tuple, sample: torch.Tensor) -> None:
             torch._dynamo.maybe_mark_dynamic(sample, dim)
         with _Unguarded(), _compile_context():
             got = kernel(sample)
-        if not _same_bits(got, _in_float32(fn, static)(sample)):
+        if not same_bits(got, _in_float32(fn, static)(sample)):
             raise RuntimeError(f"compiled {fn.__name__} differs from the eager kernel")
         COMPILE.kernels[key] = kernel
     except Exception as exc:  # compiler missing, unsupported op, mismatch: stay eager

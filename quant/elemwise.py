@@ -108,7 +108,7 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
 
     ``noise`` (uniform [0, 1), same shape) is required for rounding="stochastic".
     """
-    if rounding == "nearest_even" and _adder_rounds(p):
+    if rounding == "nearest_even" and adder_rounds(p):
         return _round_nearest_even_(a, p)
     if rounding == "nearest_away" and _bits_round_away(p):
         return _round_tapered_away(a, p)
@@ -147,7 +147,7 @@ def round_magnitude_(a: torch.Tensor, p: ElemParams, rounding: str,
     return a.mul_(e.add_(127).bitwise_left_shift_(23).view(torch.float32))
 
 
-def _adder_rounds(p: ElemParams) -> bool:
+def adder_rounds(p: ElemParams) -> bool:
     """Whether nearest-even rounding can use the float adder (:func:`_round_nearest_even_`):
     a fixed mantissa width of at most 22 bits (so c below is above every magnitude of its
     binade) and 2^(e + 23 - m) a normal float32 over the whole grid."""

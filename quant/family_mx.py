@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_blocks
 from .backends import triton_kernels
 from .elemwise import float_exponent, pow2_any
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP, SCALING_MX, FormatSpec
@@ -57,7 +58,7 @@ def e8m0_round_up(v: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(v), torch.full_like(code, 255), code)
 
 
-def _quantize_blocks(xb, q, nz=None, dim=-1):
+def quantize_blocks(xb, q, nz=None, dim=-1):
     """The torch kernel (compiled by quant.accel) on [..., nblocks, block] (dim -1) or
     [..., nblocks, block, inner] (dim -2), as quantizer ``q`` configures it."""
     amax = xb.abs().amax(dim=dim, keepdim=True)
@@ -66,8 +67,8 @@ def _quantize_blocks(xb, q, nz=None, dim=-1):
 
 
 def _quantize_inner(xb, q):
-    """_quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
-    return _quantize_blocks(xb, q, None, dim=-2)
+    """quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
+    return quantize_blocks(xb, q, None, dim=-2)
 
 
 class MXFamily(ScalingFamily):
@@ -88,7 +89,14 @@ class MXFamily(ScalingFamily):
         return self.scales_of_amax(amax_b, spec.emax, spec.max_normal, scale_mode)
 
     def quantize(self, x, q, generator=None):
-        return quantize_blocked(x, q, _quantize_inner, _quantize_blocks, generator)
+        lib = cpu_blocks.kernels_for(x, q)
+        if lib is not None:
+            return self.quantize_c(lib, x, q)
+        return quantize_blocked(x, q, _quantize_inner, quantize_blocks, generator)
+
+    def quantize_c(self, lib, x, q):
+        """The one-pass C kernel (quant.cpu_blocks) on x it takes (cpu_blocks.usable)."""
+        return cpu_blocks.mx_rows(lib, x, q, cpu_blocks.SCALE_MODE_CODES[q.scale_mode])
 
     def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_blocks
 from .backends import triton_kernels
 from .elemwise import finish, float_exponent, round_magnitude_
 from .formats import SCALING_NVFP4, FormatSpec
@@ -35,7 +36,7 @@ def block_scale(amax_b: torch.Tensor, s_t: torch.Tensor) -> torch.Tensor:
     return finish(r, raw, SCALE_PARAMS, True)
 
 
-def _quantize_blocks(xb, q, nz=None, dim=-1):
+def quantize_blocks(xb, q, nz=None, dim=-1):
     """The torch kernel (compiled by quant.accel) on the whole tensor in blocks, zero padded
     (s_t comes from its finite amax); layouts as quant.family_mx's."""
     s = NVFP4.scales_of_amax(xb.abs().amax(dim=dim, keepdim=True), finite_amax(xb))
@@ -43,8 +44,8 @@ def _quantize_blocks(xb, q, nz=None, dim=-1):
 
 
 def _quantize_inner(xb, q):
-    """_quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
-    return _quantize_blocks(xb, q, None, dim=-2)
+    """quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
+    return quantize_blocks(xb, q, None, dim=-2)
 
 
 def _scale_quantizer():
@@ -80,7 +81,17 @@ class NVFP4Family(ScalingFamily):
         return self.scales_of_amax(amax_b, tensor_amax)
 
     def quantize(self, x, q, generator=None):
-        return quantize_blocked(x, q, _quantize_inner, _quantize_blocks, generator)
+        lib = cpu_blocks.kernels_for(x, q)
+        if lib is not None:
+            return self.quantize_c(lib, x, q)
+        return quantize_blocked(x, q, _quantize_inner, quantize_blocks, generator)
+
+    def quantize_c(self, lib, x, q):
+        """The C kernels (quant.cpu_blocks) on x they take (cpu_blocks.usable): the finite
+        amax, s_t from it by the torch definition, then one pass over the blocks."""
+        s_t = tensor_scale_of_amax(cpu_blocks.finite_amax(lib, x))
+        return cpu_blocks.nvfp4_rows(lib, x, q, float(s_t), SCALE_PARAMS,
+                                     (ELEMENT_MAX, SCALE_MIN, SCALE_MAX))
 
     def quantize_triton(self, x, q, generator=None):
         tk = triton_kernels()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from quant import FORMATS, quantize
-from quant.elemwise import ElemParams, _adder_rounds, round_magnitude_, tapered_mantissa_bits
+from quant.elemwise import ElemParams, adder_rounds, round_magnitude_, tapered_mantissa_bits
 from quant.families import FAMILIES, family_of
 from quant.formats import SCALING_IDENTITY
 from quant.layout import to_blocks
@@ -69,7 +69,7 @@ def test_nvfp4_scales_use_the_format_constants():
 
 
 @pytest.mark.parametrize("name", [n for n, s in FORMATS.items()
-                                  if _adder_rounds(ElemParams.of(s))])
+                                  if adder_rounds(ElemParams.of(s))])
 def test_nearest_even_rounding_matches_float64(name):
     """The element cast's nearest-even rounding against RNE in float64, on random float32 bit
     patterns up to far beyond the format's range (past it: only 'beyond max_normal' counts)."""

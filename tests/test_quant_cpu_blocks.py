@@ -1,0 +1,116 @@
+"""The C block quantizers (quant.cpu_blocks) equal the torch kernels bit for bit, and stand
+aside without a word where there is no compiler (results the same, only slower)."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+import quant
+from quant import accel, cbuild, cpu_blocks
+from quant.formats import FORMATS, SCALE_MODES, SCALING_MX, SCALING_NVFP4
+from quant.quantizer import Quantizer
+
+MX_FORMATS = [n for n, s in FORMATS.items() if s.scaling == SCALING_MX]
+CONFIGS = ([(n, m, sat) for n in MX_FORMATS for m in SCALE_MODES for sat in (True, False)]
+           + [(n, "floor", sat) for n, s in FORMATS.items() if s.scaling == SCALING_NVFP4
+              for sat in (True, False)])
+
+pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler here")
+
+
+def _inputs() -> dict:
+    """Every float32 bit pattern class: random bits (NaN payloads, Inf, subnormals, huge),
+    the probe's ties and special blocks, normal data; rows of whole and partial blocks."""
+    g = torch.Generator().manual_seed(1)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (48, 256), generator=g, dtype=torch.int64)
+    ties = cpu_blocks._probe_tensor(40, 5 * 32 + 9)
+    normal = torch.randn(3, 8, 200, generator=g) * 7
+    normal[0, 1, :16] = 0.0
+    return {"bits": bits.to(torch.int32).view(torch.float32), "ties": ties, "normal": normal,
+            "vector": torch.randn(1000, generator=g), "tiny": torch.randn(64, 48, generator=g)
+            * 2.0 ** -135}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same bits, NaN included (a poisoned block's NaN is masked_fill's)."""
+    return a.dtype == b.dtype and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("name,mode,saturate", CONFIGS)
+def test_c_kernel_equals_the_torch_kernels(name, mode, saturate, monkeypatch):
+    monkeypatch.setenv("QUANT_COMPILE", "0")
+    data = _inputs()
+    want = {k: quant.quantize(x, name, scale_mode=mode, saturate=saturate)
+            for k, x in data.items()}
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    calls = []
+    real = cpu_blocks.kernels_for
+    monkeypatch.setattr(cpu_blocks, "kernels_for",
+                        lambda x, q: calls.append(1) or real(x, q))
+    for k, x in data.items():
+        got = quant.quantize(x, name, scale_mode=mode, saturate=saturate)
+        assert _same(got, want[k]), (name, mode, saturate, k)
+    assert cpu_blocks.CPU_BLOCKS.lib is not None, cpu_blocks.CPU_BLOCKS.error
+    assert len(calls) == len(data)
+
+
+def test_the_probe_finds_a_flipped_bit():
+    """The probe that lets the kernels take over fails on one wrong value."""
+    x = torch.randn(64, 64)
+    quant.quantize(x, "mxfp8")   # built (compile mode auto: at the threshold or not, built on use)
+    lib = cpu_blocks.library(cpu_blocks.probe_mismatch)
+    if lib is None:
+        pytest.skip(f"the kernels are not in use here: {cpu_blocks.CPU_BLOCKS.error!r}")
+    assert cpu_blocks.probe_mismatch(lib) == ""
+
+    class OneBitOff:
+        lowp_nvfp4_rows = lib.lowp_nvfp4_rows
+        lowp_finite_amax = lib.lowp_finite_amax
+
+        @staticmethod
+        def lowp_mx_rows(xp, yp, *args):
+            lib.lowp_mx_rows(xp, yp, *args)
+            first = ctypes.c_int32.from_address(yp + 4 * 40)   # a value of row 0's 2nd block
+            first.value ^= 1
+
+    assert cpu_blocks.probe_mismatch(OneBitOff()).startswith("mx")
+
+
+def test_without_a_compiler_the_torch_path_runs_silently(monkeypatch, capsys):
+    monkeypatch.setenv("QUANT_COMPILE", "0")
+    x = torch.randn(96, 128)
+    want = quant.quantize(x, "nvfp4")
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    monkeypatch.setattr(cpu_blocks, "CPU_BLOCKS", cpu_blocks.CpuBlocksState())
+    monkeypatch.setattr(cbuild, "compiler", lambda: None)
+    monkeypatch.setattr(accel.COMPILE, "broken", RuntimeError("no Inductor in this test"))
+    got = quant.quantize(x, "nvfp4")
+    assert _same(got, want)
+    assert cpu_blocks.CPU_BLOCKS.lib is None and cpu_blocks.CPU_BLOCKS.tried
+    assert capsys.readouterr().err == ""
+
+
+def test_a_probe_that_disagrees_keeps_the_torch_path(monkeypatch, capsys):
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    monkeypatch.setattr(cpu_blocks, "CPU_BLOCKS", cpu_blocks.CpuBlocksState())
+    monkeypatch.setattr(cpu_blocks, "probe_mismatch", lambda lib: "mxfp8, planted")
+    monkeypatch.setattr(accel.COMPILE, "broken", RuntimeError("no Inductor in this test"))
+    x = torch.randn(32, 64)
+    got = quant.quantize(x, "mxfp8")
+    monkeypatch.setenv("QUANT_COMPILE", "0")
+    assert _same(got, quant.quantize(x, "mxfp8"))
+    assert cpu_blocks.CPU_BLOCKS.lib is None
+    err = capsys.readouterr().err
+    assert "differs from the torch kernels (mxfp8, planted)" in err and err.count("\n") == 1
+
+
+def test_what_the_c_kernels_do_not_take_goes_to_the_torch_kernels():
+    q = Quantizer.of("mxfp8")
+    x = torch.randn(64, 64)
+    assert cpu_blocks.usable(x, q)
+    assert not cpu_blocks.usable(x.bfloat16(), q)
+    assert not cpu_blocks.usable(x.t(), q)
+    assert not cpu_blocks.usable(x, q.along(0))
+    assert not cpu_blocks.usable(x, Quantizer.of("mxfp8", rounding="stochastic"))
