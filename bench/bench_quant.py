@@ -5,6 +5,11 @@ clone() reads and writes the tensor once: the memory floor any out-of-place quan
 A ratio of 0.5 means quantize runs at half of clone's throughput. Clone and quantize runs are
 interleaved and each ratio is median(clone) / median(quantize) over the same period.
 
+``--clock cpu`` (with ``--threads 1``) times each run by the calling thread's CPU time instead of
+the wall clock: on a shared machine the time the process waits for a core is left out (every
+single-threaded kernel, clone's copy included, runs in the calling thread; page faults are the
+thread's system time and count).
+
 On CUDA each timed run is a CUDA-event-timed loop of --inner calls, and the table adds the
 achieved bandwidth (the input read once + the output written once, per second) as a fraction
 of the device's peak memory bandwidth (from NVML: memory clock x bus width x 2, or --peak-gbps).
@@ -24,13 +29,17 @@ DEFAULT_FORMATS = ("mxfp8", "mxfp4", "nvfp4", "hifp8", "fp8_e4m3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _time(fn, repeats: int) -> float:
+#: --clock -> the clock a CPU run is timed by
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def _time(fn, repeats: int, clock=time.perf_counter) -> float:
     """Median seconds of fn() over ``repeats`` runs (after the caller's warm-up)."""
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -76,7 +85,7 @@ def _until_compiled(q, compile_mode: str, accel) -> float:
 
 def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: str,
         device: str, dtype: torch.dtype = torch.float32, backend: str = "auto",
-        inner: int = 20) -> list[dict]:
+        inner: int = 20, clock: str = "wall") -> list[dict]:
     import os
     os.environ["QUANT_COMPILE"] = compile_mode
     import quant
@@ -123,8 +132,8 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
                 tc.append(clone())
                 tq.append(_cuda_timer(q_once, inner)())
             else:
-                tc.append(_time(clone, 1))
-                tq.append(_time(q, 1))
+                tc.append(_time(clone, 1, CLOCKS[clock]))
+                tq.append(_time(q, 1, CLOCKS[clock]))
         t_c, t_q = statistics.median(tc), statistics.median(tq)
         clone_times += tc
         # formats with a per-tensor scale read x twice (the amax pass, then the cast)
@@ -136,7 +145,7 @@ def run(formats, rows: int, cols: int, repeats: int, warmup: int, compile_mode: 
                         "clone_seconds": t_c,
                         "ratio_to_clone": t_c / t_q})
     t_clone = statistics.median(clone_times) if clone_times else (
-        clone() if x.is_cuda else _time(clone, repeats))
+        clone() if x.is_cuda else _time(clone, repeats, CLOCKS[clock]))
     for r in results:
         # The conservative ratio: against clone's median over the whole run, not only the
         # runs interleaved with this format (clone right after a quantize can be slower).
@@ -168,6 +177,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                     help="input dtype (default float32)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="CPU: wall clock, or the calling thread's CPU time (cpu: needs "
+                         "--threads 1; a shared machine's waits for a core left out)")
     ap.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto",
                     help="quantization kernels (default auto: Triton for CUDA tensors)")
     ap.add_argument("--inner", type=int, default=20,
@@ -177,12 +189,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rows < 1 or args.cols < 1 or args.repeats < 1 or args.warmup < 0:
         ap.error("--rows/--cols/--repeats must be >= 1 and --warmup >= 0")
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu needs --threads 1 (it times the calling thread only)")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         results = run(args.formats, args.rows, args.cols, args.repeats, args.warmup,
                       args.compile, args.device, DTYPES[args.dtype], args.backend,
-                      max(args.inner, 1))
+                      max(args.inner, 1), args.clock)
     except (ValueError, RuntimeError) as exc:
         print(f"bench_quant: {exc}", file=sys.stderr)
         return 2
@@ -192,7 +206,7 @@ def main(argv=None) -> int:
         f"{torch.get_num_threads()} threads")
     print(f"quantize throughput on a {args.rows}x{args.cols} {args.dtype} tensor, device "
           f"{args.device} ({where}), backend={args.backend}, compile={args.compile}, "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}, clock={args.clock}")
     if cuda:
         print(f"peak memory bandwidth: {f'{peak:.0f} GB/s' if peak else 'unknown (--peak-gbps)'}"
               f"; GB/s = (x read once + y written once) / time")

@@ -114,3 +114,25 @@ def test_what_the_c_kernels_do_not_take_goes_to_the_torch_kernels():
     assert not cpu_blocks.usable(x.t(), q)
     assert not cpu_blocks.usable(x, q.along(0))
     assert not cpu_blocks.usable(x, Quantizer.of("mxfp8", rounding="stochastic"))
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
+def test_split_across_threads_gives_the_same_bits(name, monkeypatch):
+    """torch's intra-op threads share the rows (and NVFP4's amax pass the elements); the
+    parts' results are those of one pass."""
+    monkeypatch.setenv("QUANT_COMPILE", "0")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 3 * 32 + 5, generator=g) * 10
+    x[6, 3] = 1e4                 # the tensor amax in the last part: it sets NVFP4's scale
+    want = quant.quantize(x, name)
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    monkeypatch.setattr(cpu_blocks, "PARALLEL_MIN_NUMEL", 1)
+    monkeypatch.setattr(cpu_blocks, "CPU_BLOCKS", cpu_blocks.CpuBlocksState())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        got = quant.quantize(x, name)
+    finally:
+        torch.set_num_threads(threads)
+    assert cpu_blocks.CPU_BLOCKS.lib is not None and cpu_blocks.CPU_BLOCKS.pool_size == 2
+    assert _same(got, want)
