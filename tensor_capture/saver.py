@@ -43,6 +43,9 @@ from .state import STATE
 from .tensorboard import NumericsBoard
 
 log = logging.getLogger("tensor_capture")
+#: site objects TensorSaver.captures remembers an answer for within an iteration (the hooks'
+#: cached sites number a few hundred; a caller that builds a new site per call stops here)
+_SELECTED_MAX = 4096
 
 __all__ = ["TensorSaver", "CaptureSite", "get_tensor_saver", "configure", "save_tensor",
            "save_attention_tensors", "save_linear_tensors", "ConfigError"]
@@ -71,6 +74,9 @@ class TensorSaver:
         self._closed = False
         self._warnings = Warnings()
         self.policy = CapturePolicy(config, self._warnings.once)
+        # captures(): id(site) -> (site, the policy's answer) in iteration _selected_it
+        self._selected: dict[int, tuple[CaptureSite, bool]] = {}
+        self._selected_it: int | None = None
         self.records = RecordBuilder(config)
         # what-if numerics to TensorBoard when they are computed at all
         self.board = (NumericsBoard(config.tensorboard_dir)
@@ -165,12 +171,27 @@ class TensorSaver:
                 and p.rank_selected())
 
     def captures(self, site: CaptureSite, iteration: int) -> bool:
-        """Whether a tensor taken at ``site`` in ``iteration`` would be captured now."""
+        """Whether a tensor taken at ``site`` in ``iteration`` would be captured now. The
+        policy's answer is kept per site object for the iteration (the hooks hand the same
+        cached sites every step, and schedule, filters and rank hold within an iteration: an
+        iteration once selected stays so); whether the saver is enabled is asked each time."""
+        if not self.enabled:
+            return False
+        memo = self._selected
+        if iteration != self._selected_it:
+            memo.clear()
+            self._selected_it = iteration
+        hit = memo.get(id(site))
+        if hit is not None and hit[0] is site:
+            return hit[1]
         p = self.policy
-        return (self.enabled and p.iteration_selected(iteration)
-                and p.wants(site.layer_type, site.operation, site.phase, site.tensor_name,
-                            site.layer_idx, site.module_path)
-                and p.rank_selected())
+        ok = (p.iteration_selected(iteration)
+              and p.wants(site.layer_type, site.operation, site.phase, site.tensor_name,
+                          site.layer_idx, site.module_path)
+              and p.rank_selected())
+        if len(memo) < _SELECTED_MAX:        # a caller building new sites: no growth past this
+            memo[id(site)] = (site, ok)
+        return ok
 
     # -- saving ----------------------------------------------------------------------------------
     def save_tensor(self, tensor: torch.Tensor, layer_type: str, operation: str,

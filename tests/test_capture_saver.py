@@ -76,6 +76,30 @@ def test_iteration_schedule_and_max_iterations(tmp_path):
     assert saved == [2, 5]
 
 
+def test_captures_answers_per_site_object_follow_the_schedule_and_the_saver(tmp_path):
+    """TensorSaver.captures keeps the policy's answer per site object for an iteration (the
+    hooks' hot path): the same object is asked again in later iterations, an earlier
+    iteration is asked after a later one, a filter leaves another object out, and a closed
+    saver captures nothing, as the policy alone answers."""
+    s = _saver(tmp_path, iter_every=2, max_iterations=2, layers=[1], stats_only=True)
+    kept = schema.CaptureSite(layer_type="linear", operation="forward", phase="pre",
+                              tensor_name="input", layer_idx=1)
+    other = schema.CaptureSite(layer_type="linear", operation="forward", phase="pre",
+                               tensor_name="input", layer_idx=0)
+    asked = []
+    for it in range(7):
+        s.set_iteration(it)
+        for _ in range(2):                      # asked twice: the second answer is the kept one
+            asked.append((it, s.captures(kept, it), s.captures(other, it)))
+        if s.captures(kept, it):
+            s.capture(torch.ones(2), kept)      # booked: max_iterations counts it
+    assert [it for it, yes, _ in asked if yes] == [0, 0, 2, 2]
+    assert not any(no for _, _, no in asked)
+    assert s.captures(kept, 2) and not s.captures(kept, 4) and s.captures(kept, 0)
+    s.close()
+    assert not s.captures(kept, 0)
+
+
 def test_filters(tmp_path):
     s = _saver(tmp_path, layers=[1], module_regex=r"fc1$", operations=["forward"],
                tensor_names=["input"])

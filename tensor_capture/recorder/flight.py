@@ -22,6 +22,7 @@ with the schedule's loss dicts (tensor_capture.numbering); a training loop may a
 from __future__ import annotations
 
 import atexit
+import ctypes
 import math
 import sys
 import time
@@ -40,7 +41,7 @@ from ..schema import CaptureSite
 from ..state import STATE
 from .out import SummaryWriter, append_trigger, ring_records, write_ring
 from .replay import RunInfo, write_replay
-from .ring import SlotBook, ring_bytes
+from .ring import SLOT_BYTES, SlotBook, ring_bytes
 from .stats import bounds, device_row, host_row, judged_format
 from .triggers import Seen, TriggerRules, agreed_kinds, rank_alone
 
@@ -77,6 +78,7 @@ class Recorder:
         self._formats: dict[torch.dtype, Any] = {}
         self._full = False                  # recorder_memory reached: no new slots
         self._params: dict[tuple, Any] = {}  # this iteration's parameter rows, by version
+        self._host_params: dict[tuple, bytes] = {}   # ... their host slots' bytes
         self._kernel = OptionalModule(_load_cpu_kernel)   # the one-pass CPU statistics
         self._kernel_now: Any = False   # ... once _cpu_kernel decided: the kernel or None
         self._known: dict[tuple[int, int | None], tuple] = {}   # (id(site), sample) -> _slot_of
@@ -91,7 +93,8 @@ class Recorder:
                sample: int | None) -> None:
         """Statistics of one selected tensor into its slot (no host sync for device tensors).
         The hot path: a site object seen before (hooks._at's cache) finds its slot, format
-        and bounds by identity; a CPU tensor's whole slot is one C call (stats_cpu)."""
+        and bounds by identity; a CPU tensor's whole slot is one C call (stats_cpu), a
+        parameter's second sight in an iteration one memmove of its slot's bytes."""
         if not self.block or self.block[-1] != iteration:
             self._begin(iteration)
         known = self._known.get((id(site), sample))
@@ -99,32 +102,49 @@ class Recorder:
             known = self._slot_of(tensor, site, sample)
             if known is None:
                 return
+        # a parameter is taken twice a step (forward and backward operand) unchanged: its row
+        # once per version (``_version`` changes on any in-place update); the dtype stands for
+        # the format (one judged format per dtype: _new_slot)
+        key = ((tensor.data_ptr(), tensor._version, tensor.shape, tensor.dtype)
+               if tensor.is_leaf and tensor.requires_grad else None)
+        if tensor.is_cpu and self.host_path:
+            self._record_host(tensor, known, key)
+        else:
+            self._record_device(tensor, known, key)
+
+    def _record_host(self, tensor: torch.Tensor, known: tuple, key: tuple | None) -> None:
+        """A CPU tensor's slot on the host: the C kernel where it builds, else the torch passes;
+        a parameter's slot bytes kept for its next sight (cheaper in a step than any numpy
+        indexing: the caches are cold between the step's tensor operations)."""
         _, slot, fmt, up, fl = known
         book = self.book
         p = self._plane
-        # a parameter is taken twice a step (forward and backward operand) unchanged: its row
-        # once per version (``_version`` changes on any in-place update)
-        key = ((tensor.data_ptr(), tensor._version, tensor.shape, fmt)
-               if tensor.is_leaf and tensor.requires_grad else None)
-        done = self._params.get(key) if key is not None else None
-        host = tensor.is_cpu and self.host_path
-        if done is None and host:
-            kernel = self._kernel_now if self._kernel_now is not False else self._cpu_kernel()
-            if kernel is not None and kernel.slot_into(tensor, up, fl,
-                                                       book.host_address(p, slot)):
-                if key is not None:
-                    self._params[key] = book.host[p, slot].copy()
-                return
-            done = host_row(tensor, fmt)
-        if host:
-            book.host[p, slot] = done
-        else:
-            row = device_row(tensor, fmt) if done is None else done
-            book.device_buffer(tensor.device)[p, slot].copy_(row)
-            book.on_dev[p, slot] = True
-            done = row
+        address = book.host_address(p, slot)
         if key is not None:
-            self._params[key] = done
+            done = self._host_params.get(key)
+            if done is not None:
+                ctypes.memmove(address, done, SLOT_BYTES)
+                return
+        kernel = self._kernel_now if self._kernel_now is not False else self._cpu_kernel()
+        if kernel is None or not kernel.slot_into(tensor, up, fl, address):
+            book.host[p, slot] = host_row(tensor, fmt)
+            book.count[p, slot] = tensor.numel()
+            book.seen[p, slot] = True
+        if key is not None:
+            self._host_params[key] = ctypes.string_at(address, SLOT_BYTES)
+
+    def _record_device(self, tensor: torch.Tensor, known: tuple, key: tuple | None) -> None:
+        """A device tensor's row into the device buffer (no host sync), once per parameter
+        version as on the host."""
+        _, slot, fmt, _, _ = known
+        book = self.book
+        p = self._plane
+        done = self._params.get(key) if key is not None else None
+        row = device_row(tensor, fmt) if done is None else done
+        book.device_buffer(tensor.device)[p, slot].copy_(row)
+        book.on_dev[p, slot] = True
+        if key is not None:
+            self._params[key] = row
         book.count[p, slot] = tensor.numel()
         book.seen[p, slot] = True
 
@@ -162,6 +182,7 @@ class Recorder:
         if len(self.block) >= self.config.recorder_every:   # a boundary was missed: keep going
             self._collect()
         self._params.clear()
+        self._host_params.clear()
         self.block.append(iteration)
         self.losses.append(math.nan)
         self._plane = len(self.block) - 1
