@@ -279,8 +279,8 @@ def _say(what: str) -> None:
 
 def usable(x: torch.Tensor, q) -> bool:
     """Whether the C kernels take x as quantizer ``q`` configures them (module docstring)."""
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1
-            and x.is_contiguous() and q.axis % x.dim() == x.dim() - 1
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1 and x.numel() > 0
+            and x.is_contiguous() and q.axis in (-1, x.dim() - 1)
             and q.rounding == "nearest_even" and adder_rounds(q.params)
             and CPU_BLOCKS.error is None)
 

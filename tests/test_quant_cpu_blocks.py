@@ -114,6 +114,15 @@ def test_what_the_c_kernels_do_not_take_goes_to_the_torch_kernels():
     assert not cpu_blocks.usable(x.t(), q)
     assert not cpu_blocks.usable(x, q.along(0))
     assert not cpu_blocks.usable(x, Quantizer.of("mxfp8", rounding="stochastic"))
+    assert not cpu_blocks.usable(torch.empty(0, 64), q) and not cpu_blocks.usable(x[0, 0], q)
+    assert not cpu_blocks.usable(x, q.along(3)) and not cpu_blocks.usable(x, q.along(-3))
+
+
+@pytest.mark.parametrize("axis", [2, -3])
+def test_an_axis_out_of_range_is_still_an_error(axis, monkeypatch):
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    with pytest.raises(ValueError, match="out of range"):
+        quant.quantize(torch.randn(8, 64), "mxfp8", axis=axis)
 
 
 @pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
