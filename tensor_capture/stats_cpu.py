@@ -293,6 +293,10 @@ class CpuStatsKernel:
         """:meth:`row_into` with the bounds given (:func:`bounds`, computed once per slot by
         the caller), then x's element count and 1.0 (seen): tensor_capture.recorder.ring's
         slot, all of it in one call. False, nothing written, as :meth:`row_into`."""
+        code = DTYPE_CODES.get(x.dtype)
+        if code is not None and x.is_contiguous():      # the usual case, without a second frame
+            self._slot(x.data_ptr(), x.numel(), 0, None, None, code, up, fl, out_address)
+            return True
         return self._call(self._slot, x, up, fl, out_address)
 
     @staticmethod

@@ -92,9 +92,11 @@ class Recorder:
     def record(self, tensor: torch.Tensor, site: CaptureSite, iteration: int,
                sample: int | None) -> None:
         """Statistics of one selected tensor into its slot (no host sync for device tensors).
-        The hot path: a site object seen before (hooks._at's cache) finds its slot, format
-        and bounds by identity; a CPU tensor's whole slot is one C call (stats_cpu), a
-        parameter's second sight in an iteration one memmove of its slot's bytes."""
+        The hot path, one Python frame for a CPU tensor (in a step every frame finds its code
+        and data evicted by the tensor work between calls): a site object seen before
+        (hooks._at's cache) finds its slot, format and bounds by identity; the whole slot is
+        one C call (stats_cpu), a parameter's second sight in an iteration one memmove of the
+        slot's bytes kept from its first."""
         if not self.block or self.block[-1] != iteration:
             self._begin(iteration)
         known = self._known.get((id(site), sample))
@@ -107,15 +109,9 @@ class Recorder:
         # the format (one judged format per dtype: _new_slot)
         key = ((tensor.data_ptr(), tensor._version, tensor.shape, tensor.dtype)
                if tensor.is_leaf and tensor.requires_grad else None)
-        if tensor.is_cpu and self.host_path:
-            self._record_host(tensor, known, key)
-        else:
+        if not (tensor.is_cpu and self.host_path):
             self._record_device(tensor, known, key)
-
-    def _record_host(self, tensor: torch.Tensor, known: tuple, key: tuple | None) -> None:
-        """A CPU tensor's slot on the host: the C kernel where it builds, else the torch passes;
-        a parameter's slot bytes kept for its next sight (cheaper in a step than any numpy
-        indexing: the caches are cold between the step's tensor operations)."""
+            return
         _, slot, fmt, up, fl = known
         book = self.book
         p = self._plane
@@ -127,7 +123,7 @@ class Recorder:
                 return
         kernel = self._kernel_now if self._kernel_now is not False else self._cpu_kernel()
         if kernel is None or not kernel.slot_into(tensor, up, fl, address):
-            book.host[p, slot] = host_row(tensor, fmt)
+            book.host[p, slot] = host_row(tensor, fmt)      # the torch passes
             book.count[p, slot] = tensor.numel()
             book.seen[p, slot] = True
         if key is not None:
