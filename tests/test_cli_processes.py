@@ -51,7 +51,7 @@ ONE_CLICK = ["bash", str(REPO / "script" / "one_click_visualize.sh")]
     (SCALING + ["t.pt", "--elem-format", "fp9"], "--elem-format"),
     (SCALING + ["t.pt", "--no-plot"], "did you mean --no-plots?"),
     (SCALING + ["t.pt", "--output-dir", "a_file/out"], "a_file is a file, not a folder"),
-    (ONE_CLICK + ["cap", "out", "--whatif", "fp9"], "--whatif fp9"),
+    (ONE_CLICK + ["cap", "out", "--whatif", "fp9"], "--whatif='fp9' is not a known format"),
     (ONE_CLICK + ["cap", "out", "--sample", "5"], "unrecognized arguments: --sample"),
     (ONE_CLICK + ["cap", "a_file/out"], "a_file is a file, not a folder"),
 ], ids=["scaling-unknown", "scaling-flag", "scaling-unwritable", "one-click-unknown",

@@ -82,7 +82,7 @@ def test_find_jump_rules() -> None:
 
 def test_bad_mode_and_layers() -> None:
     model, step = _mlp()
-    with pytest.raises(ValueError, match="mode 'fp7'"):
+    with pytest.raises(ValueError, match="--mode='fp7' is not a known format"):
         layer_diff(model, step, "fp7")
     with pytest.raises(ValueError, match="layers not in the model"):
         layer_diff(model, step, "bf16", layers=["nope"])
@@ -93,7 +93,7 @@ def test_cli_mlp_json(capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["mode"] == "fp8_e5m2" and len(data["layers"]) == 5 and data["groups"] == 3
     assert main(["--model", "mlp", "--mode", "fp7"]) == 2
-    assert "precision-diff: error: mode 'fp7'" in capsys.readouterr().err
+    assert "precision-diff: error: --mode='fp7' is not a known format" in capsys.readouterr().err
 
 
 def _cli(*args: str):
