@@ -32,7 +32,7 @@ from ..tensor_summary import TensorSummary, format_summary, summarize, tensor_fi
 
 __all__ = ["TensorSummary", "format_summary", "summarize", "tensor_files"]   # also read here
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VISUALIZE_SCRIPT = PROJECT_ROOT / "script" / "one_click_visualize.sh"
 DEFAULT_WORKDIR = Path("runs") / "default"
 _T0 = time.monotonic()

@@ -27,7 +27,7 @@ from quant.vocabulary import LOW_PRECISION_DTYPES
 LOW_PRECISION = tuple(getattr(torch, name) for name in LOW_PRECISION_DTYPES)
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # training_profiler/
 _SKIP_PREFIXES = (_TORCH_DIR, _OWN_DIR, "<frozen", os.path.dirname(os.__file__) + os.sep + "contextlib")
 
 
