@@ -22,6 +22,7 @@ torch path stays (said once on stderr for the last two); results never change, o
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
@@ -235,6 +236,7 @@ class CpuBlocksState:
         #: helper threads, one fewer than torch's intra-op threads (built on first use)
         self.pool: Optional[ThreadPoolExecutor] = None
         self.pool_size = 0
+        self.pool_pid = 0     # the process the pool's threads live in (a forked child: none)
 
 
 CPU_BLOCKS = CpuBlocksState()
@@ -305,8 +307,8 @@ def _each(fn: Callable[[int, int], object], parts: list[tuple[int, int]]) -> lis
     if len(parts) == 1:
         return [fn(*parts[0])]
     state = CPU_BLOCKS
-    if state.pool_size < len(parts) - 1:
-        state.pool_size = len(parts) - 1
+    if state.pool_size < len(parts) - 1 or state.pool_pid != os.getpid():
+        state.pool_size, state.pool_pid = len(parts) - 1, os.getpid()
         state.pool = ThreadPoolExecutor(state.pool_size, thread_name_prefix="quant-blocks")
     futures = [state.pool.submit(fn, *p) for p in parts[1:]]
     first = fn(*parts[0])

@@ -145,3 +145,28 @@ def test_split_across_threads_gives_the_same_bits(name, monkeypatch):
         torch.set_num_threads(threads)
     assert cpu_blocks.CPU_BLOCKS.lib is not None and cpu_blocks.CPU_BLOCKS.pool_size == 2
     assert _same(got, want)
+
+
+def test_a_forked_child_gets_threads_of_its_own(monkeypatch):
+    """A pool made before a fork has no threads in the child: the child makes its own (else
+    its first split call would wait forever)."""
+    import multiprocessing
+
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    monkeypatch.setattr(cpu_blocks, "PARALLEL_MIN_NUMEL", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(8, 64)
+        want = quant.quantize(x, "mxfp8")
+        assert cpu_blocks.CPU_BLOCKS.pool is not None
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            got = pool.apply_async(_quantize_in_child, (x,)).get(timeout=60)
+    finally:
+        torch.set_num_threads(threads)
+    assert _same(got, want)
+
+
+def _quantize_in_child(x: torch.Tensor) -> torch.Tensor:
+    torch.set_num_threads(2)
+    return quant.quantize(x, "mxfp8")
