@@ -25,20 +25,13 @@ keeps the torch path (it says so once): the numbers are the same, only slower.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lowp_common import atomic_path
+from quant import cbuild
 
 from .recorder.ring import COUNT, SEEN
 from .recorder.stats import FLUSH, INF, MAX, MIN, N_STATS, NAN, SAT, SUM, SUMSQ, Judged, bounds
@@ -270,8 +263,6 @@ PART = 32
 _FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math", f"-DPART={PART}", f"-DMAX_DIMS={MAX_DIMS}",
           *(f"-DR_{name}={index}" for name, index in _PLACES.items()))
-_COMPILERS = ("cc", "gcc", "clang")
-_CACHE_DIR = "megatron-lowp-tools"
 
 
 class CpuStatsKernel:
@@ -329,11 +320,10 @@ def _declare(fn: Any) -> Any:
 def load() -> CpuStatsKernel:
     """Compile (once per machine: the cache) and load the kernel, checked on the probe.
     Raises ImportError naming what failed (no compiler, a compile error, a wrong probe)."""
-    cc = _compiler()
-    if cc is None:
-        raise ImportError("no C compiler found ($CC, cc, gcc, clang)")
     try:
-        path = _build(cc)
+        # one build per machine (quant.cbuild: cached by a hash of the source, flags and
+        # compiler, renamed into place); a compiler without target_clones: one plain build
+        path = cbuild.build("recorder_stats", _SOURCE, _FLAGS, ((), ("-DLOWP_NO_CLONES",)))
         kernel = CpuStatsKernel(ctypes.CDLL(str(path)), path)
     except OSError as exc:                   # a compiler that cannot run, a library that won't load
         raise ImportError(f"the statistics kernel could not be built or loaded: {exc}") from exc
@@ -342,62 +332,6 @@ def load() -> CpuStatsKernel:
         raise ImportError(f"the compiled statistics kernel {path} disagrees with the "
                           f"definitions on its probe ({bad})")
     return kernel
-
-
-def _compiler() -> list[str] | None:
-    """The compiler command: ``$CC`` (words, e.g. ``ccache gcc``) when it names a program,
-    else the first of cc, gcc, clang on PATH."""
-    env = shlex.split(os.environ.get("CC", ""))
-    for cmd in ([env] if env else []) + [[name] for name in _COMPILERS]:
-        found = shutil.which(cmd[0])
-        if found:
-            return [found, *cmd[1:]]
-    return None
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / _CACHE_DIR
-
-
-def _build(cc: list[str]) -> Path:
-    """The library for this source, flags and compiler, compiled unless cached."""
-    tag = hashlib.sha256("\0".join([_SOURCE, *_FLAGS, os.path.realpath(cc[0]), *cc[1:],
-                                    platform.machine()]).encode()).hexdigest()[:16]
-    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / _CACHE_DIR):
-        target = folder / f"recorder_stats_{tag}.so"
-        if target.is_file():
-            return target
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            return _compile(cc, target)
-        except PermissionError:
-            continue                       # an unwritable cache: the temporary folder
-    raise ImportError(f"no writable folder for the compiled statistics kernel ({_cache_dir()})")
-
-
-class _BuildFailed(Exception):
-    """One compiler invocation failed (its last error line)."""
-
-
-def _compile(cc: list[str], target: Path) -> Path:
-    """Compile into a temporary name beside ``target`` and rename it there (lowp_common's
-    atomic write: a rank racing us, or a crash, never leaves a half-written library)."""
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "recorder_stats.c"
-        src.write_text(_SOURCE)
-        errors = []
-        for extra in ((), ("-DLOWP_NO_CLONES",)):   # a compiler without target_clones: one build
-            try:
-                with atomic_path(target) as out:
-                    run = subprocess.run([*cc, *_FLAGS, *extra, str(src), "-o", str(out)],
-                                         capture_output=True, text=True)
-                    if run.returncode != 0:
-                        raise _BuildFailed((run.stderr.strip().splitlines() or ["?"])[-1])
-                return target
-            except _BuildFailed as exc:
-                errors.append(str(exc))
-    raise ImportError(f"{' '.join(cc)} could not compile the statistics kernel: {errors[-1]}")
 
 
 def _probe_mismatch(kernel: CpuStatsKernel) -> str:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from error_bounds import dot_error_bound, exact_sum, exact_sumsq, gamma, sum_error_bound
 
+from quant import cbuild
 from tensor_capture import numbering, schema, stats, stats_cpu
 from tensor_capture import saver as ts
 from tensor_capture.config import ConfigError, load_config
@@ -455,13 +456,13 @@ def test_cpu_rows_come_from_the_one_pass_kernel_or_else_the_torch_path_alike(
     """CPU tensors' rows come from tensor_capture.stats_cpu; without a compiler the torch path
     writes the same rows (small integers: every sum exact in both) and the recorder says once
     why it is slower."""
-    if stats_cpu._compiler() is None:
+    if cbuild.compiler() is None:
         pytest.skip("no C compiler here")
     rings = []
     for with_kernel in (True, False):
         if not with_kernel:
             monkeypatch.delenv("CC", raising=False)
-            monkeypatch.setattr(stats_cpu, "_COMPILERS", ())
+            monkeypatch.setattr(cbuild, "COMPILERS", ())
         session()
         saver = ts.get_tensor_saver()
         g = torch.Generator().manual_seed(0)

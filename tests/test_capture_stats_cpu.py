@@ -14,6 +14,7 @@ import pytest
 import torch
 from error_bounds import exact_sum, exact_sumsq, gamma
 
+from quant import cbuild
 from tensor_capture import stats_cpu
 from tensor_capture.recorder.stats import (
     FLUSH,
@@ -36,7 +37,7 @@ CHUNK = 64 * stats_cpu.PART          # one chunk of the kernel's lanes (a tail f
 
 @pytest.fixture(scope="module")
 def kernel():
-    if stats_cpu._compiler() is None:
+    if cbuild.compiler() is None:
         pytest.skip("no C compiler here: the recorder keeps the torch path")
     return stats_cpu.load()            # a compiler that cannot build it is a failure
 
@@ -165,7 +166,7 @@ def test_other_dtypes_are_left_to_the_torch_path(kernel):
 
 def test_without_a_compiler_loading_says_so(monkeypatch):
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(stats_cpu, "_COMPILERS", ())
+    monkeypatch.setattr(cbuild, "COMPILERS", ())
     with pytest.raises(ImportError, match=r"no C compiler found \(\$CC, cc, gcc, clang\)"):
         stats_cpu.load()
 
@@ -173,15 +174,15 @@ def test_without_a_compiler_loading_says_so(monkeypatch):
 def test_a_compiler_that_fails_is_named_and_nothing_is_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "false")                  # found, runs, fails
-    with pytest.raises(ImportError, match="false could not compile the statistics kernel"):
+    with pytest.raises(ImportError, match="false could not compile recorder_stats_"):
         stats_cpu.load()
     assert not list(tmp_path.rglob("*.so"))
 
 
 def test_a_build_goes_into_the_cache_and_is_reused(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = stats_cpu.load() if stats_cpu._compiler() else pytest.skip("no C compiler")
+    first = stats_cpu.load() if cbuild.compiler() else pytest.skip("no C compiler")
     assert first.path.parent == tmp_path / "megatron-lowp-tools"
     stamp = first.path.stat().st_mtime_ns
-    monkeypatch.setattr(stats_cpu, "_compile", lambda cc, target: pytest.fail("compiled again"))
+    monkeypatch.setattr(cbuild, "_compile", lambda *args: pytest.fail("compiled again"))
     assert stats_cpu.load().path == first.path and first.path.stat().st_mtime_ns == stamp

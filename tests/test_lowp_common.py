@@ -208,6 +208,8 @@ OTHER_RENAMES = {
     "tensor_capture/patcher.py": "swaps a whole patched megatron/core directory into place",
     "quant/accel.py": "a compile failure's traceback file; quant is the numerics layer and "
                       "imports nothing of the project, lowp_common included",
+    "quant/cbuild.py": "a compiled kernel library renamed into place (quant imports nothing of "
+                       "the project, lowp_common included); the recorder's kernel builds here too",
 }
 
 
