@@ -13,7 +13,7 @@ import torch
 from error_bounds import dot_error_bound, exact_sum, exact_sumsq, gamma, sum_error_bound
 
 from quant import cbuild
-from tensor_capture import numbering, schema, stats, stats_cpu
+from tensor_capture import numbering, schema, stats
 from tensor_capture import saver as ts
 from tensor_capture.config import ConfigError, load_config
 from tensor_capture.recorder import flight as recorder
