@@ -360,7 +360,7 @@ def kernels_for(x: torch.Tensor, q) -> Optional[ctypes.CDLL]:
     use), else None: the caller runs its torch kernels."""
     if not (usable(x, q) and accel.compile_wanted(x.numel(), x.device.type)):
         return None
-    return library(probe_mismatch)
+    return library(lambda lib: probe_mismatch(lib, type(q)))
 
 
 def _probe_tensor(rows: int, cols: int) -> torch.Tensor:
@@ -379,27 +379,26 @@ def _probe_tensor(rows: int, cols: int) -> torch.Tensor:
     return x
 
 
-def probe_mismatch(lib: ctypes.CDLL) -> str:
+def probe_mismatch(lib: ctypes.CDLL, quantizer: type) -> str:
     """'' when the C kernels equal the torch kernels bit for bit on the probe for every MX
-    format and NVFP4 (every scale mode, saturating or not), else the first that differs."""
+    format and NVFP4 (every scale mode, saturating or not), else the first that differs.
+    ``quantizer`` is the Quantizer class (passed in: the families call this module, so it
+    imports neither them nor the quantizer); each family gives its torch kernel
+    (``torch_blocks``) and its C path (``quantize_c``)."""
     from .accel import same_bits
-    from .family_mx import quantize_blocks as mx_torch
-    from .family_nvfp4 import quantize_blocks as nvfp4_torch
     from .layout import to_blocks
-    from .quantizer import Quantizer
 
-    torch_kernels = {SCALING_MX: mx_torch, SCALING_NVFP4: nvfp4_torch}
     x = _probe_tensor(24, 3 * 32 + 7)
     for spec in FORMATS.values():
-        if spec.scaling not in torch_kernels:
+        if spec.scaling not in (SCALING_MX, SCALING_NVFP4):
             continue
         for mode in SCALE_MODES if spec.scaling == SCALING_MX else SCALE_MODES[:1]:
             for saturate in (True, False):
-                q = Quantizer.of(spec, scale_mode=mode, saturate=saturate)
+                q = quantizer.of(spec, scale_mode=mode, saturate=saturate)
                 if not usable(x, q):
                     continue
                 xb, restore = to_blocks(x, -1, q.block)
-                want = restore(torch_kernels[spec.scaling](xb, q.kernel))
+                want = restore(q.family.torch_blocks(xb, q.kernel))
                 got = q.family.quantize_c(lib, x, q)
                 if not same_bits(got, want):
                     return f"{spec.name}, scale_mode={mode}, saturate={saturate}"

@@ -94,6 +94,11 @@ class MXFamily(ScalingFamily):
             return self.quantize_c(lib, x, q)
         return quantize_blocked(x, q, _quantize_inner, quantize_blocks, generator)
 
+    @staticmethod
+    def torch_blocks(xb, q):
+        """The torch kernel over blocks (what the C path is probed against)."""
+        return quantize_blocks(xb, q)
+
     def quantize_c(self, lib, x, q):
         """The one-pass C kernel (quant.cpu_blocks) on x it takes (cpu_blocks.usable)."""
         return cpu_blocks.mx_rows(lib, x, q, cpu_blocks.SCALE_MODE_CODES[q.scale_mode])

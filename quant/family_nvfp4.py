@@ -17,7 +17,7 @@ from .backends import triton_kernels
 from .elemwise import finish, float_exponent, round_magnitude_
 from .formats import SCALING_NVFP4, FormatSpec
 from .layout import block_axis, block_noise, quantize_blocked
-from .nvfp4_limits import ELEMENT_MAX, SCALE_FORMAT, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
+from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 from .scales import Scales, ScalingFamily, cast_scaled, finite_amax
 
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -46,14 +46,6 @@ def quantize_blocks(xb, q, nz=None, dim=-1):
 def _quantize_inner(xb, q):
     """quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
     return quantize_blocks(xb, q, None, dim=-2)
-
-
-def _scale_quantizer():
-    """The E4M3 block-scale cast (nearest even, saturating) as a Quantizer, imported on use:
-    the quantizer dispatches to this family."""
-    from .quantizer import Quantizer
-
-    return Quantizer.of(SCALE_FORMAT.name)
 
 
 class NVFP4Family(ScalingFamily):
@@ -86,6 +78,11 @@ class NVFP4Family(ScalingFamily):
             return self.quantize_c(lib, x, q)
         return quantize_blocked(x, q, _quantize_inner, quantize_blocks, generator)
 
+    @staticmethod
+    def torch_blocks(xb, q):
+        """The torch kernel over blocks (what the C path is probed against)."""
+        return quantize_blocks(xb, q)
+
     def quantize_c(self, lib, x, q):
         """The C kernels (quant.cpu_blocks) on x they take (cpu_blocks.usable): the finite
         amax, s_t from it by the torch definition, then one pass over the blocks."""
@@ -110,15 +107,17 @@ class NVFP4Family(ScalingFamily):
         return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
 
     @classmethod
-    def te_scales(cls, tile_amax: torch.Tensor, amax: torch.Tensor) -> Scales:
+    def te_scales(cls, tile_amax: torch.Tensor, amax: torch.Tensor, scale_cast) -> Scales:
         """TE's scales from NaN-ignoring tile amaxes and the global amax: s_b = e4m3(tile_amax
         * (S_enc * fl(1/6))) (0 when it underflows: the tile flushes), elements encoded by
-        min(fl(1 / fl(s_b * S_dec)), FLT_MAX), decoded by s_b, then by S_dec = fl(1 / S_enc)."""
+        min(fl(1 / fl(s_b * S_dec)), FLT_MAX), decoded by s_b, then by S_dec = fl(1 / S_enc).
+        ``scale_cast``: the Quantizer of the scale format (nvfp4_limits.SCALE_FORMAT, nearest
+        even, saturating), given by the caller: the quantizer dispatches to this family."""
         s_enc = cls.te_global_encode(amax)
         s_dec = torch.reciprocal(s_enc)
         s_b = cast_scaled(tile_amax * (s_enc * torch.tensor(1.0 / ELEMENT_MAX,
                                                             dtype=torch.float32)),
-                          Scales(), _scale_quantizer())
+                          Scales(), scale_cast)
         enc = torch.reciprocal(s_b * s_dec).clamp(max=FLT_MAX)
         return Scales(encode=enc, decode=s_b, global_decode=s_dec, stored=s_b)
 

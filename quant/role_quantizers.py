@@ -32,6 +32,7 @@ from .family_nvfp4 import NVFP4
 from .family_tensor import TENSOR
 from .formats import FORMATS, MX_OF_ELEMENT, RANDOM_ROUNDING_MODES
 from .layout import noise
+from .nvfp4_limits import SCALE_FORMAT
 from .quantizer import Quantizer
 from .scales import cast_scaled
 
@@ -261,7 +262,8 @@ class NVFP4Scaling(RoleQuantizer):
         r, c = self.tile
         rows, k = x.shape
         tiles = x.reshape(rows // r, r, k // c, c)
-        s = NVFP4.te_scales(amax_ignoring_nan(tiles, (1, 3), keepdim=True), amax)
+        s = NVFP4.te_scales(amax_ignoring_nan(tiles, (1, 3), keepdim=True), amax,
+                            Quantizer.of(SCALE_FORMAT.name))
         nz = None if nz is None else nz.reshape(tiles.shape)
         return cast_scaled(tiles, s, self.element, nz).reshape(rows, k)
 

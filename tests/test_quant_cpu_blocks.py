@@ -60,10 +60,10 @@ def test_the_probe_finds_a_flipped_bit():
     """The probe that lets the kernels take over fails on one wrong value."""
     x = torch.randn(64, 64)
     quant.quantize(x, "mxfp8")   # built (compile mode auto: at the threshold or not, built on use)
-    lib = cpu_blocks.library(cpu_blocks.probe_mismatch)
+    lib = cpu_blocks.library(lambda lib: cpu_blocks.probe_mismatch(lib, Quantizer))
     if lib is None:
         pytest.skip(f"the kernels are not in use here: {cpu_blocks.CPU_BLOCKS.error!r}")
-    assert cpu_blocks.probe_mismatch(lib) == ""
+    assert cpu_blocks.probe_mismatch(lib, Quantizer) == ""
 
     class OneBitOff:
         lowp_nvfp4_rows = lib.lowp_nvfp4_rows
@@ -75,7 +75,7 @@ def test_the_probe_finds_a_flipped_bit():
             first = ctypes.c_int32.from_address(yp + 4 * 40)   # a value of row 0's 2nd block
             first.value ^= 1
 
-    assert cpu_blocks.probe_mismatch(OneBitOff()).startswith("mx")
+    assert cpu_blocks.probe_mismatch(OneBitOff(), Quantizer).startswith("mx")
 
 
 def test_without_a_compiler_the_torch_path_runs_silently(monkeypatch, capsys):
@@ -95,7 +95,7 @@ def test_without_a_compiler_the_torch_path_runs_silently(monkeypatch, capsys):
 def test_a_probe_that_disagrees_keeps_the_torch_path(monkeypatch, capsys):
     monkeypatch.setenv("QUANT_COMPILE", "1")
     monkeypatch.setattr(cpu_blocks, "CPU_BLOCKS", cpu_blocks.CpuBlocksState())
-    monkeypatch.setattr(cpu_blocks, "probe_mismatch", lambda lib: "mxfp8, planted")
+    monkeypatch.setattr(cpu_blocks, "probe_mismatch", lambda lib, quantizer: "mxfp8, planted")
     monkeypatch.setattr(accel.COMPILE, "broken", RuntimeError("no Inductor in this test"))
     x = torch.randn(32, 64)
     got = quant.quantize(x, "mxfp8")
