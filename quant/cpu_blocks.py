@@ -32,6 +32,7 @@ import torch
 from . import accel, cbuild
 from .elemwise import ElemParams, adder_rounds
 from .formats import FORMATS, SCALE_MODES, SCALING_MX, SCALING_NVFP4
+from .layout import quantize_blocked
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -363,6 +364,22 @@ def kernels_for(x: torch.Tensor, q) -> Optional[ctypes.CDLL]:
     return library(lambda lib: probe_mismatch(lib, type(q)))
 
 
+class CBlocked:
+    """What a blocked family (quant.family_mx, quant.family_nvfp4) shares: float32 CPU tensors
+    the C kernels take go through its ``quantize_c``, the rest through its torch kernels,
+    ``blocks`` (over [..., block], gathered along the last axis; what the C path is probed
+    against) and ``inner_blocks`` (over [..., nblocks, block, inner], blocks taken in place)."""
+
+    blocks: Callable
+    inner_blocks: Callable
+
+    def quantize(self, x, q, generator=None):
+        lib = kernels_for(x, q)
+        if lib is not None:
+            return self.quantize_c(lib, x, q)
+        return quantize_blocked(x, q, self.inner_blocks, self.blocks, generator)
+
+
 def _probe_tensor(rows: int, cols: int) -> torch.Tensor:
     """Blocks of small integers times a power of two per block (many ties on every grid),
     from float32 subnormals to near the float32 maximum; zero blocks, signed zeros, NaN and
@@ -384,7 +401,7 @@ def probe_mismatch(lib: ctypes.CDLL, quantizer: type) -> str:
     format and NVFP4 (every scale mode, saturating or not), else the first that differs.
     ``quantizer`` is the Quantizer class (passed in: the families call this module, so it
     imports neither them nor the quantizer); each family gives its torch kernel
-    (``torch_blocks``) and its C path (``quantize_c``)."""
+    (``blocks``) and its C path (``quantize_c``)."""
     from .accel import same_bits
     from .layout import to_blocks
 
@@ -398,7 +415,7 @@ def probe_mismatch(lib: ctypes.CDLL, quantizer: type) -> str:
                 if not usable(x, q):
                     continue
                 xb, restore = to_blocks(x, -1, q.block)
-                want = restore(q.family.torch_blocks(xb, q.kernel))
+                want = restore(q.family.blocks(xb, q.kernel))
                 got = q.family.quantize_c(lib, x, q)
                 if not same_bits(got, want):
                     return f"{spec.name}, scale_mode={mode}, saturate={saturate}"

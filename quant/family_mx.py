@@ -16,7 +16,7 @@ from . import cpu_blocks
 from .backends import triton_kernels
 from .elemwise import float_exponent, pow2_any
 from .formats import E8M0_MAX_EXP, E8M0_MIN_EXP, SCALING_MX, FormatSpec
-from .layout import block_axis, block_noise, quantize_blocked
+from .layout import block_axis, block_noise
 from .scales import Scales, ScalingFamily, cast_scaled
 
 
@@ -71,7 +71,9 @@ def _quantize_inner(xb, q):
     return quantize_blocks(xb, q, None, dim=-2)
 
 
-class MXFamily(ScalingFamily):
+class MXFamily(cpu_blocks.CBlocked, ScalingFamily):
+    blocks = staticmethod(quantize_blocks)
+    inner_blocks = staticmethod(_quantize_inner)
     scaling = SCALING_MX
     blocked = True
     has_scale_modes = True
@@ -87,17 +89,6 @@ class MXFamily(ScalingFamily):
 
     def scales_from(self, amax_b, tensor_amax, spec: FormatSpec, scale_mode: str) -> Scales:
         return self.scales_of_amax(amax_b, spec.emax, spec.max_normal, scale_mode)
-
-    def quantize(self, x, q, generator=None):
-        lib = cpu_blocks.kernels_for(x, q)
-        if lib is not None:
-            return self.quantize_c(lib, x, q)
-        return quantize_blocked(x, q, _quantize_inner, quantize_blocks, generator)
-
-    @staticmethod
-    def torch_blocks(xb, q):
-        """The torch kernel over blocks (what the C path is probed against)."""
-        return quantize_blocks(xb, q)
 
     def quantize_c(self, lib, x, q):
         """The one-pass C kernel (quant.cpu_blocks) on x it takes (cpu_blocks.usable)."""

@@ -16,7 +16,7 @@ from . import cpu_blocks
 from .backends import triton_kernels
 from .elemwise import finish, float_exponent, round_magnitude_
 from .formats import SCALING_NVFP4, FormatSpec
-from .layout import block_axis, block_noise, quantize_blocked
+from .layout import block_axis, block_noise
 from .nvfp4_limits import ELEMENT_MAX, SCALE_MAX, SCALE_MIN, SCALE_PARAMS
 from .scales import Scales, ScalingFamily, cast_scaled, finite_amax
 
@@ -48,7 +48,9 @@ def _quantize_inner(xb, q):
     return quantize_blocks(xb, q, None, dim=-2)
 
 
-class NVFP4Family(ScalingFamily):
+class NVFP4Family(cpu_blocks.CBlocked, ScalingFamily):
+    blocks = staticmethod(quantize_blocks)
+    inner_blocks = staticmethod(_quantize_inner)
     scaling = SCALING_NVFP4
     blocked = True
     uses_tensor_amax = True
@@ -71,17 +73,6 @@ class NVFP4Family(ScalingFamily):
 
     def scales_from(self, amax_b, tensor_amax, spec: FormatSpec, scale_mode: str) -> Scales:
         return self.scales_of_amax(amax_b, tensor_amax)
-
-    def quantize(self, x, q, generator=None):
-        lib = cpu_blocks.kernels_for(x, q)
-        if lib is not None:
-            return self.quantize_c(lib, x, q)
-        return quantize_blocked(x, q, _quantize_inner, quantize_blocks, generator)
-
-    @staticmethod
-    def torch_blocks(xb, q):
-        """The torch kernel over blocks (what the C path is probed against)."""
-        return quantize_blocks(xb, q)
 
     def quantize_c(self, lib, x, q):
         """The C kernels (quant.cpu_blocks) on x they take (cpu_blocks.usable): the finite
