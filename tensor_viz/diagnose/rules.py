@@ -429,8 +429,10 @@ def format_loss(con: Any, inp: Inputs, run_formats: set[str],
             sev = "medium"      # a gradient above its quantization noise still trains
         per_format.setdefault((r["format"], cast), []).append((base - r["sqnr_db"], r, base, sev))
     out = []
-    for (fmt, cast), items in per_format.items():
-        items.sort(key=lambda x: -x[0])
+    # rows come in each engine's own order: ties in deficit (two tensors flushed alike) are
+    # broken by the tensor's key, and findings come per format in name order, on both engines
+    for (fmt, cast), items in sorted(per_format.items(), key=lambda kv: (kv[0][0], not kv[0][1])):
+        items.sort(key=lambda x: (-x[0], tuple(str(x[1][k]) for k in TENSOR_KEY)))
         out.append(_format_loss_finding(fmt, cast, items, fmt in run_formats))
     return out
 
