@@ -358,11 +358,16 @@ def manifest_path(directory: str | os.PathLike[str], rank: int | None) -> Path:
     return Path(directory) / f"manifest_rank{_fmt_int(rank)}.jsonl"
 
 
+#: one encoder for every manifest line (json.dumps with options builds one per call); records
+#: are plain dicts the saver built, so no cycle check
+_MANIFEST_JSON = json.JSONEncoder(default=str, allow_nan=True, check_circular=False)
+
+
 def append_manifest(directory: str | os.PathLike[str], rank: int | None,
                     *records: dict[str, Any]) -> None:
     """Append records, one line each, in one write (O_APPEND keeps lines whole; the writer
     thread hands over all the records it finished since its queue was last empty)."""
-    data = "".join(json.dumps(r, default=str, allow_nan=True) + "\n" for r in records).encode()
+    data = "".join(_MANIFEST_JSON.encode(r) + "\n" for r in records).encode()
     fd = os.open(manifest_path(directory, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         view = memoryview(data)

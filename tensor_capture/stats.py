@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from quant.analysis import CastLimits, cast_limits, dtype_limits
 from quant.formats import SCALING_IDENTITY, SCALING_NONE, get_format
+from quant.optional import OptionalModule
 
 from . import schema
 from .state import STATE
@@ -69,12 +71,14 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool | None = None,
-            kernel: bool | None = None) -> torch.Tensor:
+            kernel: bool | None = None, c_kernel: bool | None = None) -> torch.Tensor:
     """Packed statistics of ``x`` (any shape, any stride) as a float64 vector on x's device.
 
     Min/max/mean/std are over finite values; counts are exact. Decode with :func:`decode`.
-    ``host_path`` (default: on for CPU tensors) takes the CPU fast path, which may branch on
-    values (free on the host) and avoids the slow CPU kernels (bincount over wide ranges,
+    ``c_kernel`` (default: on for CPU tensors when the C kernel builds here; False: the torch
+    paths) computes everything in two reads of the tensor (tensor_capture.stats_vector_c).
+    ``host_path`` (default: on for CPU tensors) takes the torch CPU fast path, which may branch
+    on values (free on the host) and avoids the slow CPU kernels (bincount over wide ranges,
     bucketize, boolean masks); it falls back to the general path for non-finite input.
     ``kernel`` (default: on for CUDA tensors when Triton imports) computes everything in one
     fused Triton pass (``stats_kernel``); True forces it (CPU tensors: Triton's interpreter).
@@ -85,11 +89,47 @@ def compute(x: torch.Tensor, ranges: Sequence[RangeSpec] = (), host_path: bool |
         return _compute_kernel(x, ranges)
     if host_path is None:
         host_path = x.device.type == "cpu"
+    if host_path and c_kernel is not False and x.device.type == "cpu":
+        c = CPU_VECTOR_KERNEL.get()
+        if c is None and c_kernel:
+            raise RuntimeError(f"capture statistics with c_kernel=True need the C kernel: "
+                               f"{CPU_VECTOR_KERNEL.error}")
+        vec = c.vector(x, ranges) if c is not None else None
+        if vec is not None:
+            return vec
     if host_path:
         vec = _compute_host(x, ranges)
         if vec is not None:
             return vec
     return _compute_device(x, ranges)
+
+
+def _load_cpu_vector_kernel() -> Any:
+    """tensor_capture.stats_vector_c built for this vector's layout, checked on its probe
+    against the device path (the definitions): counts, min, max, smallest nonzero and the
+    histogram equal; mean and std, float64 sums in another order, within float64's bound."""
+    from . import stats_vector_c
+
+    kernel = stats_vector_c.load(len(_SCALARS), HIST_MIN_EXP, _HIST_BINS)
+    ranges = [cast_limits("fp8_e4m3"), cast_limits("hifp8"), dtype_limits(torch.bfloat16)]
+    for dtype in stats_vector_c.DTYPE_CODES:
+        probe = stats_vector_c.probe_values().to(dtype)
+        got, want = kernel.vector(probe, ranges), _compute_device(probe, ranges)
+        finite = probe[torch.isfinite(probe)].double()
+        tol = probe.numel() * 2.0 ** -52 * float(finite.abs().sum() + (finite * finite).sum())
+        moments = [3, 4]                               # mean, std
+        exact = [i for i in range(got.numel()) if i not in moments]
+        if not (torch.equal(got[exact], want[exact])
+                and bool(((got[moments] - want[moments]).abs() <= tol).all())):
+            bad = (got != want).nonzero().reshape(-1)[:4].tolist()
+            raise ImportError(f"the compiled capture statistics kernel {kernel.path} disagrees "
+                              f"with the definitions on its probe ({dtype}, slots {bad})")
+    return kernel
+
+
+#: the C kernel of CPU tensors' vectors (tensor_capture.stats_vector_c), loaded on first use; its
+#: outcome (the kernel, or the ImportError saying why not) is process state (a build per machine)
+CPU_VECTOR_KERNEL = OptionalModule(_load_cpu_vector_kernel)
 
 
 def fused_kernel_available() -> bool:
@@ -318,8 +358,9 @@ def decode(vec: torch.Tensor | Sequence[float], ranges: Sequence[RangeSpec] = ()
 
     Only the histogram's nonzero span leaves the tensor (its 2,125 bins as Python numbers cost
     ~150 us per record, more than computing the statistics of a small tensor)."""
-    packed = vec.reshape(-1) if isinstance(vec, torch.Tensor) else torch.tensor(
-        list(vec), dtype=torch.float64)
+    # a numpy view: slicing and nonzero on it cost a tenth of torch's per call (a record each)
+    packed = (vec.detach().reshape(-1).cpu().double().numpy() if isinstance(vec, torch.Tensor)
+              else np.asarray(list(vec), dtype=np.float64))
     base = len(_SCALARS) + 4 * len(ranges)
     v = packed[:base].tolist()
     s = dict(zip(_SCALARS, v[:len(_SCALARS)]))
@@ -350,10 +391,11 @@ def decode(vec: torch.Tensor | Sequence[float], ranges: Sequence[RangeSpec] = ()
         rec["min_subnormal"] = spec.min_subnormal
         rng[spec.name] = rec
     out[schema.STAT_RANGE] = rng
-    nz = packed[base:].nonzero().reshape(-1).tolist()
-    if nz:
-        counts = packed[base + nz[0]: base + nz[-1] + 1].to(torch.int64).tolist()
-        out[schema.STAT_LOG2_HIST] = {"min_exp": HIST_MIN_EXP + nz[0], "counts": counts}
+    nz = np.flatnonzero(packed[base:])
+    if nz.size:
+        first, last = int(nz[0]), int(nz[-1])
+        counts = packed[base + first: base + last + 1].astype(np.int64).tolist()
+        out[schema.STAT_LOG2_HIST] = {"min_exp": HIST_MIN_EXP + first, "counts": counts}
     else:
         out[schema.STAT_LOG2_HIST] = {"min_exp": 0, "counts": []}
     return out

@@ -1,4 +1,5 @@
-"""Device statistics: exact counts, thresholds from quant's table, the log2 histogram."""
+"""Capture statistics on every path (the C kernel of CPU tensors, the torch host path, the
+sync-free device path): exact counts, thresholds from quant's table, the log2 histogram."""
 from __future__ import annotations
 
 import math
@@ -10,8 +11,21 @@ from error_bounds import mean_error_bound, std_error_bound
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from quant import cbuild
 from tensor_capture import stats
 from tensor_capture.stats import RangeSpec
+
+#: compute()'s paths for a CPU tensor: the C kernel (the default where it builds), torch's host
+#: path, the device path
+PATHS = {"c_kernel": {"c_kernel": True}, "torch_host": {"c_kernel": False},
+         "device": {"host_path": False}}
+
+
+@pytest.fixture(params=list(PATHS))
+def path(request):
+    if request.param == "c_kernel" and cbuild.compiler() is None:
+        pytest.skip("no C compiler here: CPU statistics keep the torch host path")
+    return PATHS[request.param]
 
 E4M3 = stats.format_range("fp8_e4m3")   # quant.analysis.cast_limits: overflow above 464, flush <= 2^-10
 
@@ -31,11 +45,10 @@ def _brute(x: np.ndarray, spec: RangeSpec) -> dict:
     }
 
 
-@pytest.mark.parametrize("host_path", [True, False])
-def test_counts_on_the_boundaries(host_path):
+def test_counts_on_the_boundaries(path):
     x = torch.tensor([0.0, -0.0, -500.0, 448.0, 449.0, -448.0, 2 ** -7, 2 ** -11, -2 ** -10,
                       float("nan"), float("inf"), -float("inf"), 1.0, 3.0])
-    s = stats.decode(stats.compute(x, [E4M3], host_path=host_path), [E4M3])
+    s = stats.decode(stats.compute(x, [E4M3], **path), [E4M3])
     assert (s["numel"], s["zero_count"], s["nan_count"], s["inf_count"]) == (14, 2, 1, 2)
     assert (s["min"], s["max"], s["absmax"]) == (-500.0, 449.0, 500.0)
     assert s["min_nonzero_abs"] == 2 ** -11
@@ -50,18 +63,22 @@ def test_counts_on_the_boundaries(host_path):
     assert abs(s["std"] - finite.std().item()) <= std_error_bound(finite)
 
 
-@example(values=[0.0, 1.7014118346046923e38], dtype=torch.float32, host_path=True)
-@settings(max_examples=60, deadline=None)
+@example(values=[0.0, 1.7014118346046923e38], dtype=torch.float32, path="torch_host")
+@example(values=[0.0, 1.7014118346046923e38, -3.0e38, 1e-45], dtype=torch.float32,
+         path="c_kernel")
+@settings(max_examples=90, deadline=None)
 @given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=200),
        st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
-       st.booleans())
-def test_matches_brute_force(values, dtype, host_path):
-    """Both paths (host fast path and the sync-free device path) against numpy."""
+       st.sampled_from(list(PATHS)))
+def test_matches_brute_force(values, dtype, path):
+    """Every path (the C kernel, torch's host path, the sync-free device path) against numpy."""
+    if path == "c_kernel" and cbuild.compiler() is None:
+        path = "torch_host"
     x = torch.tensor(values, dtype=torch.float32).to(dtype)
     xs = x.double().numpy()
     specs = [E4M3, stats.dtype_range(dtype), stats.format_range("fp16"),
              RangeSpec("odd", 300.0, 0.003, 0.0001, overflow_from=300.0, flush_to=0.00005)]
-    s = stats.decode(stats.compute(x, specs, host_path=host_path), specs)
+    s = stats.decode(stats.compute(x, specs, **PATHS[path]), specs)
     for spec in specs:
         got = {k: s["range"][spec.name][k] for k in _brute(xs, spec)}
         assert got == _brute(xs, spec), spec.name
@@ -117,16 +134,15 @@ def test_empty_noncontiguous_and_all_nan():
     assert n["nan_count"] == 4 and n["min"] is None and n["absmax"] is None
 
 
-@pytest.mark.parametrize("host_path", [True, False])
-def test_float64_and_subnormals(host_path):
+def test_float64_and_subnormals(path):
     x = torch.tensor([1e-300, 1e300, -1e-310], dtype=torch.float64)
     spec = [stats.dtype_range(torch.float64)]
-    s = stats.decode(stats.compute(x, spec, host_path=host_path), spec)
+    s = stats.decode(stats.compute(x, spec, **path), spec)
     assert s["min_nonzero_abs"] == 1e-310
     assert s["range"]["float64"]["underflow_count"] == 1
     assert s["log2_hist"]["min_exp"] == math.floor(math.log2(1e-310))
     f = torch.tensor([2.0 ** -149, 3 * 2.0 ** -140, 0.0, 2.0 ** 127])      # float32 subnormals
-    h = stats.decode(stats.compute(f, host_path=host_path))["log2_hist"]
+    h = stats.decode(stats.compute(f, **path))["log2_hist"]
     assert h["min_exp"] == -149 and h["counts"][-140 + 1 + 149] == 1 and sum(h["counts"]) == 3
 
 
