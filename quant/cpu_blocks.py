@@ -22,6 +22,7 @@ torch path stays (said once on stderr for the last two); results never change, o
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,7 @@ import torch
 
 from . import accel, cbuild
 from .elemwise import ElemParams, adder_rounds
-from .formats import FORMATS, SCALE_MODES, SCALING_MX, SCALING_NVFP4
+from .formats import FORMATS, SCALE_MODES, SCALING_MX
 from .layout import quantize_blocked
 
 _SOURCE = r"""
@@ -69,6 +70,29 @@ static inline float cast_elem(float v, const elem_t *P) {
     eb = eb < P->lo ? P->lo : (eb > P->hi ? P->hi : eb);
     float c = float_of((uint32_t)(eb + P->off));
     float r = (a + c) - c;
+    if (P->sat) r = r > P->maxn ? P->maxn : r;
+    else r = r > P->maxn ? P->over : r;
+    r = copysignf(r, v);
+    return P->signed_zero ? r : r + 0.0f;
+}
+
+/* quant.elemwise's ties-away rounding on HiF8's tapered grid from the bits, then finish:
+   m(e) = 4 - floor(log2(clamp(|e|, 2, 16))) mantissa bits kept at grid exponent e (the
+   exponent field of that small int's float), half of the dropped part added and cleared;
+   below 2^emin only 0 and 2^emin (the tie goes up); NaN stays NaN */
+typedef struct { int32_t emin, emax; float bottom, half_bottom; } taper_t;
+static inline float cast_tapered_away(float v, const elem_t *P, const taper_t *T) {
+    float a = fabsf(v);
+    uint32_t b = bits_of(a);
+    int32_t e = (int32_t)(b >> 23) - 127;
+    e = e < T->emin ? T->emin : (e > T->emax ? T->emax : e);
+    int32_t ae = e < 0 ? -e : e;
+    ae = ae < 2 ? 2 : (ae > 16 ? 16 : ae);
+    int32_t m = 4 + 127 - (int32_t)(bits_of((float)ae) >> 23);
+    uint32_t half = 1u << (22 - m);
+    float r = float_of((b + half) & ~((half << 1) - 1u));
+    r = a < T->bottom ? (a >= T->half_bottom ? T->bottom : 0.0f) : r;
+    r = a == a ? r : a;
     if (P->sat) r = r > P->maxn ? P->maxn : r;
     else r = r > P->maxn ? P->over : r;
     r = copysignf(r, v);
@@ -188,6 +212,19 @@ CLONES void lowp_nvfp4_rows(const float *x, float *y, int64_t rows, int64_t cols
     ROWS(NV_CALL)
 }
 
+/* The element cast of n values (no scale; ip, fp as lowp_mx_rows'): kind 0 nearest-even by
+   the float adder, 1 ties away on the tapered grid (fp[2], fp[3]: 2^grid_emin and half of it) */
+CLONES void lowp_elem(const float *x, float *y, int64_t n, int kind, const int32_t *ip,
+                      const float *fp) {
+    const elem_t P = elem_of(ip, fp);
+    if (kind == 0) {
+        for (int64_t i = 0; i < n; i++) y[i] = cast_elem(x[i], &P);
+    } else {
+        const taper_t T = {ip[0], ip[1], fp[2], fp[3]};
+        for (int64_t i = 0; i < n; i++) y[i] = cast_tapered_away(x[i], &P, &T);
+    }
+}
+
 /* quant.scales.finite_amax: max |x| over the finite values (0 when none); 64 independent
    lanes (a plain running maximum does not vectorize) */
 static inline uint32_t finite_bits(float v) {
@@ -249,6 +286,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lowp_mx_rows.restype = None
     lib.lowp_nvfp4_rows.argtypes = (p, p, i64, i64, i64, p, p, ctypes.c_float)
     lib.lowp_nvfp4_rows.restype = None
+    lib.lowp_elem.argtypes = (p, p, i64, ctypes.c_int, p, p)
+    lib.lowp_elem.restype = None
     lib.lowp_finite_amax.argtypes = (p, i64)
     lib.lowp_finite_amax.restype = ctypes.c_float
     return lib
@@ -280,12 +319,29 @@ def _say(what: str) -> None:
           file=sys.stderr, flush=True)
 
 
+#: the C element casts: (rounding, whether the grid qualifies) -> the kernel's cast code; the
+#: blocked kernels take code 0 only
+CASTS = {("nearest_even", True): 0, ("nearest_away", True): 1}
+
+
+def cast_code(q) -> Optional[int]:
+    """The C element cast of quantizer ``q``: 0 nearest-even by the float adder (a fixed
+    mantissa, quant.elemwise.adder_rounds), 1 ties away on HiF8's tapered grid; None: torch."""
+    p = q.params
+    fits = adder_rounds(p) if q.rounding == "nearest_even" else p.tapered
+    return CASTS.get((q.rounding, fits))
+
+
 def usable(x: torch.Tensor, q) -> bool:
-    """Whether the C kernels take x as quantizer ``q`` configures them (module docstring)."""
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1 and x.numel() > 0
-            and x.is_contiguous() and q.axis in (-1, x.dim() - 1)
-            and q.rounding == "nearest_even" and adder_rounds(q.params)
-            and CPU_BLOCKS.error is None)
+    """Whether the C kernels take x as quantizer ``q`` configures them (module docstring):
+    blocked families along the last axis with cast 0, element formats with either cast."""
+    if not (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() >= 1
+            and x.numel() > 0 and x.is_contiguous() and CPU_BLOCKS.error is None):
+        return False
+    code = cast_code(q)
+    if not q.family.blocked:
+        return code is not None
+    return code == 0 and q.axis in (-1, x.dim() - 1)
 
 
 #: elements from which a call is split across torch's intra-op threads (below, one thread)
@@ -337,6 +393,22 @@ def mx_rows(lib: ctypes.CDLL, x: torch.Tensor, q, mode: int) -> torch.Tensor:
     return _rows_call(lib.lowp_mx_rows, x, q.block, ip, fp)
 
 
+def elem_cast(lib: ctypes.CDLL, x: torch.Tensor, q) -> torch.Tensor:
+    """x cast element by element as ``q`` configures it (cast_code), into a new tensor,
+    split across torch's intra-op threads."""
+    ints, floats = elem_args(q.params, q.saturate)
+    bottom = 2.0 ** q.params.grid_emin
+    ip = (ctypes.c_int32 * 5)(*ints)
+    fp = (ctypes.c_float * 4)(*floats, bottom, bottom / 2)
+    y = torch.empty_like(x)
+    xp, yp, code = x.data_ptr(), y.data_ptr(), cast_code(q)
+
+    def part(i0: int, i1: int) -> None:
+        lib.lowp_elem(xp + 4 * i0, yp + 4 * i0, i1 - i0, code, ip, fp)
+    _each(part, _parts(x.numel(), x.numel()))
+    return y
+
+
 def finite_amax(lib: ctypes.CDLL, x: torch.Tensor) -> torch.Tensor:
     """quant.scales.finite_amax of contiguous float32 x, as a 0-dim tensor (the maximum of
     the parts' maxima: exact in any order)."""
@@ -379,6 +451,13 @@ class CBlocked:
             return self.quantize_c(lib, x, q)
         return quantize_blocked(x, q, self.inner_blocks, self.blocks, generator)
 
+    def reference(self, x: torch.Tensor, q) -> torch.Tensor:
+        """The torch kernel on x (uncompiled): what the C path is probed against."""
+        from .layout import to_blocks
+
+        xb, restore = to_blocks(x, -1, q.block)
+        return restore(self.blocks(xb, q.kernel))
+
 
 def _probe_tensor(rows: int, cols: int) -> torch.Tensor:
     """Blocks of small integers times a power of two per block (many ties on every grid),
@@ -403,20 +482,15 @@ def probe_mismatch(lib: ctypes.CDLL, quantizer: type) -> str:
     imports neither them nor the quantizer); each family gives its torch kernel
     (``blocks``) and its C path (``quantize_c``)."""
     from .accel import same_bits
-    from .layout import to_blocks
 
     x = _probe_tensor(24, 3 * 32 + 7)
     for spec in FORMATS.values():
-        if spec.scaling not in (SCALING_MX, SCALING_NVFP4):
-            continue
-        for mode in SCALE_MODES if spec.scaling == SCALING_MX else SCALE_MODES[:1]:
-            for saturate in (True, False):
-                q = quantizer.of(spec, scale_mode=mode, saturate=saturate)
-                if not usable(x, q):
-                    continue
-                xb, restore = to_blocks(x, -1, q.block)
-                want = restore(q.family.blocks(xb, q.kernel))
-                got = q.family.quantize_c(lib, x, q)
-                if not same_bits(got, want):
-                    return f"{spec.name}, scale_mode={mode}, saturate={saturate}"
+        modes = SCALE_MODES if spec.scaling == SCALING_MX else SCALE_MODES[:1]
+        for mode, saturate in itertools.product(modes, (True, False)):
+            q = quantizer.of(spec, saturate=saturate,
+                             **({"scale_mode": mode} if spec.scaling == SCALING_MX else {}))
+            if not hasattr(q.family, "quantize_c") or not usable(x, q):
+                continue
+            if not same_bits(q.family.quantize_c(lib, x, q), q.family.reference(x, q)):
+                return f"{spec.name}, scale_mode={mode}, saturate={saturate}"
     return ""

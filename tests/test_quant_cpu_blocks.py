@@ -1,5 +1,6 @@
-"""The C block quantizers (quant.cpu_blocks) equal the torch kernels bit for bit, and stand
-aside without a word where there is no compiler (results the same, only slower)."""
+"""The C quantizers (quant.cpu_blocks: MX and NVFP4 blocks, element casts) equal the torch
+kernels bit for bit, and stand aside without a word where there is no compiler (results the
+same, only slower)."""
 from __future__ import annotations
 
 import ctypes
@@ -9,13 +10,17 @@ import torch
 
 import quant
 from quant import accel, cbuild, cpu_blocks
-from quant.formats import FORMATS, SCALE_MODES, SCALING_MX, SCALING_NVFP4
+from quant.formats import FORMATS, SCALE_MODES, SCALING_MX, SCALING_NONE, SCALING_NVFP4
 from quant.quantizer import Quantizer
 
 MX_FORMATS = [n for n, s in FORMATS.items() if s.scaling == SCALING_MX]
 CONFIGS = ([(n, m, sat) for n in MX_FORMATS for m in SCALE_MODES for sat in (True, False)]
            + [(n, "floor", sat) for n, s in FORMATS.items() if s.scaling == SCALING_NVFP4
               for sat in (True, False)])
+
+#: element formats (no scale) whose default rounding a C cast takes (cpu_blocks.cast_code)
+ELEMENT_FORMATS = [n for n, s in FORMATS.items() if s.scaling == SCALING_NONE
+                   and cpu_blocks.cast_code(Quantizer.of(n)) is not None]
 
 pytestmark = pytest.mark.skipif(cbuild.compiler() is None, reason="no C compiler here")
 
@@ -56,6 +61,22 @@ def test_c_kernel_equals_the_torch_kernels(name, mode, saturate, monkeypatch):
     assert len(calls) == len(data)
 
 
+@pytest.mark.parametrize("name", ELEMENT_FORMATS)
+@pytest.mark.parametrize("saturate", [True, False])
+def test_c_element_casts_equal_the_torch_kernel(name, saturate, monkeypatch):
+    assert {"hifp8", "fp8_e4m3", "fp8_e5m2"} <= set(ELEMENT_FORMATS)
+    monkeypatch.setenv("QUANT_COMPILE", "0")
+    data = _inputs()
+    want = {k: quant.quantize(x, name, saturate=saturate) for k, x in data.items()}
+    monkeypatch.setenv("QUANT_COMPILE", "1")
+    calls = []
+    real = cpu_blocks.elem_cast
+    monkeypatch.setattr(cpu_blocks, "elem_cast", lambda *a: calls.append(1) or real(*a))
+    for k, x in data.items():
+        assert _same(quant.quantize(x, name, saturate=saturate), want[k]), (name, saturate, k)
+    assert len(calls) == len(data)          # every input went through the C cast
+
+
 def test_the_probe_finds_a_flipped_bit():
     """The probe that lets the kernels take over fails on one wrong value."""
     x = torch.randn(64, 64)
@@ -68,6 +89,7 @@ def test_the_probe_finds_a_flipped_bit():
     class OneBitOff:
         lowp_nvfp4_rows = lib.lowp_nvfp4_rows
         lowp_finite_amax = lib.lowp_finite_amax
+        lowp_elem = lib.lowp_elem
 
         @staticmethod
         def lowp_mx_rows(xp, yp, *args):
@@ -76,6 +98,17 @@ def test_the_probe_finds_a_flipped_bit():
             first.value ^= 1
 
     assert cpu_blocks.probe_mismatch(OneBitOff(), Quantizer).startswith("mx")
+
+    class ElementBitOff(OneBitOff):
+        lowp_mx_rows = lib.lowp_mx_rows
+
+        @staticmethod
+        def lowp_elem(xp, yp, n, code, *args):
+            lib.lowp_elem(xp, yp, n, code, *args)
+            if code == 1:                      # the tapered ties-away cast (HiF8)
+                ctypes.c_int32.from_address(yp + 4 * 7).value ^= 1
+
+    assert cpu_blocks.probe_mismatch(ElementBitOff(), Quantizer).startswith("hifp8")
 
 
 def test_without_a_compiler_the_torch_path_runs_silently(monkeypatch, capsys):
@@ -116,6 +149,13 @@ def test_what_the_c_kernels_do_not_take_goes_to_the_torch_kernels():
     assert not cpu_blocks.usable(x, Quantizer.of("mxfp8", rounding="stochastic"))
     assert not cpu_blocks.usable(torch.empty(0, 64), q) and not cpu_blocks.usable(x[0, 0], q)
     assert not cpu_blocks.usable(x, q.along(3)) and not cpu_blocks.usable(x, q.along(-3))
+    hif8 = Quantizer.of("hifp8")
+    assert cpu_blocks.usable(x, hif8) and cpu_blocks.usable(x, hif8.along(0))   # no axis
+    assert not cpu_blocks.usable(x.t(), hif8) and not cpu_blocks.usable(x.half(), hif8)
+    for rounding in ("stochastic", "nearest_even", "hybrid"):
+        assert not cpu_blocks.usable(x, Quantizer.of("hifp8", rounding=rounding)), rounding
+    assert not cpu_blocks.usable(x, Quantizer.of("fp8_e4m3", rounding="nearest_away"))
+    assert not cpu_blocks.usable(x, Quantizer.of("bf16"))     # the adder cannot round it
 
 
 @pytest.mark.parametrize("axis", [2, -3])
