@@ -13,11 +13,13 @@ for exponents ``HIST_MIN_EXP .. HIST_MAX_EXP``.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from quant import cbuild
 from quant.analysis import CastLimits, cast_limits, dtype_limits
 from quant.formats import SCALING_IDENTITY, SCALING_NONE, get_format
 from quant.optional import OptionalModule
@@ -110,7 +112,21 @@ def _load_cpu_vector_kernel() -> Any:
     histogram equal; mean and std, float64 sums in another order, within float64's bound."""
     from . import stats_vector_c
 
-    kernel = stats_vector_c.load(len(_SCALARS), HIST_MIN_EXP, _HIST_BINS)
+    try:
+        kernel = stats_vector_c.load(len(_SCALARS), HIST_MIN_EXP, _HIST_BINS)
+        _check_cpu_vector_kernel(kernel)
+    except ImportError as exc:      # said once where a compiler exists (none: silently torch)
+        if cbuild.compiler() is not None:
+            print(f"tensor capture: {exc}; CPU statistics by torch (the same numbers, slower)",
+                  file=sys.stderr, flush=True)
+        raise
+    return kernel
+
+
+def _check_cpu_vector_kernel(kernel: Any) -> None:
+    """Raise ImportError unless ``kernel`` agrees with the device path on its probe."""
+    from . import stats_vector_c
+
     ranges = [cast_limits("fp8_e4m3"), cast_limits("hifp8"), dtype_limits(torch.bfloat16)]
     for dtype in stats_vector_c.DTYPE_CODES:
         probe = stats_vector_c.probe_values().to(dtype)
@@ -124,7 +140,6 @@ def _load_cpu_vector_kernel() -> Any:
             bad = (got != want).nonzero().reshape(-1)[:4].tolist()
             raise ImportError(f"the compiled capture statistics kernel {kernel.path} disagrees "
                               f"with the definitions on its probe ({dtype}, slots {bad})")
-    return kernel
 
 
 #: the C kernel of CPU tensors' vectors (tensor_capture.stats_vector_c), loaded on first use; its

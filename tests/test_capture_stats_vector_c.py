@@ -114,7 +114,7 @@ def test_compute_takes_the_kernel_by_default_on_the_cpu(kernel, monkeypatch):
     assert calls == [(5, 7)]
 
 
-def test_a_kernel_that_disagrees_on_the_probe_is_refused(kernel, monkeypatch):
+def test_a_kernel_that_disagrees_on_the_probe_is_refused(kernel, monkeypatch, capsys):
     real = type(kernel).vector
 
     def off_by_one(self, x, ranges):
@@ -125,9 +125,12 @@ def test_a_kernel_that_disagrees_on_the_probe_is_refused(kernel, monkeypatch):
     monkeypatch.setattr(type(kernel), "vector", off_by_one)
     with pytest.raises(ImportError, match="disagrees with the definitions on its probe"):
         stats._load_cpu_vector_kernel()
+    err = capsys.readouterr().err                  # said once, in one line
+    assert err.count("\n") == 1 and err.startswith("tensor capture: the compiled capture")
+    assert err.rstrip().endswith("CPU statistics by torch (the same numbers, slower)")
 
 
-def test_without_a_compiler_compute_keeps_the_torch_path(monkeypatch):
+def test_without_a_compiler_compute_keeps_the_torch_path(monkeypatch, capsys):
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(cbuild, "COMPILERS", ())
     monkeypatch.setattr(stats, "CPU_VECTOR_KERNEL", stats.OptionalModule(
@@ -135,5 +138,6 @@ def test_without_a_compiler_compute_keeps_the_torch_path(monkeypatch):
     x = torch.randn(300)
     assert torch.equal(stats.compute(x, SPECS), stats.compute(x, SPECS, c_kernel=False))
     assert "no C compiler found" in str(stats.CPU_VECTOR_KERNEL.error)
+    assert capsys.readouterr().err == ""           # no compiler: silently torch
     with pytest.raises(RuntimeError, match="c_kernel=True need the C kernel: no C compiler"):
         stats.compute(x, SPECS, c_kernel=True)
