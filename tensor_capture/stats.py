@@ -113,7 +113,7 @@ def _load_cpu_vector_kernel() -> Any:
     from . import stats_vector_c
 
     try:
-        kernel = stats_vector_c.load(len(_SCALARS), HIST_MIN_EXP, _HIST_BINS)
+        kernel = stats_vector_c.load(_SCALARS, HIST_MIN_EXP, _HIST_BINS)
         _check_cpu_vector_kernel(kernel)
     except ImportError as exc:      # said once where a compiler exists (none: silently torch)
         if cbuild.compiler() is not None:
@@ -133,7 +133,7 @@ def _check_cpu_vector_kernel(kernel: Any) -> None:
         got, want = kernel.vector(probe, ranges), _compute_device(probe, ranges)
         finite = probe[torch.isfinite(probe)].double()
         tol = probe.numel() * 2.0 ** -52 * float(finite.abs().sum() + (finite * finite).sum())
-        moments = [3, 4]                               # mean, std
+        moments = [_SCALARS.index("mean"), _SCALARS.index("std")]
         exact = [i for i in range(got.numel()) if i not in moments]
         if not (torch.equal(got[exact], want[exact])
                 and bool(((got[moments] - want[moments]).abs() <= tol).all())):

@@ -39,10 +39,11 @@ _SOURCE = r"""
 #include <string.h>
 #include <math.h>
 
-/* Layout of out (tensor_capture.stats): N_SCALARS scalars (numel, min, max, mean, std,
-   min_nonzero_abs, zero, nan, inf counts), 4 counts per range (x >= up, x <= -up,
-   0 < |x| < underflow bound, 0 < |x| < flush bound), then HIST_BINS counts of floor(log2|x|)
-   from HIST_MIN_EXP. N_SCALARS, HIST_MIN_EXP, HIST_BINS, MAX_RANGES come from Python. */
+/* Layout of out (tensor_capture.stats): N_SCALARS scalars, each at its S_<NAME> (numel, min,
+   max, mean, std, min_nonzero_abs, zero, nan, inf counts), 4 counts per range (x >= up,
+   x <= -up, 0 < |x| < underflow bound, 0 < |x| < flush bound), then HIST_BINS counts of
+   floor(log2|x|) from HIST_MIN_EXP. Every one of these macros comes from Python (the order of
+   tensor_capture.stats' _SCALARS), as does MAX_RANGES. */
 #define LANES 16
 #define CHUNK 2048
 
@@ -192,9 +193,10 @@ int lowp_capture_stats(const void *x, int64_t n, int code, int nr, const float *
         for (int j = 0; j < LANES; j++) var += q[j];
         var /= (double)(nf - 1);
     }
-    out[0] = (double)n; out[1] = lo; out[2] = hi; out[3] = mean;
-    out[4] = nf > 1 ? sqrt(var) : 0.0; out[5] = nz;
-    out[6] = (double)M.zero; out[7] = (double)M.nan; out[8] = (double)M.inf;
+    out[S_NUMEL] = (double)n; out[S_MIN] = lo; out[S_MAX] = hi; out[S_MEAN] = mean;
+    out[S_STD] = nf > 1 ? sqrt(var) : 0.0; out[S_MIN_NONZERO_ABS] = nz;
+    out[S_ZERO_COUNT] = (double)M.zero; out[S_NAN_COUNT] = (double)M.nan;
+    out[S_INF_COUNT] = (double)M.inf;
     double *c = out + N_SCALARS, *h = c + 4 * nr;
     for (int r = 0; r < 4 * nr; r++) c[r] = (double)cnt[r];
     memset(h, 0, sizeof(double) * HIST_BINS);
@@ -242,16 +244,25 @@ def _bounds(ranges: tuple[CastLimits, ...]) -> ctypes.Array:
     return (ctypes.c_float * max(len(values), 1))(*values)
 
 
-def load(scalars: int, hist_min_exp: int, hist_bins: int) -> CaptureStatsKernel:
+#: the scalars the kernel writes, each at the place its name has in the caller's layout
+SCALARS = ("numel", "min", "max", "mean", "std", "min_nonzero_abs", "zero_count", "nan_count",
+           "inf_count")
+
+
+def load(scalars: Sequence[str], hist_min_exp: int, hist_bins: int) -> CaptureStatsKernel:
     """Compile (once per machine: quant.cbuild's cache) and load the kernel for the vector
-    layout given (tensor_capture.stats' scalar count and histogram), checked on a probe against
-    ``reference``. Raises ImportError naming what failed."""
+    layout given (tensor_capture.stats' scalar names in their order, and its histogram); the
+    caller checks it on :func:`probe_values`. Raises ImportError naming what failed."""
+    if sorted(scalars) != sorted(SCALARS):
+        raise ImportError(f"the capture statistics kernel writes {SCALARS}, not {tuple(scalars)}")
     flags = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno",
-             "-fno-trapping-math", f"-DN_SCALARS={scalars}", f"-DHIST_MIN_EXP={hist_min_exp}",
-             f"-DHIST_BINS={hist_bins}", f"-DMAX_RANGES={MAX_RANGES}")
+             "-fno-trapping-math", f"-DN_SCALARS={len(scalars)}",
+             *(f"-DS_{name.upper()}={i}" for i, name in enumerate(scalars)),
+             f"-DHIST_MIN_EXP={hist_min_exp}", f"-DHIST_BINS={hist_bins}",
+             f"-DMAX_RANGES={MAX_RANGES}")
     try:
         path = cbuild.build("capture_stats", _SOURCE, flags, ((), ("-DLOWP_NO_CLONES",)))
-        kernel = CaptureStatsKernel(ctypes.CDLL(str(path)), path, scalars, hist_bins)
+        kernel = CaptureStatsKernel(ctypes.CDLL(str(path)), path, len(scalars), hist_bins)
     except OSError as exc:
         raise ImportError(f"the capture statistics kernel could not be built or loaded: "
                           f"{exc}") from exc

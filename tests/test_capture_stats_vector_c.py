@@ -22,7 +22,7 @@ SPECS = [stats.format_range("fp8_e4m3"), stats.format_range("fp8_e5m2"),
          stats.dtype_range(torch.bfloat16),
          RangeSpec("odd", 300.0, 0.003, 0.0001, overflow_from=300.0, flush_to=0.00005)]
 CHUNK = 2048                            # the kernel's chunk (a tail and several chunks below)
-MEAN, STD = 3, 4                        # their slots in the packed vector
+MEAN, STD = stats._SCALARS.index("mean"), stats._SCALARS.index("std")   # packed vector slots
 
 
 @pytest.fixture(scope="module")
