@@ -1,4 +1,5 @@
-"""The MX and NVFP4 quantizers of a float32 CPU tensor in one pass: a small C kernel.
+"""The MX, NVFP4 and element-format quantizers of a float32 CPU tensor in one pass: a small C
+kernel.
 
 Why C: Inductor's kernels of quant.family_mx / quant.family_nvfp4 reduce each block's amax
 horizontally across vector lanes and NVFP4's reads x in two graphs; this loop reads a block
@@ -12,10 +13,15 @@ sign and single zero as quant.elemwise.finish, poisoned blocks all NaN. NVFP4's 
 scale comes from the kernel's finite amax through the torch definition
 (quant.family_nvfp4.tensor_scale_of_amax).
 
-When: a float32 contiguous CPU tensor with blocks along its last axis, nearest-even rounding,
-where quant.accel would compile (``QUANT_COMPILE`` not off, large enough). Built on first such
+The element formats (no scale) take the same element cast (``lowp_elem``), or HiF8's ties-away
+rounding on its tapered grid from the bits (quant.elemwise's _round_tapered_away); which
+rounding takes which C cast is :data:`CASTS` (:func:`cast_code`).
+
+When: a float32 contiguous CPU tensor (blocked formats: blocks along its last axis,
+nearest-even rounding), where quant.accel would compile (``QUANT_COMPILE`` not off, large
+enough). Built on first such
 use by quant.cbuild, then checked bit for bit against the torch kernels on a probe that covers
-every MX element format and NVFP4, every scale mode, saturating or not, ties, subnormals,
+every MX element format, NVFP4 and every element format a C cast takes, every scale mode, saturating or not, ties, subnormals,
 NaN/Inf, overflow and zero blocks. No compiler, a failed build or a probe that disagrees: the
 torch path stays (said once on stderr for the last two); results never change, only speed.
 """
@@ -33,7 +39,7 @@ import torch
 from . import accel, cbuild
 from .elemwise import ElemParams, adder_rounds
 from .formats import FORMATS, SCALE_MODES, SCALING_MX
-from .layout import quantize_blocked
+from .layout import quantize_blocked, to_blocks
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -438,12 +444,24 @@ def kernels_for(x: torch.Tensor, q) -> Optional[ctypes.CDLL]:
 
 class CBlocked:
     """What a blocked family (quant.family_mx, quant.family_nvfp4) shares: float32 CPU tensors
-    the C kernels take go through its ``quantize_c``, the rest through its torch kernels,
-    ``blocks`` (over [..., block], gathered along the last axis; what the C path is probed
-    against) and ``inner_blocks`` (over [..., nblocks, block, inner], blocks taken in place)."""
+    the C kernels take go through its ``quantize_c``, the rest through its torch kernels:
+    ``blocks(xb, q, nz=None, dim=-1)`` over [..., nblocks, block] gathered along the last axis
+    (what the C path is probed against), and ``inner_blocks``, derived from it once per family,
+    over [..., nblocks, block, inner] with blocks taken in place (deterministic rounding; one
+    function object per family: quant.accel caches its compiled kernel by that object)."""
 
     blocks: Callable
     inner_blocks: Callable
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "blocks" in cls.__dict__:
+            blocks = cls.__dict__["blocks"].__func__
+
+            def inner_blocks(xb, q):
+                return blocks(xb, q, None, dim=-2)
+            inner_blocks.__qualname__ = f"{cls.__name__}.inner_blocks"
+            cls.inner_blocks = staticmethod(inner_blocks)
 
     def quantize(self, x, q, generator=None):
         lib = kernels_for(x, q)
@@ -453,8 +471,6 @@ class CBlocked:
 
     def reference(self, x: torch.Tensor, q) -> torch.Tensor:
         """The torch kernel on x (uncompiled): what the C path is probed against."""
-        from .layout import to_blocks
-
         xb, restore = to_blocks(x, -1, q.block)
         return restore(self.blocks(xb, q.kernel))
 

@@ -43,14 +43,8 @@ def quantize_blocks(xb, q, nz=None, dim=-1):
     return cast_scaled(xb, s, q, nz)
 
 
-def _quantize_inner(xb, q):
-    """quantize_blocks on [..., nblocks, block, inner] (deterministic rounding)."""
-    return quantize_blocks(xb, q, None, dim=-2)
-
-
 class NVFP4Family(cpu_blocks.CBlocked, ScalingFamily):
     blocks = staticmethod(quantize_blocks)
-    inner_blocks = staticmethod(_quantize_inner)
     scaling = SCALING_NVFP4
     blocked = True
     uses_tensor_amax = True
